@@ -1,0 +1,69 @@
+"""Our torch dequantizers against gguf-py's numpy reference, on many random blocks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import quants
+
+from hybrid.errors import GGUFError
+from hybrid.gguf.dequant import dequantize
+from hybrid.gguf.quant_types import SUPPORTED_TYPES, Q, block_geometry
+
+BLOCK_TYPES = [t for t in SUPPORTED_TYPES if t not in (Q.F32, Q.F16, Q.BF16)]
+# Byte offsets of the fp16 scale fields per block, kept finite (random bytes can be NaN/inf).
+F16_FIELDS = {
+    Q.Q8_0: [0], Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q5_0: [0], Q.Q5_1: [0, 2],
+    Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208],
+}
+
+
+def random_blocks(rng: np.random.Generator, qtype: int, n: int) -> np.ndarray:
+    _, type_size = block_geometry(qtype)
+    raw = rng.integers(0, 256, size=(n, type_size), dtype=np.uint8)
+    for off in F16_FIELDS[qtype]:
+        scale = rng.uniform(-2.0, 2.0, size=(n, 1)).astype(np.float16)
+        raw[:, off : off + 2] = scale.view(np.uint8)
+    return raw
+
+
+@pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_block_types_match_gguf_py(qtype: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    block_size, _ = block_geometry(qtype)
+    n = int(rng.integers(1, 300))
+    raw = random_blocks(rng, qtype, n)
+    expected = quants.dequantize(raw, qtype).reshape(-1)
+    ours = dequantize(raw, qtype, (n * block_size,)).numpy()
+    np.testing.assert_allclose(ours, expected, rtol=1e-6, atol=1e-30)
+
+
+@pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda t: t.name)
+def test_shapes_and_rows(qtype: int) -> None:
+    rng = np.random.default_rng(7)
+    block_size, type_size = block_geometry(qtype)
+    rows, blocks_per_row = 5, 3
+    raw = random_blocks(rng, qtype, rows * blocks_per_row).reshape(rows, blocks_per_row * type_size)
+    ours = dequantize(raw, qtype, (rows, blocks_per_row * block_size)).numpy()
+    assert ours.shape == (rows, blocks_per_row * block_size)
+    np.testing.assert_allclose(ours, quants.dequantize(raw, qtype), rtol=1e-6, atol=1e-30)
+
+
+@pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.BF16], ids=lambda t: t.name)
+def test_float_types(qtype: int) -> None:
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((7, 64)).astype(np.float32)
+    if qtype == Q.F32:
+        raw = w
+    elif qtype == Q.F16:
+        raw = w.astype(np.float16)
+    else:
+        raw = (w.view(np.uint32) >> 16).astype(np.uint16)
+    expected = quants.dequantize(raw.view(np.uint8).reshape(7, -1), qtype)
+    np.testing.assert_array_equal(dequantize(raw, qtype, (7, 64)).numpy(), expected)
+
+
+def test_unsupported_type_is_a_clear_error() -> None:
+    with pytest.raises(GGUFError, match="IQ2_XXS is not supported; supported types: F32"):
+        dequantize(np.zeros(66, np.uint8), Q.IQ2_XXS, (256,))
