@@ -1,0 +1,98 @@
+"""Build transformers' DeepSeek module tree on the meta device and fill it from a GGUF.
+
+This is the CPU reference model: every later operator (rules, GPU kernels, CPU experts)
+replaces modules of this same tree and is checked against it. Weights are dequantized one
+tensor at a time and placed straight into their parameters, so peak memory is the model in
+`dtype` plus one tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from hybrid.errors import GGUFError
+from hybrid.gguf.reader import GGUFModelFile
+from hybrid.model.spec import ModelSpec, read_spec
+from hybrid.model.tensor_map import check_tensors, hf_weights
+from hybrid.tokenizer.gguf_tokenizer import GGUFTokenizer
+
+
+@dataclass
+class LoadedModel:
+    spec: ModelSpec
+    model: nn.Module  # transformers' DeepseekV3ForCausalLM or DeepseekV2ForCausalLM
+    tokenizer: GGUFTokenizer
+    gguf: GGUFModelFile
+
+
+def open_model(path: str) -> tuple[GGUFModelFile, ModelSpec]:
+    """Open and validate a GGUF model without loading weights (headers only)."""
+    gguf = GGUFModelFile(path)
+    spec = read_spec(gguf)
+    check_tensors(gguf, spec)
+    gguf.check_supported_types()
+    return gguf, spec
+
+
+def build_meta_model(spec: ModelSpec, tokenizer: GGUFTokenizer | None = None) -> nn.Module:
+    from transformers import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
+
+    bos = tokenizer.bos_token_id if tokenizer else None
+    eos = tokenizer.eos_token_id if tokenizer else None
+    config = spec.to_hf_config(bos_token_id=bos, eos_token_id=eos)
+    config._attn_implementation = "sdpa"
+    cls = DeepseekV3ForCausalLM if spec.is_v3 else DeepseekV2ForCausalLM
+    with torch.device("meta"):
+        model = cls(config)
+    return model.eval()
+
+
+def load_model(path: str, dtype: torch.dtype = torch.float32,
+               progress: Callable[[int, int], None] | None = None) -> LoadedModel:
+    """Load the GGUF at `path` into transformers' module tree on CPU, weights in `dtype`."""
+    gguf, spec = open_model(path)
+    tokenizer = GGUFTokenizer(gguf.metadata)
+    model = build_meta_model(spec, tokenizer)
+    fill_weights(model, gguf, spec, dtype, progress)
+    return LoadedModel(spec, model, tokenizer, gguf)
+
+
+def fill_weights(model: nn.Module, gguf: GGUFModelFile, spec: ModelSpec, dtype: torch.dtype,
+                 progress: Callable[[int, int], None] | None = None) -> None:
+    params = dict(model.named_parameters(remove_duplicate=False))
+    buffers = dict(model.named_buffers())
+    total = len(params) + (1 if spec.is_v3 else 0) * len(spec.moe_layers)
+    for done, (name, tensor) in enumerate(hf_weights(gguf, spec), start=1):
+        module_path, _, leaf = name.rpartition(".")
+        module = model.get_submodule(module_path)
+        if name in params:
+            expected = tuple(params[name].shape)
+            if tuple(tensor.shape) != expected:
+                raise GGUFError(
+                    f"{gguf.path}: weight for {name} has shape {list(tensor.shape)}, "
+                    f"expected {list(expected)}"
+                )
+            module._parameters[leaf] = nn.Parameter(tensor.to(dtype), requires_grad=False)
+        elif name in buffers:
+            module._buffers[leaf] = tensor.to(torch.float32)  # routing bias stays fp32
+        else:
+            raise GGUFError(f"{gguf.path}: no parameter {name} in the model tree")
+        if progress is not None:
+            progress(done, total)
+    if spec.tied_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    _rebuild_rotary(model)
+    missing = [n for n, p in model.named_parameters() if p.is_meta]
+    missing += [n for n, b in model.named_buffers() if b.is_meta]
+    if missing:
+        raise GGUFError(f"{gguf.path}: no weights in the file for {', '.join(missing[:5])}")
+
+
+def _rebuild_rotary(model: nn.Module) -> None:
+    """RoPE tables are computed, not stored: build them on CPU now that we left the meta device."""
+    rotary_cls = type(model.model.rotary_emb)
+    model.model.rotary_emb = rotary_cls(config=model.config)

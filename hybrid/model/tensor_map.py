@@ -1,0 +1,145 @@
+"""GGUF tensor names and shapes <-> transformers' DeepSeek parameter names.
+
+`expected_gguf_shapes(spec)` lists every tensor the metadata implies, with its shape (numpy
+order: `[out, in]`, stacked experts `[E, out, in]`), so a file that contradicts its metadata
+fails with a message naming the tensor before anything is loaded. `hf_weights` yields the
+parameters of transformers' module tree as fp32 tensors, rebuilding the two places where the
+layouts differ: the MLA layout's `attn_k_b`/`attn_v_b` (-> `kv_b_proj`) and stacked experts
+(-> `gate_up_proj`, `down_proj`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from hybrid.errors import GGUFError
+from hybrid.gguf.reader import GGUFModelFile
+from hybrid.model.spec import ModelSpec
+
+Shape = tuple[int, ...]
+
+
+def expected_gguf_shapes(spec: ModelSpec) -> dict[str, Shape]:
+    s = spec
+    H, V = s.hidden_size, s.vocab_size
+    shapes: dict[str, Shape] = {"token_embd.weight": (V, H), "output_norm.weight": (H,)}
+    if not s.tied_embeddings:
+        shapes["output.weight"] = (V, H)
+    for i in range(s.num_layers):
+        p = f"blk.{i}."
+        shapes[p + "attn_norm.weight"] = (H,)
+        if s.q_lora_rank is not None:
+            shapes[p + "attn_q_a.weight"] = (s.q_lora_rank, H)
+            shapes[p + "attn_q_a_norm.weight"] = (s.q_lora_rank,)
+            shapes[p + "attn_q_b.weight"] = (s.num_heads * s.qk_head_dim, s.q_lora_rank)
+        else:
+            shapes[p + "attn_q.weight"] = (s.num_heads * s.qk_head_dim, H)
+        shapes[p + "attn_kv_a_mqa.weight"] = (s.kv_lora_rank + s.qk_rope_head_dim, H)
+        shapes[p + "attn_kv_a_norm.weight"] = (s.kv_lora_rank,)
+        if s.layout == "mla":
+            shapes[p + "attn_k_b.weight"] = (s.num_heads, s.kv_lora_rank, s.qk_nope_head_dim)
+            shapes[p + "attn_v_b.weight"] = (s.num_heads, s.v_head_dim, s.kv_lora_rank)
+        else:
+            shapes[p + "attn_kv_b.weight"] = (
+                s.num_heads * (s.qk_nope_head_dim + s.v_head_dim),
+                s.kv_lora_rank,
+            )
+        shapes[p + "attn_output.weight"] = (H, s.num_heads * s.v_head_dim)
+        shapes[p + "ffn_norm.weight"] = (H,)
+        if not s.is_moe_layer(i):
+            shapes[p + "ffn_gate.weight"] = (s.intermediate_size, H)
+            shapes[p + "ffn_up.weight"] = (s.intermediate_size, H)
+            shapes[p + "ffn_down.weight"] = (H, s.intermediate_size)
+            continue
+        E, I = s.num_experts, s.moe_intermediate_size
+        shapes[p + "ffn_gate_inp.weight"] = (E, H)
+        if s.is_v3:
+            shapes[p + "exp_probs_b.bias"] = (E,)
+        if s.fused_gate_up_experts:
+            shapes[p + "ffn_gate_up_exps.weight"] = (E, 2 * I, H)
+        else:
+            shapes[p + "ffn_gate_exps.weight"] = (E, I, H)
+            shapes[p + "ffn_up_exps.weight"] = (E, I, H)
+        shapes[p + "ffn_down_exps.weight"] = (E, H, I)
+        if s.num_shared_experts:
+            Is = I * s.num_shared_experts
+            shapes[p + "ffn_gate_shexp.weight"] = (Is, H)
+            shapes[p + "ffn_up_shexp.weight"] = (Is, H)
+            shapes[p + "ffn_down_shexp.weight"] = (H, Is)
+    return shapes
+
+
+def check_tensors(gguf: GGUFModelFile, spec: ModelSpec) -> None:
+    """Every expected tensor is present with the shape the metadata implies."""
+    for name, shape in expected_gguf_shapes(spec).items():
+        if not gguf.has_tensor(name):
+            if name.endswith("exp_probs_b.bias"):
+                continue  # optional: older V3 conversions lack it; the bias is then zero
+            raise GGUFError(f"{gguf.path}: tensor {name} is missing; the file is incomplete")
+        actual = gguf.tensor_infos[name][0].shape
+        if tuple(actual) != shape:
+            raise GGUFError(
+                f"{gguf.path}: tensor {name} has shape {list(actual)} but the metadata implies "
+                f"{list(shape)}; the file does not match its own header"
+            )
+
+
+# GGUF per-layer suffix -> transformers parameter path inside `model.layers.{i}`.
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q_a.weight": "self_attn.q_a_proj.weight",
+    "attn_q_a_norm.weight": "self_attn.q_a_layernorm.weight",
+    "attn_q_b.weight": "self_attn.q_b_proj.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_kv_a_mqa.weight": "self_attn.kv_a_proj_with_mqa.weight",
+    "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight",
+    "attn_kv_b.weight": "self_attn.kv_b_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+    "ffn_gate_inp.weight": "mlp.gate.weight",
+    "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
+    "ffn_gate_shexp.weight": "mlp.shared_experts.gate_proj.weight",
+    "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
+    "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight",
+    "ffn_down_exps.weight": "mlp.experts.down_proj",
+}
+
+
+def kv_b_from_mla(k_b: torch.Tensor, v_b: torch.Tensor) -> torch.Tensor:
+    """Rebuild `kv_b_proj.weight` [heads*(nope+v), kv_lora] from the MLA layout's halves.
+
+    k_b: [heads, kv_lora, nope]  v_b: [heads, v, kv_lora]; head h's rows are k_b[h].T then v_b[h].
+    """
+    return torch.cat([k_b.transpose(1, 2), v_b], dim=1).reshape(-1, k_b.shape[1])
+
+
+def hf_weights(gguf: GGUFModelFile, spec: ModelSpec) -> Iterator[tuple[str, torch.Tensor]]:
+    """(transformers parameter name, fp32 tensor) for every parameter, one layer at a time."""
+    yield "model.embed_tokens.weight", gguf.tensor("token_embd.weight").dequantize()
+    for i in range(spec.num_layers):
+        p, hp = f"blk.{i}.", f"model.layers.{i}."
+        for suffix, hf_name in _LAYER_NAMES.items():
+            if gguf.has_tensor(p + suffix):
+                yield hp + hf_name, gguf.tensor(p + suffix).dequantize()
+        if spec.is_v3 and spec.is_moe_layer(i) and not gguf.has_tensor(p + "exp_probs_b.bias"):
+            yield hp + "mlp.gate.e_score_correction_bias", torch.zeros(spec.num_experts)
+        if spec.layout == "mla":
+            k_b = gguf.tensor(p + "attn_k_b.weight").dequantize()
+            v_b = gguf.tensor(p + "attn_v_b.weight").dequantize()
+            yield hp + "self_attn.kv_b_proj.weight", kv_b_from_mla(k_b, v_b)
+        if spec.is_moe_layer(i):
+            if spec.fused_gate_up_experts:
+                gate_up = gguf.tensor(p + "ffn_gate_up_exps.weight").dequantize()
+            else:
+                gate = gguf.tensor(p + "ffn_gate_exps.weight").dequantize()
+                up = gguf.tensor(p + "ffn_up_exps.weight").dequantize()
+                gate_up = torch.cat([gate, up], dim=1)  # [E, 2I, H], gate rows first
+            yield hp + "mlp.experts.gate_up_proj", gate_up
+    yield "model.norm.weight", gguf.tensor("output_norm.weight").dequantize()
+    head = "token_embd.weight" if spec.tied_embeddings else "output.weight"
+    yield "lm_head.weight", gguf.tensor(head).dequantize()

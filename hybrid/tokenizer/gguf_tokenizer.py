@@ -1,0 +1,173 @@
+"""The tokenizer a GGUF file defines, built as a HF `tokenizers` BPE to tokenize as llama.cpp does.
+
+GGUF stores a byte-level BPE (`tokenizer.ggml.model` = gpt2): token strings, merges, token
+types and a named pre-tokenizer (`tokenizer.ggml.pre`). llama.cpp splits text with a fixed list
+of regexes per pre-tokenizer name and treats CONTROL tokens as special (matched in text only
+when special parsing is on) and USER_DEFINED tokens as always matched. We reproduce that here;
+`tests/test_tokenizer.py` checks our ids against llama.cpp's on the same file.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+from hybrid.errors import GGUFError
+from hybrid.tokenizer.chat_template import ChatTemplate
+
+# llama.cpp's token types.
+TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
+
+# Pre-tokenizer regexes by `tokenizer.ggml.pre`, as llama.cpp applies them (in order).
+_DEEPSEEK_V3 = [
+    r"\p{N}{1,3}",
+    r"[一-龥぀-ゟ゠-ヿ]+",
+    (
+        r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+        r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    ),
+]
+_DEEPSEEK_LLM = [
+    r"[\r\n]",
+    r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+",
+    r"\s?[!-/:-~！-／：-～‘-‟　-。]+",
+    r"\s+$",
+    r"[一-龥ࠀ-一가-퟿]+",
+    r"\p{N}+",
+]
+PRE_TOKENIZER_REGEXES = {"deepseek-v3": _DEEPSEEK_V3, "deepseek-llm": _DEEPSEEK_LLM}
+
+
+class GGUFTokenizer:
+    """Encode/decode exactly as the GGUF's tokenizer; render its chat template."""
+
+    def __init__(self, metadata: dict[str, Any]) -> None:
+        model = metadata.get("tokenizer.ggml.model")
+        if model != "gpt2":
+            raise GGUFError(
+                f"tokenizer.ggml.model is {model!r}; hybrid reads byte-level BPE ('gpt2') "
+                "tokenizers, which every DeepSeek GGUF uses"
+            )
+        self.tokens: list[str] = list(metadata["tokenizer.ggml.tokens"])
+        merges = metadata.get("tokenizer.ggml.merges") or []
+        types = metadata.get("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * len(self.tokens)
+        self.token_types: list[int] = list(types)
+        self.pre = str(metadata.get("tokenizer.ggml.pre", "default"))
+        self.bos_token_id: int | None = metadata.get("tokenizer.ggml.bos_token_id")
+        self.eos_token_id: int | None = metadata.get("tokenizer.ggml.eos_token_id")
+        self.add_bos: bool = bool(metadata.get("tokenizer.ggml.add_bos_token", True))
+        self._tok = _build(self.tokens, merges, self.token_types, self.pre)
+        self.chat_template = ChatTemplate(
+            metadata.get("tokenizer.chat_template"),
+            bos_token=self.id_to_token(self.bos_token_id),
+            eos_token=self.id_to_token(self.eos_token_id),
+        )
+        self.special_ids = frozenset(
+            i for i, t in enumerate(self.token_types) if t in (TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_UNUSED)
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokens)
+
+    def id_to_token(self, token_id: int | None) -> str:
+        return "" if token_id is None else self.tokens[token_id]
+
+    def encode(self, text: str, add_bos: bool | None = None, parse_special: bool = True) -> list[int]:
+        """Token ids of `text`; a BOS is prepended when the model asks for it (`add_bos`)."""
+        if parse_special:
+            ids = self._tok.encode(text, add_special_tokens=False).ids
+        else:
+            ids = self._encode_plain(text)
+        add = self.add_bos if add_bos is None else add_bos
+        if add and self.bos_token_id is not None:
+            ids = [self.bos_token_id, *ids]
+        return ids
+
+    def _encode_plain(self, text: str) -> list[int]:
+        # Control tokens are plain text here: run the pre-tokenizer and BPE, no added tokens.
+        ids: list[int] = []
+        for piece, _ in self._tok.pre_tokenizer.pre_tokenize_str(text):
+            ids.extend(t.id for t in self._tok.model.tokenize(piece))
+        return ids
+
+    def decode(self, ids: list[int], skip_special: bool = False) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special)
+
+    def decode_bytes(self, ids: list[int]) -> bytes:
+        """The exact bytes of `ids` (may end inside a UTF-8 character; streaming needs that)."""
+        out = bytearray()
+        for i in ids:
+            tok = self.tokens[i]
+            if self.token_types[i] in (TOKEN_CONTROL, TOKEN_USER_DEFINED):
+                out += tok.encode("utf-8")
+            else:
+                out += _token_bytes(tok)
+        return bytes(out)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            **kwargs: Any) -> str:
+        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, **kwargs)
+
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    **kwargs: Any) -> list[int]:
+        """Render the chat template and tokenize it (the template writes its own BOS)."""
+        text = self.apply_chat_template(messages, add_generation_prompt, **kwargs)
+        bos = self.id_to_token(self.bos_token_id)
+        return self.encode(text, add_bos=not (bos and text.startswith(bos)))
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map used by byte-level BPE."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
+        range(ord("®"), ord("ÿ") + 1)
+    )
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, (chr(c) for c in cs)))
+
+
+_UNICODE_TO_BYTE = {c: b for b, c in _bytes_to_unicode().items()}
+
+
+def _token_bytes(token: str) -> bytes:
+    try:
+        return bytes(_UNICODE_TO_BYTE[c] for c in token)
+    except KeyError:
+        return token.encode("utf-8")
+
+
+def _build(tokens: list[str], merges: list[str], types: list[int], pre: str) -> Tokenizer:
+    vocab: dict[str, int] = {}
+    for i, tok in enumerate(tokens):
+        vocab.setdefault(tok, i)
+    pairs = []
+    for m in merges:
+        a, sep, b = m.partition(" ")
+        if sep:
+            pairs.append((a, b))
+    bpe = models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False)
+    tok = Tokenizer(bpe)
+    regexes = PRE_TOKENIZER_REGEXES.get(pre)
+    if regexes is None:  # GPT-2's own split, as llama.cpp's default
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    else:
+        splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes]
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        )
+    tok.decoder = decoders.ByteLevel()
+    special = [AddedToken(tokens[i], special=True, normalized=False)
+               for i, t in enumerate(types) if t == TOKEN_CONTROL]
+    user = [AddedToken(tokens[i], special=False, normalized=False)
+            for i, t in enumerate(types) if t == TOKEN_USER_DEFINED]
+    tok.add_special_tokens(special)
+    if user:
+        tok.add_tokens(user)
+    return tok
