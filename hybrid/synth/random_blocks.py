@@ -1,0 +1,133 @@
+"""Random, valid GGML blocks with a chosen weight spread, written straight in the block format.
+
+A synthetic model needs weights, not a faithful quantization of some other weights: the GGUF
+defines the model, and every reader (ours, gguf-py, llama.cpp) must agree on what these blocks
+mean. Writing random quant codes directly is also ~100x faster than quantizing Gaussians, which
+is what makes a 10 GB V2-Lite file take minutes.
+
+Each generator returns `[rows, row_bytes]` uint8 for `rows` rows of `cols` elements whose
+dequantized values have mean ~0 and standard deviation ~`std`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hybrid.gguf.quant_types import Q, block_geometry
+
+
+def _f16_bytes(values: np.ndarray) -> np.ndarray:
+    """[..., 1] fp16 values -> [..., 2] bytes."""
+    return values.astype(np.float16).view(np.uint8).reshape(*values.shape[:-1], 2)
+
+
+def _scale(rng: np.random.Generator, shape: tuple[int, ...], base: float) -> np.ndarray:
+    # Per-block scales vary by +-25% so blocks are not all alike.
+    return (base * rng.uniform(0.75, 1.25, size=(*shape, 1))).astype(np.float32)
+
+
+def random_rows(rng: np.random.Generator, qtype: int, rows: int, cols: int, std: float) -> np.ndarray:
+    """Rows of random weights in `qtype`: float arrays for F32/F16/BF16, else block bytes."""
+    if qtype == Q.F32:
+        return (rng.standard_normal((rows, cols), dtype=np.float32) * std).astype(np.float32)
+    if qtype == Q.F16:
+        return (rng.standard_normal((rows, cols), dtype=np.float32) * std).astype(np.float16)
+    if qtype == Q.BF16:
+        w = rng.standard_normal((rows, cols), dtype=np.float32) * std
+        return (w.view(np.uint32) >> 16).astype(np.uint16)  # truncation is a valid bf16 value
+    block_size, type_size = block_geometry(qtype)
+    nb = cols // block_size
+    gen = _GENERATORS[Q(qtype)]
+    blocks = gen(rng, (rows, nb), std)
+    assert blocks.shape == (rows, nb, type_size)
+    return blocks.reshape(rows, nb * type_size)
+
+
+def _q8_0(rng, shape, std):
+    q = rng.integers(-127, 128, size=(*shape, 32), dtype=np.int8)
+    d = _scale(rng, shape, std / 73.6)  # std of uniform int8 in [-127, 127] ~ 73.6
+    return np.concatenate([_f16_bytes(d), q.view(np.uint8)], axis=-1)
+
+
+def _q4_0(rng, shape, std):
+    qs = rng.integers(0, 256, size=(*shape, 16), dtype=np.uint8)
+    return np.concatenate([_f16_bytes(_scale(rng, shape, std / 4.61)), qs], axis=-1)
+
+
+def _q4_1(rng, shape, std):
+    qs = rng.integers(0, 256, size=(*shape, 16), dtype=np.uint8)
+    d = _scale(rng, shape, std / 4.61)
+    return np.concatenate([_f16_bytes(d), _f16_bytes(-7.5 * d), qs], axis=-1)
+
+
+def _q5_0(rng, shape, std):
+    rest = rng.integers(0, 256, size=(*shape, 20), dtype=np.uint8)  # qh (4) + qs (16)
+    return np.concatenate([_f16_bytes(_scale(rng, shape, std / 9.23)), rest], axis=-1)
+
+
+def _q5_1(rng, shape, std):
+    rest = rng.integers(0, 256, size=(*shape, 20), dtype=np.uint8)
+    d = _scale(rng, shape, std / 9.23)
+    return np.concatenate([_f16_bytes(d), _f16_bytes(-15.5 * d), rest], axis=-1)
+
+
+def _k_scales_mins(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
+    """Pack 8 six-bit scales and mins ([..., 8] each) into Q4_K/Q5_K's 12 bytes."""
+    out = np.empty((*sc.shape[:-1], 12), dtype=np.uint8)
+    out[..., 0:4] = (sc[..., 0:4] & 63) | ((sc[..., 4:8] >> 4) << 6)
+    out[..., 4:8] = (mn[..., 0:4] & 63) | ((mn[..., 4:8] >> 4) << 6)
+    out[..., 8:12] = (sc[..., 4:8] & 0x0F) | ((mn[..., 4:8] & 0x0F) << 4)
+    return out
+
+
+def _k_quant(rng, shape, std, q_std, q_mid, payload_bytes):
+    # w = d*sc*q - dmin*m with m = sc and dmin = q_mid*d: centred, spread d*sc*q_std.
+    sc = rng.integers(32, 64, size=(*shape, 8), dtype=np.uint8)
+    d = _scale(rng, shape, std / (47.5 * q_std))
+    dmin = (d.astype(np.float16).astype(np.float32) * q_mid)
+    payload = rng.integers(0, 256, size=(*shape, payload_bytes), dtype=np.uint8)
+    return np.concatenate([_f16_bytes(d), _f16_bytes(dmin), _k_scales_mins(sc, sc), payload], axis=-1)
+
+
+def _q4_k(rng, shape, std):
+    return _k_quant(rng, shape, std, 4.61, 7.5, 128)
+
+
+def _q5_k(rng, shape, std):
+    return _k_quant(rng, shape, std, 9.23, 15.5, 32 + 128)
+
+
+def _q6_k(rng, shape, std):
+    q = rng.integers(0, 256, size=(*shape, 192), dtype=np.uint8)  # ql (128) + qh (64)
+    sc = rng.integers(48, 128, size=(*shape, 16), dtype=np.int8)
+    d = _scale(rng, shape, std / (88.0 * 18.5))
+    return np.concatenate([q, sc.view(np.uint8), _f16_bytes(d)], axis=-1)
+
+
+def _q2_k(rng, shape, std):
+    sc = rng.integers(8, 16, size=(*shape, 16), dtype=np.uint8)
+    scales = sc | (sc << 4)  # min = scale, dmin = 1.5 d: centred
+    qs = rng.integers(0, 256, size=(*shape, 64), dtype=np.uint8)
+    d = _scale(rng, shape, std / (11.5 * 1.118))
+    dmin = d.astype(np.float16).astype(np.float32) * 1.5
+    return np.concatenate([scales, qs, _f16_bytes(d), _f16_bytes(dmin)], axis=-1)
+
+
+def _q3_k(rng, shape, std):
+    hq = rng.integers(0, 256, size=(*shape, 96), dtype=np.uint8)  # hmask (32) + qs (64)
+    # Scales are stored +32; keep them in 40..63 (positive 8..31).
+    s = rng.integers(40, 64, size=(*shape, 16), dtype=np.uint8)
+    low, high = s & 0x0F, s >> 4
+    packed = np.empty((*shape, 12), dtype=np.uint8)
+    packed[..., 0:8] = low[..., 0:8] | (low[..., 8:16] << 4)
+    i = np.arange(4)
+    packed[..., 8:12] = (high[..., i] | (high[..., 4 + i] << 2) | (high[..., 8 + i] << 4)
+                         | (high[..., 12 + i] << 6))
+    d = _scale(rng, shape, std / (19.5 * 2.29))
+    return np.concatenate([hq, packed, _f16_bytes(d)], axis=-1)
+
+
+_GENERATORS = {
+    Q.Q8_0: _q8_0, Q.Q4_0: _q4_0, Q.Q4_1: _q4_1, Q.Q5_0: _q5_0, Q.Q5_1: _q5_1,
+    Q.Q2_K: _q2_k, Q.Q3_K: _q3_k, Q.Q4_K: _q4_k, Q.Q5_K: _q5_k, Q.Q6_K: _q6_k,
+}
