@@ -1,0 +1,211 @@
+"""The `hybrid` command: make-model, generate, chat.
+
+Every user error is a one-line `error: ...` on stderr and exit status 2, never a traceback.
+Flag defaults come from the frozen config classes (`SamplingParams`, `MakeModelOptions`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import fields
+from pathlib import Path
+
+from hybrid.errors import HybridError
+
+
+def _sampling_defaults():
+    from hybrid.engine.sampling_params import SamplingParams
+
+    return {f.name: f.default for f in fields(SamplingParams)}
+
+
+def _add_sampling_flags(p: argparse.ArgumentParser) -> None:
+    d = _sampling_defaults()
+    p.add_argument("--max-new-tokens", type=int, default=d["max_tokens"], help="tokens to generate")
+    p.add_argument("--temperature", type=float, default=d["temperature"], help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=d["top_p"])
+    p.add_argument("--top-k", type=int, default=d["top_k"], help="0 = off")
+    p.add_argument("--seed", type=int, default=d["seed"])
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def _sampling_from(args: argparse.Namespace, logprobs: int | None = None):
+    from hybrid.engine.sampling_params import SamplingParams
+
+    return SamplingParams(
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+        max_tokens=args.max_new_tokens, stop=tuple(args.stop), logprobs=logprobs,
+    )
+
+
+def _progress_bar(desc: str) -> Callable[[int, int], None]:
+    from tqdm import tqdm
+
+    bar: dict[str, tqdm] = {}
+
+    def update(done: int, total: int) -> None:
+        if "bar" not in bar:
+            bar["bar"] = tqdm(total=total, desc=desc, unit="tensor", file=sys.stderr, leave=False)
+        bar["bar"].n = done
+        bar["bar"].refresh()
+        if done >= total:
+            bar["bar"].close()
+
+    return update
+
+
+def _load_llm(args: argparse.Namespace):
+    from hybrid.engine.llm import LLM
+
+    return LLM(args.gguf_path, dtype=args.dtype, progress=_progress_bar("loading"))
+
+
+def cmd_make_model(args: argparse.Namespace) -> int:
+    from hybrid.synth.make_model import MakeModelOptions, make_model
+    from hybrid.synth.presets import get_preset
+    from hybrid.synth.vocab import get_vocab
+
+    preset = get_preset(args.preset, args.layers)
+    opts = MakeModelOptions(preset, args.quant, args.layout, args.seed, args.split, args.vocab)
+    out = Path(args.out)
+    if out.suffix != ".gguf":
+        out = out / f"{preset.name}-{args.quant}-{args.layout}.gguf"
+    vocab = get_vocab(args.vocab, preset.vocab_size)
+    from tqdm import tqdm
+
+    with tqdm(total=1, unit="B", unit_scale=True, desc="writing", file=sys.stderr) as bar:
+        def progress(name: str, done: int, total: int) -> None:
+            bar.total = total
+            bar.n = done
+            bar.refresh()
+
+        files = make_model(opts, vocab, out, progress)
+    for f in files:
+        print(f)
+    return 0
+
+
+def _parse_ids(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise HybridError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    if (args.prompt is None) == (args.prompt_ids is None):
+        raise HybridError("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
+    llm = _load_llm(args)
+    params = _sampling_from(args, logprobs=0 if args.logprobs else None)
+    if args.prompt_ids is not None:
+        ids = _parse_ids(args.prompt_ids)
+    elif args.chat_template:
+        ids = llm.tokenizer.encode_chat([{"role": "user", "content": args.prompt}])
+    else:
+        ids = llm.tokenizer.encode(args.prompt)
+    if args.json:
+        out = llm.generate(prompt_token_ids=[ids], sampling_params=params)[0].outputs[0]
+        print(json.dumps({
+            "prompt_token_ids": ids, "token_ids": out.token_ids, "logprobs": out.logprobs,
+            "text": out.text, "finish_reason": out.finish_reason,
+        }, ensure_ascii=False))
+        return 0
+    for event in llm.stream(ids, params):
+        sys.stdout.write(event.text_delta)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    llm = _load_llm(args)
+    params = _sampling_from(args)
+    messages: list[dict[str, str]] = []
+    if args.system:
+        messages.append({"role": "system", "content": args.system})
+    print("hybrid chat: type a message; /reset clears the conversation, /exit or Ctrl-D quits.",
+          file=sys.stderr)
+    while True:
+        try:
+            line = input(">>> ")
+        except EOFError:
+            print(file=sys.stderr)
+            return 0
+        if line.strip() in ("/exit", "/quit"):
+            return 0
+        if line.strip() == "/reset":
+            messages = messages[:1] if args.system else []
+            continue
+        if not line.strip():
+            continue
+        messages.append({"role": "user", "content": line})
+        reply = ""
+        for event in llm.stream(llm.tokenizer.encode_chat(messages), params):
+            reply += event.text_delta
+            sys.stdout.write(event.text_delta)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        messages.append({"role": "assistant", "content": reply})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from hybrid.synth.make_model import MakeModelOptions
+    from hybrid.synth.presets import PRESETS
+    from hybrid.synth.recipe import QUANTS
+
+    parser = argparse.ArgumentParser(prog="hybrid", description="DeepSeek MoE inference on GPU + CPU")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    d = {f.name: f.default for f in fields(MakeModelOptions)}
+    mk = sub.add_parser("make-model", help="write a synthetic DeepSeek GGUF with random weights")
+    mk.add_argument("--preset", required=True, choices=list(PRESETS))
+    mk.add_argument("--layers", type=int, default=None, help="override the layer count")
+    mk.add_argument("--quant", default=d["quant"], choices=list(QUANTS))
+    mk.add_argument("--layout", default=d["layout"], choices=["legacy", "mla"])
+    mk.add_argument("--seed", type=int, default=d["seed"])
+    mk.add_argument("--split", type=int, default=d["split"], help="write N split files")
+    mk.add_argument("--vocab", default=d["vocab"], choices=["small", "deepseek"])
+    mk.add_argument("--out", required=True, help="a .gguf path, or a folder to write into")
+    mk.set_defaults(func=cmd_make_model)
+
+    for name, func, help_text in (
+        ("generate", cmd_generate, "complete a prompt"),
+        ("chat", cmd_chat, "chat interactively (streaming, multi-turn)"),
+    ):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--gguf-path", default=None,
+                       help="a .gguf file, split part or folder (default: the built-in demo model)")
+        p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+        _add_sampling_flags(p)
+        p.set_defaults(func=func)
+        if name == "generate":
+            p.add_argument("--prompt", default=None)
+            p.add_argument("--prompt-ids", default=None, help="comma-separated token ids")
+            p.add_argument("--chat-template", action="store_true",
+                           help="wrap --prompt in the model's chat template as a user turn")
+            p.add_argument("--logprobs", type=int, default=0, choices=[0, 1],
+                           help="1: report each generated token's log-probability (--json)")
+            p.add_argument("--json", action="store_true", help="print one JSON object")
+        else:
+            p.add_argument("--system", default=None, help="a system prompt")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except HybridError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
