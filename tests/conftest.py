@@ -1,0 +1,36 @@
+"""Shared fixtures: synthetic GGUF models, written once per test session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hybrid.synth.make_model import MakeModelOptions, make_model
+from hybrid.synth.presets import get_preset
+from hybrid.synth.vocab import get_vocab
+
+
+class ModelFactory:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._built: dict[tuple, list[Path]] = {}
+
+    def files(self, preset: str = "tiny-v3", quant: str = "f32", layout: str = "legacy",
+              split: int = 1, vocab: str = "small", seed: int = 0) -> list[Path]:
+        key = (preset, quant, layout, split, vocab, seed)
+        if key not in self._built:
+            p = get_preset(preset)
+            folder = self.root / "-".join(map(str, key))
+            out = folder / f"{preset}-{quant}-{layout}.gguf"
+            opts = MakeModelOptions(p, quant, layout, seed, split, vocab)
+            self._built[key] = make_model(opts, get_vocab(vocab, p.vocab_size), out)
+        return self._built[key]
+
+    def path(self, *args, **kwargs) -> Path:
+        return self.files(*args, **kwargs)[0]
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory: pytest.TempPathFactory) -> ModelFactory:
+    return ModelFactory(tmp_path_factory.mktemp("models"))

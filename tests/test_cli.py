@@ -1,0 +1,95 @@
+"""The `hybrid` command: make-model, generate (text, ids, --json, logprobs), and the demo model."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from hybrid.gguf.reader import GGUFModelFile
+from hybrid.model.spec import read_spec
+from server.cli import main
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_make_model_presets_and_flags(capsys, tmp_path: Path) -> None:
+    code, out, _ = run(capsys, "make-model", "--preset", "tiny-v2-lite", "--quant", "q8_0",
+                       "--layout", "mla", "--split", "2", "--out", str(tmp_path))
+    assert code == 0
+    files = [Path(line) for line in out.split()]
+    assert [f.name for f in files] == [
+        "tiny-v2-lite-q8_0-mla-00001-of-00002.gguf", "tiny-v2-lite-q8_0-mla-00002-of-00002.gguf"
+    ]
+    spec = read_spec(GGUFModelFile(files[0]))
+    assert (spec.layout, spec.q_lora_rank, spec.scoring_func, spec.num_layers) == (
+        "mla", None, "softmax", 27)
+
+
+def test_make_model_v3_layers_is_real_width(capsys, tmp_path: Path) -> None:
+    # Header only: a 1-layer V3 is ~2 GB at q4_k_m, so check what the preset would write.
+    from hybrid.synth.make_model import spec_for
+    from hybrid.synth.presets import get_preset
+
+    spec = spec_for(get_preset("v3", num_layers=5), "legacy", 129280)
+    assert (spec.hidden_size, spec.num_heads, spec.num_experts, spec.num_experts_per_tok,
+            spec.moe_intermediate_size, spec.first_k_dense) == (7168, 128, 256, 8, 2048, 3)
+    code, _, err = run(capsys, "make-model", "--preset", "v3", "--layers", "27", "--out", "x")
+    assert code == 2 and "only at 26 or 27 layers" in err
+
+
+def test_make_model_is_deterministic(capsys, tmp_path: Path) -> None:
+    paths = []
+    for name in ("a.gguf", "b.gguf"):
+        run(capsys, "make-model", "--preset", "tiny-v3", "--seed", "5", "--out", str(tmp_path / name))
+        paths.append(tmp_path / name)
+    assert paths[0].read_bytes() == paths[1].read_bytes()
+
+
+def test_generate_json_with_logprobs(capsys, models) -> None:
+    path = str(models.path("tiny-v3", "q4_k_m"))
+    code, out, _ = run(capsys, "generate", "--gguf-path", path, "--prompt-ids", "0,5,6,7",
+                       "--max-new-tokens", "6", "--temperature", "0", "--logprobs", "1", "--json")
+    assert code == 0
+    result = json.loads(out)
+    assert len(result["token_ids"]) == 6 and len(result["logprobs"]) == 6
+    assert all(lp <= 0 and math.isfinite(lp) for lp in result["logprobs"])
+    assert result["finish_reason"] in ("length", "stop")
+
+
+def test_sampling_is_seeded(capsys, models) -> None:
+    path = str(models.path("tiny-v3", "q4_k_m"))
+    outs = []
+    for seed in ("1", "1", "2"):
+        _, out, _ = run(capsys, "generate", "--gguf-path", path, "--prompt", "Hello",
+                        "--max-new-tokens", "8", "--temperature", "1.0", "--seed", seed, "--json")
+        outs.append(json.loads(out)["token_ids"])
+    assert outs[0] == outs[1] != outs[2]
+
+
+def test_bad_flags(capsys, models) -> None:
+    path = str(models.path("tiny-v3", "q4_k_m"))
+    code, _, err = run(capsys, "generate", "--gguf-path", path, "--prompt-ids", "1,x")
+    assert code == 2 and "comma-separated integers" in err
+    code, _, err = run(capsys, "generate", "--gguf-path", path, "--prompt-ids", "999999")
+    assert code == 2 and "outside the vocabulary" in err
+    code, _, err = run(capsys, "generate", "--gguf-path", path)
+    assert code == 2 and "exactly one of --prompt" in err
+    code, _, err = run(capsys, "generate", "--gguf-path", path, "--prompt", "x", "--top-p", "0")
+    assert code == 2 and "top_p must be in (0, 1]" in err
+
+
+def test_demo_model_answers(capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HYBRID_CACHE_DIR", str(tmp_path))
+    code, out, err = run(capsys, "generate", "--prompt", "Hello!", "--chat-template",
+                         "--max-new-tokens", "5", "--temperature", "0", "--json")
+    assert code == 0, err
+    assert "building the demo model" in err
+    assert len(json.loads(out)["token_ids"]) >= 1
+    assert (tmp_path / "demo").is_dir()
