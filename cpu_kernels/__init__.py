@@ -1,0 +1,18 @@
+"""Quantized CPU kernels for the routed experts of DeepSeek MoE layers.
+
+Kernels compute directly on GGUF blocks (Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_0, BF16, F16) with
+numba; nothing here imports `hybrid`. Modes: `exact` (float32 math on the exactly dequantized
+weights, <= 1e-5 relative error against float64) and `fast` (gate/up activations quantized to
+int8 per 32-group, integer dot products; measured 0.4-0.8% per layer on random blocks).
+
+NOTE: numba's on-disk cache (cache=True) keys a kernel on its own file only; after editing a
+kernel file, delete cpu_kernels/__pycache__/*.nbi/*.nbc or callers in other files run stale code.
+"""
+
+from __future__ import annotations
+
+from cpu_kernels.matmul import quant_matmul
+from cpu_kernels.moe import group_by_expert, moe_forward
+from cpu_kernels.weights import ExpertWeights, QuantMatrix
+
+__all__ = ["ExpertWeights", "QuantMatrix", "group_by_expert", "moe_forward", "quant_matmul"]

@@ -1,0 +1,110 @@
+"""Per-row dispatch on the ggml type id, and the activation preparation both modes share.
+
+The type test happens once per row (not per element), so one compiled kernel serves every mix of
+gate/up/down types.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from cpu_kernels import qtypes as qt
+from cpu_kernels.kquant_dots import (
+    dot_q4_k,
+    dot_q4_k_q8,
+    dot_q5_k,
+    dot_q5_k_q8,
+    dot_q6_k,
+    dot_q6_k_q8,
+)
+from cpu_kernels.legacy_dots import (
+    dot_bf16,
+    dot_f16,
+    dot_q4_0,
+    dot_q4_0_q8,
+    dot_q5_0,
+    dot_q5_0_q8,
+    dot_q8_0,
+    dot_q8_0_q8,
+)
+
+f32 = np.float32
+Q4_K, Q5_K, Q6_K, Q8_0 = qt.Q4_K, qt.Q5_K, qt.Q6_K, qt.Q8_0
+Q4_0, Q5_0, BF16, F16 = qt.Q4_0, qt.Q5_0, qt.BF16, qt.F16
+
+
+@njit(cache=True)
+def row_dot_exact(qtype: int, row: np.ndarray, x: np.ndarray, xs: np.ndarray) -> float:
+    """dot(row, x) in exact mode. row: [row_bytes] uint8  x: [C] f32  xs: [C/32] f32"""
+    if qtype == Q4_K:
+        return dot_q4_k(row, x, xs)
+    if qtype == Q6_K:
+        return dot_q6_k(row, x, xs)
+    if qtype == Q8_0:
+        return dot_q8_0(row, x, xs)
+    if qtype == Q5_0:
+        return dot_q5_0(row, x, xs)
+    if qtype == Q5_K:
+        return dot_q5_k(row, x, xs)
+    if qtype == Q4_0:
+        return dot_q4_0(row, x, xs)
+    if qtype == BF16:
+        return dot_bf16(row, x, xs)
+    if qtype == F16:
+        return dot_f16(row, x, xs)
+    return np.nan
+
+
+@njit(cache=True)
+def row_dot_fast(qtype: int, row: np.ndarray, x: np.ndarray, xq: np.ndarray, dx: np.ndarray,
+                 xs: np.ndarray) -> float:
+    """dot(row, x) in fast mode (int8 activations xq [C], scales dx [C/32])."""
+    if qtype == Q4_K:
+        return dot_q4_k_q8(row, xq, dx, xs)
+    if qtype == Q6_K:
+        return dot_q6_k_q8(row, xq, dx, xs)
+    if qtype == Q8_0:
+        return dot_q8_0_q8(row, xq, dx, xs)
+    if qtype == Q5_0:
+        return dot_q5_0_q8(row, xq, dx, xs)
+    if qtype == Q5_K:
+        return dot_q5_k_q8(row, xq, dx, xs)
+    if qtype == Q4_0:
+        return dot_q4_0_q8(row, xq, dx, xs)
+    if qtype == BF16:
+        return dot_bf16(row, x, xs)
+    if qtype == F16:
+        return dot_f16(row, x, xs)
+    return np.nan
+
+
+@njit(inline="always", cache=True)
+def prepare_row(x: np.ndarray, xs: np.ndarray, xq: np.ndarray, dx: np.ndarray,
+                quantize: bool) -> None:
+    """Per-32 sums of x into xs; if `quantize`, x as int8 (round to nearest) per 32-group.
+
+    x, xq: [C]  xs, dx: [C/32]
+    """
+    for g in range(xs.shape[0]):
+        s = f32(0.0)
+        amax = f32(0.0)
+        for j in range(32):
+            v = x[32 * g + j]
+            s += v
+            amax = max(amax, abs(v))
+        xs[g] = s
+        if quantize:
+            d = amax / f32(127.0)
+            dx[g] = d
+            inv = f32(1.0) / d if d > 0 else f32(0.0)
+            for j in range(32):
+                xq[32 * g + j] = np.int8(np.rint(x[32 * g + j] * inv))
+
+
+@njit(parallel=True, cache=True)
+def prepare_activations(x: np.ndarray, xs: np.ndarray, xq: np.ndarray, dx: np.ndarray,
+                        quantize: bool) -> None:
+    """prepare_row for every row. x, xq: [n, C]  xs, dx: [n, C/32]"""
+    for t in prange(x.shape[0]):
+        prepare_row(x[t], xs[t], xq[t], dx[t], quantize)

@@ -1,0 +1,52 @@
+"""Scalar field readers for GGUF blocks (numba), shared by every block kernel."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+f32 = np.float32
+i32 = np.int32
+
+
+@njit(inline="always", cache=True)
+def f16_bits_to_f32(h: int) -> float:
+    """IEEE half bits -> float32, exact (numba has no float16 type on the CPU)."""
+    e = (h >> 10) & 31
+    m = h & 1023
+    if e == 0:
+        v = math.ldexp(float(m), -24)
+    elif e == 31:
+        v = math.inf if m == 0 else math.nan
+    else:
+        v = math.ldexp(float(m + 1024), e - 25)
+    return f32(-v if h & 0x8000 else v)
+
+
+# float16 bits -> float32 value for all 65536 bit patterns (256 KiB, frozen into the kernels):
+# one load per block scale instead of an exponent decode.
+F16_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+
+
+@njit(inline="always", cache=True)
+def f16_at(row: np.ndarray, o: int) -> float:
+    """The little-endian f16 at byte offset `o` of `row` (uint8), as float32."""
+    return F16_TABLE[np.int64(row[o]) | (np.int64(row[o + 1]) << 8)]
+
+
+@njit(inline="always", cache=True)
+def u32_at(row: np.ndarray, o: int) -> int:
+    return (np.int64(row[o]) | (np.int64(row[o + 1]) << 8) | (np.int64(row[o + 2]) << 16)
+            | (np.int64(row[o + 3]) << 24))
+
+
+@njit(inline="always", cache=True)
+def k4_scale_min(s: np.ndarray, o: int, j: int) -> tuple[int, int]:
+    """6-bit (scale, min) of sub-block j from the 12 packed bytes at s[o:o+12] (Q4_K, Q5_K)."""
+    if j < 4:
+        return np.int64(s[o + j] & 63), np.int64(s[o + j + 4] & 63)
+    sc = (s[o + j + 4] & 0xF) | ((s[o + j - 4] >> 6) << 4)
+    mn = (s[o + j + 4] >> 4) | ((s[o + j] >> 6) << 4)
+    return np.int64(sc), np.int64(mn)
