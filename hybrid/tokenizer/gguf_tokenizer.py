@@ -36,7 +36,13 @@ _DEEPSEEK_LLM = [
     r"[一-龥ࠀ-一가-퟿]+",
     r"\p{N}+",
 ]
-PRE_TOKENIZER_REGEXES = {"deepseek-v3": _DEEPSEEK_V3, "deepseek-llm": _DEEPSEEK_LLM}
+# llama.cpp gives these names DeepSeek-V3's regexes (a tokenizer.json identical to DeepSeek's can
+# hash to any of them in its converter); "default"/"gpt2"/absent use GPT-2's own split.
+PRE_TOKENIZER_REGEXES = {
+    "deepseek-v3": _DEEPSEEK_V3, "joyai-llm": _DEEPSEEK_V3, "hunyuan-dense": _DEEPSEEK_V3,
+    "hy_v4": _DEEPSEEK_V3, "deepseek-llm": _DEEPSEEK_LLM,
+}
+GPT2_PRE_TOKENIZERS = ("default", "gpt2")
 
 
 class GGUFTokenizer:
@@ -155,7 +161,10 @@ def _build(tokens: list[str], merges: list[str], types: list[int], pre: str) -> 
     bpe = models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False)
     tok = Tokenizer(bpe)
     regexes = PRE_TOKENIZER_REGEXES.get(pre)
-    if regexes is None:  # GPT-2's own split, as llama.cpp's default
+    if regexes is None and pre not in GPT2_PRE_TOKENIZERS:
+        known = ", ".join([*PRE_TOKENIZER_REGEXES, *GPT2_PRE_TOKENIZERS])
+        raise GGUFError(f"tokenizer.ggml.pre {pre!r} is not a pre-tokenizer hybrid knows ({known})")
+    if regexes is None:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     else:
         splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes]
