@@ -15,26 +15,26 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-V3 = dict(
-    architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3", hidden_size=64,
-    intermediate_size=128, moe_intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-    n_shared_experts=1, n_routed_experts=8, routed_scaling_factor=2.5, kv_lora_rank=32,
-    q_lora_rank=48, qk_rope_head_dim=16, v_head_dim=16, qk_nope_head_dim=32, n_group=4,
-    topk_group=2, num_experts_per_tok=2, first_k_dense_replace=1, norm_topk_prob=True,
-    scoring_func="sigmoid", topk_method="noaux_tc",
-    rope_scaling={"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+V3 = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 64,
+    "intermediate_size": 128, "moe_intermediate_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+    "n_shared_experts": 1, "n_routed_experts": 8, "routed_scaling_factor": 2.5, "kv_lora_rank": 32,
+    "q_lora_rank": 48, "qk_rope_head_dim": 16, "v_head_dim": 16, "qk_nope_head_dim": 32, "n_group": 4,
+    "topk_group": 2, "num_experts_per_tok": 2, "first_k_dense_replace": 1, "norm_topk_prob": True,
+    "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+    "rope_scaling": {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
                   "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
-)
-V2_LITE = dict(
-    architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2", hidden_size=64,
-    intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=27, num_attention_heads=2,
-    n_shared_experts=2, n_routed_experts=6, routed_scaling_factor=1.0, kv_lora_rank=32,
-    q_lora_rank=None, qk_rope_head_dim=16, v_head_dim=16, qk_nope_head_dim=32, n_group=1,
-    topk_group=1, num_experts_per_tok=2, first_k_dense_replace=1, norm_topk_prob=False,
-    scoring_func="softmax", topk_method="greedy",
-    rope_scaling={"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+}
+V2_LITE = {
+    "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "hidden_size": 64,
+    "intermediate_size": 128, "moe_intermediate_size": 32, "num_hidden_layers": 27, "num_attention_heads": 2,
+    "n_shared_experts": 2, "n_routed_experts": 6, "routed_scaling_factor": 1.0, "kv_lora_rank": 32,
+    "q_lora_rank": None, "qk_rope_head_dim": 16, "v_head_dim": 16, "qk_nope_head_dim": 32, "n_group": 1,
+    "topk_group": 1, "num_experts_per_tok": 2, "first_k_dense_replace": 1, "norm_topk_prob": False,
+    "scoring_func": "softmax", "topk_method": "greedy",
+    "rope_scaling": {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
                   "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
-)
+}
 
 
 def write_checkpoint(out: Path, arch: dict, seed: int = 0) -> Path:
