@@ -69,7 +69,8 @@ def cmd_make_model(args: argparse.Namespace) -> int:
     from hybrid.synth.vocab import get_vocab
 
     preset = get_preset(args.preset, args.layers)
-    opts = MakeModelOptions(preset, args.quant, args.layout, args.seed, args.split, args.vocab)
+    opts = MakeModelOptions(preset, args.quant, args.layout, args.seed, args.split, args.vocab,
+                            args.header_only)
     out = Path(args.out)
     if out.suffix != ".gguf":
         out = out / f"{preset.name}-{args.quant}-{args.layout}.gguf"
@@ -151,6 +152,26 @@ def cmd_chat(args: argparse.Namespace) -> int:
         messages.append({"role": "assistant", "content": reply})
 
 
+def cmd_rules_explain(args: argparse.Namespace) -> int:
+    import psutil
+
+    from hybrid.rules.engine import plan_model
+    from hybrid.rules.explain import explain, parse_size, render_table
+
+    planned = plan_model(args.gguf_path, args.optimize_rules, check_devices=False,
+                         announce=not args.json)
+    cpu_memory = parse_size(args.cpu_memory) if args.cpu_memory else psutil.virtual_memory().total
+    exp = explain(planned.plan, planned.spec, args.cache_lens, parse_size(args.gpu_memory),
+                  cpu_memory)
+    if args.json:
+        print(json.dumps({"model": str(planned.gguf.path), "rules": str(planned.rules_path),
+                          **exp.to_json()}, indent=2))
+    else:
+        header = f"model {planned.gguf.path.name} ({planned.spec.name}), rules {planned.rules_path.name}"
+        print(render_table(exp, header))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from hybrid.synth.make_model import MakeModelOptions
     from hybrid.synth.presets import PRESETS
@@ -168,8 +189,22 @@ def build_parser() -> argparse.ArgumentParser:
     mk.add_argument("--seed", type=int, default=d["seed"])
     mk.add_argument("--split", type=int, default=d["split"], help="write N split files")
     mk.add_argument("--vocab", default=d["vocab"], choices=["small", "deepseek"])
+    mk.add_argument("--header-only", action="store_true",
+                    help="headers only, data left as a sparse hole: for rules explain, not to run")
     mk.add_argument("--out", required=True, help="a .gguf path, or a folder to write into")
     mk.set_defaults(func=cmd_make_model)
+
+    rules = sub.add_parser("rules", help="inspect optimize rules").add_subparsers(
+        dest="rules_command", required=True)
+    ex = rules.add_parser("explain", help="what a rule file places where, and whether it fits")
+    ex.add_argument("--gguf-path", required=True)
+    ex.add_argument("--optimize-rules", default=None,
+                    help="a bundled rule file name or a path (default: the machine's default)")
+    ex.add_argument("--cache-lens", type=int, default=32768, help="KV cache tokens to plan for")
+    ex.add_argument("--gpu-memory", default="24GiB", help="budget per GPU")
+    ex.add_argument("--cpu-memory", default=None, help="CPU budget (default: this machine's RAM)")
+    ex.add_argument("--json", action="store_true")
+    ex.set_defaults(func=cmd_rules_explain)
 
     for name, func, help_text in (
         ("generate", cmd_generate, "complete a prompt"),

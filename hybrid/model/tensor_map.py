@@ -143,3 +143,28 @@ def hf_weights(gguf: GGUFModelFile, spec: ModelSpec) -> Iterator[tuple[str, torc
     yield "model.norm.weight", gguf.tensor("output_norm.weight").dequantize()
     head = "token_embd.weight" if spec.tied_embeddings else "output.weight"
     yield "lm_head.weight", gguf.tensor(head).dequantize()
+
+
+_HF_TO_GGUF_SUFFIX = {hf: suffix for suffix, hf in _LAYER_NAMES.items()}
+
+
+def gguf_sources(hf_name: str, spec: ModelSpec) -> tuple[str, ...]:
+    """The GGUF tensors a transformers parameter is built from (for memory planning)."""
+    if hf_name == "model.embed_tokens.weight":
+        return ("token_embd.weight",)
+    if hf_name == "model.norm.weight":
+        return ("output_norm.weight",)
+    if hf_name == "lm_head.weight":
+        return ("token_embd.weight",) if spec.tied_embeddings else ("output.weight",)
+    _prefix, _, rest = hf_name.partition(".layers.")
+    layer, _, leaf = rest.partition(".")
+    p = f"blk.{layer}."
+    if leaf == "self_attn.kv_b_proj.weight" and spec.layout == "mla":
+        return (p + "attn_k_b.weight", p + "attn_v_b.weight")
+    if leaf == "mlp.experts.gate_up_proj":
+        if spec.fused_gate_up_experts:
+            return (p + "ffn_gate_up_exps.weight",)
+        return (p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight")
+    if leaf in _HF_TO_GGUF_SUFFIX:
+        return (p + _HF_TO_GGUF_SUFFIX[leaf],)
+    raise KeyError(hf_name)

@@ -40,6 +40,9 @@ class MakeModelOptions:
     seed: int = 0
     split: int = 1
     vocab: str = "small"  # "deepseek" (129,280 ids) or "small" (preset.vocab_size ids)
+    # Write headers only and extend each file to its full size as a sparse hole: a full-size
+    # model for planning (`hybrid rules explain`) that takes no disk space and cannot be run.
+    header_only: bool = False
 
 
 def spec_for(preset: Preset, layout: str, vocab_size: int) -> ModelSpec:
@@ -120,6 +123,18 @@ def _write_streamed(writer: GGUFWriter, chunks: Iterator[np.ndarray]) -> None:
         raise RuntimeError(f"{name}: wrote {written} bytes, expected {info.nbytes}")
     writer.write_padding(fout, written)
     writer.state = WriterState.WEIGHTS
+
+
+def _extend_sparse(writer: GGUFWriter) -> None:
+    """Give every file its full size without writing data (tensors are padded to alignment)."""
+    assert writer.fout is not None
+    align = writer.data_alignment
+    for fout, tensors in zip(writer.fout, writer.tensors):
+        start = GGUFWriter.ggml_pad(fout.tell(), align)
+        size = start + sum(GGUFWriter.ggml_pad(ti.nbytes, align) for ti in tensors.values())
+        fout.truncate(size)
+        tensors.clear()
+    writer.close()
 
 
 def _add_metadata(w: GGUFWriter, p: Preset, opts: MakeModelOptions, vocab: Vocab) -> None:
@@ -210,6 +225,9 @@ def make_model(opts: MakeModelOptions, vocab: Vocab, out: Path,
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     total = sum(tensor_nbytes(types[n], int(np.prod(s))) for n, s in shapes.items())
+    if opts.header_only:
+        _extend_sparse(writer)
+        return files
     done = 0
     for name, shape in shapes.items():
         _write_streamed(writer, _chunks(name, shape, types[name], spec, opts.seed))

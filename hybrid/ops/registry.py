@@ -1,0 +1,93 @@
+"""The operators a rule may place, under short names, with the options each one accepts.
+
+An `OperatorSpec` says which modules an operator can replace (by transformers class-name
+suffix), which `kwargs` it takes (type, default, allowed values) and how its weights are
+stored (for memory planning). `build` (set by the operator's own module) turns the matched
+transformers module into the operator; `default` keeps transformers' own implementation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+DEVICE_KWARGS = ("generate_device", "prefill_device")
+WEIGHT_FORMATS = ("gguf", "bf16", "f16", "f32")
+
+
+@dataclass(frozen=True)
+class Option:
+    type: type | tuple[type, ...]
+    default: Any
+    choices: tuple[Any, ...] | None = None
+    help: str = ""
+
+
+@dataclass(frozen=True)
+class OperatorSpec:
+    name: str
+    summary: str
+    applies_to: tuple[str, ...]  # transformers class-name suffixes this operator can replace
+    options: dict[str, Option]
+    # Modules whose weights stay in the GGUF's own blocks by default ("gguf"); others "f32".
+    default_weight_format: str = "gguf"
+    build: Callable[..., Any] | None = field(default=None, compare=False)
+
+    def can_replace(self, class_name: str) -> bool:
+        return not self.applies_to or class_name.endswith(self.applies_to)
+
+    def resolved(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Options with defaults filled in (kwargs are assumed validated)."""
+        return {k: kwargs.get(k, opt.default) for k, opt in self.options.items()}
+
+
+def _devices(default: str = "cpu") -> dict[str, Option]:
+    return {
+        "generate_device": Option(str, default, help="where the module runs when decoding"),
+        "prefill_device": Option(str, default, help="where it runs on prefill chunks"),
+    }
+
+
+def _weights(default: str = "gguf") -> dict[str, Option]:
+    return {"weight_format": Option(str, default, WEIGHT_FORMATS,
+                                    "gguf keeps the file's quant blocks; bf16/f16/f32 dequantize")}
+
+
+_SPECS = [
+    OperatorSpec("default", "transformers' own module, moved to a device", (), _devices(),
+                 default_weight_format="f32"),
+    OperatorSpec("embedding", "token embedding lookup", ("Embedding",), {**_devices(), **_weights()}),
+    OperatorSpec("rmsnorm", "RMSNorm", ("RMSNorm",), _devices(), default_weight_format="f32"),
+    OperatorSpec("rotary", "YaRN rotary embedding tables", ("RotaryEmbedding",), _devices(),
+                 default_weight_format="f32"),
+    OperatorSpec("linear", "a linear layer on dequantized or quantized weights", ("Linear",),
+                 {**_devices(), **_weights()}),
+    OperatorSpec("lm_head", "the output projection to the vocabulary", ("Linear",),
+                 {**_devices(), **_weights()}),
+    OperatorSpec("mla_attention", "MLA attention, absorbed form over a latent KV cache",
+                 ("Attention",), {
+                     **_devices(), **_weights(),
+                     "backend": Option(str, "torch", ("torch",), "attention kernels"),
+                     "kv_cache_dtype": Option(str, "bf16", ("bf16", "f16", "f32"),
+                                              "latent KV cache element type"),
+                 }),
+    OperatorSpec("mlp", "dense MLP or shared experts: down(silu(gate x) * up x)", ("MLP",),
+                 {**_devices(), **_weights()}),
+    OperatorSpec("gate", "MoE router: V2 softmax greedy, V3 sigmoid + bias + groups",
+                 ("TopkRouter",), _devices(), default_weight_format="f32"),
+    OperatorSpec("experts", "routed experts on CPU kernels or torch, per-expert placement",
+                 ("Experts",), {
+                     **_devices(), **_weights(),
+                     "backend": Option(str, "cpu", ("cpu", "torch"),
+                                       "cpu: cpu_kernels on GGUF blocks; torch: dequantized"),
+                     "mode": Option(str, "exact", ("exact", "fast"), "cpu kernel precision"),
+                     "gpu_experts": Option(list, [], help="expert ids kept on gpu_device"),
+                     "gpu_device": Option(str, "cuda:0", help="where gpu_experts live"),
+                 }),
+]
+OPERATORS: dict[str, OperatorSpec] = {s.name: s for s in _SPECS}
+
+
+def get_operator(name: str) -> OperatorSpec:
+    return OPERATORS[name]

@@ -1,0 +1,44 @@
+"""Device names in rules: `cpu`, `cuda`, `cuda:N`; checked against the machine at planning time."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from hybrid.errors import HybridError
+
+_DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+
+
+def parse_device(name: str) -> str:
+    """The canonical form of a device name (`cuda` -> `cuda:0`); raises for anything else."""
+    if not _DEVICE_RE.match(name):
+        raise HybridError(f"device {name!r} is not cpu, cuda or cuda:N")
+    return "cuda:0" if name == "cuda" else name
+
+
+def map_device(name: str, mapping: Mapping[str, str] | None) -> str:
+    """Apply a device mapping (e.g. every cuda device -> cpu, for tests and dry runs)."""
+    dev = parse_device(name)
+    if not mapping:
+        return dev
+    if dev in mapping:
+        return parse_device(mapping[dev])
+    kind = dev.split(":")[0]
+    return parse_device(mapping[kind]) if kind in mapping else dev
+
+
+def check_available(device: str, source: str) -> None:
+    """Fail with advice when a rule names a GPU this machine does not have."""
+    if device == "cpu":
+        return
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = int(device.split(":")[1])
+    if index >= count:
+        have = f"{count} CUDA device(s)" if count else "no CUDA GPU"
+        raise HybridError(
+            f"{source} places modules on {device} but this machine has {have}; "
+            "use --optimize-rules cpu.yaml to run everything on the CPU"
+        )

@@ -1,0 +1,77 @@
+"""Find a rule file, validate it, and plan a model with it (headers only, on the meta device)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from torch import nn
+
+from hybrid.gguf.reader import GGUFModelFile
+from hybrid.model.loader import build_meta_model, open_model
+from hybrid.model.spec import ModelSpec
+from hybrid.rules.devices import check_available
+from hybrid.rules.plan import Plan, build_plan
+from hybrid.rules.schema import RuleError, load_rules
+
+
+def bundled_rules() -> dict[str, Path]:
+    folder = resources.files("optimize_rules")
+    return {p.name: Path(str(p)) for p in folder.iterdir() if p.name.endswith(".yaml")}
+
+
+def find_rules(name: str) -> Path:
+    """A rule file by path, or a bundled one by name (with or without `.yaml`)."""
+    path = Path(name).expanduser()
+    if path.is_file():
+        return path
+    bundled = bundled_rules()
+    for candidate in (name, f"{name}.yaml"):
+        if candidate in bundled:
+            return bundled[candidate]
+    raise RuleError(f"no rule file {name!r}: not a file, and not a bundled rule file "
+                    f"({', '.join(sorted(bundled))})")
+
+
+def default_rules_name(spec: ModelSpec) -> str:
+    """The bundled rules for this machine: the 24 GB GPU layout with a GPU, else cpu.yaml."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu.yaml"
+    return "DeepSeek-V3.yaml" if spec.is_v3 else "DeepSeek-V2-Lite.yaml"
+
+
+@dataclass
+class PlannedModel:
+    gguf: GGUFModelFile
+    spec: ModelSpec
+    model: nn.Module  # transformers' tree on the meta device
+    plan: Plan
+    rules_path: Path
+
+
+def plan_model(gguf_path: str, rules: str | None, device_map: Mapping[str, str] | None = None,
+               check_devices: bool = True, announce: bool = True) -> PlannedModel:
+    gguf, spec = open_model(gguf_path)
+    if rules is None:
+        rules = default_rules_name(spec)
+        if announce:
+            print(f"using optimize rules {rules} (the default for this machine)", file=sys.stderr)
+    path = find_rules(rules)
+    model = build_meta_model(spec)
+    plan = build_plan(model, spec, gguf, load_rules(path), str(path), device_map)
+    if check_devices:
+        for place in plan.placements.values():
+            devices = [place.generate_device, place.prefill_device]
+            if place.options.get("gpu_experts"):
+                devices.append(place.options["gpu_device"])
+            for device in devices:
+                check_available(device, str(path))
+    if announce:
+        for warning in plan.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+    return PlannedModel(gguf, spec, model, plan, path)

@@ -1,0 +1,180 @@
+"""`hybrid rules explain`: what a rule file does to a model, and whether it fits, from headers only.
+
+Per device: weights (in the format each operator keeps them), the latent KV cache for
+`cache_lens` tokens on the devices that run attention, and on each GPU a stated reserve for
+activations, CUDA graphs and the CUDA context. The verdict compares each GPU with its budget and
+the CPU side with the machine's RAM.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from hybrid.errors import HybridError
+from hybrid.model.spec import ModelSpec
+from hybrid.rules.plan import Plan
+
+GPU_RESERVE_BYTES = int(1.5 * 2**30)  # activations at --chunk-size 512, CUDA graphs, context
+_KV_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(i?)B?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """'24GiB', '24GB', '24G', '1.5GiB' or plain bytes -> bytes (GB = 10^9, GiB = 2^30)."""
+    m = _SIZE_RE.match(str(text))
+    if not m:
+        raise HybridError(f"cannot read the size {text!r}; write e.g. 24GiB or 80GB")
+    value, unit, binary = float(m.group(1)), m.group(2).upper(), m.group(3)
+    power = "KMGT".find(unit) + 1 if unit else 0
+    return int(value * ((1024 if binary or not unit else 1000) ** power))
+
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+@dataclass
+class Group:
+    pattern: str  # module path with layer numbers folded to *
+    operator: str
+    device: str
+    nbytes: int = 0
+    modules: set[str] = field(default_factory=set)
+    types: Counter = field(default_factory=Counter)
+
+
+@dataclass
+class DeviceTotal:
+    weights: int = 0
+    kv_cache: int = 0
+    reserve: int = 0
+    budget: int | None = None
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.reserve
+
+    @property
+    def fits(self) -> bool:
+        return self.budget is None or self.total <= self.budget
+
+
+@dataclass
+class Explanation:
+    groups: list[Group]
+    devices: dict[str, DeviceTotal]
+    cache_lens: int
+    kv_bytes_per_token: dict[str, int]
+    warnings: list[str]
+    advice: list[str]
+
+    @property
+    def fits(self) -> bool:
+        return all(d.fits for d in self.devices.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "fits": self.fits,
+            "cache_lens": self.cache_lens,
+            "devices": {name: {"weights": d.weights, "kv_cache": d.kv_cache, "reserve": d.reserve,
+                               "total": d.total, "budget": d.budget, "fits": d.fits}
+                        for name, d in self.devices.items()},
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "groups": [{"group": g.pattern, "operator": g.operator, "device": g.device,
+                        "modules": len(g.modules), "bytes": g.nbytes, "types": dict(g.types)}
+                       for g in self.groups],
+            "warnings": self.warnings,
+            "advice": self.advice,
+        }
+
+
+def explain(plan: Plan, spec: ModelSpec, cache_lens: int, gpu_memory: int,
+            cpu_memory: int | None, gpu_reserve: int = GPU_RESERVE_BYTES) -> Explanation:
+    if cache_lens < 0:
+        raise HybridError(f"--cache-lens must be >= 0, got {cache_lens}")
+    groups: dict[tuple[str, str, str], Group] = {}
+    devices: dict[str, DeviceTotal] = {}
+    for w in plan.weights:
+        place = plan.placements[w.owner]
+        pattern = re.sub(r"\.\d+(?=\.|$)", ".*", w.owner) or "(model)"
+        g = groups.setdefault((pattern, place.operator, w.device),
+                              Group(pattern, place.operator, w.device))
+        g.nbytes += w.nbytes
+        g.modules.add(w.owner)
+        g.types.update({t: 1 for t in w.types})
+        devices.setdefault(w.device, DeviceTotal()).weights += w.nbytes
+    kv_per_token: dict[str, int] = {}
+    for place in plan.placements.values():
+        if place.class_name.endswith("Attention"):
+            dev = place.generate_device
+            kv_per_token[dev] = kv_per_token.get(dev, 0) + _kv_bytes_per_layer(place, spec)
+    for dev, per_token in kv_per_token.items():
+        devices.setdefault(dev, DeviceTotal()).kv_cache = per_token * cache_lens
+    for name, d in devices.items():
+        if name == "cpu":
+            d.budget = cpu_memory
+        else:
+            d.reserve, d.budget = gpu_reserve, gpu_memory
+    ordered = sorted(groups.values(), key=lambda g: (g.device, -g.nbytes))
+    exp = Explanation(ordered, dict(sorted(devices.items())), cache_lens, kv_per_token,
+                      list(plan.warnings), [])
+    exp.advice = _advice(exp)
+    return exp
+
+
+def _kv_bytes_per_layer(place, spec: ModelSpec) -> int:
+    """Latent cache (kv_lora + rope per token) for our MLA operator; transformers' own
+    attention caches full per-head keys and values."""
+    if place.operator == "mla_attention":
+        width = spec.kv_lora_rank + spec.qk_rope_head_dim
+        return width * _KV_BYTES[place.options["kv_cache_dtype"]]
+    return spec.num_heads * (spec.qk_head_dim + spec.v_head_dim) * 4
+
+
+def _advice(exp: Explanation) -> list[str]:
+    out = []
+    for name, d in exp.devices.items():
+        if d.fits or d.budget is None:
+            continue
+        over = d.total - d.budget
+        largest = [g for g in exp.groups if g.device == name][:3]
+        items = ", ".join(f"{g.pattern} ({g.operator}, {gib(g.nbytes)})" for g in largest)
+        out.append(f"{name} is over its {gib(d.budget)} budget by {gib(over)}; largest: {items}")
+        per_token = exp.kv_bytes_per_token.get(name, 0)
+        room = d.budget - d.weights - d.reserve
+        if per_token and room > 0 and d.kv_cache > over:
+            out.append(f"fits with --cache-lens {room // per_token} (KV cache "
+                       f"{per_token} B per token on {name})")
+        elif name != "cpu" and largest:
+            g = largest[0]
+            out.append(f"move {g.pattern} to the CPU: set generate_device and prefill_device of "
+                       f"its rule ('{g.operator}') to cpu")
+    return out
+
+
+def render_table(exp: Explanation, header: str) -> str:
+    lines = [header, ""]
+    lines.append(f"{'group':<44} {'operator':<14} {'device':<7} {'mods':>5} {'weights':>12}  types")
+    for g in exp.groups:
+        types = ", ".join(f"{t}" for t, _ in g.types.most_common())
+        lines.append(f"{g.pattern:<44} {g.operator:<14} {g.device:<7} {len(g.modules):>5} "
+                     f"{gib(g.nbytes):>12}  {types}")
+    lines.append("")
+    lines.append(f"{'device':<8} {'weights':>12} {'kv cache':>12} {'reserve':>12} {'total':>12} "
+                 f"{'budget':>12}  verdict")
+    for name, d in exp.devices.items():
+        budget = gib(d.budget) if d.budget is not None else "-"
+        lines.append(f"{name:<8} {gib(d.weights):>12} {gib(d.kv_cache):>12} {gib(d.reserve):>12} "
+                     f"{gib(d.total):>12} {budget:>12}  {'fits' if d.fits else 'DOES NOT FIT'}")
+    lines.append("")
+    for dev, per_token in exp.kv_bytes_per_token.items():
+        lines.append(f"KV cache: {per_token:,} bytes per token on {dev}, {exp.cache_lens:,} tokens")
+    lines.append(f"GPU reserve: {gib(GPU_RESERVE_BYTES)} per GPU for activations, CUDA graphs "
+                 "and the CUDA context")
+    lines.extend(f"warning: {w}" for w in exp.warnings)
+    lines.extend(f"advice: {a}" for a in exp.advice)
+    lines.append(f"verdict: {'fits' if exp.fits else 'does not fit'}")
+    return "\n".join(lines)

@@ -1,0 +1,153 @@
+"""`hybrid rules explain` on a full-size DeepSeek-V3 Q4_K_M (headers only, sparse data) and on
+the tiny models; bundled rules plan every module."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hybrid.rules.engine import bundled_rules, plan_model
+from hybrid.rules.explain import parse_size
+from hybrid.synth.make_model import MakeModelOptions, make_model
+from hybrid.synth.presets import get_preset
+from hybrid.synth.vocab import get_vocab
+from server.cli import main
+
+GIB = 2**30
+
+
+@pytest.fixture(scope="module")
+def v3_sparse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    preset = get_preset("v3")
+    out = tmp_path_factory.mktemp("v3") / "DeepSeek-V3-Q4_K_M.gguf"
+    opts = MakeModelOptions(preset, "q4_k_m", "legacy", vocab="deepseek", header_only=True)
+    (path,) = make_model(opts, get_vocab("deepseek", preset.vocab_size), out)
+    return path
+
+
+def explain_json(capsys, *argv: str) -> dict:
+    assert main(["rules", "explain", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_full_v3_q4_k_m_on_24_gib(capsys, v3_sparse: Path) -> None:
+    assert v3_sparse.stat().st_blocks * 512 < 64 * 2**20  # sparse: headers only on disk
+    out = explain_json(capsys, "--gguf-path", str(v3_sparse), "--optimize-rules", "DeepSeek-V3",
+                       "--cache-lens", "32768", "--gpu-memory", "24GiB", "--cpu-memory", "512GiB")
+    cpu, gpu = out["devices"]["cpu"], out["devices"]["cuda:0"]
+    total_weights = cpu["weights"] + gpu["weights"]
+    assert abs(total_weights / GIB - 376.65) / 376.65 < 0.01
+    experts = sum(g["bytes"] for g in out["groups"] if g["operator"] == "experts")
+    assert abs(experts / GIB - 366.9) < 0.5 and cpu["weights"] == experts
+    assert 9.5 < gpu["weights"] / GIB < 10.0
+    assert out["kv_bytes_per_token"] == {"cuda:0": 61 * 576 * 2}  # 70,272 B: 70 KB per token
+    assert gpu["kv_cache"] == 61 * 576 * 2 * 32768
+    assert gpu["total"] == gpu["weights"] + gpu["kv_cache"] + gpu["reserve"]
+    assert out["fits"] is True and gpu["budget"] == 24 * GIB
+
+
+def test_over_budget_names_items_and_a_fix(capsys, v3_sparse: Path) -> None:
+    out = explain_json(capsys, "--gguf-path", str(v3_sparse), "--optimize-rules", "DeepSeek-V3",
+                       "--cache-lens", "163840", "--gpu-memory", "16GiB", "--cpu-memory", "512GiB")
+    assert out["fits"] is False and out["devices"]["cuda:0"]["fits"] is False
+    assert any("cuda:0 is over its 16.00 GiB budget" in a and "model.layers.*.self_attn" in a
+               for a in out["advice"])
+    fix = next(a for a in out["advice"] if a.startswith("fits with --cache-lens"))
+    lens = int(fix.split()[3])
+    again = explain_json(capsys, "--gguf-path", str(v3_sparse), "--optimize-rules", "DeepSeek-V3",
+                         "--cache-lens", str(lens), "--gpu-memory", "16GiB", "--cpu-memory", "512GiB")
+    assert again["fits"] is True
+
+
+def test_gpu_experts_move_bytes_to_the_gpu(capsys, v3_sparse: Path) -> None:
+    out = explain_json(capsys, "--gguf-path", str(v3_sparse), "--optimize-rules",
+                       "DeepSeek-V3-gpu-experts", "--cache-lens", "4096", "--cpu-memory", "512GiB")
+    gpu_experts = sum(g["bytes"] for g in out["groups"]
+                      if g["operator"] == "experts" and g["device"] == "cuda:0")
+    # Layers 3 and 4 whole (2 x 256 experts) plus 8 of 256 experts in the other 56 MoE layers;
+    # per-layer sizes differ a little (Q6_K ffn_down in some layers), hence 5%.
+    per_expert_layer = 366.9 * GIB / 58 / 256
+    assert abs(gpu_experts / per_expert_layer / (2 * 256 + 56 * 8) - 1) < 0.05
+    assert out["fits"] is False  # ~30 GiB of experts: the tool says so before any loading
+
+
+def test_multi_gpu_splits_layers(capsys, v3_sparse: Path) -> None:
+    out = explain_json(capsys, "--gguf-path", str(v3_sparse), "--optimize-rules",
+                       "DeepSeek-V3-multi-gpu", "--cpu-memory", "512GiB")
+    assert set(out["devices"]) == {"cpu", "cuda:0", "cuda:1"}
+    assert out["kv_bytes_per_token"] == {"cuda:0": 30 * 1152, "cuda:1": 31 * 1152}
+
+
+def test_table_output(capsys, v3_sparse: Path) -> None:
+    assert main(["rules", "explain", "--gguf-path", str(v3_sparse), "--optimize-rules",
+                 "DeepSeek-V3", "--cpu-memory", "512GiB"]) == 0
+    text = capsys.readouterr().out
+    assert "model.layers.*.mlp.experts" in text and "verdict: fits" in text
+    assert "70,272 bytes per token on cuda:0" in text
+
+
+@pytest.mark.parametrize("preset,rules", [
+    ("tiny-v3", "cpu.yaml"), ("tiny-v2-lite", "cpu.yaml"), ("tiny-v3", "DeepSeek-V3.yaml"),
+    ("tiny-v2-lite", "DeepSeek-V2-Lite.yaml"), ("tiny-v3", "DeepSeek-V3-gpu-experts.yaml"),
+])
+def test_bundled_rules_place_every_module(models, preset: str, rules: str) -> None:
+    planned = plan_model(str(models.path(preset, "q4_k_m")), rules, check_devices=False,
+                         announce=False)
+    plan = planned.plan
+    ops = {p.operator for p in plan.placements.values()}
+    assert {"embedding", "mla_attention", "experts", "gate", "mlp", "rmsnorm", "lm_head"} <= ops
+    experts = [p for p in plan.placements.values() if p.operator == "experts"]
+    assert len(experts) == planned.spec.num_layers - planned.spec.first_k_dense
+    # Every parameter is owned by some placement and counted once per device it lives on.
+    assert {w.param for w in plan.weights} == {
+        n for n, _ in planned.model.named_parameters(remove_duplicate=False)
+    } | {n for n, _ in planned.model.named_buffers() if n.endswith("e_score_correction_bias")}
+    assert plan.warnings == []
+    if rules == "DeepSeek-V3-gpu-experts.yaml":
+        layer3 = plan.placements["model.layers.3.mlp.experts"]
+        assert (layer3.options["backend"], layer3.generate_device) == ("torch", "cuda:0")
+        assert plan.placements["model.layers.1.mlp.experts"].options["gpu_experts"] == list(range(8))
+
+
+def test_bundled_files_exist() -> None:
+    assert set(bundled_rules()) == {"cpu.yaml", "DeepSeek-V3.yaml", "DeepSeek-V2-Lite.yaml",
+                                    "DeepSeek-V3-multi-gpu.yaml", "DeepSeek-V3-gpu-experts.yaml"}
+
+
+def test_cuda_rules_without_a_gpu_suggest_cpu_yaml(models) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    from hybrid.errors import HybridError
+
+    with pytest.raises(HybridError, match="has no CUDA GPU; use --optimize-rules cpu.yaml"):
+        plan_model(str(models.path("tiny-v3", "q4_k_m")), "DeepSeek-V3.yaml", announce=False)
+
+
+def test_default_rules_on_this_machine(models, capsys) -> None:
+    import torch
+
+    planned = plan_model(str(models.path("tiny-v3", "q4_k_m")), None)
+    expected = "DeepSeek-V3.yaml" if torch.cuda.is_available() else "cpu.yaml"
+    assert planned.rules_path.name == expected
+    assert f"using optimize rules {expected}" in capsys.readouterr().err
+
+
+def test_operator_on_wrong_module_is_an_error(models, tmp_path: Path) -> None:
+    from hybrid.rules.schema import RuleError
+
+    rules = tmp_path / "bad.yaml"
+    rules.write_text('- match: {name: "^model\\\\.layers\\\\.0\\\\.self_attn$"}\n'
+                     "  replace: {class: experts}\n")
+    with pytest.raises(RuleError, match=r"bad.yaml:1: rule 1: operator 'experts' cannot replace "
+                                        r"model.layers.0.self_attn \(DeepseekV3Attention\)"):
+        plan_model(str(models.path("tiny-v3", "q4_k_m")), str(rules), announce=False)
+
+
+@pytest.mark.parametrize("text,value", [("24GiB", 24 * GIB), ("80GB", 80 * 10**9),
+                                        ("1.5GiB", int(1.5 * GIB)), ("1024", 1024)])
+def test_parse_size(text: str, value: int) -> None:
+    assert parse_size(text) == value
