@@ -60,7 +60,7 @@ def _progress_bar(desc: str) -> Callable[[int, int], None]:
 def _load_llm(args: argparse.Namespace):
     from hybrid.engine.llm import LLM
 
-    return LLM(args.gguf_path, dtype=args.dtype, progress=_progress_bar("loading"))
+    return LLM(args.gguf_path, args.optimize_rules, progress=_progress_bar("loading"))
 
 
 def cmd_make_model(args: argparse.Namespace) -> int:
@@ -213,7 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--gguf-path", default=None,
                        help="a .gguf file, split part or folder (default: the built-in demo model)")
-        p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+        p.add_argument("--optimize-rules", default=None,
+                       help="bundled rule file name or path (default: cpu.yaml without a GPU)")
         _add_sampling_flags(p)
         p.set_defaults(func=func)
         if name == "generate":

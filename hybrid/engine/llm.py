@@ -5,13 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-import torch
-
 from hybrid.engine.model_runner import SequenceRunner
 from hybrid.engine.sampler import Sampled, make_generator, sample
 from hybrid.engine.sampling_params import SamplingParams
 from hybrid.errors import HybridError
-from hybrid.model.loader import LoadedModel, load_model
+from hybrid.model.loader import LoadedModel, load_with_rules
 from hybrid.tokenizer.detokenizer import IncrementalDetokenizer
 
 
@@ -41,21 +39,21 @@ class StreamEvent:
 
 
 class LLM:
-    """Load a DeepSeek GGUF and generate from it on CPU.
+    """Load a DeepSeek GGUF with optimize rules and generate from it.
 
-    `gguf_path` None builds (once) and uses the built-in demo model.
+    `gguf_path` None builds (once) and uses the built-in demo model. `optimize_rules` is a
+    bundled rule file name or a path; None picks the machine's default (and says which).
+    `device_map` remaps rule devices (e.g. {"cuda": "cpu"}) for dry runs and tests.
     """
 
-    def __init__(self, gguf_path: str | None = None, dtype: str = "float32",
+    def __init__(self, gguf_path: str | None = None, optimize_rules: str | None = None,
+                 device_map: dict[str, str] | None = None,
                  progress: Callable[[int, int], None] | None = None) -> None:
         if gguf_path is None:
             from hybrid.demo import demo_model_path
 
             gguf_path = str(demo_model_path())
-        torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype)
-        if torch_dtype is None:
-            raise HybridError(f"unknown dtype {dtype!r}; choose float32 or bfloat16")
-        self.loaded: LoadedModel = load_model(gguf_path, torch_dtype, progress)
+        self.loaded: LoadedModel = load_with_rules(gguf_path, optimize_rules, device_map, progress)
         self.tokenizer = self.loaded.tokenizer
 
     def generate(

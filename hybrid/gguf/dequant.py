@@ -47,7 +47,7 @@ def _dequant_q4_1(b: torch.Tensor) -> torch.Tensor:
 
 def _q5_high_bits(qh_bytes: torch.Tensor) -> torch.Tensor:
     """Bit j of the little-endian uint32 `qh`, for j in 0..31: [N, 32] uint8."""
-    shifts = torch.arange(8, dtype=torch.uint8)
+    shifts = torch.arange(8, dtype=torch.uint8, device=qh_bytes.device)
     bits = (qh_bytes.unsqueeze(-1) >> shifts) & 1  # [N, 4, 8]
     return bits.reshape(qh_bytes.shape[0], 32)
 
@@ -99,7 +99,7 @@ def _dequant_q5_k(b: torch.Tensor) -> torch.Tensor:
     qs = b[:, 48:176].reshape(n, 4, 32)
     lo, hi = _nibbles(qs)
     q4 = torch.stack([lo, hi], dim=2).reshape(n, 8, 32)
-    shifts = torch.arange(8, dtype=torch.uint8).view(1, 8, 1)
+    shifts = torch.arange(8, dtype=torch.uint8, device=b.device).view(1, 8, 1)
     high = (qh.unsqueeze(1) >> shifts) & 1  # [N, 8, 32]
     q = (q4 | (high << 4)).to(torch.float32)
     out = (d * scales).unsqueeze(-1) * q - (dmin * mins).unsqueeze(-1)
@@ -128,7 +128,7 @@ def _dequant_q2_k(b: torch.Tensor) -> torch.Tensor:
     sc = b[:, 0:16].reshape(n, 2, 4, 2)  # [half, shift, 16-group]
     qs = b[:, 16:80].reshape(n, 2, 1, 32)
     d, dmin = _f16(b, 80), _f16(b, 82)
-    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=b.device).view(1, 1, 4, 1)
     q = ((qs >> shifts) & 3).to(torch.float32).reshape(n, 2, 4, 2, 16)
     dl = d.view(n, 1, 1, 1) * (sc & 0x0F).to(torch.float32)
     ml = dmin.view(n, 1, 1, 1) * (sc >> 4).to(torch.float32)
@@ -144,13 +144,13 @@ def _dequant_q3_k(b: torch.Tensor) -> torch.Tensor:
     d = _f16(b, 108)
     # 16 six-bit scales: low 4 bits from bytes 0..7 (low nibble first), high 2 bits from 8..11.
     low = torch.cat([s[:, 0:8] & 0x0F, s[:, 0:8] >> 4], dim=1)  # [N, 16]
-    i = torch.arange(16)
+    i = torch.arange(16, device=b.device)
     high = (s[:, 8 + (i % 4)] >> (2 * (i // 4))) & 3
     scales = ((low | (high << 4)) - 32).to(torch.float32).reshape(n, 2, 4, 2)
-    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=b.device).view(1, 1, 4, 1)
     q2 = ((qs >> shifts) & 3).to(torch.int32)  # [N, 2, 4, 32]
     # The high bit comes from hmask bit (4 * half + shift index); a clear bit subtracts 4.
-    bit = torch.arange(8, dtype=torch.uint8).reshape(1, 2, 4, 1)
+    bit = torch.arange(8, dtype=torch.uint8, device=b.device).reshape(1, 2, 4, 1)
     hbit = ((hmask >> bit) & 1).to(torch.int32)
     q = (q2 - 4 * (1 - hbit)).to(torch.float32).reshape(n, 2, 4, 2, 16)
     out = (d.view(n, 1, 1, 1) * scales).unsqueeze(-1) * q
@@ -193,7 +193,7 @@ def dequantize(raw: np.ndarray | torch.Tensor, qtype: int, shape: tuple[int, ...
     block_size, type_size = block_geometry(qtype)
     blocks = flat.reshape(-1, type_size)
     fn = _BLOCK_DEQUANT[Q(qtype)]
-    out = torch.empty(blocks.shape[0], block_size, dtype=torch.float32)
+    out = torch.empty(blocks.shape[0], block_size, dtype=torch.float32, device=blocks.device)
     for start in range(0, blocks.shape[0], _CHUNK_BLOCKS):
         stop = start + _CHUNK_BLOCKS
         out[start:stop] = fn(blocks[start:stop])

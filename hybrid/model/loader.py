@@ -61,6 +61,17 @@ def load_model(path: str, dtype: torch.dtype = torch.float32,
     return LoadedModel(spec, model, tokenizer, gguf)
 
 
+def load_with_rules(path: str, rules: str | None, device_map: dict[str, str] | None = None,
+                    progress: Callable[[int, int], None] | None = None) -> LoadedModel:
+    """Plan the model with optimize rules and build it: operators on their devices."""
+    from hybrid.rules.engine import plan_model
+    from hybrid.rules.inject import inject
+
+    planned = plan_model(path, rules, device_map)
+    model = inject(planned, progress)
+    return LoadedModel(planned.spec, model, GGUFTokenizer(planned.gguf.metadata), planned.gguf)
+
+
 def fill_weights(model: nn.Module, gguf: GGUFModelFile, spec: ModelSpec, dtype: torch.dtype,
                  progress: Callable[[int, int], None] | None = None) -> None:
     params = dict(model.named_parameters(remove_duplicate=False))

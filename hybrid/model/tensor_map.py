@@ -168,3 +168,17 @@ def gguf_sources(hf_name: str, spec: ModelSpec) -> tuple[str, ...]:
     if leaf in _HF_TO_GGUF_SUFFIX:
         return (p + _HF_TO_GGUF_SUFFIX[leaf],)
     raise KeyError(hf_name)
+
+
+def load_hf_weight(gguf: GGUFModelFile, spec: ModelSpec, hf_name: str) -> torch.Tensor:
+    """One transformers parameter as fp32, built from its GGUF source tensor(s)."""
+    sources = [s for s in gguf_sources(hf_name, spec) if gguf.has_tensor(s)]
+    if not sources and hf_name.endswith("e_score_correction_bias"):
+        return torch.zeros(spec.num_experts)
+    parts = [gguf.tensor(s).dequantize() for s in sources]
+    if hf_name.endswith("kv_b_proj.weight") and len(parts) == 2:
+        return kv_b_from_mla(*parts)
+    if hf_name.endswith("experts.gate_up_proj") and len(parts) == 2:
+        return torch.cat(parts, dim=1)
+    (tensor,) = parts
+    return tensor

@@ -1,0 +1,35 @@
+"""What an operator needs to build itself: the file, the spec, where it sits and its placement."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from hybrid.gguf.reader import GGUFModelFile
+from hybrid.model.spec import ModelSpec
+from hybrid.ops.weights import Weight
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    gguf: GGUFModelFile
+    spec: ModelSpec
+    path: str  # the replaced module's dotted path
+    options: dict[str, Any]  # the placement's resolved kwargs
+    module: nn.Module  # the transformers module being replaced (on the meta device)
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.options["generate_device"])
+
+    @property
+    def weight_format(self) -> str:
+        return self.options.get("weight_format", "f32")
+
+    def weight(self, leaf: str, fmt: str | None = None) -> Weight:
+        """The parameter `<path>.<leaf>` in this operator's format, on its device."""
+        name = f"{self.path}.{leaf}" if self.path else leaf
+        return Weight(self.gguf, self.spec, name, fmt or self.weight_format, str(self.device))

@@ -1,0 +1,140 @@
+"""Routed experts: out[t] = sum_k w[t,k] * down(silu(gate x_t) * up x_t) over token t's experts.
+
+backend "cpu": cpu_kernels on the GGUF's own blocks (memory-mapped, never dequantized), in
+`exact` or `fast` mode. backend "torch": dequantized weights (weight_format) on the device.
+`gpu_experts` keeps those experts on `gpu_device` (torch) while the rest run on the CPU; the
+two partial sums are added.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hybrid.gguf.dequant import dequantize
+from hybrid.ops.context import BuildContext
+
+
+def _quant_matrix(ctx: BuildContext, gguf_name: str, rows: slice | None = None):
+    from cpu_kernels.weights import QuantMatrix
+
+    qt = ctx.gguf.tensor(gguf_name)
+    raw = qt.data.reshape(qt.shape[0], qt.shape[1], -1)  # [E, rows, row bytes or elements]
+    shape = qt.shape
+    if rows is not None:
+        raw = raw[:, rows]
+        shape = (shape[0], raw.shape[1], shape[2])
+    return QuantMatrix.from_raw(qt.qtype, shape, raw)
+
+
+def _cpu_kernels_cover(ctx: BuildContext, prefix: str) -> bool:
+    from cpu_kernels.qtypes import is_supported
+
+    names = [n for n in ctx.gguf.tensor_names if n.startswith(prefix) and "_exps." in n]
+    return all(is_supported(ctx.gguf.tensor_infos[n][0].qtype) for n in names)
+
+
+class ExpertsOp(nn.Module):
+    def __init__(self, ctx: BuildContext) -> None:
+        super().__init__()
+        spec, opts = ctx.spec, ctx.options
+        self.backend, self.mode = opts["backend"], opts["mode"]
+        self.device = ctx.device
+        self.num_experts = spec.num_experts
+        gpu_ids = sorted(set(opts.get("gpu_experts") or []))
+        layer = int(ctx.path.split(".")[2])
+        p = f"blk.{layer}."
+        if self.backend == "cpu" and not _cpu_kernels_cover(ctx, p):
+            # Types cpu_kernels has no kernel for yet (F32 experts, Q2_K/Q3_K): same math in
+            # torch on dequantized weights, so the plan still runs.
+            self.backend = "torch"
+            ctx = BuildContext(ctx.gguf, ctx.spec, ctx.path, {**opts, "weight_format": "f32"},
+                               ctx.module)
+        if self.backend == "cpu":
+            from cpu_kernels.weights import ExpertWeights
+
+            if spec.fused_gate_up_experts:
+                fused, i = p + "ffn_gate_up_exps.weight", spec.moe_intermediate_size
+                gate, up = _quant_matrix(ctx, fused, slice(0, i)), _quant_matrix(ctx, fused, slice(i, 2 * i))
+            else:
+                gate, up = _quant_matrix(ctx, p + "ffn_gate_exps.weight"), _quant_matrix(ctx, p + "ffn_up_exps.weight")
+            self.cpu_weights = ExpertWeights(gate, up, _quant_matrix(ctx, p + "ffn_down_exps.weight"))
+        else:
+            self.gate_up = ctx.weight("gate_up_proj").get()  # [E, 2I, H]
+            self.down = ctx.weight("down_proj").get()  # [E, H, I]
+        mask = torch.zeros(spec.num_experts, dtype=torch.bool)
+        mask[gpu_ids] = True
+        self.on_gpu = mask
+        self.gpu_experts = _GpuExperts(ctx, p, gpu_ids) if gpu_ids else None
+
+    def forward(self, hidden: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """hidden: [N, H]  ids: [N, K]  weights: [N, K] -> [N, H]"""
+        gpu_mask = self.on_gpu[ids.cpu()]  # [N, K]
+        cpu_w = weights.masked_fill(gpu_mask.to(weights.device), 0.0)
+        out = self._run(hidden, ids, cpu_w)
+        if self.gpu_experts is not None and bool(gpu_mask.any()):
+            gpu_w = weights.masked_fill(~gpu_mask.to(weights.device), 0.0)
+            out = out + self.gpu_experts(hidden, ids, gpu_w).to(out.device)
+        return out.to(hidden.dtype)
+
+    def _run(self, hidden: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        if self.backend == "cpu":
+            from cpu_kernels.moe import moe_forward
+
+            x = hidden.detach().to("cpu", torch.float32).contiguous().numpy()
+            out = np.empty_like(x)
+            moe_forward(x, ids.cpu().numpy().astype(np.int32), weights.detach().cpu().float().numpy(),
+                        self.cpu_weights, out, mode=self.mode)
+            return torch.from_numpy(out).to(hidden.device)
+        res = _torch_experts(hidden.to(self.device), ids.to(self.device), weights.to(self.device),
+                             self.gate_up, self.down)
+        return res.to(hidden.device)
+
+
+class _GpuExperts:
+    """The GGUF blocks of the chosen experts only, on gpu_device, dequantized on use."""
+
+    def __init__(self, ctx: BuildContext, prefix: str, expert_ids: list[int]) -> None:
+        self.device = torch.device(ctx.options["gpu_device"])
+        self.slot = {e: j for j, e in enumerate(expert_ids)}
+        names = (["ffn_gate_up_exps"] if ctx.spec.fused_gate_up_experts
+                 else ["ffn_gate_exps", "ffn_up_exps"]) + ["ffn_down_exps"]
+        self.parts = []
+        for name in names:
+            qt = ctx.gguf.tensor(f"{prefix}{name}.weight")
+            rows = np.ascontiguousarray(qt.data.reshape(qt.shape[0], -1)[expert_ids])
+            self.parts.append((torch.from_numpy(rows).to(self.device), qt.qtype, qt.shape[1:]))
+
+    def weights(self, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
+        j = self.slot[expert]
+        mats = [dequantize(raw[j], qtype, shape) for raw, qtype, shape in self.parts]
+        return torch.cat(mats[:-1], dim=0), mats[-1]  # [2I, H], [H, I]
+
+    def __call__(self, hidden: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        x, ids, weights = (t.to(self.device) for t in (hidden, ids, weights))
+        out = torch.zeros(x.shape, dtype=torch.float32, device=self.device)
+        for e in self.slot:
+            tok, k = torch.where(ids == e)
+            if tok.numel() == 0:
+                continue
+            gate_up, down = self.weights(e)
+            g, u = F.linear(x[tok].float(), gate_up).chunk(2, dim=-1)
+            out.index_add_(0, tok, F.linear(F.silu(g) * u, down) * weights[tok, k, None].float())
+        return out
+
+
+def _torch_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+                   gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """Reference loop over the experts present. x: [N, H] -> [N, H] fp32."""
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for e in torch.unique(ids).tolist():
+        tok, slot = torch.where(ids == e)
+        w = weights[tok, slot].float()
+        if not bool((w != 0).any()):
+            continue
+        g, u = F.linear(x[tok].float(), gate_up[e].float()).chunk(2, dim=-1)
+        y = F.linear(F.silu(g) * u, down[e].float())
+        out.index_add_(0, tok, y * w[:, None])
+    return out

@@ -1,0 +1,117 @@
+"""MLA attention in the absorbed form, over a latent KV cache.
+
+Per token and layer the cache holds the normalized latent c [kv_lora] and the rotated shared
+key k_r [rope]: 576 values for DeepSeek-V3, instead of heads x (k + v) = 32,768. With
+W_UK [h, nope, c] and W_UV [h, v, c] the two halves of kv_b_proj:
+    q_c  = q_nope @ W_UK                 # [T, h, c]  queries moved into latent space
+    s    = (q_c . c_s + q_r . k_r,s) * scale
+    o_c  = softmax(s) @ c                # [T, h, c]
+    out  = o_proj(o_c @ W_UV^T)          # [T, h*v] -> [T, H]
+which equals the expanded attention exactly in real arithmetic.
+
+NOTE: the current chunk attends to its own latents at compute precision and only the stored
+copy is rounded to kv_cache_dtype; earlier tokens are read back as stored.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hybrid.ops.context import BuildContext
+from hybrid.ops.layers import linear
+from hybrid.ops.rotary import yarn_mscale
+
+_KV_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+
+
+def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on adjacent pairs (x0, x1), (x2, x3), ... as GGUF DeepSeek files define it.
+
+    x: [B, T, ..., rope]  cos/sin: [B, T, rope] in transformers' cat(freqs, freqs) layout.
+    """
+    half = cos.shape[-1] // 2
+    c, s = cos[..., :half], sin[..., :half]
+    while c.dim() < x.dim():
+        c, s = c.unsqueeze(-2), s.unsqueeze(-2)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).flatten(-2)
+
+
+class MLAAttentionOp(nn.Module):
+    def __init__(self, ctx: BuildContext) -> None:
+        super().__init__()
+        s = ctx.spec
+        self.device, self.layer_idx = ctx.device, int(ctx.path.split(".")[2])
+        self.heads, self.nope, self.rope, self.v = (s.num_heads, s.qk_nope_head_dim,
+                                                    s.qk_rope_head_dim, s.v_head_dim)
+        self.kv_lora, self.eps = s.kv_lora_rank, s.rms_norm_eps
+        self.kv_dtype = _KV_DTYPES[ctx.options["kv_cache_dtype"]]
+        if s.q_lora_rank is not None:
+            self.q_a = ctx.weight("q_a_proj.weight")
+            self.q_a_norm = ctx.weight("q_a_layernorm.weight", "f32").get()
+            self.q_b = ctx.weight("q_b_proj.weight")
+        else:
+            self.q_proj = ctx.weight("q_proj.weight")
+        self.kv_a = ctx.weight("kv_a_proj_with_mqa.weight")
+        self.kv_a_norm = ctx.weight("kv_a_layernorm.weight", "f32").get()
+        self.kv_b = ctx.weight("kv_b_proj.weight")
+        self.o_proj = ctx.weight("o_proj.weight")
+        self.scale = (self.nope + self.rope) ** -0.5
+        rs = s.rope_scaling
+        if rs is not None and rs.get("mscale_all_dim"):
+            m = yarn_mscale(rs["factor"], rs["mscale_all_dim"])
+            self.scale *= m * m
+
+    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+    def forward(self, hidden_states: torch.Tensor, position_embeddings, attention_mask=None,
+                past_key_values=None, **kwargs):
+        """hidden_states: [B, T, H] -> ([B, T, H], None), transformers' attention interface."""
+        x = hidden_states.to(self.device, torch.float32)
+        b, t, _ = x.shape
+        if hasattr(self, "q_a"):
+            q = linear(self._rms(linear(x, self.q_a), self.q_a_norm), self.q_b)
+        else:
+            q = linear(x, self.q_proj)
+        q = q.view(b, t, self.heads, self.nope + self.rope)
+        q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
+        kv = linear(x, self.kv_a)  # [B, T, c + r]
+        latent = self._rms(kv[..., : self.kv_lora], self.kv_a_norm)  # [B, T, c]
+        cos, sin = _cos_sin(position_embeddings, self.device)
+        q_rope = rotate_pairs(q_rope, cos, sin)  # [B, T, h, r]
+        k_rope = rotate_pairs(kv[..., self.kv_lora:], cos, sin)  # [B, T, r]
+
+        latent_all, k_rope_all = latent, k_rope
+        if past_key_values is not None:
+            stored = past_key_values.update(latent.to(self.kv_dtype).unsqueeze(1),
+                                            k_rope.to(self.kv_dtype).unsqueeze(1), self.layer_idx)
+            prefix = stored[0].shape[2] - t
+            latent_all = torch.cat([stored[0][:, 0, :prefix].float(), latent], dim=1)  # [B, S, c]
+            k_rope_all = torch.cat([stored[1][:, 0, :prefix].float(), k_rope], dim=1)  # [B, S, r]
+        s_len = latent_all.shape[1]
+
+        w_kv = self.kv_b.get().float().view(self.heads, self.nope + self.v, self.kv_lora)
+        w_uk, w_uv = w_kv[:, : self.nope], w_kv[:, self.nope:]  # [h, nope, c], [h, v, c]
+        q_lat = torch.einsum("bthn,hnc->bhtc", q_nope, w_uk)
+        scores = (torch.einsum("bhtc,bsc->bhts", q_lat, latent_all)
+                  + torch.einsum("bthr,bsr->bhts", q_rope, k_rope_all)) * self.scale
+        q_pos = torch.arange(s_len - t, s_len, device=self.device)
+        causal = torch.arange(s_len, device=self.device)[None, :] <= q_pos[:, None]  # [T, S]
+        scores = scores.masked_fill(~causal, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out_lat = torch.einsum("bhts,bsc->bthc", probs, latent_all)
+        out = torch.einsum("bthc,hvc->bthv", out_lat, w_uv).reshape(b, t, self.heads * self.v)
+        out = linear(out, self.o_proj)
+        return out.to(hidden_states.device, hidden_states.dtype), None
+
+
+def _cos_sin(position_embeddings, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accept (cos, sin) or transformers-V2's complex freqs_cis; return fp32 [B, T, rope]."""
+    if isinstance(position_embeddings, torch.Tensor) and position_embeddings.is_complex():
+        freqs = position_embeddings.to(device)
+        cos, sin = freqs.real.float(), freqs.imag.float()
+        return torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
+    cos, sin = position_embeddings
+    return cos.to(device, torch.float32), sin.to(device, torch.float32)
