@@ -4,7 +4,8 @@ For each token t: out[t] = sum_k w[t, k] * down_e(silu(gate_e x[t]) * up_e x[t])
 Tokens are grouped by expert, so every selected expert's rows are read once per call whatever T
 is: phase 1 splits (expert, block of I rows) across threads and computes h for the expert's
 tokens; phase 2 splits H rows across threads, each summing over all experts into its own rows of
-out (no two threads write the same element).
+out (no two threads write the same element). Within a task each weight row is decoded once per
+tile of up to 4 of its tokens (tile_dot).
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ import numpy as np
 from numba import njit, prange
 
 from cpu_kernels.matmul import check_mode
-from cpu_kernels.rowdot import prepare_activations, prepare_row, row_dot_exact, row_dot_fast
+from cpu_kernels.q8_activations import Q8Activations, quantize_row
+from cpu_kernels.rowdot import prepare_activations, prepare_row
+from cpu_kernels.simd_dots import TILE
+from cpu_kernels.tile_dot import tile_dot
 from cpu_kernels.weights import ExpertWeights
 
 f32 = np.float32
@@ -37,22 +41,23 @@ def group_by_expert(topk_ids: np.ndarray, topk_weights: np.ndarray
 
 
 @njit(inline="always", cache=True)
-def _dot(qtype: int, row: np.ndarray, x: np.ndarray, xs: np.ndarray, xq: np.ndarray,
-         dx: np.ndarray, fast: bool) -> float:
-    if fast:
-        return row_dot_fast(qtype, row, x, xq, dx, xs)
-    return row_dot_exact(qtype, row, x, xs)
+def _tile_tokens(ids: np.ndarray, k0: int, nt: int) -> tuple[int, int, int, int]:
+    """The activation rows ids[k0 .. k0+nt) of a tile, padded with the last one."""
+    return (ids[k0], ids[k0 + min(1, nt - 1)], ids[k0 + min(2, nt - 1)],
+            ids[k0 + min(3, nt - 1)])
 
 
 @njit(parallel=True, nogil=True, cache=True)
 def _moe_kernel(gate_type: int, gate_w: np.ndarray, up_type: int, up_w: np.ndarray,
-                down_type: int, down_w: np.ndarray, x: np.ndarray, xs: np.ndarray,
-                xq: np.ndarray, dx: np.ndarray, expert_ids: np.ndarray, offsets: np.ndarray,
-                token_ids: np.ndarray, weights: np.ndarray, fast: bool, h: np.ndarray,
-                hs: np.ndarray, hq: np.ndarray, hd: np.ndarray, out: np.ndarray) -> None:
-    # gate_w, up_w: [E, I, bytes]  down_w: [E, H, bytes]  x, xq: [T, H]  xs, dx: [T, H/32]
-    # expert_ids: [U]  offsets: [U+1]  token_ids, weights: [N]  h, hq: [N, I]  hs, hd: [N, I/32]
-    # out: [T, H]
+                down_type: int, down_w: np.ndarray, fast: bool, x: np.ndarray, xs: np.ndarray,
+                xq: np.ndarray, dx: np.ndarray, xqsum: np.ndarray, xsum4: np.ndarray,
+                expert_ids: np.ndarray, offsets: np.ndarray, token_ids: np.ndarray,
+                weights: np.ndarray, h: np.ndarray, hs: np.ndarray,
+                hq: np.ndarray, hd: np.ndarray, hqsum: np.ndarray, hsum4: np.ndarray,
+                out: np.ndarray) -> None:
+    # gate_w, up_w: [E, I, bytes]  down_w: [E, H, bytes]  x: [T, H]  xs, dx, xqsum: [T, H/32]
+    # xq: [T, H] (fast)  xsum4: [T, H/4]  expert_ids: [U]  offsets: [U+1]
+    # token_ids, weights: [N]  h: [N, I] with its sums / int8 forms (by mode)  out: [T, H]
     num_used = expert_ids.shape[0]
     inter = gate_w.shape[1]
     hidden = down_w.shape[1]
@@ -64,16 +69,22 @@ def _moe_kernel(gate_type: int, gate_w: np.ndarray, up_type: int, up_w: np.ndarr
         for r in range(r0, min(inter, r0 + ROWS_PER_TASK)):
             grow = gate_w[e, r]
             urow = up_w[e, r]
-            for k in range(offsets[u], offsets[u + 1]):
-                t = token_ids[k]
-                g = _dot(gate_type, grow, x[t], xs[t], xq[t], dx[t], fast)
-                v = _dot(up_type, urow, x[t], xs[t], xq[t], dx[t], fast)
-                # the routing weight scales h: down is linear, so w * down(h) = down(w * h)
-                h[k, r] = weights[k] * v * g / (f32(1.0) + np.exp(-g))
-    # NOTE: down reads h in float32 in both modes: int8 h doubled the fast-mode error (1-1.5%
-    # per layer on random blocks, against 0.5% with int8 x alone).
-    for k in prange(h.shape[0]):
+            for k0 in range(offsets[u], offsets[u + 1], TILE):
+                nt = min(TILE, offsets[u + 1] - k0)
+                t0, t1, t2, t3 = _tile_tokens(token_ids, k0, nt)
+                g = tile_dot(fast, gate_type, grow, x, xs, xq, 0, dx, xqsum, xsum4, t0, t1, t2,
+                             t3, nt)
+                v = tile_dot(fast, up_type, urow, x, xs, xq, 0, dx, xqsum, xsum4, t0, t1, t2, t3,
+                             nt)
+                for i in range(nt):
+                    # the routing weight scales h: down is linear, so w * down(h) = down(w * h)
+                    h[k0 + i, r] = weights[k0 + i] * v[i] * g[i] / (f32(1.0) + np.exp(-g[i]))
+    num_slots = h.shape[0]
+    for k in prange(num_slots):
         prepare_row(h[k], hs[k], hq[k], hd[k], False)
+        if fast:  # h as int16 in two planes: int8 h would double fast mode's error
+            quantize_row(h[k], hq[k], hq[num_slots + k], hd[k], hqsum[k], hsum4[k])
+    h_lo = num_slots * inter if fast else 0
     tasks_h = (hidden + ROWS_PER_TASK - 1) // ROWS_PER_TASK
     for task in prange(tasks_h):
         r0 = task * ROWS_PER_TASK
@@ -85,8 +96,13 @@ def _moe_kernel(gate_type: int, gate_w: np.ndarray, up_type: int, up_w: np.ndarr
             e = expert_ids[u]
             for r in range(r0, r1):
                 drow = down_w[e, r]
-                for k in range(offsets[u], offsets[u + 1]):
-                    out[token_ids[k], r] += row_dot_exact(down_type, drow, h[k], hs[k])
+                for k0 in range(offsets[u], offsets[u + 1], TILE):
+                    nt = min(TILE, offsets[u + 1] - k0)
+                    y = tile_dot(fast, down_type, drow, h, hs, hq, h_lo, hd, hqsum, hsum4, k0,
+                                 k0 + min(1, nt - 1), k0 + min(2, nt - 1), k0 + min(3, nt - 1),
+                                 nt)
+                    for i in range(nt):
+                        out[token_ids[k0 + i], r] += y[i]
 
 
 def moe_forward(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
@@ -95,7 +111,8 @@ def moe_forward(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
 
     x: [T, H] float32  topk_ids: [T, K] int  topk_weights: [T, K] float32  out: [T, H] float32.
     `mode`: "exact" (float32 math on the exactly dequantized weights) or "fast" (x quantized to
-    int8 per 32-group for gate/up with integer dot products; down as in exact).
+    int8 per 32-group for gate/up, h to int16 in two int8 planes for down; integer dot products
+    on the exact weights, 4 tokens per weight decode).
     """
     fast = check_mode(mode)
     num_tokens, hidden = x.shape
@@ -109,15 +126,17 @@ def moe_forward(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
     x = np.ascontiguousarray(x, dtype=np.float32)
     expert_ids, offsets, token_ids, weights = group_by_expert(topk_ids, topk_weights)
     num_slots = token_ids.size
-    xs = np.empty((num_tokens, hidden // 32), np.float32)
-    # exact mode passes empty int8 buffers: the kernels never read them
-    xq = np.empty((num_tokens, hidden if fast else 0), np.int8)
-    dx = np.empty((num_tokens, hidden // 32 if fast else 0), np.float32)
-    prepare_activations(x, xs, xq, dx, fast)
+    # each mode passes empty buffers for the other's activations: its kernels never read them
+    xs = np.empty((num_tokens, 0 if fast else hidden // 32), np.float32)
+    if fast:
+        xa, ha = Q8Activations.of(x), Q8Activations.empty(num_slots, inter, planes=2)
+    else:
+        prepare_activations(x, xs, np.empty((num_tokens, 0), np.int8),
+                            np.empty((num_tokens, 0), np.float32), False)
+        xa, ha = Q8Activations.empty(num_tokens, 0), Q8Activations.empty(num_slots, 0)
     h = np.empty((num_slots, inter), np.float32)
     hs = np.empty((num_slots, inter // 32), np.float32)
-    hq = np.empty((num_slots, 0), np.int8)
-    hd = np.empty((num_slots, 0), np.float32)
     g, u, d = experts.gate, experts.up, experts.down
-    _moe_kernel(g.qtype, g.blocks, u.qtype, u.blocks, d.qtype, d.blocks, x, xs, xq, dx,
-                expert_ids, offsets, token_ids, weights, fast, h, hs, hq, hd, out)
+    _moe_kernel(g.qtype, g.blocks, u.qtype, u.blocks, d.qtype, d.blocks, fast, x, xs, xa.xq,
+                xa.dx, xa.xqsum, xa.xsum4, expert_ids, offsets, token_ids, weights,
+                h, hs, ha.xq, ha.dx, ha.xqsum, ha.xsum4, out)
