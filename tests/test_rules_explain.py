@@ -151,3 +151,15 @@ def test_operator_on_wrong_module_is_an_error(models, tmp_path: Path) -> None:
                                         ("1.5GiB", int(1.5 * GIB)), ("1024", 1024)])
 def test_parse_size(text: str, value: int) -> None:
     assert parse_size(text) == value
+
+
+def test_loading_refuses_a_plan_over_budget(v3_sparse: Path) -> None:
+    from hybrid.errors import HybridError
+    from hybrid.rules.explain import refuse_if_over_budget
+
+    planned = plan_model(str(v3_sparse), "DeepSeek-V3", check_devices=False, announce=False)
+    refuse_if_over_budget(planned.plan, planned.spec, 32768, gpu_memory=24 * GIB)  # fits
+    with pytest.raises(HybridError, match="does not fit: cuda:0 is over its 12.00 GiB budget"):
+        refuse_if_over_budget(planned.plan, planned.spec, 32768, gpu_memory=12 * GIB)
+    cpu = plan_model(str(v3_sparse), "cpu", check_devices=False, announce=False)
+    refuse_if_over_budget(cpu.plan, cpu.spec, 32768, gpu_memory=1)  # no GPU in the plan

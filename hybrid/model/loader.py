@@ -62,12 +62,16 @@ def load_model(path: str, dtype: torch.dtype = torch.float32,
 
 
 def load_with_rules(path: str, rules: str | None, device_map: dict[str, str] | None = None,
-                    progress: Callable[[int, int], None] | None = None) -> LoadedModel:
-    """Plan the model with optimize rules and build it: operators on their devices."""
+                    progress: Callable[[int, int], None] | None = None,
+                    cache_lens: int = 4096) -> LoadedModel:
+    """Plan the model with optimize rules, refuse a plan over a GPU's memory before touching
+    it, then build it: operators on their devices."""
     from hybrid.rules.engine import plan_model
+    from hybrid.rules.explain import refuse_if_over_budget
     from hybrid.rules.inject import inject
 
     planned = plan_model(path, rules, device_map)
+    refuse_if_over_budget(planned.plan, planned.spec, cache_lens)
     model = inject(planned, progress)
     return LoadedModel(planned.spec, model, GGUFTokenizer(planned.gguf.metadata), planned.gguf)
 

@@ -178,3 +178,23 @@ def render_table(exp: Explanation, header: str) -> str:
     lines.extend(f"advice: {a}" for a in exp.advice)
     lines.append(f"verdict: {'fits' if exp.fits else 'does not fit'}")
     return "\n".join(lines)
+
+
+def refuse_if_over_budget(plan: Plan, spec: ModelSpec, cache_lens: int,
+                          gpu_memory: int | None = None) -> None:
+    """Before any weight moves: fail, naming the largest items and a fix, if a GPU would overflow.
+
+    `gpu_memory` None reads each GPU's total memory (the smallest, for the shared budget).
+    """
+    gpus = {w.device for w in plan.weights if w.device != "cpu"}
+    if not gpus:
+        return
+    if gpu_memory is None:
+        import torch
+
+        gpu_memory = min(torch.cuda.get_device_properties(int(d.split(":")[1])).total_memory
+                         for d in gpus)
+    exp = explain(plan, spec, cache_lens, gpu_memory, cpu_memory=None)
+    if not exp.fits:
+        raise HybridError(f"{plan.source}: the plan does not fit: {'; '.join(exp.advice)} "
+                          f"(see hybrid rules explain)")
