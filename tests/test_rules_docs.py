@@ -17,7 +17,7 @@ from hybrid.rules.schema import RuleError, parse_rules
 from .oracles import rel_l2
 
 DOC = Path(__file__).parent.parent / "docs" / "optimize-rules.md"
-BLOCKS = re.findall(r"```yaml\n(.*?)```", DOC.read_text(encoding="utf-8"), flags=re.S)
+BLOCKS = re.findall(r"```yaml\n(.*?)```", DOC.read_text(encoding="utf-8"), flags=re.DOTALL)
 PROMPT = [0, 42, 574, 81, 2058, 3, 223, 804]
 
 
