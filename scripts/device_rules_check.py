@@ -17,14 +17,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hybrid.engine.llm import LLM  # noqa: E402
-from hybrid.engine.sampling_params import SamplingParams  # noqa: E402
-from hybrid.model.loader import load_model  # noqa: E402
-from hybrid.rules.engine import plan_model  # noqa: E402
-from hybrid.rules.inject import inject  # noqa: E402
-from hybrid.synth.make_model import MakeModelOptions, make_model  # noqa: E402
-from hybrid.synth.presets import get_preset  # noqa: E402
-from hybrid.synth.vocab import get_vocab  # noqa: E402
+from hybrid.engine.llm import LLM
+from hybrid.engine.sampling_params import SamplingParams
+from hybrid.model.loader import load_model
+from hybrid.rules.engine import plan_model
+from hybrid.rules.inject import inject
+from hybrid.synth.make_model import MakeModelOptions, make_model
+from hybrid.synth.presets import get_preset
+from hybrid.synth.vocab import get_vocab
 
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
 WORK = Path("/tmp/models")
