@@ -93,3 +93,19 @@ def test_demo_model_answers(capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert "building the demo model" in err
     assert len(json.loads(out)["token_ids"]) >= 1
     assert (tmp_path / "demo").is_dir()
+
+
+def test_chat_is_multi_turn_and_streams(models) -> None:
+    import subprocess
+    import sys
+
+    path = str(models.path("tiny-v3", "q4_k_m"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "server.cli", "chat", "--gguf-path", path, "--optimize-rules",
+         "cpu", "--max-new-tokens", "4", "--temperature", "0", "--system", "Be brief."],
+        input="Hello\nAnd then?\n/exit\n", capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    turns = proc.stdout.split(">>> ")
+    assert len(turns) == 4 and turns[0] == "" and turns[3] == ""
+    assert all(t.endswith("\n") and len(t) > 1 for t in turns[1:3])
