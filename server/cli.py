@@ -1,4 +1,4 @@
-"""The `hybrid` command: make-model, generate, chat.
+"""The `hybrid` command: make-model, generate, chat, rules, serve, bench.
 
 Every user error is a one-line `error: ...` on stderr and exit status 2, never a traceback.
 Flag defaults come from the frozen config classes (`SamplingParams`, `MakeModelOptions`).
@@ -172,6 +172,73 @@ def cmd_rules_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from server.config import ServerConfig
+    from server.serve import serve
+
+    config = ServerConfig.from_flat({
+        "gguf_path": args.gguf_path, "optimize_rules": args.optimize_rules,
+        "max_batch_size": args.max_batch_size, "host": args.host, "port": args.port,
+        "max_new_tokens": args.max_new_tokens, "api_key": args.api_key,
+        "served_model_name": args.served_model_name, "max_request_bytes": args.max_request_bytes,
+        "log_level": args.log_level,
+    })
+    return serve(config, progress=_progress_bar("loading"))
+
+
+def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
+    from hybrid.engine.config import EngineConfig
+    from server.config import LOG_LEVELS, ServerConfig
+
+    e = {f.name: f.default for f in fields(EngineConfig)}
+    d = {f.name: f.default for f in fields(ServerConfig)}
+    p = sub.add_parser("serve", help="serve an OpenAI-compatible API (/v1/chat/completions, ...)")
+    p.add_argument("--gguf-path", default=e["gguf_path"],
+                   help="a .gguf file, split part or folder (default: the built-in demo model)")
+    p.add_argument("--optimize-rules", default=e["optimize_rules"],
+                   help="bundled rule file name or path (default: cpu.yaml without a GPU)")
+    p.add_argument("--host", default=d["host"], help="address to listen on (0.0.0.0: all)")
+    p.add_argument("--port", type=int, default=d["port"])
+    p.add_argument("--max-new-tokens", type=int, default=d["max_new_tokens"],
+                   help="cap on tokens per request; larger max_tokens are clamped to it")
+    p.add_argument("--max-batch-size", type=int, default=e["max_batch_size"],
+                   help="requests in flight at once (token-interleaved; the rest queue FCFS)")
+    p.add_argument("--api-key", default=d["api_key"],
+                   help="require 'Authorization: Bearer KEY' on every route but /health")
+    p.add_argument("--served-model-name", default=d["served_model_name"],
+                   help="the model name clients pass (default: the GGUF file's stem)")
+    p.add_argument("--max-request-bytes", type=int, default=d["max_request_bytes"],
+                   help="larger request bodies get a 413")
+    p.add_argument("--log-level", default=d["log_level"], choices=list(LOG_LEVELS))
+    p.set_defaults(func=cmd_serve)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from server.bench import BenchOptions, render, run_bench, to_json
+
+    opts = BenchOptions(args.url, args.concurrency, args.prompt_len, args.gen_len,
+                        args.num_requests, args.model, args.api_key)
+    result = run_bench(opts, progress=not args.json)
+    print(to_json(result) if args.json else render(result))
+    return 0
+
+
+def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    from server.bench import BenchOptions
+
+    d = {f.name: f.default for f in fields(BenchOptions)}
+    p = sub.add_parser("bench", help="load a running server with concurrent streams")
+    p.add_argument("--url", default=d["url"], help="the server's base URL (without /v1)")
+    p.add_argument("--concurrency", type=int, default=d["concurrency"])
+    p.add_argument("--prompt-len", type=int, default=d["prompt_len"], help="prompt tokens")
+    p.add_argument("--gen-len", type=int, default=d["gen_len"], help="tokens per request")
+    p.add_argument("--num-requests", type=int, default=d["num_requests"])
+    p.add_argument("--model", default=d["model"], help="default: the server's first model")
+    p.add_argument("--api-key", default=d["api_key"])
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_bench)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from hybrid.synth.make_model import MakeModelOptions
     from hybrid.synth.presets import PRESETS
@@ -227,6 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--json", action="store_true", help="print one JSON object")
         else:
             p.add_argument("--system", default=None, help="a system prompt")
+    _add_serve_parser(sub)
+    _add_bench_parser(sub)
     return parser
 
 

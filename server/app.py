@@ -1,0 +1,23 @@
+"""The FastAPI application: routes, OpenAI-shaped errors, API key and body-size middleware."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from server.errors import install_error_handlers
+from server.middleware import APIKeyMiddleware, BodySizeLimitMiddleware
+from server.routes import router
+from server.state import ServerState
+
+
+def create_app(state: ServerState) -> FastAPI:
+    """An app serving `state.model` through `state.worker` (started and stopped by the caller)."""
+    app = FastAPI(title="hybrid", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.hybrid = state
+    install_error_handlers(app)
+    app.include_router(router)
+    # NOTE: the last middleware added runs first: the key is checked before the body is read.
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=state.config.max_request_bytes)
+    if state.config.api_key is not None:
+        app.add_middleware(APIKeyMiddleware, api_key=state.config.api_key)
+    return app

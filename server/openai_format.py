@@ -1,0 +1,133 @@
+"""Build OpenAI response objects (chat and completions, whole and streamed) from token events."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from hybrid.engine.request import TokenOutput
+
+
+@dataclass
+class ChoiceState:
+    """What one choice has produced so far."""
+
+    text: str = ""
+    tokens: list[TokenOutput] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    def add(self, out: TokenOutput) -> None:
+        self.text += out.text
+        self.tokens.append(out)
+        self.finish_reason = out.finish_reason or self.finish_reason
+
+
+def usage(prompt_tokens: int, choices: list[ChoiceState]) -> dict[str, int]:
+    """The prompt counts once, however many choices share it (as OpenAI counts)."""
+    completion = sum(len(c.tokens) for c in choices)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+            "total_tokens": prompt_tokens + completion}
+
+
+def sse(payload: dict[str, Any] | str) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    return f"data: {data}\n\n".encode()
+
+
+class ResponseFormat:
+    """Shared header fields; subclasses know the endpoint's object names and logprob shape."""
+
+    object_name = ""
+    chunk_object_name = ""
+
+    def __init__(self, response_id: str, model: str, tokenizer: Any, logprobs: bool) -> None:
+        self.id = response_id
+        self.model = model
+        self.tokenizer = tokenizer
+        self.logprobs = logprobs
+        self.created = int(time.time())
+
+    def _head(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def token_text(self, token_id: int) -> tuple[str, list[int]]:
+        raw = self.tokenizer.decode_bytes([token_id])
+        return raw.decode("utf-8", errors="replace"), list(raw)
+
+    def response(self, choices: list[ChoiceState], prompt_tokens: int) -> dict[str, Any]:
+        return {**self._head(self.object_name),
+                "choices": [self.choice(i, c.text, c.tokens, c.finish_reason, offset=0)
+                            for i, c in enumerate(choices)],
+                "usage": usage(prompt_tokens, choices)}
+
+    def chunk(self, index: int, out: TokenOutput, offset: int) -> dict[str, Any]:
+        return {**self._head(self.chunk_object_name),
+                "choices": [self.choice(index, out.text, [out], out.finish_reason, offset,
+                                        delta=True)]}
+
+    def usage_chunk(self, choices: list[ChoiceState], prompt_tokens: int) -> dict[str, Any]:
+        return {**self._head(self.chunk_object_name), "choices": [],
+                "usage": usage(prompt_tokens, choices)}
+
+    def first_chunks(self, n: int) -> list[dict[str, Any]]:
+        return []
+
+    def choice(self, index: int, text: str, tokens: list[TokenOutput], finish_reason: str | None,
+               offset: int, delta: bool = False) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class ChatFormat(ResponseFormat):
+    object_name = "chat.completion"
+    chunk_object_name = "chat.completion.chunk"
+
+    def first_chunks(self, n: int) -> list[dict[str, Any]]:
+        # OpenAI opens each streamed choice with the role and empty content.
+        return [{**self._head(self.chunk_object_name),
+                 "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                              "logprobs": None, "finish_reason": None}]} for i in range(n)]
+
+    def choice(self, index: int, text: str, tokens: list[TokenOutput], finish_reason: str | None,
+               offset: int, delta: bool = False) -> dict[str, Any]:
+        logprobs = {"content": [self._entry(t) for t in tokens], "refusal": None} \
+            if self.logprobs else None
+        body: dict[str, Any] = {"index": index}
+        if delta:
+            body["delta"] = {"content": text} if text else {}
+        else:
+            body["message"] = {"role": "assistant", "content": text, "refusal": None}
+        return {**body, "logprobs": logprobs, "finish_reason": finish_reason}
+
+    def _entry(self, t: TokenOutput) -> dict[str, Any]:
+        token, raw = self.token_text(t.token_id)
+        tops = []
+        for tid, lp in t.top_logprobs:
+            tt, tb = self.token_text(tid)
+            tops.append({"token": tt, "logprob": lp, "bytes": tb})
+        return {"token": token, "logprob": t.logprob, "bytes": raw, "top_logprobs": tops}
+
+
+class CompletionFormat(ResponseFormat):
+    object_name = "text_completion"
+    chunk_object_name = "text_completion"
+
+    def choice(self, index: int, text: str, tokens: list[TokenOutput], finish_reason: str | None,
+               offset: int, delta: bool = False) -> dict[str, Any]:
+        logprobs = None
+        if self.logprobs:
+            names = [self.token_text(t.token_id)[0] for t in tokens]
+            offsets, pos = [], offset
+            for t in tokens:
+                offsets.append(pos)
+                pos += len(t.text)
+            logprobs = {
+                "tokens": names,
+                "token_logprobs": [t.logprob for t in tokens],
+                "top_logprobs": [{self.token_text(i)[0]: lp for i, lp in t.top_logprobs}
+                                 for t in tokens],
+                "text_offset": offsets,
+            }
+        return {"index": index, "text": text, "logprobs": logprobs,
+                "finish_reason": finish_reason}

@@ -1,0 +1,145 @@
+"""Turn a validated OpenAI request into prompt token ids and per-choice `SamplingParams`.
+
+Everything a client can get wrong that the schema cannot see is checked here and refused with
+a 400 naming the field: unknown model (404), unsupported features, token limits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hybrid.engine.sampling_params import SamplingParams
+from hybrid.errors import HybridError
+from server.errors import APIError, bad_request, unsupported
+from server.protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest
+from server.state import ServerState
+
+CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+def check_request(req: ChatCompletionRequest | CompletionRequest, state: ServerState,
+                  num_prompts: int = 1) -> None:
+    if req.model != state.model.name:
+        raise APIError(404, f"the model {req.model!r} does not exist; this server serves "
+                       f"{state.model.name!r}", param="model", code="model_not_found")
+    if req.n * num_prompts > MAX_CHOICES:
+        raise bad_request(f"n times the number of prompts is {req.n * num_prompts}; at most "
+                          f"{MAX_CHOICES} choices per request", "n")
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+    if req.best_of is not None and req.best_of != req.n:
+        raise unsupported("best_of", "best_of other than n")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(req, name):
+            raise unsupported(name, name.replace("_", " "))
+    if req.logit_bias:
+        raise unsupported("logit_bias", "logit_bias")
+
+
+def chat_prompt_ids(req: ChatCompletionRequest, state: ServerState) -> list[int]:
+    """Render the messages with the model's chat template and tokenize them."""
+    if req.tools or req.functions:
+        raise unsupported("tools", "tool calling (tools/functions)")
+    if req.tool_choice not in (None, "none") or req.function_call not in (None, "none"):
+        raise unsupported("tool_choice", "tool_choice other than 'none'")
+    if req.parallel_tool_calls is not None:
+        raise unsupported("parallel_tool_calls", "tool calling")
+    if req.response_format is not None and req.response_format.get("type") != "text":
+        kind = req.response_format.get("type")
+        raise unsupported("response_format", f"response_format of type {kind!r} (only 'text')")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
+    messages = []
+    for i, m in enumerate(req.messages):
+        where = f"messages.{i}"
+        if m.role in ("tool", "function") or m.tool_calls or m.tool_call_id:
+            raise unsupported(f"{where}.role", "tool calling (tool messages and tool_calls)")
+        if m.role not in CHAT_ROLES:
+            raise bad_request(f"{where}.role: unknown role {m.role!r}; use one of "
+                              f"{', '.join(CHAT_ROLES)}", f"{where}.role")
+        messages.append({"role": CHAT_ROLES[m.role], "content": _content_text(m.content, where)})
+    try:
+        ids = state.model.tokenizer.encode_chat(messages)
+    except HybridError as e:
+        raise bad_request(str(e), "messages") from None
+    check_prompt(ids, state, "messages")
+    return ids
+
+
+def _content_text(content: str | list[dict[str, Any]] | None, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if content is None:
+        raise bad_request(f"{where}.content is required", f"{where}.content")
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type")
+        if kind != "text":
+            raise unsupported(f"{where}.content.{j}.type", f"content of type {kind!r}")
+        if set(part) != {"type", "text"} or not isinstance(part["text"], str):
+            raise bad_request(f"{where}.content.{j}: a text part is {{'type': 'text', 'text': "
+                              "str}", f"{where}.content.{j}")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def completion_prompts(req: CompletionRequest, state: ServerState) -> list[list[int]]:
+    """Each prompt as token ids: a string, a list of strings, ids, or a list of id lists."""
+    if req.echo:
+        raise unsupported("echo", "echo")
+    if req.suffix:
+        raise unsupported("suffix", "suffix")
+    p = req.prompt
+    if isinstance(p, str):
+        prompts = [state.model.tokenizer.encode(p)]
+    elif not p:
+        raise bad_request("prompt must not be empty", "prompt")
+    elif isinstance(p[0], str):
+        prompts = [state.model.tokenizer.encode(s) for s in p]  # type: ignore[arg-type]
+    elif isinstance(p[0], int):
+        prompts = [list(p)]  # type: ignore[arg-type]
+    else:
+        prompts = [list(ids) for ids in p]  # type: ignore[union-attr]
+    for ids in prompts:
+        check_prompt(ids, state, "prompt")
+    return prompts
+
+
+def check_prompt(ids: list[int], state: ServerState, param: str) -> None:
+    if not ids:
+        raise bad_request(f"{param}: the prompt is empty", param)
+    vocab = state.model.vocab_size
+    bad = next((i for i in ids if not 0 <= i < vocab), None)
+    if bad is not None:
+        raise bad_request(f"{param}: token id {bad} is outside the vocabulary (0..{vocab - 1})",
+                          param)
+    limit = state.model.context_length
+    if len(ids) >= limit:
+        raise bad_request(f"{param}: the prompt has {len(ids)} tokens; the model's context is "
+                          f"{limit}", param, code="context_length_exceeded")
+
+
+def sampling_params(req: ChatCompletionRequest | CompletionRequest, state: ServerState,
+                    prompt_len: int, index: int, logprobs: int | None) -> SamplingParams:
+    """Choice `index`'s settings. Its seed is `seed + index`, so n > 1 gives n samples."""
+    mct = getattr(req, "max_completion_tokens", None)  # chat's newer name wins when both are set
+    param, asked = ("max_completion_tokens", mct) if mct is not None else ("max_tokens",
+                                                                            req.max_tokens)
+    if asked is not None and asked <= 0:
+        raise bad_request(f"{param} must be at least 1, got {asked}", param)
+    # Clamp to the server's cap and to the context left after the prompt; the request then ends
+    # with finish_reason "length", as a client asking for more than allowed expects.
+    room = state.model.context_length - prompt_len
+    max_tokens = min(asked or state.config.max_new_tokens, state.config.max_new_tokens, room)
+    stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    if any(not s for s in stop):
+        raise bad_request("stop strings must not be empty", "stop")
+    temperature = 1.0 if req.temperature is None else req.temperature
+    try:
+        return SamplingParams(
+            temperature=temperature, top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=max(req.top_k or 0, 0), seed=None if req.seed is None else req.seed + index,
+            max_tokens=max_tokens, stop=stop, logprobs=logprobs, ignore_eos=req.ignore_eos,
+        )
+    except HybridError as e:
+        raise bad_request(str(e)) from None

@@ -1,0 +1,63 @@
+"""`hybrid serve`: load the model, start the engine worker, and run uvicorn."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from hybrid.engine.sampling_params import SamplingParams
+from hybrid.engine.worker import EngineWorker
+from server.config import ServerConfig
+from server.state import ServedModel, ServerState
+
+DEMO_MODEL_NAME = "demo"  # what clients call the built-in demo model
+
+
+def build_state(config: ServerConfig, progress: Callable[[int, int], None] | None = None,
+                warmup: bool = True) -> ServerState:
+    """Load the model and start its worker thread; the caller shuts the worker down."""
+    from hybrid.engine.llm import LLM
+
+    engine = config.engine
+    llm = LLM(engine.gguf_path, engine.optimize_rules, progress=progress)
+    if warmup:
+        # One tiny generation compiles the CPU kernels now, so the first client does not wait.
+        for _ in llm.stream([llm.tokenizer.bos_token_id or 0], SamplingParams(temperature=0,
+                                                                               max_tokens=2)):
+            pass
+    name = config.served_model_name or (
+        DEMO_MODEL_NAME if engine.gguf_path is None else _model_name(llm.loaded.gguf.path))
+    model = ServedModel(name, llm.tokenizer, llm.loaded.spec.vocab_size,
+                        llm.loaded.spec.context_length, llm.tokenizer.eos_token_id)
+    worker = EngineWorker(llm, engine)
+    worker.start()
+    return ServerState(config, model, worker)
+
+
+def _model_name(path: Path) -> str:
+    # "DeepSeek-V3-Q4_K_M-00001-of-00009.gguf" -> "DeepSeek-V3-Q4_K_M"
+    stem = Path(path).name.removesuffix(".gguf")
+    parts = stem.rsplit("-", 3)
+    if len(parts) == 4 and parts[2] == "of" and parts[1].isdigit() and parts[3].isdigit():
+        stem = parts[0]
+    return stem
+
+
+def serve(config: ServerConfig, progress: Callable[[int, int], None] | None = None) -> int:
+    import uvicorn
+
+    from server.app import create_app
+
+    logging.basicConfig(level=config.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    state = build_state(config, progress)
+    app = create_app(state)
+    auth = "API key required" if config.api_key else "no API key"
+    print(f"serving {state.model.name!r} on http://{config.host}:{config.port}/v1 ({auth}; "
+          f"max {config.engine.max_batch_size} requests in flight)", file=sys.stderr)
+    try:
+        uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level)
+    finally:
+        state.worker.shutdown()
+    return 0

@@ -1,0 +1,118 @@
+"""A real uvicorn server on 127.0.0.1 for the server tests, plus config/CLI checks (no model).
+
+`live_server` is a module-scoped fixture: test modules import it. The engine is loaded from the
+tiny synthetic V3 with cpu.yaml; `max_batch_size` 2 lets tests see queued requests.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from hybrid.errors import HybridError
+from server.config import ServerConfig
+from server.state import ServerState
+
+API_KEY = "test-key"
+MAX_NEW_TOKENS = 200  # the server's cap: long enough to disconnect mid-stream, short to clamp
+MAX_REQUEST_BYTES = 64 * 1024
+
+
+class LiveServer:
+    def __init__(self, state: ServerState) -> None:
+        import uvicorn
+
+        from server.app import create_app
+
+        self.state = state
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))  # a free port, held from now on: no race with other tests
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        config = uvicorn.Config(create_app(state), log_level="warning", lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
+                                       daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+
+    @property
+    def llm(self):
+        return self.state.worker.model
+
+    def health(self) -> dict:
+        return httpx.get(f"{self.url}/health", timeout=10).json()
+
+    def wait_idle(self, timeout: float = 20) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            h = self.health()
+            if h["num_running"] == 0 and h["num_waiting"] == 0:
+                return h
+            assert time.monotonic() < deadline, f"the engine stayed busy: {h}"
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.state.worker.shutdown()
+
+
+@pytest.fixture(scope="module")
+def live_server(models) -> Iterator[LiveServer]:
+    from server.serve import build_state
+
+    config = ServerConfig.from_flat({
+        "gguf_path": str(models.path("tiny-v3", "q4_k_m")), "optimize_rules": "cpu.yaml",
+        "max_batch_size": 2, "max_new_tokens": MAX_NEW_TOKENS, "api_key": API_KEY,
+        "max_request_bytes": MAX_REQUEST_BYTES,
+    })
+    server = LiveServer(build_state(config))
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("values,message", [
+    ({"port": 70000}, "port must be between"),
+    ({"max_new_tokens": 0}, "max_new_tokens must be at least 1"),
+    ({"api_key": " "}, "api_key must not be empty"),
+    ({"max_batch_size": 0}, "max_batch_size must be between"),
+    ({"max_request_bytes": 10}, "max_request_bytes must be at least"),
+    ({"log_level": "loud"}, "log_level must be one of"),
+    ({"chunk_size": 4}, "unknown server setting(s): chunk_size"),
+])
+def test_server_config_rejects_bad_values(values: dict, message: str) -> None:
+    with pytest.raises(HybridError) as e:
+        ServerConfig.from_flat(values)
+    assert message in str(e.value)
+
+
+def test_serve_cli_bad_flags_are_one_line_errors(capsys) -> None:
+    from server.cli import main
+
+    assert main(["serve", "--port", "70000"]) == 2
+    assert capsys.readouterr().err == "error: port must be between 0 and 65535, got 70000\n"
+    with pytest.raises(SystemExit) as e:  # argparse: unknown flags and wrong types
+        main(["serve", "--max-batch-size", "many"])
+    assert e.value.code == 2
+
+
+def test_serve_cli_defaults_come_from_the_config() -> None:
+    from server.cli import build_parser
+
+    args = build_parser().parse_args(["serve"])
+    d = ServerConfig()
+    assert (args.host, args.port, args.max_new_tokens, args.max_batch_size, args.api_key,
+            args.gguf_path) == (d.host, d.port, d.max_new_tokens, d.engine.max_batch_size,
+                                d.api_key, d.engine.gguf_path)
+    assert d.host == "127.0.0.1"
