@@ -5,7 +5,7 @@ Tokens are grouped by expert, so every selected expert's rows are read once per 
 is: phase 1 splits (expert, block of I rows) across threads and computes h for the expert's
 tokens; phase 2 splits H rows across threads, each summing over all experts into its own rows of
 out (no two threads write the same element). Within a task each weight row is decoded once per
-tile of up to 4 of its tokens (tile_dot).
+tile of up to 4 of its tokens (tile_dot). `fast` mode on packable types runs packed_moe instead.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import numpy as np
 from numba import njit, prange
 
 from cpu_kernels.matmul import check_mode
+from cpu_kernels.packed_moe import packed_moe_kernel
 from cpu_kernels.q8_activations import Q8Activations, quantize_row
 from cpu_kernels.rowdot import prepare_activations, prepare_row
-from cpu_kernels.simd_dots import TILE
-from cpu_kernels.tile_dot import tile_dot
+from cpu_kernels.tile_dot import TILE, tile_dot
 from cpu_kernels.weights import ExpertWeights
 
 f32 = np.float32
@@ -72,10 +72,8 @@ def _moe_kernel(gate_type: int, gate_w: np.ndarray, up_type: int, up_w: np.ndarr
             for k0 in range(offsets[u], offsets[u + 1], TILE):
                 nt = min(TILE, offsets[u + 1] - k0)
                 t0, t1, t2, t3 = _tile_tokens(token_ids, k0, nt)
-                g = tile_dot(fast, gate_type, grow, x, xs, xq, 0, dx, xqsum, xsum4, t0, t1, t2,
-                             t3, nt)
-                v = tile_dot(fast, up_type, urow, x, xs, xq, 0, dx, xqsum, xsum4, t0, t1, t2, t3,
-                             nt)
+                g = tile_dot(fast, gate_type, grow, x, xs, xq, 0, dx, xqsum, t0, t1, t2, t3, nt)
+                v = tile_dot(fast, up_type, urow, x, xs, xq, 0, dx, xqsum, t0, t1, t2, t3, nt)
                 for i in range(nt):
                     # the routing weight scales h: down is linear, so w * down(h) = down(w * h)
                     h[k0 + i, r] = weights[k0 + i] * v[i] * g[i] / (f32(1.0) + np.exp(-g[i]))
@@ -98,7 +96,7 @@ def _moe_kernel(gate_type: int, gate_w: np.ndarray, up_type: int, up_w: np.ndarr
                 drow = down_w[e, r]
                 for k0 in range(offsets[u], offsets[u + 1], TILE):
                     nt = min(TILE, offsets[u + 1] - k0)
-                    y = tile_dot(fast, down_type, drow, h, hs, hq, h_lo, hd, hqsum, hsum4, k0,
+                    y = tile_dot(fast, down_type, drow, h, hs, hq, h_lo, hd, hqsum, k0,
                                  k0 + min(1, nt - 1), k0 + min(2, nt - 1), k0 + min(3, nt - 1),
                                  nt)
                     for i in range(nt):
@@ -112,7 +110,9 @@ def moe_forward(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
     x: [T, H] float32  topk_ids: [T, K] int  topk_weights: [T, K] float32  out: [T, H] float32.
     `mode`: "exact" (float32 math on the exactly dequantized weights) or "fast" (x quantized to
     int8 per 32-group for gate/up, h to int16 in two int8 planes for down; integer dot products
-    on the exact weights, 4 tokens per weight decode).
+    on the exact weights). `fast` packs the experts on its first call (`ExpertWeights.pack()`,
+    better done at load time) and runs the packed kernels; types without a packed layout run
+    scalar kernels on the blocks (down then in float32 on the exact h).
     """
     fast = check_mode(mode)
     num_tokens, hidden = x.shape
@@ -135,6 +135,12 @@ def moe_forward(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
                             np.empty((num_tokens, 0), np.float32), False)
         xa, ha = Q8Activations.empty(num_tokens, 0), Q8Activations.empty(num_slots, 0)
     h = np.empty((num_slots, inter), np.float32)
+    pk = experts.pack().packed if fast else None
+    if pk is not None:
+        packed_moe_kernel(pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data, pk.down.qtype,
+                          pk.down.data, xa.xq, xa.dx, xa.xqsum, xa.xsum4.reshape(-1), expert_ids,
+                          offsets, token_ids, weights, h, ha.xq, ha.dx, ha.xqsum, ha.xsum4, out)
+        return
     hs = np.empty((num_slots, inter // 32), np.float32)
     g, u, d = experts.gate, experts.up, experts.down
     _moe_kernel(g.qtype, g.blocks, u.qtype, u.blocks, d.qtype, d.blocks, fast, x, xs, xa.xq,

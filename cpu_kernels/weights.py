@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from cpu_kernels.qtypes import row_nbytes, type_name
+
+if TYPE_CHECKING:
+    from cpu_kernels.packed import PackedExperts
 
 
 @dataclass(frozen=True)
@@ -63,11 +67,16 @@ class QuantMatrix:
 
 @dataclass(frozen=True)
 class ExpertWeights:
-    """The routed experts of one MoE layer: gate/up `[E, I, H]`, down `[E, H, I]`."""
+    """The routed experts of one MoE layer: gate/up `[E, I, H]`, down `[E, H, I]`.
+
+    `packed` (made by `pack()`) is the row-interleaved copy that `fast` mode runs on; `exact`
+    mode always reads the blocks.
+    """
 
     gate: QuantMatrix
     up: QuantMatrix
     down: QuantMatrix
+    packed: PackedExperts | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         num_experts, inter, hidden = self.gate.shape
@@ -87,6 +96,20 @@ class ExpertWeights:
     @property
     def hidden_size(self) -> int:
         return self.gate.shape[2]
+
+    def pack(self) -> ExpertWeights:
+        """Make the packed copy `fast` mode runs on, once (in place), and return self.
+
+        It reads every expert (~0.1-0.25 s per V3 expert in numpy): call it at load time. The
+        copy holds 1.01-1.09x the GGUF bytes; the GGUF blocks stay for `exact` mode. Nothing is
+        made when some matrix's type has no packed layout (see packed.py).
+        """
+        from cpu_kernels.packed import PackedExperts, can_pack
+
+        if self.packed is None and all(can_pack(w.qtype) for w in (self.gate, self.up, self.down)):
+            # NOTE: a cache of derived bytes on a frozen record; the record's value is unchanged
+            object.__setattr__(self, "packed", PackedExperts.of(self))
+        return self
 
     def expert_nbytes(self) -> int:
         """Bytes read for one expert (gate + up + down)."""

@@ -4,7 +4,8 @@ DeepSeek-V3 (H 7168, I 2048, 256 experts, top-8) and V2-Lite (H 2048, I 1408, 64
 shapes with Q4_K_M-like types (V3: Q4_K gate/up, Q6_K down; Lite: I=1408 is no multiple of 256, so
 Q5_0 gate/up and Q8_0 down, llama.cpp's fallbacks), random valid blocks made in-process. Prints ms
 per layer, GB/s of distinct expert weights read and the percentage of the read bandwidth measured in
-the same run. `--resident` caps the experts held in memory (routing draws from those), so the
+the same run. `fast` mode runs on the packed copy (`ExpertWeights.pack()`, timed once per shape as
+load-time work). `--resident` caps the experts held in memory (routing draws from those), so the
 script fits small machines; `--quick` is a short run for 2-core CI machines.
 
     python scripts/bench_cpu_moe.py --quick
@@ -60,6 +61,10 @@ def bench_shape(name: str, tokens: list[int], resident: int, mode: str, repeats:
     hidden, inter, num_experts, top_k, gu_type, down_type = SHAPES[name]
     resident = min(resident, num_experts)
     experts = random_experts(rng, resident, hidden, inter, gu_type, gu_type, down_type)
+    if mode == "fast":
+        t = time.perf_counter()
+        experts.pack()
+        print(f"{name}: packed {resident} experts in {time.perf_counter() - t:.1f} s", flush=True)
     rows = []
     for num_tokens in tokens:
         x = (rng.standard_normal((num_tokens, hidden)) * 0.5).astype(np.float32)

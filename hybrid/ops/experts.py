@@ -61,6 +61,10 @@ class ExpertsOp(nn.Module):
             else:
                 gate, up = _quant_matrix(ctx, p + "ffn_gate_exps.weight"), _quant_matrix(ctx, p + "ffn_up_exps.weight")
             self.cpu_weights = ExpertWeights(gate, up, _quant_matrix(ctx, p + "ffn_down_exps.weight"))
+            if self.mode == "fast":
+                # fast mode reads a load-time repack (<= 1.1x the GGUF bytes): build it now, not
+                # on the first forward.
+                self.cpu_weights.pack()
         else:
             self.gate_up = ctx.weight("gate_up_proj").get()  # [E, 2I, H]
             self.down = ctx.weight("down_proj").get()  # [E, H, I]

@@ -1,0 +1,161 @@
+"""Load-time repacking of GGUF blocks into row-interleaved tiles for the `fast` kernels.
+
+Each group of 8 consecutive rows is stored together: a 32-byte vector holds 4 consecutive codes
+(k..k+3) of each of the 8 rows, byte 4r + j = code of row r at k + j, so one vpdpbusd against 4
+broadcast activations gives 8 row sums in 8 lanes (no horizontal sums), and per-row scales are
+vectors. Codes are stored unsigned (Q8_0's int8 flipped by 0x80); offsets are removed with the
+activation sums. Nothing is dequantized: per 8 rows and block the packed bytes are
+
+    Q4_K (1216 B / 256 cols): 1024 nibbles (chunk c, step k4: low nibbles sub-block 2c, high
+        2c+1), u8 scales [8 sub][8 rows], u8 mins [8][8], f32 d [8], f32 dmin [8]      1.056x
+    Q6_K (1696 B / 256): per 16-col sub-block p: nibbles of steps 0|1, of 2|3, 2-bit highs of
+        steps 0..3 (96 B); int8 scales [16][8]; f32 d [8]                               1.010x
+    Q8_0 (288 B / 32): 8 steps x 32 B of code + 128; f32 d [8]                          1.059x
+    Q5_0 (192 B / 32): nibbles of steps 0|1, 2|3, 4|5, 6|7; bit 4 of step i's codes in bit i
+        (32 B); f32 d [8]                                                               1.091x
+
+Rows are padded to a multiple of 8 with zero blocks (d = 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cpu_kernels import qtypes as qt
+from cpu_kernels.weights import ExpertWeights, QuantMatrix
+
+ROWS = 8
+# qtype -> (columns per packed block, packed bytes per 8 rows x block)
+PACKED_GEOMETRY: dict[int, tuple[int, int]] = {
+    qt.Q4_K: (256, 1216),
+    qt.Q6_K: (256, 1696),
+    qt.Q8_0: (32, 288),
+    qt.Q5_0: (32, 192),
+}
+
+
+@dataclass(frozen=True)
+class PackedMatrix:
+    """A QuantMatrix stack repacked for the row-interleaved kernels.
+
+    `data`: [E, ceil(rows / 8), row_group_bytes] uint8; `shape` is the logical (E, rows, cols).
+    """
+
+    qtype: int
+    shape: tuple[int, int, int]
+    data: np.ndarray  # [E, RG, row_group_bytes] uint8
+
+    @classmethod
+    def of(cls, w: QuantMatrix) -> PackedMatrix:
+        if w.qtype not in PACKED_GEOMETRY:
+            raise ValueError(f"no packed layout for {qt.type_name(w.qtype)}")
+        num_experts, rows, cols = w.shape
+        groups = -(-rows // ROWS)
+        block_cols, block_bytes = PACKED_GEOMETRY[w.qtype]
+        data = np.empty((num_experts, groups, cols // block_cols * block_bytes), np.uint8)
+        pack = _PACKERS[w.qtype]
+        for e in range(num_experts):  # one expert at a time bounds the temporaries
+            raw = np.zeros((groups * ROWS, w.blocks.shape[2]), np.uint8)
+            raw[:rows] = w.blocks[e]
+            data[e] = pack(raw.reshape(groups, ROWS, cols // block_cols, -1)).reshape(groups, -1)
+        return cls(w.qtype, w.shape, data)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+
+@dataclass(frozen=True)
+class PackedExperts:
+    """gate/up `[E, I/8, ...]` and down `[E, H/8, ...]` of one layer, packed."""
+
+    gate: PackedMatrix
+    up: PackedMatrix
+    down: PackedMatrix
+
+    @classmethod
+    def of(cls, experts: ExpertWeights) -> PackedExperts:
+        return cls(PackedMatrix.of(experts.gate), PackedMatrix.of(experts.up),
+                   PackedMatrix.of(experts.down))
+
+
+def can_pack(qtype: int) -> bool:
+    return qtype in PACKED_GEOMETRY
+
+
+def _f16_to_f32_bytes(b: np.ndarray) -> np.ndarray:
+    """[..., 8 rows, 2] f16 bytes -> [..., 32] bytes of 8 float32."""
+    vals = np.ascontiguousarray(b).view(np.float16)[..., 0].astype(np.float32)
+    return np.ascontiguousarray(vals).view(np.uint8)
+
+
+def _steps(codes: np.ndarray) -> np.ndarray:
+    """codes [G, B, 8 rows, n] -> [G, B, n/4 steps, 32]: byte 4r + j of step s = row r, col 4s+j."""
+    g, b, r, n = codes.shape
+    return codes.reshape(g, b, r, n // 4, 4).transpose(0, 1, 3, 2, 4).reshape(g, b, n // 4, 32)
+
+
+def _pack_q4_k(raw: np.ndarray) -> np.ndarray:
+    # raw: [G, 8 rows, B, 144] -> [G, B, 1216]
+    a = raw.transpose(0, 2, 1, 3)  # [G, B, 8 rows, 144]
+    g, b = a.shape[:2]
+    qs = a[..., 16:].reshape(g, b, ROWS, 4, 8, 4).transpose(0, 1, 3, 4, 2, 5).reshape(g, b, 1024)
+    s = a[..., 4:16].astype(np.uint8)
+    sc = np.concatenate([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)], -1)
+    mn = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], -1)
+    sc = sc.transpose(0, 1, 3, 2).reshape(g, b, 64)  # [sub][row]
+    mn = mn.transpose(0, 1, 3, 2).reshape(g, b, 64)
+    return np.concatenate([qs, sc, mn, _f16_to_f32_bytes(a[..., 0:2]),
+                           _f16_to_f32_bytes(a[..., 2:4])], -1)
+
+
+def _q6_k_codes(a: np.ndarray) -> np.ndarray:
+    """Q6_K blocks [..., 210] -> unsigned 6-bit codes [..., 256]."""
+    ql, qh = a[..., 0:128].astype(np.uint8), a[..., 128:192].astype(np.uint8)
+    halves = []
+    for n in range(2):
+        lo, hi, h = ql[..., 64 * n:64 * n + 32], ql[..., 64 * n + 32:64 * n + 64], qh[
+            ..., 32 * n:32 * n + 32]
+        halves += [(lo & 15) | ((h & 3) << 4), (hi & 15) | (((h >> 2) & 3) << 4),
+                   (lo >> 4) | (((h >> 4) & 3) << 4), (hi >> 4) | (((h >> 6) & 3) << 4)]
+    return np.concatenate(halves, -1)
+
+
+def _pack_q6_k(raw: np.ndarray) -> np.ndarray:
+    # raw: [G, 8 rows, B, 210] -> [G, B, 1696]
+    a = raw.transpose(0, 2, 1, 3)
+    g, b = a.shape[:2]
+    v = _steps(_q6_k_codes(a)).reshape(g, b, 16, 4, 32)  # [sub p][step i][32]
+    n01 = (v[:, :, :, 0] & 15) | ((v[:, :, :, 1] & 15) << 4)
+    n23 = (v[:, :, :, 2] & 15) | ((v[:, :, :, 3] & 15) << 4)
+    hb = (v[:, :, :, 0] >> 4) | ((v[:, :, :, 1] >> 4) << 2) | ((v[:, :, :, 2] >> 4) << 4) | (
+        (v[:, :, :, 3] >> 4) << 6)
+    quads = np.stack([n01, n23, hb], 3).reshape(g, b, 1536)
+    scales = a[..., 192:208].transpose(0, 1, 3, 2).reshape(g, b, 128)
+    return np.concatenate([quads, scales, _f16_to_f32_bytes(a[..., 208:210])], -1)
+
+
+def _pack_q8_0(raw: np.ndarray) -> np.ndarray:
+    # raw: [G, 8 rows, B, 34] -> [G, B, 288]
+    a = raw.transpose(0, 2, 1, 3)
+    g, b = a.shape[:2]
+    codes = _steps(a[..., 2:] ^ np.uint8(0x80)).reshape(g, b, 256)
+    return np.concatenate([codes, _f16_to_f32_bytes(a[..., 0:2])], -1)
+
+
+def _pack_q5_0(raw: np.ndarray) -> np.ndarray:
+    # raw: [G, 8 rows, B, 22] -> [G, B, 192]
+    a = raw.transpose(0, 2, 1, 3)
+    qh = a[..., 2:6].copy().view(np.uint32)  # [G, B, 8, 1]
+    bits = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)  # [G, B, 8, 32]
+    qs = a[..., 6:22]
+    codes = np.concatenate([qs & 15, qs >> 4], -1) | (bits << 4)
+    v = _steps(codes)  # [G, B, 8 steps, 32]
+    nib = [(v[:, :, 2 * m] & 15) | ((v[:, :, 2 * m + 1] & 15) << 4) for m in range(4)]
+    hb = sum(((v[:, :, i] >> 4) & 1) << i for i in range(8)).astype(np.uint8)
+    return np.concatenate([*nib, hb, _f16_to_f32_bytes(a[..., 0:2])], -1)
+
+
+_PACKERS = {qt.Q4_K: _pack_q4_k, qt.Q6_K: _pack_q6_k, qt.Q8_0: _pack_q8_0, qt.Q5_0: _pack_q5_0}

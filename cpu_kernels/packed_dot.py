@@ -1,0 +1,80 @@
+"""Dispatch of the packed tiles on the ggml type id, one compiled specialization per shape.
+
+packed_tile(qtype, pk, xq, lo_off, dx, xqsum, xsum4, t0..t3, nt, res): see packed_tiles for the
+arguments; `xsum4` is flat ([n * C/4]) and `lo_off` != 0 selects the two-plane tiles.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+from cpu_kernels import qtypes as qt
+from cpu_kernels.packed_tiles import g32_tile, q4_k_tile, q6_k_tile
+
+Q4_K, Q6_K, Q8_0, Q5_0 = qt.Q4_K, qt.Q6_K, qt.Q8_0, qt.Q5_0
+
+
+def _specialize(body, nt: int, two: bool, block_bytes: int = 0):
+    if block_bytes:
+        @njit(cache=True)
+        def tile_g32(pk, xq, lo_off, dx, sums, t0, t1, t2, t3, res):
+            g32_tile(block_bytes, pk, xq, lo_off, dx, sums, t0, t1, t2, t3, res, nt, two)
+        return tile_g32
+
+    @njit(cache=True)
+    def tile(pk, xq, lo_off, dx, sums, t0, t1, t2, t3, res):
+        body(pk, xq, lo_off, dx, sums, t0, t1, t2, t3, res, nt, two)
+    return tile
+
+
+# [1 row 1 plane, 4 rows 1 plane, 1 row 2 planes, 4 rows 2 planes]; numba calls module globals
+Q4_K_0, Q4_K_1, Q4_K_2, Q4_K_3 = [_specialize(q4_k_tile, n, p) for p in (False, True)
+                                  for n in (1, 4)]
+Q6_K_0, Q6_K_1, Q6_K_2, Q6_K_3 = [_specialize(q6_k_tile, n, p) for p in (False, True)
+                                  for n in (1, 4)]
+Q8_0_0, Q8_0_1, Q8_0_2, Q8_0_3 = [_specialize(g32_tile, n, p, 288) for p in (False, True)
+                                  for n in (1, 4)]
+Q5_0_0, Q5_0_1, Q5_0_2, Q5_0_3 = [_specialize(g32_tile, n, p, 192) for p in (False, True)
+                                  for n in (1, 4)]
+
+
+@njit(cache=True)
+def packed_tile(qtype, pk, xq, lo_off, dx, xqsum, xsum4, t0, t1, t2, t3, nt, res) -> None:
+    """res[8 i + l] = dot(row l of the group, activation row t_i) for i < nt (see module doc)."""
+    v = (0 if nt == 1 else 1) + (2 if lo_off != 0 else 0)
+    if qtype == Q4_K:
+        if v == 0:
+            Q4_K_0(pk, xq, lo_off, dx, xqsum, t0, t1, t2, t3, res)
+        elif v == 1:
+            Q4_K_1(pk, xq, lo_off, dx, xqsum, t0, t1, t2, t3, res)
+        elif v == 2:
+            Q4_K_2(pk, xq, lo_off, dx, xqsum, t0, t1, t2, t3, res)
+        else:
+            Q4_K_3(pk, xq, lo_off, dx, xqsum, t0, t1, t2, t3, res)
+    elif qtype == Q6_K:
+        if v == 0:
+            Q6_K_0(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
+        elif v == 1:
+            Q6_K_1(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
+        elif v == 2:
+            Q6_K_2(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
+        else:
+            Q6_K_3(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
+    elif qtype == Q8_0:
+        if v == 0:
+            Q8_0_0(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
+        elif v == 1:
+            Q8_0_1(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
+        elif v == 2:
+            Q8_0_2(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
+        else:
+            Q8_0_3(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
+    elif qtype == Q5_0:
+        if v == 0:
+            Q5_0_0(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
+        elif v == 1:
+            Q5_0_1(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
+        elif v == 2:
+            Q5_0_2(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
+        else:
+            Q5_0_3(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)

@@ -1,0 +1,78 @@
+"""The fused MoE forward in `fast` mode on packed weights (packed.py, packed_tiles.py).
+
+Same math and phases as moe.py: phase 1 splits (expert, group of 8 I rows) across threads and
+computes w * silu(gate x) * up x for the expert's tokens, 4 at a time; h is quantized to two int8
+planes per slot; phase 2 splits groups of 8 H rows across threads, each summing over all experts
+into its own rows of out (no two threads write the same element).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from cpu_kernels.packed_dot import packed_tile
+from cpu_kernels.q8_activations import quantize_row
+
+f32 = np.float32
+TILE = 4
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def packed_moe_kernel(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk: np.ndarray,
+                      down_type: int, down_pk: np.ndarray, xq: np.ndarray, dx: np.ndarray,
+                      xqsum: np.ndarray, xsum4: np.ndarray, expert_ids: np.ndarray,
+                      offsets: np.ndarray, token_ids: np.ndarray, weights: np.ndarray,
+                      h: np.ndarray, hq: np.ndarray, hd: np.ndarray, hqsum: np.ndarray,
+                      hsum4: np.ndarray, out: np.ndarray) -> None:
+    # gate_pk, up_pk: [E, I/8, bytes]  down_pk: [E, H/8, bytes]  xq: [T, H] int8  dx, xqsum:
+    # [T, H/32]  xsum4: [T * H/4]  expert_ids: [U]  offsets: [U+1]  token_ids, weights: [N]
+    # h: [N, I] f32  hq: [2N, I] int8  hd, hqsum: [N, I/32]  hsum4: [N, I/4]  out: [T, H]
+    num_used = expert_ids.shape[0]
+    inter = h.shape[1]
+    hidden = out.shape[1]
+    groups_i = gate_pk.shape[1]
+    for task in prange(num_used * groups_i):
+        u = task // groups_i
+        rg = task % groups_i
+        e = expert_ids[u]
+        gres = np.empty(4 * 8, f32)
+        ures = np.empty(4 * 8, f32)
+        for k0 in range(offsets[u], offsets[u + 1], TILE):
+            nt = min(TILE, offsets[u + 1] - k0)
+            t0, t1 = token_ids[k0], token_ids[k0 + min(1, nt - 1)]
+            t2, t3 = token_ids[k0 + min(2, nt - 1)], token_ids[k0 + min(3, nt - 1)]
+            packed_tile(gate_type, gate_pk[e, rg], xq, 0, dx, xqsum, xsum4, t0, t1, t2, t3, nt,
+                        gres)
+            packed_tile(up_type, up_pk[e, rg], xq, 0, dx, xqsum, xsum4, t0, t1, t2, t3, nt,
+                        ures)
+            for i in range(nt):
+                # the routing weight scales h: down is linear, so w * down(h) = down(w * h)
+                w = weights[k0 + i]
+                for lane in range(min(8, inter - 8 * rg)):
+                    g = gres[8 * i + lane]
+                    h[k0 + i, 8 * rg + lane] = w * ures[8 * i + lane] * g / (f32(1.0) + np.exp(-g))
+    num_slots = h.shape[0]
+    for k in prange(num_slots):
+        # h as int16 in two planes: int8 h would double fast mode's error
+        quantize_row(h[k], hq[k], hq[num_slots + k], hd[k], hqsum[k], hsum4[k])
+    h_lo = num_slots * inter
+    hsum_flat = hsum4.reshape(-1)
+    for rg in prange(down_pk.shape[1]):
+        res = np.empty(4 * 8, f32)
+        r0 = 8 * rg
+        lanes = min(8, hidden - r0)
+        for t in range(out.shape[0]):
+            for lane in range(lanes):
+                out[t, r0 + lane] = 0.0
+        for u in range(num_used):
+            e = expert_ids[u]
+            for k0 in range(offsets[u], offsets[u + 1], TILE):
+                nt = min(TILE, offsets[u + 1] - k0)
+                packed_tile(down_type, down_pk[e, rg], hq, h_lo, hd, hqsum, hsum_flat, k0,
+                            k0 + min(1, nt - 1), k0 + min(2, nt - 1), k0 + min(3, nt - 1), nt,
+                            res)
+                for i in range(nt):
+                    t = token_ids[k0 + i]
+                    for lane in range(lanes):
+                        out[t, r0 + lane] += res[8 * i + lane]

@@ -1,0 +1,238 @@
+"""`fast` tiles on packed weights (see packed.py): 8 rows x up to 4 activation rows per call.
+
+Per 4-column step: one load of 8 rows' codes, one vpdpbusd per activation row (and plane) with
+the 4 activations broadcast; per scale group: offset removal in int32 (activation sums), one
+convert and one multiply-add by (row scales x activation scale). The result is dot(exact
+weights, xq * dx) up to float32 rounding, like simd_dots.
+
+pk: [row_group_bytes] uint8 (one row group of one expert)  xq: [P * n, C] int8 (plane lo at
+flat offset lo_off)  dx, xqsum: [n, C/32] f32  xsum4: [n * C/4] int32 (flat)  t0..t3: activation rows
+res: [32] f32, res[8 i : 8 i + 8] = the 8 row dots of activation row t_i (i < nt).
+NOTE: like simd_dots, `nt` and the plane count are compile-time constants of each specialization.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from cpu_kernels.simd import (
+    b32_and,
+    b32_or,
+    b32_shl,
+    b32_shr,
+    dpbusd,
+    f32x8_zero,
+    fma_i32,
+    i32x8_zero,
+    load_b32,
+)
+from cpu_kernels.simd_rows import (
+    bcast4,
+    f32x8_fnma,
+    f32x8_mul,
+    i32x8_combine,
+    i32x8_sub_s,
+    load_f32x8_at,
+    load_i8x8_f32,
+    load_u8x8_f32,
+    store_f32x8,
+)
+
+i32 = np.int32
+
+
+@njit(inline="always", cache=True)
+def _dp(hi, lo, q, xq, xo, lo_off, two):
+    """Accumulate codes q times the 4 activations at flat xq index xo (and its lo plane)."""
+    hi = dpbusd(hi, q, bcast4(xq, xo))
+    if two:
+        lo = dpbusd(lo, q, bcast4(xq, xo + lo_off))
+    return hi, lo
+
+
+@njit(inline="always", cache=True)
+def _sum(hi, lo, two):
+    return i32x8_combine(hi, lo, 8) if two else hi
+
+
+@njit(inline="always", cache=True)
+def _xsum(xsum4, o, n4):
+    """Sum of n4 consecutive per-4 activation sums from flat index o."""
+    s = i32(0)
+    for j in range(n4):
+        s = i32(s + xsum4[o + j])
+    return s
+
+
+@njit(inline="always", cache=True)
+def _q4k_chunk(lo, hi, xq, xo, lo_off, two, ah0, al0, bh0, bl0):
+    ah0, al0 = _dp(ah0, al0, lo, xq, xo, lo_off, two)
+    bh0, bl0 = _dp(bh0, bl0, hi, xq, xo + 32, lo_off, two)
+    return ah0, al0, bh0, bl0
+
+
+@njit(inline="always", cache=True)
+def _q4k_fin(ah, al, bh, bl, two, s0, s1, m0, m1, dx, xqsum, t, g, acc):
+    acc = fma_i32(_sum(ah, al, two), f32x8_mul(s0, dx[t, g]), acc)
+    acc = fma_i32(_sum(bh, bl, two), f32x8_mul(s1, dx[t, g + 1]), acc)
+    acc = f32x8_fnma(acc, m0, xqsum[t, g])
+    return f32x8_fnma(acc, m1, xqsum[t, g + 1])
+
+
+@njit(inline="always", cache=True)
+def q4_k_tile(pk, xq, lo_off, dx, xqsum, t0, t1, t2, t3, res, nt, two):
+    cols = xq.shape[1]
+    f0, f1, f2, f3 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
+    for b in range(pk.shape[0] // 1216):
+        o = b * 1216
+        dv = load_f32x8_at(pk, o + 1152)
+        mv = load_f32x8_at(pk, o + 1184)
+        for c in range(4):
+            s0 = f32x8_mul(load_u8x8_f32(pk, o + 1024 + 16 * c), dv)
+            s1 = f32x8_mul(load_u8x8_f32(pk, o + 1032 + 16 * c), dv)
+            m0 = f32x8_mul(load_u8x8_f32(pk, o + 1088 + 16 * c), mv)
+            m1 = f32x8_mul(load_u8x8_f32(pk, o + 1096 + 16 * c), mv)
+            z = i32x8_zero()
+            a0h, a0l, b0h, b0l = z, z, z, z
+            a1h, a1l, b1h, b1l = z, z, z, z
+            a2h, a2l, b2h, b2l = z, z, z, z
+            a3h, a3l, b3h, b3l = z, z, z, z
+            xb = b * 256 + 64 * c
+            for k4 in range(8):
+                v = load_b32(pk, o + 256 * c + 32 * k4)
+                lo = b32_and(v, 15)
+                hi = b32_and(b32_shr(v, 4), 15)
+                x4 = xb + 4 * k4
+                a0h, a0l, b0h, b0l = _q4k_chunk(lo, hi, xq, t0 * cols + x4, lo_off, two,
+                                                a0h, a0l, b0h, b0l)
+                if nt > 1:
+                    a1h, a1l, b1h, b1l = _q4k_chunk(lo, hi, xq, t1 * cols + x4, lo_off, two,
+                                                    a1h, a1l, b1h, b1l)
+                    a2h, a2l, b2h, b2l = _q4k_chunk(lo, hi, xq, t2 * cols + x4, lo_off, two,
+                                                    a2h, a2l, b2h, b2l)
+                    a3h, a3l, b3h, b3l = _q4k_chunk(lo, hi, xq, t3 * cols + x4, lo_off, two,
+                                                    a3h, a3l, b3h, b3l)
+            g = xb >> 5
+            f0 = _q4k_fin(a0h, a0l, b0h, b0l, two, s0, s1, m0, m1, dx, xqsum, t0, g, f0)
+            if nt > 1:
+                f1 = _q4k_fin(a1h, a1l, b1h, b1l, two, s0, s1, m0, m1, dx, xqsum, t1, g, f1)
+                f2 = _q4k_fin(a2h, a2l, b2h, b2l, two, s0, s1, m0, m1, dx, xqsum, t2, g, f2)
+                f3 = _q4k_fin(a3h, a3l, b3h, b3l, two, s0, s1, m0, m1, dx, xqsum, t3, g, f3)
+    _store(res, f0, f1, f2, f3, nt)
+
+
+@njit(inline="always", cache=True)
+def _store(res, f0, f1, f2, f3, nt):
+    store_f32x8(res, 0, f0)
+    if nt > 1:
+        store_f32x8(res, 8, f1)
+        store_f32x8(res, 16, f2)
+        store_f32x8(res, 24, f3)
+
+
+@njit(inline="always", cache=True)
+def _q6k_sub(q0, q1, q2, q3, xq, xo, lo_off, two, sv, dx, xsum4, t, g, acc):
+    z = i32x8_zero()
+    h, lo = _dp(z, z, q0, xq, xo, lo_off, two)
+    h, lo = _dp(h, lo, q1, xq, xo + 4, lo_off, two)
+    h, lo = _dp(h, lo, q2, xq, xo + 8, lo_off, two)
+    h, lo = _dp(h, lo, q3, xq, xo + 12, lo_off, two)
+    s = i32x8_sub_s(_sum(h, lo, two), _xsum(xsum4, xo >> 2, 4) << 5)
+    return fma_i32(s, f32x8_mul(sv, dx[t, g]), acc)
+
+
+@njit(inline="always", cache=True)
+def q6_k_tile(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res, nt, two):
+    cols = xq.shape[1]
+    f0, f1, f2, f3 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
+    for b in range(pk.shape[0] // 1696):
+        o = b * 1696
+        dv = load_f32x8_at(pk, o + 1664)
+        for p in range(16):
+            qo = o + 96 * p
+            n01 = load_b32(pk, qo)
+            n23 = load_b32(pk, qo + 32)
+            hb = load_b32(pk, qo + 64)
+            q0 = b32_or(b32_and(n01, 15), b32_shl(b32_and(hb, 3), 4))
+            q1 = b32_or(b32_shr(n01, 4), b32_shl(b32_and(hb, 12), 2))
+            q2 = b32_or(b32_and(n23, 15), b32_and(hb, 48))
+            q3 = b32_or(b32_shr(n23, 4), b32_and(b32_shr(hb, 2), 48))
+            sv = f32x8_mul(load_i8x8_f32(pk, o + 1536 + 8 * p), dv)
+            xb = b * 256 + 16 * p
+            g = xb >> 5
+            f0 = _q6k_sub(q0, q1, q2, q3, xq, t0 * cols + xb, lo_off, two, sv, dx, xsum4, t0, g,
+                          f0)
+            if nt > 1:
+                f1 = _q6k_sub(q0, q1, q2, q3, xq, t1 * cols + xb, lo_off, two, sv, dx, xsum4,
+                              t1, g, f1)
+                f2 = _q6k_sub(q0, q1, q2, q3, xq, t2 * cols + xb, lo_off, two, sv, dx, xsum4,
+                              t2, g, f2)
+                f3 = _q6k_sub(q0, q1, q2, q3, xq, t3 * cols + xb, lo_off, two, sv, dx, xsum4,
+                              t3, g, f3)
+    _store(res, f0, f1, f2, f3, nt)
+
+
+@njit(inline="always", cache=True)
+def _g32_group(q0, q1, q2, q3, q4, q5, q6, q7, shift, xq, xo, lo_off, two, dv, dx, xsum4, t,
+               g, acc):
+    z = i32x8_zero()
+    h, lo = _dp(z, z, q0, xq, xo, lo_off, two)
+    h, lo = _dp(h, lo, q1, xq, xo + 4, lo_off, two)
+    h, lo = _dp(h, lo, q2, xq, xo + 8, lo_off, two)
+    h, lo = _dp(h, lo, q3, xq, xo + 12, lo_off, two)
+    h, lo = _dp(h, lo, q4, xq, xo + 16, lo_off, two)
+    h, lo = _dp(h, lo, q5, xq, xo + 20, lo_off, two)
+    h, lo = _dp(h, lo, q6, xq, xo + 24, lo_off, two)
+    h, lo = _dp(h, lo, q7, xq, xo + 28, lo_off, two)
+    s = i32x8_sub_s(_sum(h, lo, two), _xsum(xsum4, xo >> 2, 8) << shift)
+    return fma_i32(s, f32x8_mul(dv, dx[t, g]), acc)
+
+
+@njit(inline="always", cache=True)
+def _q5_bit(hb, i):
+    """Bit i of each byte of hb, moved to bit 4."""
+    if i < 4:
+        return b32_and(b32_shl(hb, 4 - i), 16)
+    return b32_and(b32_shr(hb, i - 4), 16)
+
+
+@njit(inline="always", cache=True)
+def g32_tile(block_bytes, pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res, nt, two):
+    """Q8_0 (288 B per 8 rows x 32) or Q5_0 (192 B), told apart by `block_bytes`."""
+    cols = xq.shape[1]
+    f0, f1, f2, f3 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
+    for g in range(pk.shape[0] // block_bytes):
+        o = g * block_bytes
+        if block_bytes == 288:
+            dv = load_f32x8_at(pk, o + 256)
+            shift = 7
+            q0, q1 = load_b32(pk, o), load_b32(pk, o + 32)
+            q2, q3 = load_b32(pk, o + 64), load_b32(pk, o + 96)
+            q4, q5 = load_b32(pk, o + 128), load_b32(pk, o + 160)
+            q6, q7 = load_b32(pk, o + 192), load_b32(pk, o + 224)
+        else:
+            dv = load_f32x8_at(pk, o + 160)
+            shift = 4
+            hb = load_b32(pk, o + 128)
+            n0, n1 = load_b32(pk, o), load_b32(pk, o + 32)
+            n2, n3 = load_b32(pk, o + 64), load_b32(pk, o + 96)
+            q0 = b32_or(b32_and(n0, 15), _q5_bit(hb, 0))
+            q1 = b32_or(b32_shr(n0, 4), _q5_bit(hb, 1))
+            q2 = b32_or(b32_and(n1, 15), _q5_bit(hb, 2))
+            q3 = b32_or(b32_shr(n1, 4), _q5_bit(hb, 3))
+            q4 = b32_or(b32_and(n2, 15), _q5_bit(hb, 4))
+            q5 = b32_or(b32_shr(n2, 4), _q5_bit(hb, 5))
+            q6 = b32_or(b32_and(n3, 15), _q5_bit(hb, 6))
+            q7 = b32_or(b32_shr(n3, 4), _q5_bit(hb, 7))
+        xb = 32 * g
+        f0 = _g32_group(q0, q1, q2, q3, q4, q5, q6, q7, shift, xq, t0 * cols + xb, lo_off, two,
+                        dv, dx, xsum4, t0, g, f0)
+        if nt > 1:
+            f1 = _g32_group(q0, q1, q2, q3, q4, q5, q6, q7, shift, xq, t1 * cols + xb, lo_off,
+                            two, dv, dx, xsum4, t1, g, f1)
+            f2 = _g32_group(q0, q1, q2, q3, q4, q5, q6, q7, shift, xq, t2 * cols + xb, lo_off,
+                            two, dv, dx, xsum4, t2, g, f2)
+            f3 = _g32_group(q0, q1, q2, q3, q4, q5, q6, q7, shift, xq, t3 * cols + xb, lo_off,
+                            two, dv, dx, xsum4, t3, g, f3)
+    _store(res, f0, f1, f2, f3, nt)

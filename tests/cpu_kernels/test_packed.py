@@ -1,0 +1,77 @@
+"""Packed (row-interleaved) weights: tiles exact on quantized activations, MoE equal to the blocks'."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+
+from cpu_kernels import qtypes as qt
+from cpu_kernels.moe import moe_forward
+from cpu_kernels.packed import PackedMatrix
+from cpu_kernels.packed_dot import packed_tile
+from cpu_kernels.q8_activations import Q8Activations, dequantize_ref
+from cpu_kernels.random_blocks import random_experts, random_matrix
+from cpu_kernels.reference import dequantize, moe_forward_ref, rel_error
+
+TYPES = [qt.Q4_K, qt.Q6_K, qt.Q8_0, qt.Q5_0]
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=qt.type_name)
+def test_packed_tile_is_exact_on_quantized_activations(qtype: int) -> None:
+    for planes in (1, 2):
+        rng = np.random.default_rng(qtype * 10 + planes)
+        block = qt.BLOCK_GEOMETRY[qtype][0]
+        cols = block * int(rng.choice([1, 3]) if block == 256 else rng.choice([1, 7, 44]))
+        rows = int(rng.integers(1, 20))  # not a multiple of 8: the last group is padded
+        w = random_matrix(rng, qtype, (2, rows, cols))
+        packed = PackedMatrix.of(w)
+        x = (rng.standard_normal((6, cols)) * rng.uniform(0.01, 10)).astype(np.float32)
+        act = Q8Activations.of(x, planes=planes)
+        ref = dequantize_ref(act) @ dequantize(w, 1).T  # [6, rows]
+        res = np.empty(32, np.float32)
+        for tokens, nt in [((4, 1, 2, 3), 4), ((5, 0, 2, 2), 3), ((3, 3, 3, 3), 1)]:
+            got = np.empty((nt, packed.data.shape[1] * 8), np.float32)
+            for g in range(packed.data.shape[1]):
+                packed_tile(qtype, packed.data[1, g], act.xq, act.lo_offset, act.dx, act.xqsum,
+                            act.xsum4.reshape(-1), *tokens, nt, res)
+                got[:, 8 * g:8 * g + 8] = res.reshape(4, 8)[:nt]
+            err = rel_error(got[:, :rows], ref[list(tokens[:nt])])
+            assert err <= 1e-5, f"{qt.type_name(qtype)} planes={planes} nt={nt}: {err:.2e}"
+
+
+MIXES = [(qt.Q4_K, qt.Q4_K, qt.Q6_K), (qt.Q4_K, qt.Q4_K, qt.Q4_K), (qt.Q5_0, qt.Q5_0, qt.Q8_0),
+         (qt.Q8_0, qt.Q6_K, qt.Q5_0)]
+
+
+@pytest.mark.parametrize("mix", MIXES, ids=lambda m: "-".join(map(qt.type_name, m)))
+def test_packed_moe_matches_reference(mix: tuple[int, int, int]) -> None:
+    k_block = max(qt.BLOCK_GEOMETRY[mix[0]][0], qt.BLOCK_GEOMETRY[mix[1]][0])
+    d_block = qt.BLOCK_GEOMETRY[mix[2]][0]
+    for i, (num_tokens, top_k, num_experts) in enumerate([(1, 8, 10), (3, 2, 5), (45, 6, 9)]):
+        rng = np.random.default_rng(100 * i + mix[2])
+        hidden = k_block * int(rng.choice([1, 3]))
+        inter = d_block * int(rng.choice([1, 2])) + (0 if d_block == 256 else 32 * 3)
+        experts = random_experts(rng, num_experts, hidden, inter, *mix)
+        x = rng.standard_normal((num_tokens, hidden)).astype(np.float32)
+        ids = np.stack([rng.choice(num_experts, top_k, replace=False) for _ in range(num_tokens)])
+        weights = rng.random((num_tokens, top_k)).astype(np.float32)
+        out = np.full_like(x, np.nan)
+        numba.set_num_threads(1 + i % 2)
+        moe_forward(x, ids, weights, experts, out, mode="fast")
+        assert experts.packed is not None  # fast mode packed them
+        err = rel_error(out, moe_forward_ref(x, ids, weights, experts))
+        assert 1e-4 < err < 1e-2, f"T={num_tokens} K={top_k} H={hidden} I={inter}: {err:.2e}"
+
+
+def test_packed_bytes_stay_near_gguf_bytes() -> None:
+    rng = np.random.default_rng(3)
+    for qtype, limit in [(qt.Q4_K, 1.06), (qt.Q6_K, 1.01), (qt.Q8_0, 1.06), (qt.Q5_0, 1.1)]:
+        w = random_matrix(rng, qtype, (2, 16, 512))
+        assert PackedMatrix.of(w).nbytes <= limit * w.nbytes, qt.type_name(qtype)
+
+
+def test_pack_keeps_unpackable_types_on_blocks() -> None:
+    rng = np.random.default_rng(0)
+    experts = random_experts(rng, 2, 256, 64, qt.Q5_K, qt.Q5_K, qt.BF16)
+    assert experts.pack() is experts and experts.packed is None
