@@ -14,10 +14,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hybrid.errors import GGUFError
 from hybrid.gguf.reader import GGUFModelFile
 from hybrid.model.spec import ModelSpec, read_spec
-from hybrid.model.tensor_map import check_tensors, hf_weights
+from hybrid.model.tensor_map import check_tensors, load_hf_weight
 from hybrid.tokenizer.gguf_tokenizer import GGUFTokenizer
 
 
@@ -78,33 +77,22 @@ def load_with_rules(path: str, rules: str | None, device_map: dict[str, str] | N
 
 def fill_weights(model: nn.Module, gguf: GGUFModelFile, spec: ModelSpec, dtype: torch.dtype,
                  progress: Callable[[int, int], None] | None = None) -> None:
-    params = dict(model.named_parameters(remove_duplicate=False))
-    buffers = dict(model.named_buffers())
-    total = len(params) + (1 if spec.is_v3 else 0) * len(spec.moe_layers)
-    for done, (name, tensor) in enumerate(hf_weights(gguf, spec), start=1):
+    """Every parameter (and the routing bias) from the GGUF, one tensor at a time."""
+    names = [n for n, _ in model.named_parameters()]
+    names += [n for n, _ in model.named_buffers() if n.endswith("e_score_correction_bias")]
+    for done, name in enumerate(names, start=1):
         module_path, _, leaf = name.rpartition(".")
         module = model.get_submodule(module_path)
-        if name in params:
-            expected = tuple(params[name].shape)
-            if tuple(tensor.shape) != expected:
-                raise GGUFError(
-                    f"{gguf.path}: weight for {name} has shape {list(tensor.shape)}, "
-                    f"expected {list(expected)}"
-                )
+        tensor = load_hf_weight(gguf, spec, name)
+        if leaf in module._parameters:
             module._parameters[leaf] = nn.Parameter(tensor.to(dtype), requires_grad=False)
-        elif name in buffers:
-            module._buffers[leaf] = tensor.to(torch.float32)  # routing bias stays fp32
         else:
-            raise GGUFError(f"{gguf.path}: no parameter {name} in the model tree")
+            module._buffers[leaf] = tensor  # the routing bias stays fp32
         if progress is not None:
-            progress(done, total)
+            progress(done, len(names))
     if spec.tied_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     _rebuild_rotary(model)
-    missing = [n for n, p in model.named_parameters() if p.is_meta]
-    missing += [n for n, b in model.named_buffers() if b.is_meta]
-    if missing:
-        raise GGUFError(f"{gguf.path}: no weights in the file for {', '.join(missing[:5])}")
 
 
 def _rebuild_rotary(model: nn.Module) -> None:

@@ -2,15 +2,13 @@
 
 `expected_gguf_shapes(spec)` lists every tensor the metadata implies, with its shape (numpy
 order: `[out, in]`, stacked experts `[E, out, in]`), so a file that contradicts its metadata
-fails with a message naming the tensor before anything is loaded. `hf_weights` yields the
-parameters of transformers' module tree as fp32 tensors, rebuilding the two places where the
-layouts differ: the MLA layout's `attn_k_b`/`attn_v_b` (-> `kv_b_proj`) and stacked experts
-(-> `gate_up_proj`, `down_proj`).
+fails with a message naming the tensor before anything is loaded. `load_hf_weight` builds one
+parameter of transformers' module tree as fp32, rebuilding the two places where the layouts
+differ: the MLA layout's `attn_k_b`/`attn_v_b` (-> `kv_b_proj`) and split gate/up experts
+(-> `gate_up_proj`).
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
 
 import torch
 
@@ -118,32 +116,6 @@ def kv_b_from_mla(k_b: torch.Tensor, v_b: torch.Tensor) -> torch.Tensor:
     return torch.cat([k_b.transpose(1, 2), v_b], dim=1).reshape(-1, k_b.shape[1])
 
 
-def hf_weights(gguf: GGUFModelFile, spec: ModelSpec) -> Iterator[tuple[str, torch.Tensor]]:
-    """(transformers parameter name, fp32 tensor) for every parameter, one layer at a time."""
-    yield "model.embed_tokens.weight", gguf.tensor("token_embd.weight").dequantize()
-    for i in range(spec.num_layers):
-        p, hp = f"blk.{i}.", f"model.layers.{i}."
-        for suffix, hf_name in _LAYER_NAMES.items():
-            if gguf.has_tensor(p + suffix):
-                yield hp + hf_name, gguf.tensor(p + suffix).dequantize()
-        if spec.is_v3 and spec.is_moe_layer(i) and not gguf.has_tensor(p + "exp_probs_b.bias"):
-            yield hp + "mlp.gate.e_score_correction_bias", torch.zeros(spec.num_experts)
-        if spec.layout == "mla":
-            k_b = gguf.tensor(p + "attn_k_b.weight").dequantize()
-            v_b = gguf.tensor(p + "attn_v_b.weight").dequantize()
-            yield hp + "self_attn.kv_b_proj.weight", kv_b_from_mla(k_b, v_b)
-        if spec.is_moe_layer(i):
-            if spec.fused_gate_up_experts:
-                gate_up = gguf.tensor(p + "ffn_gate_up_exps.weight").dequantize()
-            else:
-                gate = gguf.tensor(p + "ffn_gate_exps.weight").dequantize()
-                up = gguf.tensor(p + "ffn_up_exps.weight").dequantize()
-                gate_up = torch.cat([gate, up], dim=1)  # [E, 2I, H], gate rows first
-            yield hp + "mlp.experts.gate_up_proj", gate_up
-    yield "model.norm.weight", gguf.tensor("output_norm.weight").dequantize()
-    head = "token_embd.weight" if spec.tied_embeddings else "output.weight"
-    yield "lm_head.weight", gguf.tensor(head).dequantize()
-
 
 _HF_TO_GGUF_SUFFIX = {hf: suffix for suffix, hf in _LAYER_NAMES.items()}
 
@@ -175,10 +147,14 @@ def load_hf_weight(gguf: GGUFModelFile, spec: ModelSpec, hf_name: str) -> torch.
     sources = [s for s in gguf_sources(hf_name, spec) if gguf.has_tensor(s)]
     if not sources and hf_name.endswith("e_score_correction_bias"):
         return torch.zeros(spec.num_experts)
-    parts = [gguf.tensor(s).dequantize() for s in sources]
+    return combine_sources(hf_name, [gguf.tensor(s).dequantize() for s in sources])
+
+
+def combine_sources(hf_name: str, parts: list[torch.Tensor]) -> torch.Tensor:
+    """One parameter from its dequantized GGUF source tensors (see gguf_sources)."""
     if hf_name.endswith("kv_b_proj.weight") and len(parts) == 2:
         return kv_b_from_mla(*parts)
     if hf_name.endswith("experts.gate_up_proj") and len(parts) == 2:
-        return torch.cat(parts, dim=1)
+        return torch.cat(parts, dim=1)  # [E, 2I, H], gate rows first
     (tensor,) = parts
     return tensor

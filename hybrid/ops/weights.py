@@ -11,7 +11,7 @@ import torch
 from hybrid.gguf.dequant import dequantize
 from hybrid.gguf.reader import GGUFModelFile
 from hybrid.model.spec import ModelSpec
-from hybrid.model.tensor_map import gguf_sources, kv_b_from_mla, load_hf_weight
+from hybrid.model.tensor_map import combine_sources, gguf_sources, load_hf_weight
 
 _DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
@@ -47,12 +47,7 @@ class Weight:
     def get(self) -> torch.Tensor:
         if self._dense is not None:
             return self._dense
-        parts = [dequantize(r.data, r.qtype, r.shape) for r in self._raw]
-        if self.hf_name.endswith("kv_b_proj.weight") and len(parts) == 2:
-            return kv_b_from_mla(*parts)
-        if self.hf_name.endswith("experts.gate_up_proj") and len(parts) == 2:
-            return torch.cat(parts, dim=1)
-        return parts[0]
+        return combine_sources(self.hf_name, [dequantize(r.data, r.qtype, r.shape) for r in self._raw])
 
     @property
     def nbytes(self) -> int:
