@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from hybrid.errors import GGUFError
 from hybrid.gguf.reader import GGUFModelFile
 from hybrid.model.spec import ModelSpec, read_spec
 from hybrid.model.tensor_map import check_tensors, load_hf_weight
@@ -76,26 +77,34 @@ def load_with_rules(path: str, rules: str | None, device_map: dict[str, str] | N
 
 
 def fill_weights(model: nn.Module, gguf: GGUFModelFile, spec: ModelSpec, dtype: torch.dtype,
-                 progress: Callable[[int, int], None] | None = None) -> None:
-    """Every parameter (and the routing bias) from the GGUF, one tensor at a time."""
-    names = [n for n, _ in model.named_parameters()]
-    names += [n for n, _ in model.named_buffers() if n.endswith("e_score_correction_bias")]
+                 progress: Callable[[int, int], None] | None = None,
+                 device_of: Callable[[str], str] = lambda module_path: "cpu") -> None:
+    """Load every parameter (and routing bias) still on the meta device from the GGUF, one
+    tensor at a time, onto `device_of(module path)`; rebuild RoPE tables; tie the output head.
+
+    The reference model fills its whole tree this way; rules injection fills what operators
+    did not replace.
+    """
+    names = [n for n, p in model.named_parameters() if p.is_meta]
+    names += [n for n, b in model.named_buffers()
+              if b.is_meta and n.endswith("e_score_correction_bias")]
     for done, name in enumerate(names, start=1):
         module_path, _, leaf = name.rpartition(".")
         module = model.get_submodule(module_path)
-        tensor = load_hf_weight(gguf, spec, name)
+        tensor = load_hf_weight(gguf, spec, name).to(device_of(module_path))
         if leaf in module._parameters:
             module._parameters[leaf] = nn.Parameter(tensor.to(dtype), requires_grad=False)
         else:
             module._buffers[leaf] = tensor  # the routing bias stays fp32
         if progress is not None:
             progress(done, len(names))
-    if spec.tied_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    _rebuild_rotary(model)
-
-
-def _rebuild_rotary(model: nn.Module) -> None:
-    """RoPE tables are computed, not stored: build them on CPU now that we left the meta device."""
-    rotary_cls = type(model.model.rotary_emb)
-    model.model.rotary_emb = rotary_cls(config=model.config)
+    head, embed = model.lm_head, model.model.embed_tokens
+    if spec.tied_embeddings and isinstance(head, nn.Linear) and isinstance(embed, nn.Embedding):
+        head.weight = embed.weight
+    rotary = model.model.rotary_emb
+    if any(b.is_meta for b in rotary.buffers()):
+        # RoPE tables are computed, not stored: rebuild them off the meta device.
+        model.model.rotary_emb = type(rotary)(config=model.config).to(device_of("model.rotary_emb"))
+    leftover = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if leftover:
+        raise GGUFError(f"{gguf.path}: no weights in the file for {', '.join(leftover[:5])}")

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 from torch import nn
 
-from hybrid.model.tensor_map import load_hf_weight
+from hybrid.model.loader import fill_weights
 from hybrid.ops.context import BuildContext
 from hybrid.rules.engine import PlannedModel
 
@@ -43,7 +44,7 @@ def inject(planned: PlannedModel, progress: Callable[[int, int], None] | None = 
         replaced.append(place.path)
         if progress is not None:
             progress(done, len(ops) + 1)
-    _load_defaults(planned, replaced)
+    _load_defaults(planned)
     if progress is not None:
         progress(len(ops) + 1, len(ops) + 1)
     return model.eval()
@@ -54,28 +55,8 @@ def _set_submodule(model: nn.Module, path: str, new: nn.Module) -> None:
     setattr(model.get_submodule(parent_path) if parent_path else model, name, new)
 
 
-def _load_defaults(planned: PlannedModel, replaced: list[str]) -> None:
+def _load_defaults(planned: PlannedModel) -> None:
     """fp32 parameters (and the rotary tables) for modules transformers still runs."""
-    model, plan = planned.model, planned.plan
-    for name, param in list(model.named_parameters(remove_duplicate=False)):
-        module_path, _, leaf = name.rpartition(".")
-        device = plan.placement_of(module_path).generate_device
-        tensor = load_hf_weight(planned.gguf, planned.spec, name).to(device)
-        model.get_submodule(module_path)._parameters[leaf] = nn.Parameter(tensor, requires_grad=False)
-    for name, buf in list(model.named_buffers()):
-        module_path, _, leaf = name.rpartition(".")
-        if not getattr(model.get_submodule(module_path), leaf).is_meta:
-            continue
-        device = plan.placement_of(module_path).generate_device
-        if leaf == "e_score_correction_bias":
-            value = load_hf_weight(planned.gguf, planned.spec, name)
-        else:  # rotary tables are computed, not stored: rebuild the module off the meta device
-            rotary = model.get_submodule(module_path)
-            _set_submodule(model, module_path, type(rotary)(config=model.config).to(device))
-            continue
-        model.get_submodule(module_path)._buffers[leaf] = value.to(device)
-    if planned.spec.tied_embeddings and "lm_head" not in replaced:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    leftover = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
-    if leftover:
-        raise RuntimeError(f"modules left on the meta device: {leftover[:5]}")
+    plan = planned.plan
+    fill_weights(planned.model, planned.gguf, planned.spec, torch.float32,
+                 device_of=lambda path: plan.placement_of(path).generate_device)
