@@ -11,16 +11,36 @@ from hybrid.errors import HybridError
 class EngineConfig:
     """Settings of the serving engine; `hybrid serve` reads its flag defaults from here.
 
-    `max_batch_size` is how many requests are in flight at once. In this slice each step still
-    runs one forward per in-flight request, one after another (token-interleaved), so requests
-    share the worker fairly but not the expert reads; batched forwards over a paged KV cache
-    (continuous batching) replace that in a later slice without changing this field's meaning.
+    Each engine step runs one forward over the decode tokens of every running request plus
+    prompt chunks of at most `chunk_size` tokens in all (continuous batching with chunked
+    prefill). `max_batch_size` bounds the requests in flight at once; the rest queue FCFS.
+    The latent KV cache holds `cache_lens` tokens in all, in pages of `page_size` tokens shared
+    by every request; a request is admitted only once pages for its prompt plus its
+    `max_tokens` are free. `cpu_threads` None lets the CPU expert kernels pick (physical cores
+    minus one, at least one).
     """
 
     gguf_path: str | None = None  # None: the built-in demo model
     optimize_rules: str | None = None  # None: the machine's default rule file
-    max_batch_size: int = 8
+    max_batch_size: int = 16
+    chunk_size: int = 512
+    cache_lens: int = 32768
+    page_size: int = 64
+    cpu_threads: int | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_batch_size <= 256:
             raise HybridError(f"max_batch_size must be between 1 and 256, got {self.max_batch_size}")
+        if not 1 <= self.chunk_size <= 1 << 20:
+            raise HybridError(f"chunk_size must be between 1 and 1048576, got {self.chunk_size}")
+        if not 1 <= self.page_size <= 4096:
+            raise HybridError(f"page_size must be between 1 and 4096, got {self.page_size}")
+        if self.cache_lens < self.page_size:
+            raise HybridError(f"cache_lens ({self.cache_lens}) must hold at least one page "
+                              f"of page_size {self.page_size} tokens")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise HybridError(f"cpu_threads must be at least 1, got {self.cpu_threads}")
+
+    @property
+    def num_pages(self) -> int:
+        return self.cache_lens // self.page_size

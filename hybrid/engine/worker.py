@@ -49,6 +49,11 @@ class EngineStats:
     num_generated_tokens: int
     num_steps: int
     max_running: int  # the most requests in flight in one step so far
+    max_batch_requests: int = 0  # the most requests sharing one forward so far
+    num_prompt_tokens: int = 0  # prompt tokens prefilled so far
+    kv_pages_used: int = 0  # pages held by live (waiting-admitted or running) requests
+    kv_pages_total: int = 0
+    kv_page_size: int = 0
 
 
 class EngineWorker:
