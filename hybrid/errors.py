@@ -14,3 +14,7 @@ class HybridError(Exception):
 
 class GGUFError(HybridError):
     """A GGUF file that cannot be used: bad header, missing parts, unsupported types, bad shapes."""
+
+
+class RequestRejected(HybridError):
+    """A request the engine can never run (e.g. longer than the KV cache); the server's 400."""

@@ -8,7 +8,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hybrid.engine.sampling_params import SamplingParams
-from hybrid.engine.worker import EngineWorker
 from server.config import ServerConfig
 from server.state import ServedModel, ServerState
 
@@ -21,7 +20,7 @@ def build_state(config: ServerConfig, progress: Callable[[int, int], None] | Non
     from hybrid.engine.llm import LLM
 
     engine = config.engine
-    llm = LLM(engine.gguf_path, engine.optimize_rules, progress=progress)
+    llm = LLM(engine.gguf_path, engine.optimize_rules, progress=progress, engine_config=engine)
     if warmup:
         # One tiny generation compiles the CPU kernels now, so the first client does not wait.
         for _ in llm.stream([llm.tokenizer.bos_token_id or 0], SamplingParams(temperature=0,
@@ -30,8 +29,9 @@ def build_state(config: ServerConfig, progress: Callable[[int, int], None] | Non
     name = config.served_model_name or (
         DEMO_MODEL_NAME if engine.gguf_path is None else _model_name(llm.loaded.gguf.path))
     model = ServedModel(name, llm.tokenizer, llm.loaded.spec.vocab_size,
-                        llm.loaded.spec.context_length, llm.tokenizer.eos_token_id)
-    worker = EngineWorker(llm, engine)
+                        llm.loaded.spec.context_length, llm.tokenizer.eos_token_id,
+                        llm.engine.scheduler.max_request_tokens)
+    worker = llm.worker
     worker.start()
     return ServerState(config, model, worker)
 
@@ -55,7 +55,8 @@ def serve(config: ServerConfig, progress: Callable[[int, int], None] | None = No
     app = create_app(state)
     auth = "API key required" if config.api_key else "no API key"
     print(f"serving {state.model.name!r} on http://{config.host}:{config.port}/v1 ({auth}; "
-          f"max {config.engine.max_batch_size} requests in flight)", file=sys.stderr)
+          f"max {config.engine.max_batch_size} requests per batch, KV cache "
+          f"{config.engine.cache_lens} tokens)", file=sys.stderr)
     try:
         uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level)
     finally:

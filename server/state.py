@@ -17,8 +17,11 @@ class ServedModel:
     name: str  # what clients pass as "model"
     tokenizer: Any  # hybrid.tokenizer.gguf_tokenizer.GGUFTokenizer
     vocab_size: int
-    context_length: int
+    context_length: int  # the model's own (GGUF metadata)
     eos_token_id: int | None
+    # The most tokens (prompt + output) one request may hold: the context, or less when the
+    # KV cache (--cache-lens) is smaller.
+    max_request_tokens: int
     created: int = field(default_factory=lambda: int(time.time()))
 
 

@@ -1,16 +1,22 @@
-"""`hybrid.LLM`: offline generation in the style of vLLM's `LLM.generate`."""
+"""`hybrid.LLM`: offline generation in the style of vLLM's `LLM.generate`.
+
+It drives the same engine the server runs (continuous batching over the paged KV cache), from
+the caller's thread: `generate()` submits every prompt at once and steps until all are done.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from hybrid.engine.model_runner import SequenceRunner
-from hybrid.engine.sampler import Sampled, make_generator, sample
+from hybrid.engine.config import EngineConfig
+from hybrid.engine.engine import Engine
+from hybrid.engine.request import Request, RequestEvent, RequestFailed, TokenOutput
 from hybrid.engine.sampling_params import SamplingParams
+from hybrid.engine.stop_checker import StopChecker  # noqa: F401  (re-exported for callers)
+from hybrid.engine.worker import EngineWorker
 from hybrid.errors import HybridError
 from hybrid.model.loader import LoadedModel, load_with_rules
-from hybrid.tokenizer.detokenizer import IncrementalDetokenizer
 
 
 @dataclass
@@ -29,15 +35,6 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class StreamEvent:
-    """One generated token: its id, the text it completes, and whether the sequence ended."""
-
-    sampled: Sampled
-    text_delta: str
-    finish_reason: str | None
-
-
 class LLM:
     """Load a DeepSeek GGUF with optimize rules and generate from it.
 
@@ -48,13 +45,18 @@ class LLM:
 
     def __init__(self, gguf_path: str | None = None, optimize_rules: str | None = None,
                  device_map: dict[str, str] | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> None:
+                 progress: Callable[[int, int], None] | None = None,
+                 engine_config: EngineConfig | None = None) -> None:
         if gguf_path is None:
             from hybrid.demo import demo_model_path
 
             gguf_path = str(demo_model_path())
         self.loaded: LoadedModel = load_with_rules(gguf_path, optimize_rules, device_map, progress)
         self.tokenizer = self.loaded.tokenizer
+        self.engine = Engine(self.loaded, engine_config or EngineConfig())
+        # Unstarted: this object steps it. The server starts it as its background thread.
+        self.worker = EngineWorker(self.engine)
+        self._next_id = 0
 
     def generate(
         self,
@@ -62,100 +64,61 @@ class LLM:
         sampling_params: SamplingParams | None = None,
         prompt_token_ids: Sequence[Sequence[int]] | None = None,
     ) -> list[RequestOutput]:
-        """Complete each prompt (text, or token ids via `prompt_token_ids`)."""
+        """Complete each prompt (text, or token ids via `prompt_token_ids`), all in one batch."""
         params = sampling_params or SamplingParams()
         if (prompts is None) == (prompt_token_ids is None):
             raise HybridError("pass either prompts or prompt_token_ids")
         if isinstance(prompts, str):
             prompts = [prompts]
-        requests: list[tuple[str | None, list[int]]]
         if prompts is not None:
-            requests = [(p, self.tokenizer.encode(p)) for p in prompts]
+            jobs = [(p, self.tokenizer.encode(p)) for p in prompts]
         else:
-            requests = [(None, list(ids)) for ids in prompt_token_ids or []]
-        results = []
-        for prompt, ids in requests:
-            results.append(RequestOutput(prompt, ids, [self._complete(ids, params)]))
-        return results
+            jobs = [(None, list(ids)) for ids in prompt_token_ids or []]
+        self._check_idle()
+        events: list[list[TokenOutput]] = [[] for _ in jobs]
+        requests = [self._submit(ids, params, events[i].append) for i, (_, ids) in enumerate(jobs)]
+        while any(not r.is_finished for r in requests):
+            self.worker.step()
+        return [RequestOutput(p, ids, [_completion(ev, params)])
+                for (p, ids), ev in zip(jobs, events)]
 
-    def _complete(self, prompt_ids: list[int], params: SamplingParams) -> CompletionOutput:
-        tokens, logprobs, tops, text, reason = [], [], [], "", "length"
-        for event in self.stream(prompt_ids, params):
-            tokens.append(event.sampled.token_id)
-            logprobs.append(event.sampled.logprob)
-            tops.append(list(event.sampled.top_logprobs))
-            text += event.text_delta
-            reason = event.finish_reason or reason
-        want = params.logprobs is not None
-        return CompletionOutput(text, tokens, logprobs if want else None,
-                                tops if want else None, reason)
-
-    def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[StreamEvent]:
+    def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[TokenOutput]:
         """Generate token by token; stop strings never appear in the text deltas."""
-        self._check_prompt(prompt_ids)
-        runner = SequenceRunner(self.loaded.model)
-        generator = make_generator(params)
-        detok = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens)
-        stops = StopChecker(params.stop)
-        eos = self.tokenizer.eos_token_id
-        logits = runner.forward(prompt_ids)
-        for step in range(params.max_tokens):
-            s = sample(logits, params, generator)
-            delta = detok.push(s.token_id)
-            finished = None
-            if (s.token_id == eos and not params.ignore_eos) or s.token_id in params.stop_token_ids:
-                finished = "stop"
-            delta, hit = stops.feed(delta)
-            if hit:
-                finished = "stop"
-            elif step == params.max_tokens - 1:
-                finished = finished or "length"
-            if finished is not None and not hit:
-                delta += stops.feed(detok.flush(), final=True)[0]
-            yield StreamEvent(s, delta, finished)
-            if finished is not None:
-                return
-            logits = runner.forward([s.token_id])
+        self._check_idle()
+        events: list[RequestEvent] = []
+        request = self._submit(list(prompt_ids), params, events.append)
+        try:
+            while events or not request.is_finished:
+                if not events:
+                    self.worker.step()
+                    continue
+                event = events.pop(0)
+                if isinstance(event, RequestFailed):
+                    raise HybridError(event.message)
+                yield event
+        finally:
+            if not request.is_finished:  # the caller stopped reading: free its pages
+                self.worker.cancel(request)
+                self.worker.step()
 
-    def _check_prompt(self, ids: list[int]) -> None:
-        if not ids:
-            raise HybridError("the prompt is empty; give at least one token")
-        vocab = self.loaded.spec.vocab_size
-        bad = [i for i in ids if not 0 <= i < vocab]
-        if bad:
-            raise HybridError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
-        limit = self.loaded.spec.context_length
-        if len(ids) >= limit:
-            raise HybridError(f"the prompt has {len(ids)} tokens; the model's context is {limit}")
+    def _check_idle(self) -> None:
+        if self.worker.has_work:
+            raise HybridError("this LLM is already generating (one generate/stream at a time)")
+
+    def _submit(self, ids: list[int], params: SamplingParams, sink) -> Request:
+        self._next_id += 1
+        request = Request(f"offline-{self._next_id}", ids, params, sink)
+        self.worker.submit(request)
+        return request
 
 
-class StopChecker:
-    """Holds back text that could be the start of a stop string, so none ever leaks out."""
-
-    def __init__(self, stops: Sequence[str]) -> None:
-        self.stops = [s for s in stops if s]
-        self.pending = ""
-
-    def feed(self, delta: str, final: bool = False) -> tuple[str, bool]:
-        """(text safe to emit now, whether a stop string was found)."""
-        if not self.stops:
-            return delta, False
-        buf = self.pending + delta
-        cut = min((buf.find(s) for s in self.stops if s in buf), default=-1)
-        if cut >= 0:
-            self.pending = ""
-            return buf[:cut], True
-        if final:
-            self.pending = ""
-            return buf, False
-        keep = max((_overlap(buf, s) for s in self.stops), default=0)
-        self.pending = buf[len(buf) - keep:] if keep else ""
-        return buf[: len(buf) - keep], False
-
-
-def _overlap(text: str, stop: str) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of `stop`."""
-    for n in range(min(len(text), len(stop) - 1), 0, -1):
-        if stop.startswith(text[-n:]):
-            return n
-    return 0
+def _completion(events: list[RequestEvent], params: SamplingParams) -> CompletionOutput:
+    failed = next((e for e in events if isinstance(e, RequestFailed)), None)
+    if failed is not None:
+        raise HybridError(failed.message)
+    want = params.logprobs is not None
+    return CompletionOutput(
+        "".join(e.text for e in events), [e.token_id for e in events],
+        [e.logprob for e in events] if want else None,
+        [list(e.top_logprobs) for e in events] if want else None,
+        events[-1].finish_reason or "length" if events else "length")

@@ -63,6 +63,12 @@ class Request:
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     finish_time: float | None = None
+    # Set by the scheduler at admission: the KV pages this request holds, how many of its
+    # tokens (prompt then outputs) have their KV computed, and its max_tokens after clamping
+    # to what the cache and the model's context can hold.
+    page_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    max_tokens: int = 0
     _cancel_requested: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @property
@@ -76,6 +82,21 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.is_finished
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens so far."""
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.num_computed_tokens < len(self.prompt_ids)
+
+    def token_ids(self, start: int, stop: int) -> list[int]:
+        """Tokens [start, stop) of prompt + outputs."""
+        p = len(self.prompt_ids)
+        head = self.prompt_ids[start:min(stop, p)]
+        return head + self.output_ids[max(start - p, 0):max(stop - p, 0)]
 
     @property
     def is_cancel_requested(self) -> bool:

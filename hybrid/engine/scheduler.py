@@ -1,8 +1,14 @@
-"""FCFS scheduling of requests onto the worker (no torch, no threads: the worker holds the lock).
+"""FCFS continuous batching with chunked prefill over a paged KV cache (no torch, no threads).
 
-This slice's scheduler admits waiting requests in arrival order until `max_batch_size` are
-running; each step then advances every running request by one token. Chunked prefill, KV page
-reservation and preemption come with continuous batching in a later slice.
+Each step carries, in this order:
+1. one decode token for every running request whose prompt is fully prefilled;
+2. prompt chunks of running requests still prefilling, FCFS, then of newly admitted ones,
+   at most `chunk_size` prompt tokens in all;
+with at most `max_batch_size` requests running. A waiting request is admitted only when pages
+for its prompt plus its max_tokens are free, so a running request never runs out of cache and
+nothing is ever preempted; admission is strictly FCFS (a large request at the head waits for
+pages rather than being overtaken forever). A request that could never fit is rejected at
+`add()`. The caller (the engine worker) holds the lock around every call.
 """
 
 from __future__ import annotations
@@ -10,54 +16,109 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from hybrid.engine.config import EngineConfig
+from hybrid.engine.page_allocator import PageAllocator
 from hybrid.engine.request import Request, RequestStatus
+from hybrid.errors import RequestRejected
 
 
 @dataclass(frozen=True)
-class ScheduledStep:
-    """What one step does: advance `running` by a token; drop `cancelled` (already finished)."""
+class ScheduledChunk:
+    """Tokens [start, start + len(token_ids)) of `request` to run through the model."""
 
-    running: list[Request]
-    cancelled: list[Request]
+    request: Request
+    start: int
+    token_ids: list[int]
+    samples: bool  # the chunk reaches the request's newest token: sample the next one
+
+
+@dataclass(frozen=True)
+class ScheduledBatch:
+    chunks: list[ScheduledChunk]  # decodes first, then prefill chunks
+    cancelled: list[Request]  # dropped this step (already finished, pages freed)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self.chunks)
+
+    @property
+    def num_decodes(self) -> int:
+        return sum(1 for c in self.chunks if not c.request.is_prefilling)
 
 
 class Scheduler:
-    def __init__(self, max_batch_size: int) -> None:
-        self.max_batch_size = max_batch_size
+    def __init__(self, config: EngineConfig, context_length: int) -> None:
+        self.config = config
+        self.pages = PageAllocator(config.num_pages, config.page_size)
+        # The most tokens (prompt + outputs) one request may hold.
+        self.max_request_tokens = min(config.num_pages * config.page_size, context_length)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.waiting)
-
-    @property
-    def num_running(self) -> int:
-        return len(self.running)
 
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
     def add(self, request: Request) -> None:
+        """Queue `request`, clamping its max_tokens to what fits; RequestRejected if nothing does."""
+        n, limit = request.num_prompt_tokens, self.max_request_tokens
+        if n + 1 > limit:
+            raise RequestRejected(
+                f"the prompt has {n} tokens but this server holds at most {limit} tokens per "
+                f"request (prompt plus output; the KV cache is --cache-lens "
+                f"{self.config.cache_lens} tokens): shorten the prompt or raise --cache-lens")
+        request.max_tokens = min(request.params.max_tokens, limit - n)
         self.waiting.append(request)
 
-    def schedule(self) -> ScheduledStep:
-        """Drop cancelled requests (queued or running), then admit waiting ones FCFS."""
+    def schedule(self) -> ScheduledBatch:
+        cancelled = self._drop_cancelled()
+        chunks = [ScheduledChunk(r, r.num_computed_tokens,
+                                 r.token_ids(r.num_computed_tokens, r.num_tokens), True)
+                  for r in self.running if not r.is_prefilling]
+        budget = self.config.chunk_size
+        for r in self.running:
+            if budget and r.is_prefilling:
+                budget -= self._prefill_chunk(r, budget, chunks)
+        while (budget and self.waiting
+               and len(self.running) < self.config.max_batch_size):
+            head = self.waiting[0]
+            pages = self.pages.allocate(head.num_prompt_tokens + head.max_tokens)
+            if pages is None:
+                break  # FCFS: the head waits for pages; nobody overtakes it
+            self.waiting.popleft()
+            head.page_ids, head.status = pages, RequestStatus.RUNNING
+            self.running.append(head)
+            budget -= self._prefill_chunk(head, budget, chunks)
+        return ScheduledBatch(chunks, cancelled)
+
+    def complete(self, batch: ScheduledBatch) -> None:
+        """The batch ran: its tokens' KV is in the cache."""
+        for c in batch.chunks:
+            c.request.num_computed_tokens = c.start + len(c.token_ids)
+
+    def finish(self, request: Request, status: RequestStatus) -> None:
+        """Take a running request out and free its pages at once."""
+        self.running.remove(request)
+        self._release(request, status)
+
+    def _prefill_chunk(self, r: Request, budget: int, chunks: list[ScheduledChunk]) -> int:
+        start = r.num_computed_tokens
+        stop = min(r.num_prompt_tokens, start + budget)
+        chunks.append(ScheduledChunk(r, start, r.token_ids(start, stop),
+                                     stop == r.num_prompt_tokens))
+        return stop - start
+
+    def _drop_cancelled(self) -> list[Request]:
         cancelled = [r for r in (*self.running, *self.waiting) if r.is_cancel_requested]
         if cancelled:
             gone = set(map(id, cancelled))
             self.running = [r for r in self.running if id(r) not in gone]
             self.waiting = deque(r for r in self.waiting if id(r) not in gone)
             for r in cancelled:
-                r.finish(RequestStatus.FINISHED_CANCELLED)
-        while self.waiting and len(self.running) < self.max_batch_size:
-            request = self.waiting.popleft()
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-        return ScheduledStep(list(self.running), cancelled)
+                self._release(r, RequestStatus.FINISHED_CANCELLED)
+        return cancelled
 
-    def finish(self, request: Request, status: RequestStatus) -> None:
-        """Take a running request out; its slot goes to the next waiting one at the next step."""
-        self.running.remove(request)
+    def _release(self, request: Request, status: RequestStatus) -> None:
+        self.pages.free(request.page_ids)
+        request.page_ids = []
         request.finish(status)

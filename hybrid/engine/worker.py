@@ -1,43 +1,33 @@
-"""The engine worker: one background thread that owns the model and runs every request.
+"""The engine worker: one background thread that owns the engine and runs every request.
 
-The model is not thread-safe, so exactly one thread touches it. HTTP handlers (or any thread)
-`submit()` requests and `cancel()` them; the worker loops `step()` = schedule -> run -> update:
+The model is not thread-safe, so exactly one thread steps the engine. HTTP handlers (or any
+thread) `submit()` requests and `cancel()` them; the worker loops `step()`:
 
-- schedule: drop cancelled requests (queued or running), admit waiting ones FCFS up to
-  `max_batch_size`;
-- run: advance each running request by one token (one forward per request; see `EngineConfig`
-  for why this is interleaving, not batching, in this slice);
-- update: record the token on the `Request`, hand it to the request's sink, retire finished ones.
+- schedule (under the lock): drop cancelled requests (queued or running) and free their pages,
+  pick this step's decodes and prefill chunks, admit waiting requests whose pages fit;
+- execute (without the lock, so submit() never waits for a forward): one batched forward and
+  a sampled token for each request that reached its newest token;
+- update: hand each token to its request's sink, retire finished requests (pages freed).
 
 A cancelled request therefore stops before its next token, whether it was running or queued.
-Imports no torch: the model is anything with `stream(prompt_ids, params)` (`hybrid.LLM`).
+Without `start()`, callers may drive `step()` themselves (offline generation, tests).
+Imports no torch: the engine is anything with `hybrid.engine.engine.Engine`'s methods.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
 
-from hybrid.engine.config import EngineConfig
-from hybrid.engine.request import Request, RequestFailed, RequestStatus, TokenOutput
-from hybrid.engine.sampling_params import SamplingParams
-from hybrid.engine.scheduler import Scheduler
+from hybrid.engine.request import Request, RequestEvent, RequestFailed, RequestStatus
 
 log = logging.getLogger("hybrid.engine")
 
 
-class TokenStreamer(Protocol):
-    """What the worker needs from a model: `hybrid.LLM.stream`'s contract (StreamEvents)."""
-
-    def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[Any]: ...
-
-
 @dataclass(frozen=True)
 class EngineStats:
-    """A consistent snapshot of the worker's queues and counters (for /health and tests)."""
+    """A consistent snapshot of the worker's queues and counters (for /health, /metrics, tests)."""
 
     num_waiting: int
     num_running: int
@@ -51,22 +41,23 @@ class EngineStats:
     max_running: int  # the most requests in flight in one step so far
     max_batch_requests: int = 0  # the most requests sharing one forward so far
     num_prompt_tokens: int = 0  # prompt tokens prefilled so far
-    kv_pages_used: int = 0  # pages held by live (waiting-admitted or running) requests
+    kv_pages_used: int = 0  # pages held by live (admitted, unfinished) requests
     kv_pages_total: int = 0
     kv_page_size: int = 0
 
 
+_COUNTERS = ("submitted", "finished", "cancelled", "cancelled_waiting", "failed", "tokens",
+             "steps", "max_running", "max_batch_requests", "prompt_tokens")
+
+
 class EngineWorker:
-    def __init__(self, model: TokenStreamer, config: EngineConfig) -> None:
-        self.model = model
-        self.config = config
-        self._scheduler = Scheduler(config.max_batch_size)
-        self._streams: dict[int, Iterator[Any]] = {}  # id(request) -> its model stream (KV cache)
+    def __init__(self, engine) -> None:
+        self.engine = engine
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self._counts = {k: 0 for k in ("submitted", "finished", "cancelled", "cancelled_waiting",
-                                       "failed", "tokens", "steps", "max_running")}
+        self._counts = dict.fromkeys(_COUNTERS, 0)
+        self.step_log: list[tuple[int, int, int]] = []  # recent (requests, decodes, tokens)
 
     # -- any thread --------------------------------------------------------------------------
 
@@ -79,17 +70,19 @@ class EngineWorker:
         """Cancel everything, then stop the thread (waits at most `timeout` for the step)."""
         with self._lock:
             self._stopping = True
-            for r in (*self._scheduler.running, *self._scheduler.waiting):
+            s = self.engine.scheduler
+            for r in (*s.running, *s.waiting):
                 r.cancel()
             self._lock.notify_all()
         if self._thread is not None:
             self._thread.join(timeout)
 
     def submit(self, request: Request) -> None:
+        """Queue `request`; raises RequestRejected (nothing queued) if it can never run."""
         with self._lock:
             if self._stopping:
                 raise RuntimeError("the engine is shutting down")
-            self._scheduler.add(request)
+            self.engine.add(request)
             self._counts["submitted"] += 1
             self._lock.notify_all()
 
@@ -101,69 +94,69 @@ class EngineWorker:
 
     def stats(self) -> EngineStats:
         with self._lock:
-            c = self._counts
+            c, s = self._counts, self.engine.scheduler
             return EngineStats(
-                self._scheduler.num_waiting, self._scheduler.num_running, c["submitted"],
-                c["finished"], c["cancelled"], c["cancelled_waiting"], c["failed"], c["tokens"],
-                c["steps"], c["max_running"],
-            )
+                len(s.waiting), len(s.running), c["submitted"], c["finished"], c["cancelled"],
+                c["cancelled_waiting"], c["failed"], c["tokens"], c["steps"], c["max_running"],
+                c["max_batch_requests"], c["prompt_tokens"], s.pages.num_used,
+                s.pages.num_pages, s.pages.page_size)
 
-    # -- worker thread -----------------------------------------------------------------------
+    @property
+    def has_work(self) -> bool:
+        with self._lock:
+            return self.engine.has_work
+
+    # -- the worker thread (or the caller, when not started) ----------------------------------
 
     def _loop(self) -> None:
         while True:
             with self._lock:
-                while not self._scheduler.has_work and not self._stopping:
+                while not self.engine.has_work and not self._stopping:
                     self._lock.wait()
-                if self._stopping and not self._scheduler.has_work:
+                if self._stopping and not self.engine.has_work:
                     return
             self.step()
 
     def step(self) -> int:
-        """schedule -> run -> update; returns the number of tokens generated."""
+        """schedule -> execute -> update; returns the number of tokens generated."""
+        assert self._thread is None or threading.current_thread() is self._thread, \
+            "only the worker thread steps a started engine"
         with self._lock:
-            was_waiting = {id(r) for r in self._scheduler.waiting}
-            scheduled = self._scheduler.schedule()
-            for r in scheduled.cancelled:
-                self._counts["cancelled"] += 1
-                self._counts["cancelled_waiting"] += id(r) in was_waiting
-            self._counts["steps"] += 1
-            self._counts["max_running"] = max(self._counts["max_running"], len(scheduled.running))
-        for r in scheduled.cancelled:
-            self._close_stream(r)
-        num_tokens = 0
-        for request in scheduled.running:
-            status = self._advance(request)
-            num_tokens += status is not RequestStatus.FINISHED_FAILED
-            if status is not RequestStatus.RUNNING:
-                self._retire(request, status)
-        with self._lock:
-            self._counts["tokens"] += num_tokens
-        return num_tokens
-
-    def _advance(self, request: Request) -> RequestStatus:
-        """Run one token of `request` and hand it to the sink; its status after this token."""
+            was_waiting = {id(r) for r in self.engine.scheduler.waiting}
+            batch = self.engine.schedule()
+            c = self._counts
+            for r in batch.cancelled:
+                c["cancelled"] += 1
+                c["cancelled_waiting"] += id(r) in was_waiting
+            c["steps"] += 1
+            c["max_running"] = max(c["max_running"], len(self.engine.scheduler.running))
+            c["max_batch_requests"] = max(c["max_batch_requests"], len(batch.chunks))
+            c["prompt_tokens"] += batch.num_tokens - batch.num_decodes
+        self.step_log = [*self.step_log[-63:],
+                         (len(batch.chunks), batch.num_decodes, batch.num_tokens)]
+        if batch.chunks:
+            log.debug("step: %d requests, %d decodes, %d tokens", len(batch.chunks),
+                      batch.num_decodes, batch.num_tokens)
         try:
-            stream = self._streams.get(id(request))
-            if stream is None:
-                stream = self._streams[id(request)] = iter(
-                    self.model.stream(request.prompt_ids, request.params))
-            event = next(stream)
-        except Exception as e:  # a failing request must not take the server down
-            log.exception("request %s failed", request.request_id)
-            self._emit(request, RequestFailed(f"generation failed: {type(e).__name__}: {e}"))
-            return RequestStatus.FINISHED_FAILED
-        s = event.sampled
-        request.append(s.token_id)
-        out = TokenOutput(s.token_id, event.text_delta, s.logprob, tuple(s.top_logprobs),
-                          event.finish_reason)
-        if not self._emit(request, out):
-            return RequestStatus.FINISHED_CANCELLED
-        if event.finish_reason is None:
-            return RequestStatus.RUNNING
-        return RequestStatus(event.finish_reason)
+            outputs = self.engine.execute(batch)
+        except Exception as e:  # a failing forward must not take the server down
+            log.exception("a step of %d requests failed", len(batch.chunks))
+            for chunk in batch.chunks:
+                self._emit(chunk.request, RequestFailed(
+                    f"generation failed: {type(e).__name__}: {e}"))
+                self._retire(chunk.request, RequestStatus.FINISHED_FAILED)
+            return 0
+        for out in outputs:
+            status = out.status
+            if not self._emit(out.request, out.token):
+                status = RequestStatus.FINISHED_CANCELLED
+            if status is not RequestStatus.RUNNING:
+                self._retire(out.request, status)
+        with self._lock:
+            self._counts["tokens"] += len(outputs)
+        return len(outputs)
 
-    def _emit(self, request: Request, event: TokenOutput | RequestFailed) -> bool:
+    def _emit(self, request: Request, event: RequestEvent) -> bool:
         try:
             request.sink(event)
             return True
@@ -174,15 +167,8 @@ class EngineWorker:
             return False
 
     def _retire(self, request: Request, status: RequestStatus) -> None:
-        self._close_stream(request)
         with self._lock:
-            self._scheduler.finish(request, status)
+            self.engine.retire(request, status)
             key = {RequestStatus.FINISHED_FAILED: "failed",
                    RequestStatus.FINISHED_CANCELLED: "cancelled"}.get(status, "finished")
             self._counts[key] += 1
-
-    def _close_stream(self, request: Request) -> None:
-        stream = self._streams.pop(id(request), None)
-        close = getattr(stream, "close", None)
-        if close is not None:
-            close()  # frees the request's KV cache now, not at garbage collection

@@ -9,8 +9,9 @@ W_UK [h, nope, c] and W_UV [h, v, c] the two halves of kv_b_proj:
     out  = o_proj(o_c @ W_UV^T)          # [T, h*v] -> [T, H]
 which equals the expanded attention exactly in real arithmetic.
 
-NOTE: the current chunk attends to its own latents at compute precision and only the stored
-copy is rounded to kv_cache_dtype; earlier tokens are read back as stored.
+NOTE: in the serving engine (paged cache) every token, the current chunk's included, is read
+back as stored in kv_cache_dtype. Without the engine (transformers' own cache, or none) the
+current chunk attends to its own latents at compute precision.
 """
 
 from __future__ import annotations
@@ -67,8 +68,13 @@ class MLAAttentionOp(nn.Module):
         return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
 
     def forward(self, hidden_states: torch.Tensor, position_embeddings, attention_mask=None,
-                past_key_values=None, **kwargs):
-        """hidden_states: [B, T, H] -> ([B, T, H], None), transformers' attention interface."""
+                past_key_values=None, forward_batch=None, **kwargs):
+        """hidden_states: [B, T, H] -> ([B, T, H], None), transformers' attention interface.
+
+        With `forward_batch` (the serving engine) B is 1 and the T tokens belong to several
+        sequences over the paged cache; otherwise one causal sequence per batch row, over
+        transformers' `past_key_values` cache when given.
+        """
         x = hidden_states.to(self.device, torch.float32)
         b, t, _ = x.shape
         if hasattr(self, "q_a"):
@@ -83,28 +89,67 @@ class MLAAttentionOp(nn.Module):
         q_rope = rotate_pairs(q_rope, cos, sin)  # [B, T, h, r]
         k_rope = rotate_pairs(kv[..., self.kv_lora:], cos, sin)  # [B, T, r]
 
-        latent_all, k_rope_all = latent, k_rope
+        w_kv = self.kv_b.get().float().view(self.heads, self.nope + self.v, self.kv_lora)
+        w_uk, w_uv = w_kv[:, : self.nope], w_kv[:, self.nope:]  # [h, nope, c], [h, v, c]
+        q_lat = torch.einsum("bthn,hnc->bthc", q_nope, w_uk)  # [B, T, h, c]
+        if forward_batch is not None:
+            out_lat = self._paged(q_lat[0], q_rope[0], latent[0], k_rope[0],
+                                  forward_batch)[None]  # [1, T, h, c]
+        else:
+            out_lat = self._contiguous(q_lat, q_rope, latent, k_rope, past_key_values)
+        out = torch.einsum("bthc,hvc->bthv", out_lat, w_uv).reshape(b, t, self.heads * self.v)
+        out = linear(out, self.o_proj)
+        return out.to(hidden_states.device, hidden_states.dtype), None
+
+    def _attend(self, q_lat: torch.Tensor, q_rope: torch.Tensor, kv: torch.Tensor,
+                allowed: torch.Tensor) -> torch.Tensor:
+        """q_lat [..., t, h, c], q_rope [..., t, h, r], kv [..., S, c + r] fp32,
+        allowed [..., t, S] -> o_c [..., t, h, c]."""
+        lat, rope = kv[..., : self.kv_lora], kv[..., self.kv_lora:]
+        scores = (torch.einsum("...thc,...sc->...hts", q_lat, lat)
+                  + torch.einsum("...thr,...sr->...hts", q_rope, rope)) * self.scale
+        scores = scores.masked_fill(~allowed.unsqueeze(-3), float("-inf"))
+        return torch.einsum("...hts,...sc->...thc", torch.softmax(scores, dim=-1), lat)
+
+    def _paged(self, q_lat, q_rope, latent, k_rope, fb) -> torch.Tensor:
+        """Tokens of many sequences [N, ...]: write their latents, then attend per sequence.
+
+        The new tokens are read back from the cache like earlier ones, so a token's attention
+        does not depend on whether its neighbours arrived in the same chunk (chunked and
+        unchunked prefill agree exactly)."""
+        idx = fb.on(self.device)
+        cache = fb.cache.layer(self.layer_idx)  # [slots, c + r]
+        cache[idx["slots"]] = torch.cat([latent, k_rope], dim=-1).to(self.kv_dtype)
+        out = torch.empty_like(q_lat)  # [N, h, c]
+        if "decode_rows" in idx:  # all decodes at once, padded to the longest
+            rows = idx["decode_rows"]
+            kv = cache[idx["decode_slots"]].float()  # [B, S_max, c + r]
+            allowed = idx["decode_valid"].unsqueeze(1)  # [B, 1, S_max]
+            out[rows] = self._attend(q_lat[rows, None], q_rope[rows, None], kv, allowed)[:, 0]
+        for span in fb.prefill_spans:
+            rows = slice(span.q_start, span.q_start + span.q_len)
+            kv = cache[span.kv_slots.to(self.device)].float()  # [S, c + r]
+            out[rows] = self._attend(q_lat[rows], q_rope[rows], kv,
+                                     _causal(span.q_len, span.kv_len, self.device))
+        return out
+
+    def _contiguous(self, q_lat, q_rope, latent, k_rope, past_key_values) -> torch.Tensor:
+        """[B, T, ...] causal sequences, optionally after transformers' cached prefix."""
+        t = latent.shape[1]
         if past_key_values is not None:
             stored = past_key_values.update(latent.to(self.kv_dtype).unsqueeze(1),
                                             k_rope.to(self.kv_dtype).unsqueeze(1), self.layer_idx)
             prefix = stored[0].shape[2] - t
-            latent_all = torch.cat([stored[0][:, 0, :prefix].float(), latent], dim=1)  # [B, S, c]
-            k_rope_all = torch.cat([stored[1][:, 0, :prefix].float(), k_rope], dim=1)  # [B, S, r]
-        s_len = latent_all.shape[1]
+            latent = torch.cat([stored[0][:, 0, :prefix].float(), latent], dim=1)  # [B, S, c]
+            k_rope = torch.cat([stored[1][:, 0, :prefix].float(), k_rope], dim=1)  # [B, S, r]
+        kv = torch.cat([latent, k_rope], dim=-1)  # [B, S, c + r]
+        return self._attend(q_lat, q_rope, kv, _causal(t, kv.shape[1], self.device))
 
-        w_kv = self.kv_b.get().float().view(self.heads, self.nope + self.v, self.kv_lora)
-        w_uk, w_uv = w_kv[:, : self.nope], w_kv[:, self.nope:]  # [h, nope, c], [h, v, c]
-        q_lat = torch.einsum("bthn,hnc->bhtc", q_nope, w_uk)
-        scores = (torch.einsum("bhtc,bsc->bhts", q_lat, latent_all)
-                  + torch.einsum("bthr,bsr->bhts", q_rope, k_rope_all)) * self.scale
-        q_pos = torch.arange(s_len - t, s_len, device=self.device)
-        causal = torch.arange(s_len, device=self.device)[None, :] <= q_pos[:, None]  # [T, S]
-        scores = scores.masked_fill(~causal, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        out_lat = torch.einsum("bhts,bsc->bthc", probs, latent_all)
-        out = torch.einsum("bthc,hvc->bthv", out_lat, w_uv).reshape(b, t, self.heads * self.v)
-        out = linear(out, self.o_proj)
-        return out.to(hidden_states.device, hidden_states.dtype), None
+
+def _causal(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
+    """[q_len, kv_len]: query i (at position kv_len - q_len + i) sees keys 0..its position."""
+    q_pos = torch.arange(kv_len - q_len, kv_len, device=device)
+    return torch.arange(kv_len, device=device)[None, :] <= q_pos[:, None]
 
 
 def _cos_sin(position_embeddings, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,111 @@
+"""The engine: `step()` = schedule -> run one batched forward -> sample and update.
+
+Owns the scheduler, the model runner and each running request's output state (its random
+generator, incremental detokenizer and stop-string checker). It is single-threaded: the
+`EngineWorker` wraps it with a lock and a thread for serving, and `hybrid.LLM` drives it
+directly for offline generation, so both run the same code. The split into `schedule()`,
+`execute()` and `retire()` lets the worker hold its lock only while the queues change, never
+during a forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hybrid.engine.config import EngineConfig
+from hybrid.engine.model_runner import ModelRunner
+from hybrid.engine.request import Request, RequestStatus, TokenOutput
+from hybrid.engine.sampler import make_generator, sample
+from hybrid.engine.scheduler import ScheduledBatch, Scheduler
+from hybrid.engine.stop_checker import StopChecker
+from hybrid.errors import RequestRejected
+from hybrid.tokenizer.detokenizer import IncrementalDetokenizer
+
+
+@dataclass
+class _OutputState:
+    generator: torch.Generator
+    detokenizer: IncrementalDetokenizer
+    stops: StopChecker
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """One request's new token from a step, and its status after that token."""
+
+    request: Request
+    token: TokenOutput
+    status: RequestStatus
+
+
+class Engine:
+    def __init__(self, loaded, config: EngineConfig) -> None:
+        """loaded: a `hybrid.model.loader.LoadedModel` built with optimize rules."""
+        self.config = config
+        self.spec = loaded.spec
+        self.tokenizer = loaded.tokenizer
+        self.scheduler = Scheduler(config, loaded.spec.context_length)
+        self.runner = ModelRunner(loaded.model, config)
+        self._outputs: dict[int, _OutputState] = {}  # id(request) -> its output state
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    def add(self, request: Request) -> None:
+        """Validate and queue; RequestRejected names the problem (the server's 400)."""
+        ids, vocab = request.prompt_ids, self.spec.vocab_size
+        if not ids:
+            raise RequestRejected("the prompt is empty; give at least one token")
+        bad = next((i for i in ids if not 0 <= i < vocab), None)
+        if bad is not None:
+            raise RequestRejected(f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
+        self.scheduler.add(request)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = self.scheduler.schedule()
+        for r in batch.cancelled:
+            self._outputs.pop(id(r), None)
+        return batch
+
+    def execute(self, batch: ScheduledBatch) -> list[StepOutput]:
+        """Run the batch and sample; requests are not retired here (see `retire`)."""
+        if not batch.chunks:
+            return []
+        logits = self.runner.run(batch)  # [R, V]
+        self.scheduler.complete(batch)
+        samplers = [c.request for c in batch.chunks if c.samples]
+        return [self._next_token(r, row) for r, row in zip(samplers, logits)]
+
+    def retire(self, request: Request, status: RequestStatus) -> None:
+        """Finish a running request and free its pages now."""
+        self._outputs.pop(id(request), None)
+        self.scheduler.finish(request, status)
+
+    def _next_token(self, r: Request, logits: torch.Tensor) -> StepOutput:
+        state = self._outputs.get(id(r))
+        if state is None:
+            state = self._outputs[id(r)] = _OutputState(
+                make_generator(r.params),
+                IncrementalDetokenizer(self.tokenizer, r.params.skip_special_tokens),
+                StopChecker(r.params.stop))
+        p = r.params
+        s = sample(logits, p, state.generator, r.prompt_ids, r.output_ids)
+        r.append(s.token_id)
+        delta = state.detokenizer.push(s.token_id)
+        finished = None
+        if (s.token_id == self.tokenizer.eos_token_id and not p.ignore_eos) \
+                or s.token_id in p.stop_token_ids:
+            finished = "stop"
+        delta, hit = state.stops.feed(delta)
+        if hit:
+            finished = "stop"
+        elif r.num_output_tokens >= r.max_tokens:
+            finished = finished or "length"
+        if finished is not None and not hit:
+            delta += state.stops.feed(state.detokenizer.flush(), final=True)[0]
+        token = TokenOutput(s.token_id, delta, s.logprob, tuple(s.top_logprobs), finished)
+        status = RequestStatus.RUNNING if finished is None else RequestStatus(finished)
+        return StepOutput(r, token, status)

@@ -1,0 +1,37 @@
+"""The paged latent KV cache: one tensor per attention layer, rows addressed by slot.
+
+Row `page * page_size + offset` of every layer's tensor holds one token's latent c and rotated
+shared key k_r (concatenated: [c + r] values, 576 for DeepSeek-V3) in that layer's
+kv_cache_dtype, on that layer's device. Which pages a request holds is the scheduler's
+business (`PageAllocator`); this class only owns the memory.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hybrid.errors import HybridError
+
+
+class PagedLatentCache:
+    def __init__(self, attention_ops: list, num_slots: int) -> None:
+        """attention_ops: each layer's MLAAttentionOp (device, kv_dtype, kv_lora, rope)."""
+        self.num_slots = num_slots
+        # torch.empty: the OS commits memory as pages are first written. Reads only ever touch
+        # slots written earlier (padding repeats a sequence's own first slot), so the
+        # uninitialized rows are never read.
+        try:
+            self.layers = [torch.empty(num_slots, op.kv_lora + op.rope, dtype=op.kv_dtype,
+                                       device=op.device) for op in attention_ops]
+        except (torch.OutOfMemoryError, RuntimeError) as e:
+            gib = self.bytes_for(attention_ops, num_slots) / 2**30
+            raise HybridError(f"cannot allocate the KV cache ({num_slots} tokens, {gib:.2f} GiB): "
+                              f"{e}; lower --cache-lens") from e
+
+    @staticmethod
+    def bytes_for(attention_ops: list, num_slots: int) -> int:
+        return sum(num_slots * (op.kv_lora + op.rope) * op.kv_dtype.itemsize
+                   for op in attention_ops)
+
+    def layer(self, index: int) -> torch.Tensor:
+        return self.layers[index]  # [slots, c + r]
