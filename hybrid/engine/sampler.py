@@ -1,7 +1,14 @@
-"""Pick the next token from a row of logits, and report log-probabilities."""
+"""Pick the next token from a row of logits, and report log-probabilities.
+
+The order is vLLM's: penalties (repetition, then frequency and presence) on the raw logits,
+then temperature, min_p, top_k and top_p, then a draw. Greedy takes the argmax after the
+penalties, so penalties steer greedy decoding too. Reported log-probabilities are always those
+of the raw model distribution.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -25,14 +32,18 @@ def make_generator(params: SamplingParams) -> torch.Generator:
     return gen
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> Sampled:
-    """logits: [V] (any float dtype). Greedy ties break toward the lowest id, as argmax does."""
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator,
+           prompt_ids: Sequence[int] = (), output_ids: Sequence[int] = ()) -> Sampled:
+    """logits: [V] (any float dtype); prompt_ids and output_ids: the request's history so far.
+    Greedy ties break toward the lowest id, as argmax does."""
     logits = logits.float()
-    logprobs = torch.log_softmax(logits, dim=-1)
+    logprobs = torch.log_softmax(logits, dim=-1)  # [V], reported as-is
+    scores = apply_penalties(logits, params, prompt_ids, output_ids)  # [V]
     if params.is_greedy:
-        token = int(torch.argmax(logits))
+        token = int(torch.argmax(scores))
     else:
-        token = _sample_filtered(logits, params, generator)
+        probs = sampling_probs(scores, params)
+        token = int(torch.multinomial(probs, 1, generator=generator))
     top: tuple[tuple[int, float], ...] = ()
     if params.logprobs:
         values, ids = torch.topk(logprobs, params.logprobs)
@@ -40,9 +51,34 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     return Sampled(token, float(logprobs[token]), top)
 
 
-def _sample_filtered(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
-    scaled = logits / params.temperature
-    if params.top_k > 0 and params.top_k < scaled.numel():
+def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt_ids: Sequence[int],
+                    output_ids: Sequence[int]) -> torch.Tensor:
+    """logits: [V] float32 -> [V]; the input is returned untouched when no penalty is set."""
+    if not params.has_penalties:
+        return logits
+    vocab = logits.numel()
+    out_ids = torch.as_tensor(output_ids, dtype=torch.long).reshape(-1)  # [O]
+    if params.repetition_penalty != 1.0:
+        seen = torch.zeros(vocab, dtype=torch.bool)  # [V]: in the prompt or generated
+        seen[torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1)] = True
+        seen[out_ids] = True
+        rp = params.repetition_penalty
+        penalized = torch.where(logits > 0, logits / rp, logits * rp)
+        logits = torch.where(seen, penalized, logits)
+    if params.presence_penalty or params.frequency_penalty:
+        counts = torch.bincount(out_ids, minlength=vocab).to(logits.dtype)  # [V]
+        logits = (logits - params.frequency_penalty * counts
+                  - params.presence_penalty * (counts > 0).to(logits.dtype))
+    return logits
+
+
+def sampling_probs(scores: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """scores: [V] penalized logits -> [V] the distribution a non-greedy draw uses."""
+    scaled = scores / params.temperature
+    if params.min_p > 0:
+        probs = torch.softmax(scaled, dim=-1)
+        scaled = scaled.masked_fill(probs < params.min_p * probs.max(), float("-inf"))
+    if 0 < params.top_k < scaled.numel():
         kth = torch.topk(scaled, params.top_k).values[-1]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     if params.top_p < 1.0:
@@ -52,5 +88,4 @@ def _sample_filtered(logits: torch.Tensor, params: SamplingParams, generator: to
         cum_before = torch.cumsum(probs, dim=-1) - probs
         drop = cum_before >= params.top_p
         scaled = scaled.scatter(0, order[drop], float("-inf"))
-    probs = torch.softmax(scaled, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return torch.softmax(scaled, dim=-1)

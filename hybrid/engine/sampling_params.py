@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from hybrid.errors import HybridError
@@ -11,15 +12,25 @@ from hybrid.errors import HybridError
 class SamplingParams:
     """How to pick each next token and when to stop.
 
-    temperature 0 is greedy. `top_k` <= 0 and `top_p` 1 disable those filters. `logprobs`:
-    None for none, else the number of most likely alternatives returned beside the chosen
-    token's own log-probability (0 = the chosen token only). Log-probabilities are those of the
-    model's distribution (before temperature and filters), as vLLM reports them.
+    temperature 0 is greedy. `top_k` <= 0, `top_p` 1 and `min_p` 0 disable those filters
+    (`min_p` keeps tokens at least `min_p` times as likely as the most likely one).
+    Penalties change the scores before temperature and filters, and in greedy mode too:
+    `presence_penalty` and `frequency_penalty` (OpenAI's, -2..2) subtract `presence` once and
+    `frequency` per occurrence for each token generated so far; `repetition_penalty` (vLLM's
+    and HF's, > 0, 1 = off) divides positive and multiplies negative logits of every token in
+    the prompt or generated so far. `logprobs`: None for none, else the number of most likely
+    alternatives returned beside the chosen token's own log-probability (0 = the chosen token
+    only). Log-probabilities are those of the model's distribution (before penalties,
+    temperature and filters), as vLLM reports them.
     """
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     seed: int | None = None
     max_tokens: int = 16
     stop: tuple[str, ...] = ()
@@ -34,10 +45,19 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
-        if not self.temperature >= 0:
+        # NOTE: written as `not (ok)` so that NaN fails every check.
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
             raise HybridError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise HybridError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            raise HybridError(f"min_p must be in [0, 1], got {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise HybridError(f"{name} must be between -2 and 2, got {getattr(self, name)}")
+        if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
+            raise HybridError(f"repetition_penalty must be a finite number > 0 (1 = off), got "
+                              f"{self.repetition_penalty}")
         if self.max_tokens < 1:
             raise HybridError(f"max_tokens must be at least 1, got {self.max_tokens}")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
@@ -48,3 +68,8 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def has_penalties(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty
+                    or self.repetition_penalty != 1.0)
