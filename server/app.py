@@ -1,11 +1,15 @@
-"""The FastAPI application: routes, OpenAI-shaped errors, API key and body-size middleware."""
+"""The FastAPI application: the OpenAI and Ollama routes, /metrics, errors in each API's shape,
+API key and body-size middleware."""
 
 from __future__ import annotations
 
 from fastapi import FastAPI
 
 from server.errors import install_error_handlers
+from server.metrics import ServerMetrics
+from server.metrics import router as metrics_router
 from server.middleware import APIKeyMiddleware, BodySizeLimitMiddleware
+from server.ollama import router as ollama_router
 from server.routes import router
 from server.state import ServerState
 
@@ -14,8 +18,11 @@ def create_app(state: ServerState) -> FastAPI:
     """An app serving `state.model` through `state.worker` (started and stopped by the caller)."""
     app = FastAPI(title="hybrid", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.hybrid = state
+    app.state.metrics = ServerMetrics()  # per app, observed by server/generation.py
     install_error_handlers(app)
     app.include_router(router)
+    app.include_router(ollama_router)
+    app.include_router(metrics_router)
     # NOTE: the last middleware added runs first: the key is checked before the body is read.
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=state.config.max_request_bytes)
     if state.config.api_key is not None:

@@ -1,4 +1,5 @@
-"""The `hybrid` command: make-model, generate, chat, rules, serve, bench.
+"""The `hybrid` command: make-model, generate, chat, rules, serve, bench (the last two in
+server/cli_serve.py; chat's loop and remote client in server/cli_chat.py).
 
 Every user error is a one-line `error: ...` on stderr and exit status 2, never a traceback.
 Flag defaults come from the frozen config classes (`SamplingParams`, `MakeModelOptions`).
@@ -14,6 +15,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from hybrid.errors import HybridError
+from server.cli_serve import add_bench_parser, add_serve_parser
 
 
 def _sampling_defaults():
@@ -28,6 +30,12 @@ def _add_sampling_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=d["temperature"], help="0 = greedy")
     p.add_argument("--top-p", type=float, default=d["top_p"])
     p.add_argument("--top-k", type=int, default=d["top_k"], help="0 = off")
+    p.add_argument("--min-p", type=float, default=d["min_p"], help="0 = off")
+    p.add_argument("--presence-penalty", type=float, default=d["presence_penalty"], help="-2..2")
+    p.add_argument("--frequency-penalty", type=float, default=d["frequency_penalty"],
+                   help="-2..2")
+    p.add_argument("--repetition-penalty", type=float, default=d["repetition_penalty"],
+                   help="> 0; 1 = off")
     p.add_argument("--seed", type=int, default=d["seed"])
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
@@ -36,12 +44,14 @@ def _sampling_from(args: argparse.Namespace, logprobs: int | None = None):
     from hybrid.engine.sampling_params import SamplingParams
 
     return SamplingParams(
-        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
+        presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+        repetition_penalty=args.repetition_penalty, seed=args.seed,
         max_tokens=args.max_new_tokens, stop=tuple(args.stop), logprobs=logprobs,
     )
 
 
-def _progress_bar(desc: str) -> Callable[[int, int], None]:
+def progress_bar(desc: str) -> Callable[[int, int], None]:
     from tqdm import tqdm
 
     bar: dict[str, tqdm] = {}
@@ -60,7 +70,7 @@ def _progress_bar(desc: str) -> Callable[[int, int], None]:
 def _load_llm(args: argparse.Namespace):
     from hybrid.engine.llm import LLM
 
-    return LLM(args.gguf_path, args.optimize_rules, progress=_progress_bar("loading"))
+    return LLM(args.gguf_path, args.optimize_rules, progress=progress_bar("loading"))
 
 
 def cmd_make_model(args: argparse.Namespace) -> int:
@@ -115,41 +125,26 @@ def cmd_generate(args: argparse.Namespace) -> int:
         }, ensure_ascii=False))
         return 0
     for event in llm.stream(ids, params):
-        sys.stdout.write(event.text_delta)
+        sys.stdout.write(event.text)
         sys.stdout.flush()
     sys.stdout.write("\n")
     return 0
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    llm = _load_llm(args)
+    from server.cli_chat import RemoteChat, chat_loop, openai_sampling
+
     params = _sampling_from(args)
-    messages: list[dict[str, str]] = []
-    if args.system:
-        messages.append({"role": "system", "content": args.system})
-    print("hybrid chat: type a message; /reset clears the conversation, /exit or Ctrl-D quits.",
-          file=sys.stderr)
-    while True:
-        try:
-            line = input(">>> ")
-        except EOFError:
-            print(file=sys.stderr)
-            return 0
-        if line.strip() in ("/exit", "/quit"):
-            return 0
-        if line.strip() == "/reset":
-            messages = messages[:1] if args.system else []
-            continue
-        if not line.strip():
-            continue
-        messages.append({"role": "user", "content": line})
-        reply = ""
+    if args.url is not None:
+        return chat_loop(RemoteChat(args.url, args.api_key, args.model, openai_sampling(params)),
+                         args.system)
+    llm = _load_llm(args)
+
+    def respond(messages: list[dict[str, str]]):
         for event in llm.stream(llm.tokenizer.encode_chat(messages), params):
-            reply += event.text_delta
-            sys.stdout.write(event.text_delta)
-            sys.stdout.flush()
-        sys.stdout.write("\n")
-        messages.append({"role": "assistant", "content": reply})
+            yield "", event.text
+
+    return chat_loop(respond, args.system)
 
 
 def cmd_rules_explain(args: argparse.Namespace) -> int:
@@ -170,73 +165,6 @@ def cmd_rules_explain(args: argparse.Namespace) -> int:
         header = f"model {planned.gguf.path.name} ({planned.spec.name}), rules {planned.rules_path.name}"
         print(render_table(exp, header))
     return 0
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    from server.config import ServerConfig
-    from server.serve import serve
-
-    config = ServerConfig.from_flat({
-        "gguf_path": args.gguf_path, "optimize_rules": args.optimize_rules,
-        "max_batch_size": args.max_batch_size, "host": args.host, "port": args.port,
-        "max_new_tokens": args.max_new_tokens, "api_key": args.api_key,
-        "served_model_name": args.served_model_name, "max_request_bytes": args.max_request_bytes,
-        "log_level": args.log_level,
-    })
-    return serve(config, progress=_progress_bar("loading"))
-
-
-def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
-    from hybrid.engine.config import EngineConfig
-    from server.config import LOG_LEVELS, ServerConfig
-
-    e = {f.name: f.default for f in fields(EngineConfig)}
-    d = {f.name: f.default for f in fields(ServerConfig)}
-    p = sub.add_parser("serve", help="serve an OpenAI-compatible API (/v1/chat/completions, ...)")
-    p.add_argument("--gguf-path", default=e["gguf_path"],
-                   help="a .gguf file, split part or folder (default: the built-in demo model)")
-    p.add_argument("--optimize-rules", default=e["optimize_rules"],
-                   help="bundled rule file name or path (default: cpu.yaml without a GPU)")
-    p.add_argument("--host", default=d["host"], help="address to listen on (0.0.0.0: all)")
-    p.add_argument("--port", type=int, default=d["port"])
-    p.add_argument("--max-new-tokens", type=int, default=d["max_new_tokens"],
-                   help="cap on tokens per request; larger max_tokens are clamped to it")
-    p.add_argument("--max-batch-size", type=int, default=e["max_batch_size"],
-                   help="requests in flight at once (token-interleaved; the rest queue FCFS)")
-    p.add_argument("--api-key", default=d["api_key"],
-                   help="require 'Authorization: Bearer KEY' on every route but /health")
-    p.add_argument("--served-model-name", default=d["served_model_name"],
-                   help="the model name clients pass (default: the GGUF file's stem)")
-    p.add_argument("--max-request-bytes", type=int, default=d["max_request_bytes"],
-                   help="larger request bodies get a 413")
-    p.add_argument("--log-level", default=d["log_level"], choices=list(LOG_LEVELS))
-    p.set_defaults(func=cmd_serve)
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    from server.bench import BenchOptions, render, run_bench, to_json
-
-    opts = BenchOptions(args.url, args.concurrency, args.prompt_len, args.gen_len,
-                        args.num_requests, args.model, args.api_key)
-    result = run_bench(opts, progress=not args.json)
-    print(to_json(result) if args.json else render(result))
-    return 0
-
-
-def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
-    from server.bench import BenchOptions
-
-    d = {f.name: f.default for f in fields(BenchOptions)}
-    p = sub.add_parser("bench", help="load a running server with concurrent streams")
-    p.add_argument("--url", default=d["url"], help="the server's base URL (without /v1)")
-    p.add_argument("--concurrency", type=int, default=d["concurrency"])
-    p.add_argument("--prompt-len", type=int, default=d["prompt_len"], help="prompt tokens")
-    p.add_argument("--gen-len", type=int, default=d["gen_len"], help="tokens per request")
-    p.add_argument("--num-requests", type=int, default=d["num_requests"])
-    p.add_argument("--model", default=d["model"], help="default: the server's first model")
-    p.add_argument("--api-key", default=d["api_key"])
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=cmd_bench)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -294,8 +222,14 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--json", action="store_true", help="print one JSON object")
         else:
             p.add_argument("--system", default=None, help="a system prompt")
-    _add_serve_parser(sub)
-    _add_bench_parser(sub)
+            p.add_argument("--url", default=None,
+                           help="chat with a running server (e.g. http://127.0.0.1:8000) instead "
+                                "of loading a model")
+            p.add_argument("--api-key", default=None, help="the server's key (with --url)")
+            p.add_argument("--model", default=None,
+                           help="the model name (with --url; default: the server's first)")
+    add_serve_parser(sub)
+    add_bench_parser(sub)
     return parser
 
 

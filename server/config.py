@@ -19,6 +19,8 @@ class ServerConfig:
     with finish_reason "length"); a request without `max_tokens` gets the cap.
     `api_key` None leaves the API open; otherwise every route but /health needs
     `Authorization: Bearer <api_key>`. `served_model_name` None uses the GGUF file's stem.
+    `force_think` ends every chat prompt with "<think>\n" (DeepSeek R1's convention), so the
+    model reasons first; chat responses then split reasoning from the answer.
     """
 
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -29,6 +31,7 @@ class ServerConfig:
     served_model_name: str | None = None
     max_request_bytes: int = MAX_REQUEST_BYTES
     log_level: str = "info"
+    force_think: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -1,5 +1,6 @@
 """OpenAI-shaped errors: every failure the server returns is `{"error": {message, type, param,
-code}}`, whatever raised it (our checks, routing 404/405, the body-size cap, a bug)."""
+code}}`, whatever raised it (our checks, routing 404/405, the body-size cap, a bug). Under
+`/api/` (the Ollama routes) the same errors take Ollama's shape, `{"error": message}`."""
 
 from __future__ import annotations
 
@@ -31,9 +32,15 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
                           "code": self.code}}
 
-    def response(self) -> JSONResponse:
+    def response(self, path: str = "") -> JSONResponse:
+        """The error for a request to `path` (Ollama's shape under /api/)."""
         headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+        body = {"error": self.message} if is_ollama_path(path) else self.body()
+        return JSONResponse(body, status_code=self.status, headers=headers)
+
+
+def is_ollama_path(path: str) -> bool:
+    return path.startswith("/api/")
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -52,7 +59,7 @@ _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_la
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-        return exc.response()
+        return exc.response(request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -64,7 +71,7 @@ def install_error_handlers(app: FastAPI) -> None:
             message = str(exc.detail) or HTTPStatus(exc.status_code).phrase
         type_ = "server_error" if exc.status_code >= 500 else "invalid_request_error"
         err = APIError(exc.status_code, message, type=type_, code=_HTTP_CODES.get(exc.status_code))
-        response = err.response()
+        response = err.response(request.url.path)
         if exc.headers:
             response.headers.update(exc.headers)
         return response
@@ -73,10 +80,11 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
         param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        return bad_request(f"{param or 'request'}: {first.get('msg', 'invalid')}", param).response()
+        return bad_request(f"{param or 'request'}: {first.get('msg', 'invalid')}",
+                           param).response(request.url.path)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error on %s %s", request.method, request.url.path)
         return APIError(500, f"internal error: {type(exc).__name__}", type="server_error",
-                        code="internal_error").response()
+                        code="internal_error").response(request.url.path)

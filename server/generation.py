@@ -4,7 +4,8 @@ One HTTP request runs as one engine `Request` per choice. The worker calls each 
 from its thread; the sink hops onto the handler's event loop (`call_soon_threadsafe`), so the
 handler reads `(choice index, event)` pairs from an asyncio queue in generation order. When the
 client disconnects, or the handler stops reading for any reason (an exception, a cancelled
-streaming response), every choice is cancelled at once, queued or running.
+streaming response), every choice is cancelled at once, queued or running. Each token read is
+also timed for /metrics (time to first token, inter-token latency) when the app keeps metrics.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from starlette.requests import Request as HTTPRequest
 from hybrid.engine.request import Request, RequestEvent, RequestFailed
 from hybrid.engine.sampling_params import SamplingParams
 from hybrid.engine.worker import EngineWorker
+from server.metrics import observer_for
 
 _DISCONNECTED = object()
 
@@ -37,6 +39,7 @@ async def generate(worker: EngineWorker, request_id: str,
 
     requests = [Request(f"{request_id}-{i}", ids, params, sink_for(i))
                 for i, (ids, params) in enumerate(jobs)]
+    observer = observer_for(http_request, len(jobs))
     watcher = asyncio.create_task(_wait_for_disconnect(http_request, queue))
     try:
         for r in requests:
@@ -49,6 +52,8 @@ async def generate(worker: EngineWorker, request_id: str,
             index, event = item
             if isinstance(event, RequestFailed) or event.finish_reason is not None:
                 remaining -= 1
+            if observer is not None and not isinstance(event, RequestFailed):
+                observer.token(index)
             yield index, event
     finally:
         watcher.cancel()

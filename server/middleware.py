@@ -1,6 +1,6 @@
 """ASGI middleware run before routing: the API key check and the request body-size cap.
 
-Both answer with OpenAI-shaped errors. The size cap looks at Content-Length first and also
+Both answer with OpenAI-shaped errors (Ollama-shaped under /api/). The size cap looks at Content-Length first and also
 counts the bytes of chunked bodies as they arrive, so no body larger than the cap is ever
 buffered whole.
 """
@@ -34,7 +34,7 @@ class APIKeyMiddleware:
             err = APIError(401, "incorrect API key provided", code="invalid_api_key")
         else:
             return await self.app(scope, receive, send)
-        await err.response()(scope, receive, send)
+        await err.response(scope["path"])(scope, receive, send)
 
 
 class BodySizeLimitMiddleware:
@@ -56,9 +56,9 @@ class BodySizeLimitMiddleware:
             if not length.isdigit():
                 err = APIError(400, "the Content-Length header is not a number",
                                code="invalid_request")
-                return await err.response()(scope, receive, send)
+                return await err.response(scope["path"])(scope, receive, send)
             if int(length) > self.max_bytes:
-                return await self._too_large().response()(scope, receive, send)
+                return await self._too_large().response(scope["path"])(scope, receive, send)
         received = 0
 
         async def counting_receive() -> Message:

@@ -8,20 +8,49 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybrid.engine.request import TokenOutput
+from server.reasoning import ReasoningParser, ThinkSetup
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What one token adds to a choice: reasoning (inside <think>) and answer text."""
+
+    reasoning: str = ""
+    content: str = ""
 
 
 @dataclass
 class ChoiceState:
-    """What one choice has produced so far."""
+    """What one choice has produced so far; with `think`, reasoning is split from `text`."""
 
-    text: str = ""
+    text: str = ""  # the answer
+    reasoning: str = ""
     tokens: list[TokenOutput] = field(default_factory=list)
     finish_reason: str | None = None
+    think: ThinkSetup | None = None
+    parser: ReasoningParser | None = None
 
-    def add(self, out: TokenOutput) -> None:
-        self.text += out.text
+    def __post_init__(self) -> None:
+        if self.think is not None and self.parser is None:
+            self.parser = self.think.parser()
+
+    @property
+    def has_reasoning(self) -> bool:
+        return self.parser is not None and self.parser.saw_think
+
+    def add(self, out: TokenOutput) -> Delta:
         self.tokens.append(out)
         self.finish_reason = out.finish_reason or self.finish_reason
+        if self.parser is None or self.think is None:
+            self.text += out.text
+            return Delta(content=out.text)
+        reasoning, content = self.parser.feed(self.think.text_of(out.token_id, out.text))
+        if out.finish_reason is not None:
+            r, c = self.parser.finish()
+            reasoning, content = reasoning + r, content + c
+        self.reasoning += reasoning
+        self.text += content
+        return Delta(reasoning, content)
 
 
 def usage(prompt_tokens: int, choices: list[ChoiceState]) -> dict[str, int]:
@@ -42,12 +71,17 @@ class ResponseFormat:
     object_name = ""
     chunk_object_name = ""
 
-    def __init__(self, response_id: str, model: str, tokenizer: Any, logprobs: bool) -> None:
+    def __init__(self, response_id: str, model: str, tokenizer: Any, logprobs: bool,
+                 think: ThinkSetup | None = None) -> None:
         self.id = response_id
         self.model = model
         self.tokenizer = tokenizer
         self.logprobs = logprobs
+        self.think = think
         self.created = int(time.time())
+
+    def new_choice(self) -> ChoiceState:
+        return ChoiceState(think=self.think)
 
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -58,13 +92,15 @@ class ResponseFormat:
 
     def response(self, choices: list[ChoiceState], prompt_tokens: int) -> dict[str, Any]:
         return {**self._head(self.object_name),
-                "choices": [self.choice(i, c.text, c.tokens, c.finish_reason, offset=0)
-                            for i, c in enumerate(choices)],
+                "choices": [self.choice(i, c, Delta(c.reasoning, c.text), c.tokens,
+                                        c.finish_reason, offset=0) for i, c in enumerate(choices)],
                 "usage": usage(prompt_tokens, choices)}
 
-    def chunk(self, index: int, out: TokenOutput, offset: int) -> dict[str, Any]:
+    def chunk(self, index: int, choice: ChoiceState, out: TokenOutput, piece: Delta,
+              offset: int) -> dict[str, Any]:
+        """The stream chunk of token `out`, which added `piece` to `choice`."""
         return {**self._head(self.chunk_object_name),
-                "choices": [self.choice(index, out.text, [out], out.finish_reason, offset,
+                "choices": [self.choice(index, choice, piece, [out], out.finish_reason, offset,
                                         delta=True)]}
 
     def usage_chunk(self, choices: list[ChoiceState], prompt_tokens: int) -> dict[str, Any]:
@@ -74,8 +110,8 @@ class ResponseFormat:
     def first_chunks(self, n: int) -> list[dict[str, Any]]:
         return []
 
-    def choice(self, index: int, text: str, tokens: list[TokenOutput], finish_reason: str | None,
-               offset: int, delta: bool = False) -> dict[str, Any]:
+    def choice(self, index: int, state: ChoiceState, text: Delta, tokens: list[TokenOutput],
+               finish_reason: str | None, offset: int, delta: bool = False) -> dict[str, Any]:
         raise NotImplementedError
 
 
@@ -89,15 +125,19 @@ class ChatFormat(ResponseFormat):
                  "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                               "logprobs": None, "finish_reason": None}]} for i in range(n)]
 
-    def choice(self, index: int, text: str, tokens: list[TokenOutput], finish_reason: str | None,
-               offset: int, delta: bool = False) -> dict[str, Any]:
+    def choice(self, index: int, state: ChoiceState, text: Delta, tokens: list[TokenOutput],
+               finish_reason: str | None, offset: int, delta: bool = False) -> dict[str, Any]:
         logprobs = {"content": [self._entry(t) for t in tokens], "refusal": None} \
             if self.logprobs else None
         body: dict[str, Any] = {"index": index}
         if delta:
-            body["delta"] = {"content": text} if text else {}
+            # DeepSeek's API (and vLLM) name the reasoning part `reasoning_content`.
+            parts = {"reasoning_content": text.reasoning, "content": text.content}
+            body["delta"] = {k: v for k, v in parts.items() if v}
         else:
-            body["message"] = {"role": "assistant", "content": text, "refusal": None}
+            body["message"] = {"role": "assistant", "content": text.content, "refusal": None}
+            if state.has_reasoning:
+                body["message"]["reasoning_content"] = text.reasoning
         return {**body, "logprobs": logprobs, "finish_reason": finish_reason}
 
     def _entry(self, t: TokenOutput) -> dict[str, Any]:
@@ -113,8 +153,8 @@ class CompletionFormat(ResponseFormat):
     object_name = "text_completion"
     chunk_object_name = "text_completion"
 
-    def choice(self, index: int, text: str, tokens: list[TokenOutput], finish_reason: str | None,
-               offset: int, delta: bool = False) -> dict[str, Any]:
+    def choice(self, index: int, state: ChoiceState, text: Delta, tokens: list[TokenOutput],
+               finish_reason: str | None, offset: int, delta: bool = False) -> dict[str, Any]:
         logprobs = None
         if self.logprobs:
             names = [self.token_text(t.token_id)[0] for t in tokens]
@@ -129,5 +169,5 @@ class CompletionFormat(ResponseFormat):
                                  for t in tokens],
                 "text_offset": offsets,
             }
-        return {"index": index, "text": text, "logprobs": logprobs,
+        return {"index": index, "text": text.content, "logprobs": logprobs,
                 "finish_reason": finish_reason}

@@ -1,17 +1,20 @@
-"""Turn a validated OpenAI request into prompt token ids and per-choice `SamplingParams`.
+"""Turn a validated request into prompt token ids and per-choice `SamplingParams`.
 
 Everything a client can get wrong that the schema cannot see is checked here and refused with
-a 400 naming the field: unknown model (404), unsupported features, token limits.
+a 400 naming the field: unknown model (404), unsupported features, token limits. The OpenAI
+routes and the Ollama routes share `encode_chat`, `check_prompt` and `make_sampling_params`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from hybrid.engine.sampling_params import SamplingParams
 from hybrid.errors import HybridError
 from server.errors import APIError, bad_request, unsupported
 from server.protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest
+from server.reasoning import THINK_PREFIX, ThinkSetup, is_thinking_template, opens_think
 from server.state import ServerState
 
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -29,14 +32,17 @@ def check_request(req: ChatCompletionRequest | CompletionRequest, state: ServerS
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
     if req.best_of is not None and req.best_of != req.n:
         raise unsupported("best_of", "best_of other than n")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(req, name):
-            raise unsupported(name, name.replace("_", " "))
     if req.logit_bias:
         raise unsupported("logit_bias", "logit_bias")
 
 
-def chat_prompt_ids(req: ChatCompletionRequest, state: ServerState) -> list[int]:
+@dataclass(frozen=True)
+class ChatPrompt:
+    ids: list[int]
+    think: ThinkSetup | None  # how the output splits into reasoning and answer; None: no split
+
+
+def chat_prompt(req: ChatCompletionRequest, state: ServerState) -> ChatPrompt:
     """Render the messages with the model's chat template and tokenize them."""
     if req.tools or req.functions:
         raise unsupported("tools", "tool calling (tools/functions)")
@@ -58,12 +64,23 @@ def chat_prompt_ids(req: ChatCompletionRequest, state: ServerState) -> list[int]
             raise bad_request(f"{where}.role: unknown role {m.role!r}; use one of "
                               f"{', '.join(CHAT_ROLES)}", f"{where}.role")
         messages.append({"role": CHAT_ROLES[m.role], "content": _content_text(m.content, where)})
+    return encode_chat(messages, state, "messages")
+
+
+def encode_chat(messages: list[dict[str, str]], state: ServerState, param: str) -> ChatPrompt:
+    """Checked messages -> the prompt, ending with "<think>\n" under --force-think."""
+    tokenizer = state.model.tokenizer
     try:
-        ids = state.model.tokenizer.encode_chat(messages)
+        text = tokenizer.apply_chat_template(messages)
     except HybridError as e:
-        raise bad_request(str(e), "messages") from None
-    check_prompt(ids, state, "messages")
-    return ids
+        raise bad_request(str(e), param) from None
+    thinking = state.config.force_think or is_thinking_template(tokenizer.chat_template.source)
+    if state.config.force_think and not opens_think(text):
+        text += THINK_PREFIX
+    bos = tokenizer.id_to_token(tokenizer.bos_token_id)  # the template writes its own BOS
+    ids = tokenizer.encode(text, add_bos=not (bos and text.startswith(bos)))
+    check_prompt(ids, state, param)
+    return ChatPrompt(ids, ThinkSetup.for_tokenizer(tokenizer, thinking and opens_think(text)))
 
 
 def _content_text(content: str | list[dict[str, Any]] | None, where: str) -> str:
@@ -113,10 +130,13 @@ def check_prompt(ids: list[int], state: ServerState, param: str) -> None:
     if bad is not None:
         raise bad_request(f"{param}: token id {bad} is outside the vocabulary (0..{vocab - 1})",
                           param)
-    limit = state.model.context_length
-    if len(ids) >= limit:
-        raise bad_request(f"{param}: the prompt has {len(ids)} tokens; the model's context is "
-                          f"{limit}", param, code="context_length_exceeded")
+    m = state.model
+    if len(ids) >= m.max_request_tokens:
+        where = ("the model's context" if m.max_request_tokens == m.context_length else
+                 f"the server's KV cache (--cache-lens {state.config.engine.cache_lens})")
+        raise bad_request(f"{param}: the prompt has {len(ids)} tokens but a request may hold at "
+                          f"most {m.max_request_tokens} tokens, prompt and output ({where}); "
+                          f"shorten the prompt", param, code="context_length_exceeded")
 
 
 def sampling_params(req: ChatCompletionRequest | CompletionRequest, state: ServerState,
@@ -127,19 +147,33 @@ def sampling_params(req: ChatCompletionRequest | CompletionRequest, state: Serve
                                                                             req.max_tokens)
     if asked is not None and asked <= 0:
         raise bad_request(f"{param} must be at least 1, got {asked}", param)
-    # Clamp to the server's cap and to the context left after the prompt; the request then ends
-    # with finish_reason "length", as a client asking for more than allowed expects.
-    room = state.model.context_length - prompt_len
-    max_tokens = min(asked or state.config.max_new_tokens, state.config.max_new_tokens, room)
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
-    if any(not s for s in stop):
+    given = {name: getattr(req, name) for name in SAMPLING_FIELDS}
+    return make_sampling_params(
+        state, prompt_len, asked, stop=stop, logprobs=logprobs, ignore_eos=req.ignore_eos,
+        seed=None if req.seed is None else req.seed + index,
+        **{k: v for k, v in given.items() if v is not None})
+
+
+# Request fields that map one to one onto SamplingParams (None: the engine's default).
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                   "frequency_penalty", "repetition_penalty")
+
+
+def make_sampling_params(state: ServerState, prompt_len: int, asked_tokens: int | None,
+                         **values: Any) -> SamplingParams:
+    """SamplingParams with max_tokens clamped to the server's cap and the context left after
+    the prompt; the request then ends with finish_reason "length", as a client asking for more
+    than allowed expects. A bad value is a 400 naming it."""
+    room = state.model.max_request_tokens - prompt_len
+    cap = state.config.max_new_tokens
+    values["max_tokens"] = min(asked_tokens or cap, cap, room)
+    if any(not s for s in values.get("stop", ())):
         raise bad_request("stop strings must not be empty", "stop")
-    temperature = 1.0 if req.temperature is None else req.temperature
+    if values.get("top_k") is not None:
+        values["top_k"] = max(values["top_k"], 0)  # -1 (vLLM) and 0 both mean off
     try:
-        return SamplingParams(
-            temperature=temperature, top_p=1.0 if req.top_p is None else req.top_p,
-            top_k=max(req.top_k or 0, 0), seed=None if req.seed is None else req.seed + index,
-            max_tokens=max_tokens, stop=stop, logprobs=logprobs, ignore_eos=req.ignore_eos,
-        )
+        return SamplingParams(**values)
     except HybridError as e:
-        raise bad_request(str(e)) from None
+        param = next((k for k in values if str(e).startswith(k)), None)
+        raise bad_request(str(e), param) from None

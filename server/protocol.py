@@ -1,8 +1,9 @@
 """The OpenAI request bodies we accept, validated strictly (pydantic, strict types, no extras).
 
 Unknown fields are refused, as OpenAI does; known fields we do not honour yet (tools,
-response_format other than text, penalties, logit_bias, ...) are refused by `server/params.py`
-with a 400 that names them, never silently ignored.
+response_format other than text, logit_bias, ...) are refused by `server/params.py` with a 400
+that names them, never silently ignored. Beside OpenAI's fields we take vLLM's sampling
+extras: top_k, min_p, repetition_penalty and ignore_eos.
 """
 
 from __future__ import annotations
@@ -17,15 +18,15 @@ MAX_CHOICES = 16  # n (times prompts, for completions) per request
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
-class StreamOptions(_Strict):
+class StreamOptions(StrictModel):
     include_usage: bool = False
 
 
-class ChatMessage(_Strict):
+class ChatMessage(StrictModel):
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
@@ -36,7 +37,7 @@ class ChatMessage(_Strict):
 StopField = str | Annotated[list[str], Field(max_length=MAX_STOP)] | None
 
 
-class _SamplingFields(_Strict):
+class _SamplingFields(StrictModel):
     """Fields shared by chat and completions."""
 
     model: str
@@ -47,11 +48,13 @@ class _SamplingFields(_Strict):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1)  # vLLM's extension; 0 or -1 = off
+    min_p: float | None = Field(None, ge=0, le=1)  # vLLM's extension; 0 = off
     seed: int | None = Field(None, ge=-(1 << 63), lt=1 << 63)
     stop: StopField = None
     user: str | None = None  # accepted and unused, as it only labels the caller
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(None, gt=0, allow_inf_nan=False)  # vLLM's; 1 = off
     logit_bias: dict[str, float] | None = None
     best_of: int | None = None
     ignore_eos: bool = False  # vLLM's extension: generate max_tokens even past EOS (benchmarks)
@@ -77,7 +80,7 @@ class CompletionRequest(_SamplingFields):
     suffix: str | None = None
 
 
-def parse_body(raw: bytes, model: type[_Strict]) -> Any:
+def parse_body(raw: bytes, model: type[StrictModel]) -> Any:
     """Decode strict UTF-8 JSON into `model`; any problem is a 400 naming the field."""
     try:
         text = raw.decode("utf-8")

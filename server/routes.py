@@ -15,8 +15,8 @@ from hybrid.engine.request import RequestFailed
 from hybrid.engine.sampling_params import SamplingParams
 from server.errors import APIError
 from server.generation import generate
-from server.openai_format import ChatFormat, ChoiceState, CompletionFormat, ResponseFormat, sse
-from server.params import chat_prompt_ids, check_request, completion_prompts, sampling_params
+from server.openai_format import ChatFormat, CompletionFormat, ResponseFormat, sse
+from server.params import chat_prompt, check_request, completion_prompts, sampling_params
 from server.protocol import ChatCompletionRequest, CompletionRequest, parse_body
 from server.state import ServerState
 
@@ -56,11 +56,12 @@ async def chat_completions(http_request: HTTPRequest) -> Response:
     state = _state(http_request)
     req = parse_body(await http_request.body(), ChatCompletionRequest)
     check_request(req, state)
-    ids = chat_prompt_ids(req, state)
+    prompt = chat_prompt(req, state)
+    ids = prompt.ids
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     jobs = [(ids, sampling_params(req, state, len(ids), i, logprobs)) for i in range(req.n)]
     fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", state.model.name, state.model.tokenizer,
-                     req.logprobs)
+                     req.logprobs, think=prompt.think)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return await _respond(state, http_request, fmt, jobs, len(ids), req.stream, include_usage)
 
@@ -88,7 +89,7 @@ async def _respond(state: ServerState, http_request: HTTPRequest, fmt: ResponseF
         body = _stream(fmt, events, len(jobs), prompt_tokens, include_usage)
         return StreamingResponse(body, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
-    choices = [ChoiceState() for _ in jobs]
+    choices = [fmt.new_choice() for _ in jobs]
     async for index, event in events:
         if isinstance(event, RequestFailed):
             await events.aclose()  # cancels the other choices
@@ -102,9 +103,9 @@ async def _respond(state: ServerState, http_request: HTTPRequest, fmt: ResponseF
 
 async def _stream(fmt: ResponseFormat, events: AsyncGenerator, num_choices: int,
                   prompt_tokens: int, include_usage: bool) -> AsyncIterator[bytes]:
-    """SSE: `data: {chunk}` per token (held-back stop-string text is never sent), then usage
-    when asked, then `data: [DONE]`."""
-    choices = [ChoiceState() for _ in range(num_choices)]
+    """SSE: `data: {chunk}` per token (held-back stop-string text and partial think tags are
+    never sent), then usage when asked, then `data: [DONE]`."""
+    choices = [fmt.new_choice() for _ in range(num_choices)]
     extra = {"usage": None} if include_usage else {}
     for chunk in fmt.first_chunks(num_choices):
         yield sse({**chunk, **extra})
@@ -114,10 +115,11 @@ async def _stream(fmt: ResponseFormat, events: AsyncGenerator, num_choices: int,
                 err = APIError(500, event.message, type="server_error", code="generation_failed")
                 yield sse(err.body())
                 return
-            offset = len(choices[index].text)
-            choices[index].add(event)
-            if event.text or event.finish_reason or fmt.logprobs:
-                yield sse({**fmt.chunk(index, event, offset), **extra})
+            choice = choices[index]
+            offset = len(choice.text)
+            piece = choice.add(event)
+            if piece.reasoning or piece.content or event.finish_reason or fmt.logprobs:
+                yield sse({**fmt.chunk(index, choice, event, piece, offset), **extra})
         if include_usage:
             yield sse(fmt.usage_chunk(choices, prompt_tokens))
         yield sse("[DONE]")

@@ -1,4 +1,5 @@
-"""The `hybrid` command: make-model, generate (text, ids, --json, logprobs), and the demo model."""
+"""The `hybrid` command: make-model, generate (text, ids, --json, logprobs), chat (in-process
+and against a live server), and the demo model."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from hybrid.gguf.reader import GGUFModelFile
 from hybrid.model.spec import read_spec
 from server.cli import main
+from tests.test_server_support import API_KEY, live_server  # noqa: F401
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -109,3 +111,53 @@ def test_chat_is_multi_turn_and_streams(models) -> None:
     turns = proc.stdout.split(">>> ")
     assert len(turns) == 4 and turns[0] == "" and turns[3] == ""
     assert all(t.endswith("\n") and len(t) > 1 for t in turns[1:3])
+
+
+def test_chat_url_streams_from_a_running_server(live_server) -> None:  # noqa: F811
+    import subprocess
+    import sys
+
+    import httpx
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "server.cli", "chat", "--url", live_server.url, "--api-key",
+         API_KEY, "--max-new-tokens", "5", "--temperature", "0", "--repetition-penalty", "1.2",
+         "--system", "Be brief."],
+        input="Hello\nAnd then?\n/exit\n", capture_output=True, text=True, timeout=120,
+        check=False)
+    assert proc.returncode == 0, proc.stderr
+    turns = proc.stdout.split(">>> ")
+    assert len(turns) == 4 and turns[0] == turns[3] == ""
+    messages = [{"role": "system", "content": "Be brief."}]
+    for line, turn in zip(("Hello", "And then?"), turns[1:3]):
+        messages.append({"role": "user", "content": line})
+        ref = httpx.post(f"{live_server.url}/v1/chat/completions", timeout=60, json={
+            "model": live_server.state.model.name, "messages": messages, "max_tokens": 5,
+            "temperature": 0, "repetition_penalty": 1.2},
+            headers={"Authorization": f"Bearer {API_KEY}"}).json()
+        reply = ref["choices"][0]["message"]["content"]
+        assert turn == reply + "\n"
+        messages.append({"role": "assistant", "content": reply})
+
+
+def test_chat_url_errors_are_one_line(capsys, live_server) -> None:  # noqa: F811
+    code, _, err = run(capsys, "chat", "--url", live_server.url, "--api-key", "wrong")
+    assert code == 2 and err == (f"error: {live_server.url}/v1/models answered 401: incorrect "
+                                 "API key provided\n")
+    code, _, err = run(capsys, "chat", "--url", "http://127.0.0.1:9")
+    assert code == 2 and err.startswith("error: cannot reach http://127.0.0.1:9: ")
+
+
+def test_bench_reports_latency_and_speed(capsys, live_server) -> None:  # noqa: F811
+    code, out, _ = run(capsys, "bench", "--url", live_server.url, "--api-key", API_KEY,
+                       "--concurrency", "2", "--num-requests", "3", "--prompt-len", "4",
+                       "--gen-len", "5", "--json")
+    assert code == 0
+    result = json.loads(out)
+    assert (result["concurrency"], result["num_requests"], result["total_tokens"]) == (2, 3, 15)
+    for key in ("ttft_mean_s", "ttft_p50_s", "itl_mean_s", "itl_p50_s",
+                "stream_tokens_per_s_mean", "aggregate_tokens_per_s"):
+        assert result[key] > 0, key
+    code, out, _ = run(capsys, "bench", "--url", live_server.url, "--api-key", API_KEY,
+                       "--num-requests", "1", "--gen-len", "2")
+    assert code == 0 and "TTFT mean / p50" in out and "aggregate tokens/s" in out

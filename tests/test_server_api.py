@@ -1,9 +1,11 @@
 """The official `openai` client against a live server: chat and completions, streaming and not,
-stop strings, logprobs, usage, n, seed, clamping; equality with `LLM.generate`; and cancel on
-disconnect (queued or running), checked through /health's counters."""
+stop strings, logprobs, usage, n, seed, clamping, penalties and min_p; equality with
+`LLM.generate`; --force-think's reasoning split; and cancel on disconnect (queued or running),
+checked through /health's counters."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -35,7 +37,6 @@ def test_models_lists_the_served_model(client: openai.OpenAI, model: str) -> Non
 
 def test_greedy_completion_equals_llm_generate(live_server, client, model) -> None:  # noqa: F811
     prompts = [PROMPT_IDS, [0, 100, 200, 300, 400], [0, 5, 6, 7]]
-    live_server.wait_idle()  # the model is not thread-safe: run the reference while idle
     params = SamplingParams(temperature=0, max_tokens=12, logprobs=0)
     ref = [o.outputs[0] for o in live_server.llm.generate(prompt_token_ids=prompts,
                                                           sampling_params=params)]
@@ -46,6 +47,60 @@ def test_greedy_completion_equals_llm_generate(live_server, client, model) -> No
         assert choice.logprobs.token_logprobs == pytest.approx(r.logprobs, abs=1e-5)
     assert got.usage.prompt_tokens == sum(map(len, prompts))
     assert got.usage.completion_tokens == 36
+
+
+def test_penalties_and_min_p_equal_llm_generate(live_server, client, model) -> None:  # noqa: F811
+    extras = {"min_p": 0.02, "repetition_penalty": 1.4}
+    for kwargs in ({"temperature": 0, "presence_penalty": 1.5, "frequency_penalty": 0.7},
+                   {"temperature": 0.8, "seed": 5, "presence_penalty": -0.5,
+                    "frequency_penalty": 0.3}):
+        params = SamplingParams(max_tokens=16, **kwargs, **extras)
+        ref = live_server.llm.generate(prompt_token_ids=[PROMPT_IDS], sampling_params=params)
+        got = client.completions.create(model=model, prompt=PROMPT_IDS, max_tokens=16,
+                                        extra_body=extras, **kwargs)
+        assert got.choices[0].text == ref[0].outputs[0].text
+    plain = client.completions.create(model=model, prompt=PROMPT_IDS, max_tokens=16,
+                                      temperature=0)
+    penalized = client.completions.create(model=model, prompt=PROMPT_IDS, max_tokens=16,
+                                          temperature=0, frequency_penalty=2)
+    assert plain.choices[0].text != penalized.choices[0].text  # greedy is steered too
+
+
+def test_force_think_splits_reasoning_from_the_answer(live_server) -> None:  # noqa: F811
+    from dataclasses import replace
+
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+    from server.reasoning import parse_whole
+
+    state = live_server.state  # the same engine, served by a second app with --force-think
+    app = create_app(replace(state, config=replace(state.config, force_think=True)))
+    tok = state.model.tokenizer
+    prompt_text = tok.apply_chat_template([{"role": "user", "content": "Why?"}])
+    assert not prompt_text.endswith("<think>\n")
+    ids = tok.encode(prompt_text + "<think>\n", add_bos=False)
+    body = {"model": state.model.name, "max_tokens": 24, "temperature": 0}
+    with TestClient(app, headers={"Authorization": f"Bearer {API_KEY}"}) as http:
+        ref = http.post("/v1/completions", json={**body, "prompt": ids, "logprobs": 0}).json()
+        whole = http.post("/v1/chat/completions", json={
+            **body, "messages": [{"role": "user", "content": "Why?"}]}).json()
+        with http.stream("POST", "/v1/chat/completions", json={
+                **body, "stream": True, "messages": [{"role": "user", "content": "Why?"}]}) as r:
+            chunks = [json.loads(line[6:]) for line in r.iter_lines()
+                      if line.startswith("data: {")]
+    assert whole["usage"]["prompt_tokens"] == len(ids)  # the prompt ends with "<think>\n"
+    # Token texts include control tokens ("</think>"), which the text of a completion skips.
+    tokens = ref["choices"][0]["logprobs"]["tokens"]
+    if ref["choices"][0]["finish_reason"] == "stop":
+        tokens = tokens[:-1]  # EOS
+    reasoning, answer = parse_whole("".join(tokens), in_think=True)
+    message = whole["choices"][0]["message"]
+    assert (message["reasoning_content"], message["content"]) == (reasoning, answer)
+    assert reasoning  # the synthetic model rambles; all of it before </think> is reasoning
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == reasoning
+    assert "".join(d.get("content", "") for d in deltas) == answer
 
 
 def test_concurrent_streams_equal_each_run_alone(live_server, client, model) -> None:  # noqa: F811

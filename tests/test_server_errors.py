@@ -1,5 +1,5 @@
-"""Malformed and hostile requests: each gets a 4xx with an OpenAI error body naming the problem,
-and the server keeps serving."""
+"""Malformed and hostile requests: each gets a 4xx with an OpenAI error body naming the problem
+(an Ollama one, `{"error": "..."}`, on the Ollama routes), and the server keeps serving."""
 
 from __future__ import annotations
 
@@ -82,8 +82,28 @@ CASES = [
      "tool_choice"),
     ("response-format-json", "POST", CHAT, chat(response_format={"type": "json_object"}), AUTH,
      400, "unsupported_parameter", "response_format of type 'json_object'"),
-    ("penalty", "POST", CHAT, chat(presence_penalty=0.5), AUTH, 400, "unsupported_parameter",
-     "presence penalty"),
+    ("presence-penalty-high", "POST", CHAT, chat(presence_penalty=2.5), AUTH, 400, None,
+     "presence_penalty: Input should be less than or equal to 2"),
+    ("frequency-penalty-low", "POST", COMPLETIONS, completion(frequency_penalty=-3), AUTH, 400,
+     None, "frequency_penalty: Input should be greater than or equal to -2"),
+    ("frequency-penalty-string", "POST", CHAT, chat(frequency_penalty="lots"), AUTH, 400, None,
+     "frequency_penalty"),
+    ("presence-penalty-overflow", "POST", CHAT, chat().replace(b'"max_tokens"',
+     b'"presence_penalty": 1e999, "max_tokens"'), AUTH, 400, None, "presence_penalty"),
+    ("repetition-penalty-zero", "POST", CHAT, chat(repetition_penalty=0), AUTH, 400, None,
+     "repetition_penalty: Input should be greater than 0"),
+    ("repetition-penalty-negative", "POST", COMPLETIONS, completion(repetition_penalty=-1.5),
+     AUTH, 400, None, "repetition_penalty"),
+    ("repetition-penalty-nan", "POST", CHAT, chat().replace(b'"max_tokens"',
+     b'"repetition_penalty": NaN, "max_tokens"'), AUTH, 400, None,
+     "repetition_penalty: Input should be a finite number"),
+    ("min-p-high", "POST", CHAT, chat(min_p=1.5), AUTH, 400, None,
+     "min_p: Input should be less than or equal to 1"),
+    ("min-p-negative", "POST", COMPLETIONS, completion(min_p=-0.1), AUTH, 400, None, "min_p"),
+    ("min-p-string", "POST", CHAT, chat(min_p="0.1"), AUTH, 400, None, "min_p"),
+    ("top-k-below-minus-one", "POST", CHAT, chat(top_k=-2), AUTH, 400, None, "top_k"),
+    ("logit-bias", "POST", CHAT, chat(logit_bias={"1": 5}), AUTH, 400, "unsupported_parameter",
+     "logit_bias"),
     ("unknown-field", "POST", CHAT, chat(frobnicate=1), AUTH, 400, "unknown_parameter",
      "unrecognized request argument supplied: frobnicate"),
     ("prompt-empty-list", "POST", COMPLETIONS, completion(prompt=[]), AUTH, 400, None, "prompt"),
@@ -101,6 +121,7 @@ CASES = [
     ("wrong-api-key", "POST", CHAT, chat(), {"Authorization": "Bearer nope"}, 401,
      "invalid_api_key", "incorrect API key"),
     ("models-need-key", "GET", "/v1/models", b"", {}, 401, "invalid_api_key", "API key"),
+    ("metrics-need-key", "GET", "/metrics", b"", {}, 401, "invalid_api_key", "missing API key"),
     ("unknown-route", "GET", "/v2/everything", b"", AUTH, 404, "not_found", "no route"),
     ("wrong-method", "GET", CHAT, b"", AUTH, 405, "method_not_allowed", "not allowed"),
     ("wrong-method-delete", "DELETE", "/v1/models", b"", AUTH, 405, "method_not_allowed",
@@ -122,6 +143,98 @@ def test_hostile_request_gets_openai_error(live_server, case) -> None:  # noqa: 
     assert phrase in error["message"]
 
 
+OLLAMA_CHAT, OLLAMA_GENERATE = "/api/chat", "/api/generate"
+
+
+def ollama_chat(**fields) -> bytes:
+    return json.dumps({"model": MODEL, "messages": HI, "stream": False,
+                       "options": {"num_predict": 2}, **fields}).encode()
+
+
+def ollama_generate(**fields) -> bytes:
+    return json.dumps({"model": MODEL, "prompt": "hi", "stream": False,
+                       "options": {"num_predict": 2}, **fields}).encode()
+
+
+# (id, method, path, body, headers, status, a phrase of the message)
+OLLAMA_CASES = [
+    ("bad-json", "POST", OLLAMA_CHAT, b'{"model": ', AUTH, 400, "not valid JSON"),
+    ("empty-body", "POST", OLLAMA_GENERATE, b"", AUTH, 400, "body is empty"),
+    ("invalid-utf8", "POST", OLLAMA_CHAT, b'{"model": "\xff"}', AUTH, 400, "not valid UTF-8"),
+    ("json-array", "POST", OLLAMA_CHAT, b"[]", AUTH, 400, "must be a JSON object"),
+    ("missing-model", "POST", OLLAMA_CHAT, json.dumps({"messages": HI}).encode(), AUTH, 400,
+     "model: Field required"),
+    ("unknown-model", "POST", OLLAMA_CHAT, ollama_chat(model="llama3"), AUTH, 404,
+     "model 'llama3' not found"),
+    ("unknown-model-generate", "POST", OLLAMA_GENERATE, ollama_generate(model="x:7b"), AUTH,
+     404, "not found"),
+    ("messages-not-list", "POST", OLLAMA_CHAT, ollama_chat(messages="hi"), AUTH, 400,
+     "messages"),
+    ("unknown-role", "POST", OLLAMA_CHAT, ollama_chat(messages=[{"role": "wizard",
+                                                                 "content": "x"}]), AUTH, 400,
+     "unknown role 'wizard'"),
+    ("tool-message", "POST", OLLAMA_CHAT, ollama_chat(messages=[{"role": "tool", "content": "x"}]),
+     AUTH, 400, "tool calling"),
+    ("images", "POST", OLLAMA_CHAT, ollama_chat(messages=[{"role": "user", "content": "x",
+                                                           "images": ["aGk="]}]), AUTH, 400,
+     "images is not supported"),
+    ("tools", "POST", OLLAMA_CHAT, ollama_chat(tools=[{"type": "function"}]), AUTH, 400,
+     "tool calling"),
+    ("format-json", "POST", OLLAMA_GENERATE, ollama_generate(format="json"), AUTH, 400,
+     "structured output"),
+    ("stream-string", "POST", OLLAMA_CHAT, ollama_chat(stream="yes"), AUTH, 400, "stream"),
+    ("options-not-object", "POST", OLLAMA_CHAT, ollama_chat(options=[1]), AUTH, 400, "options"),
+    ("unknown-option", "POST", OLLAMA_CHAT, ollama_chat(options={"mirostat": 2}), AUTH, 400,
+     "unrecognized request argument supplied: options.mirostat"),
+    ("unknown-field", "POST", OLLAMA_GENERATE, ollama_generate(frobnicate=1), AUTH, 400,
+     "frobnicate"),
+    ("num-predict-zero", "POST", OLLAMA_CHAT, ollama_chat(options={"num_predict": 0}), AUTH, 400,
+     "num_predict must be at least 1"),
+    ("num-predict-string", "POST", OLLAMA_GENERATE, ollama_generate(options={"num_predict": "5"}),
+     AUTH, 400, "num_predict"),
+    ("temperature-negative", "POST", OLLAMA_CHAT, ollama_chat(options={"temperature": -1}), AUTH,
+     400, "temperature"),
+    ("repeat-penalty-zero", "POST", OLLAMA_GENERATE, ollama_generate(options={"repeat_penalty": 0}),
+     AUTH, 400, "options.repeat_penalty: Input should be greater than 0"),
+    ("presence-penalty-high", "POST", OLLAMA_CHAT, ollama_chat(options={"presence_penalty": 5}),
+     AUTH, 400, "presence_penalty"),
+    ("frequency-penalty-low", "POST", OLLAMA_CHAT, ollama_chat(options={"frequency_penalty": -9}),
+     AUTH, 400, "frequency_penalty"),
+    ("min-p-high", "POST", OLLAMA_GENERATE, ollama_generate(options={"min_p": 2}), AUTH, 400,
+     "min_p"),
+    ("too-many-stops", "POST", OLLAMA_CHAT, ollama_chat(options={"stop": list("abcde")}), AUTH,
+     400, "stop"),
+    ("suffix", "POST", OLLAMA_GENERATE, ollama_generate(suffix="x"), AUTH, 400,
+     "suffix is not supported"),
+    ("context", "POST", OLLAMA_GENERATE, ollama_generate(context=[1, 2]), AUTH, 400, "context"),
+    ("raw-with-system", "POST", OLLAMA_GENERATE, ollama_generate(raw=True, system="x"), AUTH, 400,
+     "system has no effect with raw"),
+    ("show-unknown-model", "POST", "/api/show", json.dumps({"model": "nope"}).encode(), AUTH, 404,
+     "'nope' not found"),
+    ("show-no-model", "POST", "/api/show", b"{}", AUTH, 400, "model: Field required"),
+    ("missing-api-key", "POST", OLLAMA_CHAT, ollama_chat(), {}, 401, "missing API key"),
+    ("wrong-api-key", "GET", "/api/tags", b"", {"Authorization": "Bearer nope"}, 401,
+     "incorrect API key"),
+    ("oversized-body", "POST", OLLAMA_CHAT, b" " * (MAX_REQUEST_BYTES + 1), AUTH, 413,
+     f"limit of {MAX_REQUEST_BYTES} bytes"),
+    ("unknown-route", "POST", "/api/pull", b"{}", AUTH, 404, "no route POST /api/pull"),
+    ("wrong-method", "GET", OLLAMA_CHAT, b"", AUTH, 405, "not allowed"),
+]
+
+
+@pytest.mark.parametrize("case", OLLAMA_CASES, ids=[c[0] for c in OLLAMA_CASES])
+def test_hostile_ollama_request_gets_ollama_error(live_server, case) -> None:  # noqa: F811
+    _, method, path, body, headers, status, phrase = case
+    r = httpx.request(method, live_server.url + path, content=body or None,
+                      headers={"Content-Type": "application/json", **headers}, timeout=30)
+    assert r.status_code == status, r.text
+    assert list(r.json()) == ["error"] and phrase in r.json()["error"], r.text
+
+
+def test_there_are_enough_hostile_cases() -> None:
+    assert len(CASES) >= 40 and len(OLLAMA_CASES) >= 30
+
+
 def test_chunked_body_over_the_cap_is_413(live_server) -> None:  # noqa: F811
     def chunks():
         for _ in range(MAX_REQUEST_BYTES // 1024 + 2):
@@ -136,3 +249,5 @@ def test_server_keeps_serving_after_hostile_requests(live_server) -> None:  # no
     assert health.status_code == 200 and health.json()["num_failed"] == 0
     r = httpx.post(live_server.url + CHAT, content=chat(max_tokens=3), headers=AUTH, timeout=30)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 3
+    r = httpx.post(live_server.url + OLLAMA_CHAT, content=ollama_chat(), headers=AUTH, timeout=30)
+    assert r.status_code == 200 and r.json()["done"] is True and r.json()["eval_count"] <= 2

@@ -6,6 +6,7 @@ tiny synthetic V3 with cpu.yaml; `max_batch_size` 2 lets tests see queued reques
 
 from __future__ import annotations
 
+import functools
 import socket
 import threading
 import time
@@ -44,9 +45,14 @@ class LiveServer:
             assert time.monotonic() < deadline, "uvicorn did not start"
             time.sleep(0.02)
 
-    @property
+    @functools.cached_property
     def llm(self):
-        return self.state.worker.model
+        """An offline `LLM` on the same file and settings, for reference outputs: the served
+        engine belongs to its worker thread."""
+        from hybrid.engine.llm import LLM
+
+        engine = self.state.config.engine
+        return LLM(engine.gguf_path, engine.optimize_rules, engine_config=engine)
 
     def health(self) -> dict:
         return httpx.get(f"{self.url}/health", timeout=10).json()
@@ -89,7 +95,8 @@ def live_server(models) -> Iterator[LiveServer]:
     ({"max_batch_size": 0}, "max_batch_size must be between"),
     ({"max_request_bytes": 10}, "max_request_bytes must be at least"),
     ({"log_level": "loud"}, "log_level must be one of"),
-    ({"chunk_size": 4}, "unknown server setting(s): chunk_size"),
+    ({"chunk_size": 0}, "chunk_size must be between"),
+    ({"frobnicate": 4}, "unknown server setting(s): frobnicate"),
 ])
 def test_server_config_rejects_bad_values(values: dict, message: str) -> None:
     with pytest.raises(HybridError) as e:
@@ -115,4 +122,23 @@ def test_serve_cli_defaults_come_from_the_config() -> None:
     assert (args.host, args.port, args.max_new_tokens, args.max_batch_size, args.api_key,
             args.gguf_path) == (d.host, d.port, d.max_new_tokens, d.engine.max_batch_size,
                                 d.api_key, d.engine.gguf_path)
+    assert (args.chunk_size, args.cache_lens, args.page_size, args.cpu_threads,
+            args.force_think) == (d.engine.chunk_size, d.engine.cache_lens, d.engine.page_size,
+                                  d.engine.cpu_threads, d.force_think)
     assert d.host == "127.0.0.1"
+
+
+def test_serve_cli_passes_every_flag_to_the_config(monkeypatch) -> None:
+    import server.serve
+    from server.cli import main
+
+    seen = []
+    monkeypatch.setattr(server.serve, "serve", lambda config, progress=None: seen.append(config)
+                        or 0)
+    assert main(["serve", "--chunk-size", "128", "--cache-lens", "4096", "--page-size", "32",
+                 "--cpu-threads", "3", "--force-think", "--max-batch-size", "4"]) == 0
+    (config,) = seen
+    assert (config.engine.chunk_size, config.engine.cache_lens, config.engine.page_size,
+            config.engine.cpu_threads, config.engine.max_batch_size, config.force_think) == (
+        128, 4096, 32, 3, 4, True)
+    assert main(["serve", "--page-size", "64", "--cache-lens", "32"]) == 2  # one-line error

@@ -1,0 +1,88 @@
+"""`hybrid serve` and `hybrid bench`: their flags (defaults read from `ServerConfig`,
+`EngineConfig` and `BenchOptions`) and commands."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+
+# Engine and server settings `hybrid serve` takes as flags; each is a field of EngineConfig or
+# ServerConfig, passed by name to `ServerConfig.from_flat`.
+SERVE_SETTINGS = ("gguf_path", "optimize_rules", "max_batch_size", "chunk_size", "cache_lens",
+                  "page_size", "cpu_threads", "host", "port", "max_new_tokens", "api_key",
+                  "served_model_name", "max_request_bytes", "log_level", "force_think")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from server.cli import progress_bar
+    from server.config import ServerConfig
+    from server.serve import serve
+
+    config = ServerConfig.from_flat({name: getattr(args, name) for name in SERVE_SETTINGS})
+    return serve(config, progress=progress_bar("loading"))
+
+
+def add_serve_parser(sub: argparse._SubParsersAction) -> None:
+    from hybrid.engine.config import EngineConfig
+    from server.config import LOG_LEVELS, ServerConfig
+
+    e = {f.name: f.default for f in fields(EngineConfig)}
+    d = {f.name: f.default for f in fields(ServerConfig)}
+    p = sub.add_parser("serve", help="serve OpenAI- and Ollama-compatible APIs "
+                                     "(/v1/chat/completions, /api/chat, ...) and /metrics")
+    p.add_argument("--gguf-path", default=e["gguf_path"],
+                   help="a .gguf file, split part or folder (default: the built-in demo model)")
+    p.add_argument("--optimize-rules", default=e["optimize_rules"],
+                   help="bundled rule file name or path (default: cpu.yaml without a GPU)")
+    p.add_argument("--host", default=d["host"], help="address to listen on (0.0.0.0: all)")
+    p.add_argument("--port", type=int, default=d["port"])
+    p.add_argument("--max-new-tokens", type=int, default=d["max_new_tokens"],
+                   help="cap on tokens per request; larger max_tokens are clamped to it")
+    p.add_argument("--max-batch-size", type=int, default=e["max_batch_size"],
+                   help="requests in flight at once, run together in one batched forward per "
+                        "step (the rest queue FCFS)")
+    p.add_argument("--chunk-size", type=int, default=e["chunk_size"],
+                   help="prompt tokens prefilled per step, across requests (chunked prefill)")
+    p.add_argument("--cache-lens", type=int, default=e["cache_lens"],
+                   help="tokens the paged KV cache holds, over all requests")
+    p.add_argument("--page-size", type=int, default=e["page_size"],
+                   help="tokens per KV cache page")
+    p.add_argument("--cpu-threads", type=int, default=e["cpu_threads"],
+                   help="threads of the CPU expert kernels (default: physical cores minus one)")
+    p.add_argument("--api-key", default=d["api_key"],
+                   help="require 'Authorization: Bearer KEY' on every route but /health")
+    p.add_argument("--served-model-name", default=d["served_model_name"],
+                   help="the model name clients pass (default: the GGUF file's stem)")
+    p.add_argument("--max-request-bytes", type=int, default=d["max_request_bytes"],
+                   help="larger request bodies get a 413")
+    p.add_argument("--log-level", default=d["log_level"], choices=list(LOG_LEVELS))
+    p.add_argument("--force-think", action="store_true", default=d["force_think"],
+                   help="end chat prompts with '<think>\\n' (DeepSeek R1): the model reasons "
+                        "first; chat replies carry it apart (reasoning_content)")
+    p.set_defaults(func=cmd_serve)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from server.bench import BenchOptions, render, run_bench, to_json
+
+    opts = BenchOptions(args.url, args.concurrency, args.prompt_len, args.gen_len,
+                        args.num_requests, args.model, args.api_key)
+    result = run_bench(opts, progress=not args.json)
+    print(to_json(result) if args.json else render(result))
+    return 0
+
+
+def add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    from server.bench import BenchOptions
+
+    d = {f.name: f.default for f in fields(BenchOptions)}
+    p = sub.add_parser("bench", help="load a running server with concurrent streams")
+    p.add_argument("--url", default=d["url"], help="the server's base URL (without /v1)")
+    p.add_argument("--concurrency", type=int, default=d["concurrency"])
+    p.add_argument("--prompt-len", type=int, default=d["prompt_len"], help="prompt tokens")
+    p.add_argument("--gen-len", type=int, default=d["gen_len"], help="tokens per request")
+    p.add_argument("--num-requests", type=int, default=d["num_requests"])
+    p.add_argument("--model", default=d["model"], help="default: the server's first model")
+    p.add_argument("--api-key", default=d["api_key"])
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_bench)
