@@ -13,6 +13,11 @@ activation sums. Nothing is dequantized: per 8 rows and block the packed bytes a
     Q8_0 (288 B / 32): 8 steps x 32 B of code + 128; f32 d [8]                          1.059x
     Q5_0 (192 B / 32): nibbles of steps 0|1, 2|3, 4|5, 6|7; bit 4 of step i's codes in bit i
         (32 B); f32 d [8]                                                               1.091x
+    Q2_K (704 B / 256): per 16-col sub-block p, the 2-bit codes of steps 0..3 in bits 2i (32 B);
+        u8 scale | min << 4 [16 sub][8 rows]; f32 d [8], f32 dmin [8]                    1.048x
+    Q3_K (928 B / 256): 2-bit low codes as Q2_K (512 B); per pair of sub-blocks, bit 2 of step
+        i's codes in bit i (even p) or 4 + i (odd p) (32 B); int8 scale - 32 [16][8]; f32 d [8]
+        (codes c = low | hbit << 2 in 0..7, weight (c - 4) * d * scale)                 1.055x
 
 Rows are padded to a multiple of 8 with zero blocks (d = 0).
 """
@@ -33,6 +38,8 @@ PACKED_GEOMETRY: dict[int, tuple[int, int]] = {
     qt.Q6_K: (256, 1696),
     qt.Q8_0: (32, 288),
     qt.Q5_0: (32, 192),
+    qt.Q2_K: (256, 704),
+    qt.Q3_K: (256, 928),
 }
 
 
@@ -48,19 +55,28 @@ class PackedMatrix:
     data: np.ndarray  # [E, RG, row_group_bytes] uint8
 
     @classmethod
-    def of(cls, w: QuantMatrix) -> PackedMatrix:
+    def of(cls, w: QuantMatrix, rows: tuple[int, int] | None = None,
+           cols: tuple[int, int] | None = None) -> PackedMatrix:
+        """Pack W[:, rows[0]:rows[1], cols[0]:cols[1]] (default: all); cols on block bounds.
+
+        The copy is written by the calling thread, one expert at a time: its pages are placed
+        on that thread's NUMA node (first touch).
+        """
         if w.qtype not in PACKED_GEOMETRY:
             raise ValueError(f"no packed layout for {qt.type_name(w.qtype)}")
-        num_experts, rows, cols = w.shape
-        groups = -(-rows // ROWS)
+        r_lo, r_hi = rows or (0, w.rows)
+        c_lo, c_hi = cols or (0, w.cols)
+        b_lo, b_hi = qt.row_nbytes(w.qtype, c_lo), qt.row_nbytes(w.qtype, c_hi)
+        num_experts, num_rows, num_cols = w.num_experts, r_hi - r_lo, c_hi - c_lo
+        groups = -(-num_rows // ROWS)
         block_cols, block_bytes = PACKED_GEOMETRY[w.qtype]
-        data = np.empty((num_experts, groups, cols // block_cols * block_bytes), np.uint8)
+        data = np.empty((num_experts, groups, num_cols // block_cols * block_bytes), np.uint8)
         pack = _PACKERS[w.qtype]
         for e in range(num_experts):  # one expert at a time bounds the temporaries
-            raw = np.zeros((groups * ROWS, w.blocks.shape[2]), np.uint8)
-            raw[:rows] = w.blocks[e]
-            data[e] = pack(raw.reshape(groups, ROWS, cols // block_cols, -1)).reshape(groups, -1)
-        return cls(w.qtype, w.shape, data)
+            raw = np.zeros((groups * ROWS, b_hi - b_lo), np.uint8)
+            raw[:num_rows] = w.blocks[e, r_lo:r_hi, b_lo:b_hi]
+            data[e] = pack(raw.reshape(groups, ROWS, num_cols // block_cols, -1)).reshape(groups, -1)
+        return cls(w.qtype, (num_experts, num_rows, num_cols), data)
 
     @property
     def nbytes(self) -> int:
@@ -76,9 +92,11 @@ class PackedExperts:
     down: PackedMatrix
 
     @classmethod
-    def of(cls, experts: ExpertWeights) -> PackedExperts:
-        return cls(PackedMatrix.of(experts.gate), PackedMatrix.of(experts.up),
-                   PackedMatrix.of(experts.down))
+    def of(cls, experts: ExpertWeights, i_lo: int = 0, i_hi: int | None = None) -> PackedExperts:
+        """Pack the experts' intermediate rows i_lo:i_hi (gate/up rows, down columns)."""
+        rows = (i_lo, experts.intermediate_size if i_hi is None else i_hi)
+        return cls(PackedMatrix.of(experts.gate, rows=rows), PackedMatrix.of(experts.up, rows=rows),
+                   PackedMatrix.of(experts.down, cols=rows))
 
 
 def can_pack(qtype: int) -> bool:
@@ -158,4 +176,47 @@ def _pack_q5_0(raw: np.ndarray) -> np.ndarray:
     return np.concatenate([*nib, hb, _f16_to_f32_bytes(a[..., 0:2])], -1)
 
 
-_PACKERS = {qt.Q4_K: _pack_q4_k, qt.Q6_K: _pack_q6_k, qt.Q8_0: _pack_q8_0, qt.Q5_0: _pack_q5_0}
+def _low_codes(qs: np.ndarray) -> np.ndarray:
+    """Q2_K/Q3_K qs [..., 64] -> 2-bit codes [..., 256]: element 128 n + 32 j + l at bit 2j of
+    qs[32 n + l]."""
+    shifts = np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)
+    return ((qs.reshape(*qs.shape[:-1], 2, 1, 32) >> shifts) & 3).reshape(*qs.shape[:-1], 256)
+
+
+def _two_bit_steps(codes: np.ndarray) -> np.ndarray:
+    """codes [G, B, 8 rows, 256] (< 4) -> [G, B, 16 sub, 32]: step i of sub-block p in bits 2i."""
+    v = _steps(codes).reshape(*codes.shape[:2], 16, 4, 32)
+    return v[:, :, :, 0] | (v[:, :, :, 1] << 2) | (v[:, :, :, 2] << 4) | (v[:, :, :, 3] << 6)
+
+
+def _pack_q2_k(raw: np.ndarray) -> np.ndarray:
+    # raw: [G, 8 rows, B, 84] -> [G, B, 704]
+    a = raw.transpose(0, 2, 1, 3)
+    g, b = a.shape[:2]
+    codes = _two_bit_steps(_low_codes(a[..., 16:80])).reshape(g, b, 512)
+    scales = a[..., 0:16].transpose(0, 1, 3, 2).reshape(g, b, 128)
+    return np.concatenate([codes, scales, _f16_to_f32_bytes(a[..., 80:82]),
+                           _f16_to_f32_bytes(a[..., 82:84])], -1)
+
+
+def _pack_q3_k(raw: np.ndarray) -> np.ndarray:
+    # raw: [G, 8 rows, B, 110] -> [G, B, 928]
+    a = raw.transpose(0, 2, 1, 3)
+    g, b = a.shape[:2]
+    low = _two_bit_steps(_low_codes(a[..., 32:96])).reshape(g, b, 512)
+    # hmask: element 32 i + l has its bit at bit i of byte l
+    bits = np.arange(8, dtype=np.uint8).reshape(8, 1)
+    hbit = (a[..., 0:32].reshape(g, b, ROWS, 1, 32) >> bits) & 1
+    v = _steps(hbit.reshape(g, b, ROWS, 256)).reshape(g, b, 8, 2, 4, 32)  # [pair][odd][step]
+    nib = v[..., 0, :] | (v[..., 1, :] << 1) | (v[..., 2, :] << 2) | (v[..., 3, :] << 3)
+    high = (nib[:, :, :, 0] | (nib[:, :, :, 1] << 4)).reshape(g, b, 256)
+    s = a[..., 96:108]
+    lo = np.concatenate([s[..., 0:8] & 15, s[..., 0:8] >> 4], -1)
+    hi = np.concatenate([(s[..., 8:12] >> (2 * k)) & 3 for k in range(4)], -1)
+    sc = ((lo | (hi << 4)).astype(np.int16) - 32).astype(np.int8).view(np.uint8)
+    scales = sc.transpose(0, 1, 3, 2).reshape(g, b, 128)
+    return np.concatenate([low, high, scales, _f16_to_f32_bytes(a[..., 108:110])], -1)
+
+
+_PACKERS = {qt.Q4_K: _pack_q4_k, qt.Q6_K: _pack_q6_k, qt.Q8_0: _pack_q8_0, qt.Q5_0: _pack_q5_0,
+            qt.Q2_K: _pack_q2_k, qt.Q3_K: _pack_q3_k}

@@ -10,8 +10,9 @@ from numba import njit
 
 from cpu_kernels import qtypes as qt
 from cpu_kernels.packed_tiles import g32_tile, q4_k_tile, q6_k_tile
+from cpu_kernels.packed_tiles_low import q2_k_tile, q3_k_tile
 
-Q4_K, Q6_K, Q8_0, Q5_0 = qt.Q4_K, qt.Q6_K, qt.Q8_0, qt.Q5_0
+Q4_K, Q6_K, Q8_0, Q5_0, Q2_K, Q3_K = qt.Q4_K, qt.Q6_K, qt.Q8_0, qt.Q5_0, qt.Q2_K, qt.Q3_K
 
 
 def _specialize(body, nt: int, two: bool, block_bytes: int = 0):
@@ -35,6 +36,10 @@ Q6_K_0, Q6_K_1, Q6_K_2, Q6_K_3 = [_specialize(q6_k_tile, n, p) for p in (False, 
 Q8_0_0, Q8_0_1, Q8_0_2, Q8_0_3 = [_specialize(g32_tile, n, p, 288) for p in (False, True)
                                   for n in (1, 4)]
 Q5_0_0, Q5_0_1, Q5_0_2, Q5_0_3 = [_specialize(g32_tile, n, p, 192) for p in (False, True)
+                                  for n in (1, 4)]
+Q2_K_0, Q2_K_1, Q2_K_2, Q2_K_3 = [_specialize(q2_k_tile, n, p) for p in (False, True)
+                                  for n in (1, 4)]
+Q3_K_0, Q3_K_1, Q3_K_2, Q3_K_3 = [_specialize(q3_k_tile, n, p) for p in (False, True)
                                   for n in (1, 4)]
 
 
@@ -78,3 +83,21 @@ def packed_tile(qtype, pk, xq, lo_off, dx, xqsum, xsum4, t0, t1, t2, t3, nt, res
             Q5_0_2(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
         else:
             Q5_0_3(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
+    elif qtype == Q2_K:
+        if v == 0:
+            Q2_K_0(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
+        elif v == 1:
+            Q2_K_1(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
+        elif v == 2:
+            Q2_K_2(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
+        else:
+            Q2_K_3(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
+    elif qtype == Q3_K:
+        if v == 0:
+            Q3_K_0(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
+        elif v == 1:
+            Q3_K_1(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
+        elif v == 2:
+            Q3_K_2(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
+        else:
+            Q3_K_3(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)

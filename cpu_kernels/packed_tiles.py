@@ -3,12 +3,16 @@
 Per 4-column step: one load of 8 rows' codes, one vpdpbusd per activation row (and plane) with
 the 4 activations broadcast; per scale group: offset removal in int32 (activation sums), one
 convert and one multiply-add by (row scales x activation scale). The result is dot(exact
-weights, xq * dx) up to float32 rounding, like simd_dots.
+weights, xq * dx) up to float32 rounding.
 
 pk: [row_group_bytes] uint8 (one row group of one expert)  xq: [P * n, C] int8 (plane lo at
 flat offset lo_off)  dx, xqsum: [n, C/32] f32  xsum4: [n * C/4] int32 (flat)  t0..t3: activation rows
 res: [32] f32, res[8 i : 8 i + 8] = the 8 row dots of activation row t_i (i < nt).
-NOTE: like simd_dots, `nt` and the plane count are compile-time constants of each specialization.
+NOTE: `nt` and the plane count are compile-time constants of each specialization: the tile
+bodies are inlined into them by numba (inline="always"). The small helpers are plain functions
+that LLVM inlines: numba-level inlining copies the IR per call site, which made these
+specializations compile several times slower (the cold test suite took ~5 min, now ~2.5) for
+the same speed.
 """
 
 from __future__ import annotations
@@ -42,8 +46,8 @@ from cpu_kernels.simd_rows import (
 i32 = np.int32
 
 
-@njit(inline="always", cache=True)
-def _dp(hi, lo, q, xq, xo, lo_off, two):
+@njit(cache=True)
+def dp_planes(hi, lo, q, xq, xo, lo_off, two):
     """Accumulate codes q times the 4 activations at flat xq index xo (and its lo plane)."""
     hi = dpbusd(hi, q, bcast4(xq, xo))
     if two:
@@ -51,13 +55,13 @@ def _dp(hi, lo, q, xq, xo, lo_off, two):
     return hi, lo
 
 
-@njit(inline="always", cache=True)
-def _sum(hi, lo, two):
+@njit(cache=True)
+def plane_sum(hi, lo, two):
     return i32x8_combine(hi, lo, 8) if two else hi
 
 
-@njit(inline="always", cache=True)
-def _xsum(xsum4, o, n4):
+@njit(cache=True)
+def act_sum(xsum4, o, n4):
     """Sum of n4 consecutive per-4 activation sums from flat index o."""
     s = i32(0)
     for j in range(n4):
@@ -65,17 +69,17 @@ def _xsum(xsum4, o, n4):
     return s
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)
 def _q4k_chunk(lo, hi, xq, xo, lo_off, two, ah0, al0, bh0, bl0):
-    ah0, al0 = _dp(ah0, al0, lo, xq, xo, lo_off, two)
-    bh0, bl0 = _dp(bh0, bl0, hi, xq, xo + 32, lo_off, two)
+    ah0, al0 = dp_planes(ah0, al0, lo, xq, xo, lo_off, two)
+    bh0, bl0 = dp_planes(bh0, bl0, hi, xq, xo + 32, lo_off, two)
     return ah0, al0, bh0, bl0
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)
 def _q4k_fin(ah, al, bh, bl, two, s0, s1, m0, m1, dx, xqsum, t, g, acc):
-    acc = fma_i32(_sum(ah, al, two), f32x8_mul(s0, dx[t, g]), acc)
-    acc = fma_i32(_sum(bh, bl, two), f32x8_mul(s1, dx[t, g + 1]), acc)
+    acc = fma_i32(plane_sum(ah, al, two), f32x8_mul(s0, dx[t, g]), acc)
+    acc = fma_i32(plane_sum(bh, bl, two), f32x8_mul(s1, dx[t, g + 1]), acc)
     acc = f32x8_fnma(acc, m0, xqsum[t, g])
     return f32x8_fnma(acc, m1, xqsum[t, g + 1])
 
@@ -119,11 +123,11 @@ def q4_k_tile(pk, xq, lo_off, dx, xqsum, t0, t1, t2, t3, res, nt, two):
                 f1 = _q4k_fin(a1h, a1l, b1h, b1l, two, s0, s1, m0, m1, dx, xqsum, t1, g, f1)
                 f2 = _q4k_fin(a2h, a2l, b2h, b2l, two, s0, s1, m0, m1, dx, xqsum, t2, g, f2)
                 f3 = _q4k_fin(a3h, a3l, b3h, b3l, two, s0, s1, m0, m1, dx, xqsum, t3, g, f3)
-    _store(res, f0, f1, f2, f3, nt)
+    store_tiles(res, f0, f1, f2, f3, nt)
 
 
-@njit(inline="always", cache=True)
-def _store(res, f0, f1, f2, f3, nt):
+@njit(cache=True)
+def store_tiles(res, f0, f1, f2, f3, nt):
     store_f32x8(res, 0, f0)
     if nt > 1:
         store_f32x8(res, 8, f1)
@@ -131,14 +135,14 @@ def _store(res, f0, f1, f2, f3, nt):
         store_f32x8(res, 24, f3)
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)
 def _q6k_sub(q0, q1, q2, q3, xq, xo, lo_off, two, sv, dx, xsum4, t, g, acc):
     z = i32x8_zero()
-    h, lo = _dp(z, z, q0, xq, xo, lo_off, two)
-    h, lo = _dp(h, lo, q1, xq, xo + 4, lo_off, two)
-    h, lo = _dp(h, lo, q2, xq, xo + 8, lo_off, two)
-    h, lo = _dp(h, lo, q3, xq, xo + 12, lo_off, two)
-    s = i32x8_sub_s(_sum(h, lo, two), _xsum(xsum4, xo >> 2, 4) << 5)
+    h, lo = dp_planes(z, z, q0, xq, xo, lo_off, two)
+    h, lo = dp_planes(h, lo, q1, xq, xo + 4, lo_off, two)
+    h, lo = dp_planes(h, lo, q2, xq, xo + 8, lo_off, two)
+    h, lo = dp_planes(h, lo, q3, xq, xo + 12, lo_off, two)
+    s = i32x8_sub_s(plane_sum(h, lo, two), act_sum(xsum4, xo >> 2, 4) << 5)
     return fma_i32(s, f32x8_mul(sv, dx[t, g]), acc)
 
 
@@ -170,26 +174,26 @@ def q6_k_tile(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res, nt, two):
                               t2, g, f2)
                 f3 = _q6k_sub(q0, q1, q2, q3, xq, t3 * cols + xb, lo_off, two, sv, dx, xsum4,
                               t3, g, f3)
-    _store(res, f0, f1, f2, f3, nt)
+    store_tiles(res, f0, f1, f2, f3, nt)
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)
 def _g32_group(q0, q1, q2, q3, q4, q5, q6, q7, shift, xq, xo, lo_off, two, dv, dx, xsum4, t,
                g, acc):
     z = i32x8_zero()
-    h, lo = _dp(z, z, q0, xq, xo, lo_off, two)
-    h, lo = _dp(h, lo, q1, xq, xo + 4, lo_off, two)
-    h, lo = _dp(h, lo, q2, xq, xo + 8, lo_off, two)
-    h, lo = _dp(h, lo, q3, xq, xo + 12, lo_off, two)
-    h, lo = _dp(h, lo, q4, xq, xo + 16, lo_off, two)
-    h, lo = _dp(h, lo, q5, xq, xo + 20, lo_off, two)
-    h, lo = _dp(h, lo, q6, xq, xo + 24, lo_off, two)
-    h, lo = _dp(h, lo, q7, xq, xo + 28, lo_off, two)
-    s = i32x8_sub_s(_sum(h, lo, two), _xsum(xsum4, xo >> 2, 8) << shift)
+    h, lo = dp_planes(z, z, q0, xq, xo, lo_off, two)
+    h, lo = dp_planes(h, lo, q1, xq, xo + 4, lo_off, two)
+    h, lo = dp_planes(h, lo, q2, xq, xo + 8, lo_off, two)
+    h, lo = dp_planes(h, lo, q3, xq, xo + 12, lo_off, two)
+    h, lo = dp_planes(h, lo, q4, xq, xo + 16, lo_off, two)
+    h, lo = dp_planes(h, lo, q5, xq, xo + 20, lo_off, two)
+    h, lo = dp_planes(h, lo, q6, xq, xo + 24, lo_off, two)
+    h, lo = dp_planes(h, lo, q7, xq, xo + 28, lo_off, two)
+    s = i32x8_sub_s(plane_sum(h, lo, two), act_sum(xsum4, xo >> 2, 8) << shift)
     return fma_i32(s, f32x8_mul(dv, dx[t, g]), acc)
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)
 def _q5_bit(hb, i):
     """Bit i of each byte of hb, moved to bit 4."""
     if i < 4:
@@ -235,4 +239,4 @@ def g32_tile(block_bytes, pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res, nt, tw
                             two, dv, dx, xsum4, t2, g, f2)
             f3 = _g32_group(q0, q1, q2, q3, q4, q5, q6, q7, shift, xq, t3 * cols + xb, lo_off,
                             two, dv, dx, xsum4, t3, g, f3)
-    _store(res, f0, f1, f2, f3, nt)
+    store_tiles(res, f0, f1, f2, f3, nt)

@@ -15,6 +15,8 @@ from cpu_kernels.weights import ExpertWeights, QuantMatrix
 # qtype -> byte offsets of its f16 scale fields within a block, and the scale's magnitude
 _F16_FIELDS: dict[int, tuple[tuple[int, ...], float]] = {
     qt.Q8_0: ((0,), 1e-3),
+    qt.Q2_K: ((80,), 4e-3),
+    qt.Q3_K: ((108,), 2e-3),
     qt.Q4_0: ((0,), 1e-2),
     qt.Q5_0: ((0,), 5e-3),
     qt.Q4_K: ((0, 2), 1e-3),
@@ -46,6 +48,15 @@ def _centre_k4(rng: np.random.Generator, raw: np.ndarray, levels: int) -> None:
     raw[:, 4:16] = _pack_k4_scales(sc, mn)
 
 
+def _centre_q2_k(rng: np.random.Generator, raw: np.ndarray) -> None:
+    """Q2_K scales with min = scale and dmin = 1.5 d: each sub-block centred (codes average 1.5)."""
+    num_blocks = raw.shape[0]
+    d = raw[:, 80:82].copy().view(np.float16).astype(np.float32).reshape(-1)
+    raw[:, 82:84] = (d * 1.5).astype(np.float16).view(np.uint8).reshape(num_blocks, 2)
+    sc = rng.integers(4, 16, (num_blocks, 16)).astype(np.uint8)
+    raw[:, 0:16] = sc | (sc << 4)
+
+
 def random_blocks(rng: np.random.Generator, qtype: int, shape: tuple[int, int, int]) -> np.ndarray:
     """Bytes [E, rows, row_bytes] uint8 of valid random blocks of `qtype` for `shape` (E, R, C)."""
     num_experts, rows, cols = shape
@@ -64,6 +75,8 @@ def random_blocks(rng: np.random.Generator, qtype: int, shape: tuple[int, int, i
         raw[:, o:o + 2] = d.view(np.uint8).reshape(num_blocks, 2)
     if qtype in (qt.Q4_K, qt.Q5_K):
         _centre_k4(rng, raw, 16 if qtype == qt.Q4_K else 32)
+    if qtype == qt.Q2_K:
+        _centre_q2_k(rng, raw)
     return raw.reshape(num_experts, rows, nbytes)
 
 

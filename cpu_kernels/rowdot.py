@@ -28,10 +28,12 @@ from cpu_kernels.legacy_dots import (
     dot_q8_0,
     dot_q8_0_q8,
 )
+from cpu_kernels.low_kquant_dots import dot_q2_k, dot_q2_k_q8, dot_q3_k, dot_q3_k_q8
 
 f32 = np.float32
 Q4_K, Q5_K, Q6_K, Q8_0 = qt.Q4_K, qt.Q5_K, qt.Q6_K, qt.Q8_0
 Q4_0, Q5_0, BF16, F16 = qt.Q4_0, qt.Q5_0, qt.BF16, qt.F16
+Q2_K, Q3_K = qt.Q2_K, qt.Q3_K
 
 
 @njit(cache=True)
@@ -49,6 +51,10 @@ def row_dot_exact(qtype: int, row: np.ndarray, x: np.ndarray, xs: np.ndarray) ->
         return dot_q5_k(row, x, xs)
     if qtype == Q4_0:
         return dot_q4_0(row, x, xs)
+    if qtype == Q2_K:
+        return dot_q2_k(row, x, xs)
+    if qtype == Q3_K:
+        return dot_q3_k(row, x, xs)
     if qtype == BF16:
         return dot_bf16(row, x, xs)
     if qtype == F16:
@@ -72,6 +78,10 @@ def row_dot_fast(qtype: int, row: np.ndarray, x: np.ndarray, xq: np.ndarray, dx:
         return dot_q5_k_q8(row, xq, dx, xs)
     if qtype == Q4_0:
         return dot_q4_0_q8(row, xq, dx, xs)
+    if qtype == Q2_K:
+        return dot_q2_k_q8(row, xq, dx, xs)
+    if qtype == Q3_K:
+        return dot_q3_k_q8(row, xq, dx, xs)
     if qtype == BF16:
         return dot_bf16(row, x, xs)
     if qtype == F16:

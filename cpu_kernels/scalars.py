@@ -50,3 +50,11 @@ def k4_scale_min(s: np.ndarray, o: int, j: int) -> tuple[int, int]:
     sc = (s[o + j + 4] & 0xF) | ((s[o + j - 4] >> 6) << 4)
     mn = (s[o + j + 4] >> 4) | ((s[o + j] >> 6) << 4)
     return np.int64(sc), np.int64(mn)
+
+
+@njit(inline="always", cache=True)
+def k3_scale(s: np.ndarray, o: int, j: int) -> int:
+    """Signed scale (-32..31) of sub-block j from Q3_K's 12 packed bytes at s[o:o+12]."""
+    low = (s[o + (j & 7)] >> (4 * (j >> 3))) & 15
+    high = (s[o + 8 + (j & 3)] >> (2 * (j >> 2))) & 3
+    return np.int64(low | (high << 4)) - 32

@@ -63,6 +63,24 @@ load_f32x8_at = _load_8("f32", _F32)
 
 
 @intrinsic
+def load_u4x8_f32(typingctx, arr, idx, shift):
+    """The 4-bit fields at bit `shift` of 8 consecutive bytes from byte `idx`, as f32x8."""
+    if not (_is_array(arr, types.uint8) and isinstance(idx, types.Integer)
+            and isinstance(shift, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _element_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1],
+                           ir.VectorType(_I8, 8))
+        wide = builder.zext(builder.load(ptr, align=1), _V8I32)
+        s = context.cast(builder, args[2], sig.args[2], types.int32)
+        nib = builder.and_(builder.lshr(wide, _splat_i32(builder, s)), _splat_i32(
+            builder, ir.Constant(_I32, 15)))
+        return builder.sitofp(nib, _V8F32)
+    return f32x8(arr, idx, shift), codegen
+
+
+@intrinsic
 def store_f32x8(typingctx, arr, idx, v):
     """arr[idx:idx+8] = v for a float32 array (flat index)."""
     if not (_is_array(arr, types.float32) and isinstance(idx, types.Integer) and v == f32x8):

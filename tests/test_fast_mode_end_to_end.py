@@ -26,9 +26,10 @@ _rng = np.random.default_rng(1)
 PROMPTS = [[0, *map(int, _rng.integers(3, 4000, size=12))] for _ in range(8)]
 
 
-@pytest.mark.parametrize("preset", ["tiny-v3", "tiny-v2-lite"])
-def test_fast_agrees_with_exact_on_most_prompts(models, tmp_path, preset: str) -> None:
-    path = str(models.path(preset, "q4_k_m"))
+@pytest.mark.parametrize("preset, quant", [("tiny-v3", "q4_k_m"), ("tiny-v2-lite", "q4_k_m"),
+                                           ("tiny-v3", "q2_k")])
+def test_fast_agrees_with_exact_on_most_prompts(models, tmp_path, preset: str, quant: str) -> None:
+    path = str(models.path(preset, quant))
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     outputs = {}
     for mode in ("exact", "fast"):
@@ -39,6 +40,6 @@ def test_fast_agrees_with_exact_on_most_prompts(models, tmp_path, preset: str) -
                          for o in llm.generate(prompt_token_ids=PROMPTS, sampling_params=params)]
     same = sum(a == b for a, b in zip(outputs["exact"], outputs["fast"]))
     first = sum(a[:4] == b[:4] for a, b in zip(outputs["exact"], outputs["fast"]))
-    print(f"{preset}: {same}/{len(PROMPTS)} prompts identical over 16 tokens, "
+    print(f"{preset} {quant}: {same}/{len(PROMPTS)} prompts identical over 16 tokens, "
           f"{first}/{len(PROMPTS)} over the first 4")
     assert same >= len(PROMPTS) * 5 // 8

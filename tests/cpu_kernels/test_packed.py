@@ -14,7 +14,7 @@ from cpu_kernels.q8_activations import Q8Activations, dequantize_ref
 from cpu_kernels.random_blocks import random_experts, random_matrix
 from cpu_kernels.reference import dequantize, moe_forward_ref, rel_error
 
-TYPES = [qt.Q4_K, qt.Q6_K, qt.Q8_0, qt.Q5_0]
+TYPES = [qt.Q4_K, qt.Q6_K, qt.Q8_0, qt.Q5_0, qt.Q2_K, qt.Q3_K]
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=qt.type_name)
@@ -41,7 +41,7 @@ def test_packed_tile_is_exact_on_quantized_activations(qtype: int) -> None:
 
 
 MIXES = [(qt.Q4_K, qt.Q4_K, qt.Q6_K), (qt.Q4_K, qt.Q4_K, qt.Q4_K), (qt.Q5_0, qt.Q5_0, qt.Q8_0),
-         (qt.Q8_0, qt.Q6_K, qt.Q5_0)]
+         (qt.Q8_0, qt.Q6_K, qt.Q5_0), (qt.Q4_K, qt.Q3_K, qt.Q2_K)]
 
 
 @pytest.mark.parametrize("mix", MIXES, ids=lambda m: "-".join(map(qt.type_name, m)))
@@ -66,7 +66,8 @@ def test_packed_moe_matches_reference(mix: tuple[int, int, int]) -> None:
 
 def test_packed_bytes_stay_near_gguf_bytes() -> None:
     rng = np.random.default_rng(3)
-    for qtype, limit in [(qt.Q4_K, 1.06), (qt.Q6_K, 1.01), (qt.Q8_0, 1.06), (qt.Q5_0, 1.1)]:
+    for qtype, limit in [(qt.Q4_K, 1.06), (qt.Q6_K, 1.01), (qt.Q8_0, 1.06), (qt.Q5_0, 1.1),
+                         (qt.Q2_K, 1.05), (qt.Q3_K, 1.06)]:
         w = random_matrix(rng, qtype, (2, 16, 512))
         assert PackedMatrix.of(w).nbytes <= limit * w.nbytes, qt.type_name(qtype)
 
