@@ -1,11 +1,16 @@
 """Quantized CPU kernels for the routed experts of DeepSeek MoE layers.
 
-Kernels compute directly on GGUF blocks (Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_0, BF16, F16) with
-numba; nothing here imports `hybrid`. Modes: `exact` (float32 math on the exactly dequantized
-weights, <= 1e-5 relative error against float64) and `fast` (x quantized to int8 per 32-group
-for gate/up, h to int16 as two int8 planes for down, vpdpbusd dot products on the exact weights
-for Q4_K/Q6_K/Q8_0/Q5_0 (simd_dots), scalar int8 dots for the other types; measured 0.74-0.83%
-per layer on random blocks, nearly all of it from the int8 x).
+Kernels compute directly on GGUF blocks (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_0, BF16,
+F16) with numba; nothing here imports `hybrid`. Modes: `exact` (float32 math on the exactly
+dequantized weights, <= 1e-5 relative error against float64) and `fast` (x quantized to int8 per
+32-group for gate/up, h to int16 as two int8 planes for down, vpdpbusd dot products on the exact
+weights, repacked at load time (packed.py), for Q2_K/Q3_K/Q4_K/Q6_K/Q8_0/Q5_0; scalar int8 dots
+for the other types; measured 0.70-0.83% per layer on random blocks (Q2_K/Q3_K mixes
+0.73-0.83%), nearly all of it from the int8 x).
+
+`moe_forward` runs synchronously on numba's threads. `MoEPool` (pool.py) runs it asynchronously
+on persistent worker threads, one group per NUMA node, each computing a slice of the experts'
+intermediate rows (placement.py, topology.py).
 
 NOTE: numba's on-disk cache (cache=True) keys a kernel on its own file only; after editing a
 kernel file, delete cpu_kernels/__pycache__/*.nbi/*.nbc or callers in other files run stale code.
@@ -14,7 +19,10 @@ kernel file, delete cpu_kernels/__pycache__/*.nbi/*.nbc or callers in other file
 from __future__ import annotations
 
 from cpu_kernels.matmul import quant_matmul
-from cpu_kernels.moe import group_by_expert, moe_forward
+from cpu_kernels.moe import moe_forward
+from cpu_kernels.pool import MoEPool
+from cpu_kernels.routing import group_by_expert
 from cpu_kernels.weights import ExpertWeights, QuantMatrix
 
-__all__ = ["ExpertWeights", "QuantMatrix", "group_by_expert", "moe_forward", "quant_matmul"]
+__all__ = ["ExpertWeights", "MoEPool", "QuantMatrix", "group_by_expert", "moe_forward",
+           "quant_matmul"]

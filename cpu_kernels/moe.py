@@ -1,8 +1,9 @@
 """The fused routed-expert MoE forward on quantized GGUF blocks.
 
 For each token t: out[t] = sum_k w[t, k] * down_e(silu(gate_e x[t]) * up_e x[t]), e = ids[t, k].
-Tokens are grouped by expert, so every selected expert's rows are read once per call whatever T
-is: phase 1 splits (expert, block of I rows) across threads and computes h for the expert's
+Tokens are grouped by expert (routing.route) and x is prepared inside the kernel, so a call
+costs one numba dispatch and no other Python. Every selected expert's rows are read once per
+call whatever T is: phase 1 splits (expert, block of I rows) across threads and computes h for the expert's
 tokens; phase 2 splits H rows across threads, each summing over all experts into its own rows of
 out (no two threads write the same element). Within a task each weight row is decoded once per
 tile of up to 4 of its tokens (tile_dot). `fast` mode on packable types runs packed_moe instead.
@@ -10,34 +11,26 @@ tile of up to 4 of its tokens (tile_dot). `fast` mode on packable types runs pac
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from numba import njit, prange
 
+from cpu_kernels.clock import cycles
 from cpu_kernels.matmul import check_mode
 from cpu_kernels.packed_moe import packed_moe_kernel
-from cpu_kernels.q8_activations import Q8Activations, quantize_row
-from cpu_kernels.rowdot import prepare_activations, prepare_row
+from cpu_kernels.q8_activations import quantize_row
+from cpu_kernels.qtypes import row_nbytes
+from cpu_kernels.routing import route
+from cpu_kernels.rowdot import prepare_row
 from cpu_kernels.tile_dot import TILE, tile_dot
 from cpu_kernels.weights import ExpertWeights
 
+if TYPE_CHECKING:
+    from cpu_kernels.packed import PackedExperts
+
 f32 = np.float32
 ROWS_PER_TASK = 16
-
-
-def group_by_expert(topk_ids: np.ndarray, topk_weights: np.ndarray
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(expert_ids [U], offsets [U+1], token_ids [N], weights [N]) with N = T*K.
-
-    Slots offsets[u]:offsets[u+1] are the (token, weight) pairs routed to expert_ids[u].
-    """
-    flat = topk_ids.reshape(-1).astype(np.int64)
-    order = np.argsort(flat, kind="stable")
-    expert_ids, counts = np.unique(flat[order], return_counts=True)
-    offsets = np.zeros(expert_ids.size + 1, np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    token_ids = order // topk_ids.shape[1]
-    weights = np.ascontiguousarray(topk_weights.reshape(-1)[order], dtype=np.float32)
-    return expert_ids, offsets, token_ids, weights
 
 
 @njit(inline="always", cache=True)
@@ -49,26 +42,46 @@ def _tile_tokens(ids: np.ndarray, k0: int, nt: int) -> tuple[int, int, int, int]
 
 @njit(parallel=True, nogil=True, cache=True)
 def _moe_kernel(gate_type: int, gate_w: np.ndarray, up_type: int, up_w: np.ndarray,
-                down_type: int, down_w: np.ndarray, fast: bool, x: np.ndarray, xs: np.ndarray,
-                xq: np.ndarray, dx: np.ndarray, xqsum: np.ndarray, xsum4: np.ndarray,
-                expert_ids: np.ndarray, offsets: np.ndarray, token_ids: np.ndarray,
-                weights: np.ndarray, h: np.ndarray, hs: np.ndarray,
-                hq: np.ndarray, hd: np.ndarray, hqsum: np.ndarray, hsum4: np.ndarray,
-                out: np.ndarray) -> None:
-    # gate_w, up_w: [E, I, bytes]  down_w: [E, H, bytes]  x: [T, H]  xs, dx, xqsum: [T, H/32]
-    # xq: [T, H] (fast)  xsum4: [T, H/4]  expert_ids: [U]  offsets: [U+1]
-    # token_ids, weights: [N]  h: [N, I] with its sums / int8 forms (by mode)  out: [T, H]
+                down_type: int, down_w: np.ndarray, i_lo: int, i_hi: int, d_lo: int, d_hi: int,
+                fast: bool, x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
+                out: np.ndarray, stamps: np.ndarray) -> None:
+    # gate_w, up_w: [E, I, bytes]  down_w: [E, H, bytes]  x: [T, H] f32  topk_ids: [T, K] int64
+    # topk_weights: [T, K] f32  out: [T, H] f32. Intermediate rows i_lo:i_hi only: those rows
+    # of gate/up and bytes d_lo:d_hi of each down row. stamps: [2] int64, cycles at entry, exit.
+    stamps[0] = cycles()
+    expert_ids, offsets, token_ids, weights = route(topk_ids, topk_weights, gate_w.shape[0])
+    num_tokens, hidden = x.shape
     num_used = expert_ids.shape[0]
-    inter = gate_w.shape[1]
-    hidden = down_w.shape[1]
+    num_slots = token_ids.shape[0]
+    inter = i_hi - i_lo
+    # each mode leaves the other's activation buffers empty: its kernels never read them
+    # x: exact sums xs [T, H/32]; fast xq [T, H] int8  dx, xqsum [T, H/32]  xsum4 [T, H/4]
+    xs = np.empty((num_tokens, 0 if fast else hidden // 32), f32)
+    xq = np.empty((num_tokens, hidden if fast else 0), np.int8)
+    dx = np.empty((num_tokens, hidden // 32 if fast else 0), f32)
+    xqsum = np.empty((num_tokens, hidden // 32 if fast else 0), f32)
+    xsum4 = np.empty((num_tokens, hidden // 4 if fast else 0), np.int32)
+    for t in prange(num_tokens):
+        if fast:
+            quantize_row(x[t], xq[t], xq[t, :0], dx[t], xqsum[t], xsum4[t])
+        else:
+            prepare_row(x[t], xs[t], xq[t], dx[t], False)
+    # h [N, Is] f32 and its sums hs [N, Is/32]; fast: int16 in two planes hq [2N, Is] int8
+    # hd, hqsum [N, Is/32]  hsum4 [N, Is/4]
+    h = np.empty((num_slots, inter), f32)
+    hs = np.empty((num_slots, inter // 32), f32)
+    hq = np.empty((2 * num_slots if fast else num_slots, inter if fast else 0), np.int8)
+    hd = np.empty((num_slots, inter // 32 if fast else 0), f32)
+    hqsum = np.empty((num_slots, inter // 32 if fast else 0), f32)
+    hsum4 = np.empty((num_slots, inter // 4 if fast else 0), np.int32)
     tasks_i = (inter + ROWS_PER_TASK - 1) // ROWS_PER_TASK
     for task in prange(num_used * tasks_i):
         u = task // tasks_i
         r0 = (task % tasks_i) * ROWS_PER_TASK
         e = expert_ids[u]
         for r in range(r0, min(inter, r0 + ROWS_PER_TASK)):
-            grow = gate_w[e, r]
-            urow = up_w[e, r]
+            grow = gate_w[e, i_lo + r]
+            urow = up_w[e, i_lo + r]
             for k0 in range(offsets[u], offsets[u + 1], TILE):
                 nt = min(TILE, offsets[u + 1] - k0)
                 t0, t1, t2, t3 = _tile_tokens(token_ids, k0, nt)
@@ -77,7 +90,6 @@ def _moe_kernel(gate_type: int, gate_w: np.ndarray, up_type: int, up_w: np.ndarr
                 for i in range(nt):
                     # the routing weight scales h: down is linear, so w * down(h) = down(w * h)
                     h[k0 + i, r] = weights[k0 + i] * v[i] * g[i] / (f32(1.0) + np.exp(-g[i]))
-    num_slots = h.shape[0]
     for k in prange(num_slots):
         prepare_row(h[k], hs[k], hq[k], hd[k], False)
         if fast:  # h as int16 in two planes: int8 h would double fast mode's error
@@ -93,7 +105,7 @@ def _moe_kernel(gate_type: int, gate_w: np.ndarray, up_type: int, up_w: np.ndarr
         for u in range(num_used):
             e = expert_ids[u]
             for r in range(r0, r1):
-                drow = down_w[e, r]
+                drow = down_w[e, r, d_lo:d_hi]
                 for k0 in range(offsets[u], offsets[u + 1], TILE):
                     nt = min(TILE, offsets[u + 1] - k0)
                     y = tile_dot(fast, down_type, drow, h, hs, hq, h_lo, hd, hqsum, k0,
@@ -101,6 +113,7 @@ def _moe_kernel(gate_type: int, gate_w: np.ndarray, up_type: int, up_w: np.ndarr
                                  nt)
                     for i in range(nt):
                         out[token_ids[k0 + i], r] += y[i]
+    stamps[1] = cycles()
 
 
 def moe_forward(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
@@ -115,34 +128,43 @@ def moe_forward(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
     scalar kernels on the blocks (down then in float32 on the exact h).
     """
     fast = check_mode(mode)
+    check_inputs(x, topk_ids, topk_weights, experts, out)
+    packed = experts.pack().packed if fast else None
+    run_moe(x, topk_ids, topk_weights, experts, packed, 0, out, fast, np.empty(2, np.int64))
+
+
+def check_inputs(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
+                 experts: ExpertWeights, out: np.ndarray) -> None:
+    """Raise ValueError unless the shapes fit each other and the expert ids are in range."""
     num_tokens, hidden = x.shape
-    inter = experts.intermediate_size
     if hidden != experts.hidden_size or out.shape != x.shape:
         raise ValueError(f"x {x.shape}, out {out.shape} do not fit experts H={experts.hidden_size}")
     if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != num_tokens:
         raise ValueError(f"topk_ids {topk_ids.shape} / weights {topk_weights.shape} vs T={num_tokens}")
     if topk_ids.size and (topk_ids.min() < 0 or topk_ids.max() >= experts.num_experts):
         raise ValueError(f"expert ids outside [0, {experts.num_experts})")
+
+
+def run_moe(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
+            experts: ExpertWeights, packed: PackedExperts | None, i_lo: int, out: np.ndarray,
+            fast: bool, stamps: np.ndarray, i_hi: int | None = None) -> None:
+    """The MoE restricted to intermediate rows i_lo:i_hi (default: to the end), into `out`.
+
+    `packed` (fast mode only) holds exactly those rows when given; otherwise the blocks run.
+    The sum of `out` over slices that cover 0:I is the MoE. Inputs are checked by the caller.
+    stamps: [2] int64, the kernel's cycle counter at entry and exit.
+    """
+    # one dtype each: every other would compile the whole kernel again
     x = np.ascontiguousarray(x, dtype=np.float32)
-    expert_ids, offsets, token_ids, weights = group_by_expert(topk_ids, topk_weights)
-    num_slots = token_ids.size
-    # each mode passes empty buffers for the other's activations: its kernels never read them
-    xs = np.empty((num_tokens, 0 if fast else hidden // 32), np.float32)
-    if fast:
-        xa, ha = Q8Activations.of(x), Q8Activations.empty(num_slots, inter, planes=2)
-    else:
-        prepare_activations(x, xs, np.empty((num_tokens, 0), np.int8),
-                            np.empty((num_tokens, 0), np.float32), False)
-        xa, ha = Q8Activations.empty(num_tokens, 0), Q8Activations.empty(num_slots, 0)
-    h = np.empty((num_slots, inter), np.float32)
-    pk = experts.pack().packed if fast else None
-    if pk is not None:
+    topk_ids = np.ascontiguousarray(topk_ids, dtype=np.int64)
+    topk_weights = np.ascontiguousarray(topk_weights, dtype=np.float32)
+    if packed is not None:
+        pk = packed
         packed_moe_kernel(pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data, pk.down.qtype,
-                          pk.down.data, xa.xq, xa.dx, xa.xqsum, xa.xsum4.reshape(-1), expert_ids,
-                          offsets, token_ids, weights, h, ha.xq, ha.dx, ha.xqsum, ha.xsum4, out)
+                          pk.down.data, x, topk_ids, topk_weights, out, stamps)
         return
-    hs = np.empty((num_slots, inter // 32), np.float32)
+    i_hi = experts.intermediate_size if i_hi is None else i_hi
     g, u, d = experts.gate, experts.up, experts.down
-    _moe_kernel(g.qtype, g.blocks, u.qtype, u.blocks, d.qtype, d.blocks, fast, x, xs, xa.xq,
-                xa.dx, xa.xqsum, xa.xsum4, expert_ids, offsets, token_ids, weights,
-                h, hs, ha.xq, ha.dx, ha.xqsum, ha.xsum4, out)
+    _moe_kernel(g.qtype, g.blocks, u.qtype, u.blocks, d.qtype, d.blocks, i_lo, i_hi,
+                row_nbytes(d.qtype, i_lo), row_nbytes(d.qtype, i_hi), fast, x, topk_ids,
+                topk_weights, out, stamps)

@@ -1,6 +1,7 @@
 """The fused MoE forward in `fast` mode on packed weights (packed.py, packed_tiles.py).
 
-Same math and phases as moe.py: phase 1 splits (expert, group of 8 I rows) across threads and
+Same math and phases as moe.py: routing and x's quantization inside the kernel (no per-call
+Python work but the call), then phase 1 splits (expert, group of 8 I rows) across threads and
 computes w * silu(gate x) * up x for the expert's tokens, 4 at a time; h is quantized to two int8
 planes per slot; phase 2 splits groups of 8 H rows across threads, each summing over all experts
 into its own rows of out (no two threads write the same element).
@@ -11,8 +12,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from cpu_kernels.clock import cycles
 from cpu_kernels.packed_dot import packed_tile
 from cpu_kernels.q8_activations import quantize_row
+from cpu_kernels.routing import route
 
 f32 = np.float32
 TILE = 4
@@ -20,17 +23,31 @@ TILE = 4
 
 @njit(parallel=True, nogil=True, cache=True)
 def packed_moe_kernel(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk: np.ndarray,
-                      down_type: int, down_pk: np.ndarray, xq: np.ndarray, dx: np.ndarray,
-                      xqsum: np.ndarray, xsum4: np.ndarray, expert_ids: np.ndarray,
-                      offsets: np.ndarray, token_ids: np.ndarray, weights: np.ndarray,
-                      h: np.ndarray, hq: np.ndarray, hd: np.ndarray, hqsum: np.ndarray,
-                      hsum4: np.ndarray, out: np.ndarray) -> None:
-    # gate_pk, up_pk: [E, I/8, bytes]  down_pk: [E, H/8, bytes]  xq: [T, H] int8  dx, xqsum:
-    # [T, H/32]  xsum4: [T * H/4]  expert_ids: [U]  offsets: [U+1]  token_ids, weights: [N]
-    # h: [N, I] f32  hq: [2N, I] int8  hd, hqsum: [N, I/32]  hsum4: [N, I/4]  out: [T, H]
+                      down_type: int, down_pk: np.ndarray, x: np.ndarray, topk_ids: np.ndarray,
+                      topk_weights: np.ndarray, out: np.ndarray, stamps: np.ndarray) -> None:
+    # gate_pk, up_pk: [E, I/8, bytes]  down_pk: [E, H/8, bytes]  x: [T, H] f32
+    # topk_ids: [T, K] int64  topk_weights: [T, K] f32  out: [T, H] f32
+    # stamps: [2] int64, cycle counter at entry and exit
+    stamps[0] = cycles()
+    expert_ids, offsets, token_ids, weights = route(topk_ids, topk_weights, gate_pk.shape[0])
+    num_tokens, hidden = x.shape
     num_used = expert_ids.shape[0]
-    inter = h.shape[1]
-    hidden = out.shape[1]
+    inter = 8 * gate_pk.shape[1]  # I is whole 32-groups (down's columns): no padded rows
+    num_slots = token_ids.shape[0]
+    # x as int8 per 32-group: xq [T, H]  dx, xqsum [T, H/32]  xsum4 [T * H/4] (flat)
+    xq = np.empty((num_tokens, hidden), np.int8)
+    dx = np.empty((num_tokens, hidden // 32), f32)
+    xqsum = np.empty((num_tokens, hidden // 32), f32)
+    xsum4 = np.empty(num_tokens * (hidden // 4), np.int32)
+    for t in prange(num_tokens):
+        quantize_row(x[t], xq[t], xq[t, :0], dx[t], xqsum[t],
+                     xsum4[t * (hidden // 4):(t + 1) * (hidden // 4)])
+    # h [N, I] f32, then int16 in two int8 planes: hq [2N, I]  hd, hqsum [N, I/32]  hsum4 [N, I/4]
+    h = np.empty((num_slots, inter), f32)
+    hq = np.empty((2 * num_slots, inter), np.int8)
+    hd = np.empty((num_slots, inter // 32), f32)
+    hqsum = np.empty((num_slots, inter // 32), f32)
+    hsum4 = np.empty((num_slots, inter // 4), np.int32)
     groups_i = gate_pk.shape[1]
     for task in prange(num_used * groups_i):
         u = task // groups_i
@@ -49,10 +66,9 @@ def packed_moe_kernel(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk: 
             for i in range(nt):
                 # the routing weight scales h: down is linear, so w * down(h) = down(w * h)
                 w = weights[k0 + i]
-                for lane in range(min(8, inter - 8 * rg)):
+                for lane in range(8):
                     g = gres[8 * i + lane]
                     h[k0 + i, 8 * rg + lane] = w * ures[8 * i + lane] * g / (f32(1.0) + np.exp(-g))
-    num_slots = h.shape[0]
     for k in prange(num_slots):
         # h as int16 in two planes: int8 h would double fast mode's error
         quantize_row(h[k], hq[k], hq[num_slots + k], hd[k], hqsum[k], hsum4[k])
@@ -76,3 +92,4 @@ def packed_moe_kernel(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk: 
                     t = token_ids[k0 + i]
                     for lane in range(lanes):
                         out[t, r0 + lane] += res[8 * i + lane]
+    stamps[1] = cycles()

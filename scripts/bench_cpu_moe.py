@@ -6,7 +6,10 @@ Q5_0 gate/up and Q8_0 down, llama.cpp's fallbacks), random valid blocks made in-
 per layer, GB/s of distinct expert weights read and the percentage of the read bandwidth measured in
 the same run. `fast` mode runs on the packed copy (`ExpertWeights.pack()`, timed once per shape as
 load-time work). `--resident` caps the experts held in memory (routing draws from those), so the
-script fits small machines; `--quick` is a short run for 2-core CI machines.
+script fits small machines; `--quick` is a short run for 2-core CI machines. Then, at T=1, the
+per-call overhead of the synchronous call (outside its kernel) and the wake-up latency of a
+MoEPool with `--pool-threads` threads (submit -> kernel start, kernel end -> wait() returns),
+in microseconds, from cycle stamps the kernels write.
 
     python scripts/bench_cpu_moe.py --quick
     python scripts/bench_cpu_moe.py --shapes v3 --tokens 1,8,128 --threads 16 --json rows.json
@@ -23,13 +26,19 @@ import numpy as np
 from numba import njit, prange
 
 from cpu_kernels import qtypes as qt
+from cpu_kernels.latency import call_overhead, pool_latency
 from cpu_kernels.moe import moe_forward
+from cpu_kernels.pool import MoEPool
 from cpu_kernels.random_blocks import random_experts
 
 SHAPES = {
     # name: (hidden, inter, num_experts, top_k, gate/up type, down type)
     "v3": (7168, 2048, 256, 8, qt.Q4_K, qt.Q6_K),
     "lite": (2048, 1408, 64, 6, qt.Q5_0, qt.Q8_0),
+    # V2-Lite with Q4_K gate/up (their rows are H = 2048 long); down rows of 1408 take Q8_0
+    "lite-q4k": (2048, 1408, 64, 6, qt.Q4_K, qt.Q8_0),
+    # the routed experts of Q2_K mixes (llama.cpp's Q2_K, unsloth's Q2_K mixes)
+    "v3-q2k": (7168, 2048, 256, 8, qt.Q2_K, qt.Q3_K),
 }
 
 
@@ -56,8 +65,33 @@ def read_bandwidth(nbytes: int, repeats: int = 3) -> float:
     return best
 
 
+def bench_latency(name: str, mode: str, experts, pool: MoEPool, rng: np.random.Generator
+                  ) -> dict:
+    """T=1: overhead of the synchronous call, and a pool's wake-up latency (microseconds)."""
+    hidden, top_k = experts.hidden_size, min(SHAPES[name][3], experts.num_experts)
+    x = (rng.standard_normal((1, hidden)) * 0.5).astype(np.float32)
+    ids = rng.choice(experts.num_experts, top_k, replace=False)[None]
+    weights = rng.random(ids.shape).astype(np.float32)
+    placed = pool.place(experts, mode)
+    row = {"shape": name, "mode": mode, "pool_threads": sum(g.num_threads for g in pool.groups),
+           "groups": len(pool.groups)}
+    row.update({f"call_{k}_us": v for k, v in call_overhead(placed, x, ids, weights, 30).items()})
+    for gap in (0.0, 0.002):
+        lat = pool_latency(pool, placed, x, ids, weights, repeats=30, gap_s=gap)
+        row.update({f"pool{'_idle' if gap else ''}_{k}_us": v for k, v in lat.items()})
+    print(f"{name:8s} {mode:5s} T=1 call: check {row['call_check_us']:.0f} + enter "
+          f"{row['call_enter_us']:.0f} + kernel {row['call_kernel_us']:.0f} + leave "
+          f"{row['call_leave_us']:.0f} us | pool ({row['pool_threads']} thr, {row['groups']} "
+          f"group): submit->kernel {row['pool_wake_us'] + row['pool_prep_us']:.0f} "
+          f"(wake {row['pool_wake_us']:.0f} + prep {row['pool_prep_us']:.0f}), kernel end->wait "
+          f"{row['pool_back_us']:.0f}; after 2 ms idle: {row['pool_idle_wake_us'] + row['pool_idle_prep_us']:.0f}"
+          f", {row['pool_idle_back_us']:.0f} us", flush=True)
+    return row
+
+
 def bench_shape(name: str, tokens: list[int], resident: int, mode: str, repeats: int,
-                bandwidth: float, rng: np.random.Generator) -> list[dict]:
+                bandwidth: float, rng: np.random.Generator, pool: MoEPool | None = None
+                ) -> tuple[list[dict], dict | None]:
     hidden, inter, num_experts, top_k, gu_type, down_type = SHAPES[name]
     resident = min(resident, num_experts)
     experts = random_experts(rng, resident, hidden, inter, gu_type, gu_type, down_type)
@@ -92,7 +126,7 @@ def bench_shape(name: str, tokens: list[int], resident: int, mode: str, repeats:
         print(f"{name:5s} {mode:5s} T={num_tokens:5d} thr={r['threads']:2d} experts={distinct:6.1f}"
               f"  {ms:9.2f} ms  {gbs:6.2f} GB/s  {r['pct_bandwidth']:5.1f}% of {bandwidth:.1f}",
               flush=True)
-    return rows
+    return rows, bench_latency(name, mode, experts, pool, rng) if pool else None
 
 
 def print_table(rows: list[dict]) -> None:
@@ -113,6 +147,10 @@ def main() -> None:
     p.add_argument("--exact-tokens", default="1,8",
                    help="token counts also run in exact mode (its kernels are scalar: slow)")
     p.add_argument("--threads", type=int, default=numba.config.NUMBA_NUM_THREADS)
+    p.add_argument("--pool-threads", type=int, default=None,
+                   help="MoEPool threads for the latency rows (default: physical cores - 1)")
+    p.add_argument("--numa-nodes", type=int, default=None, help="MoEPool NUMA groups override")
+    p.add_argument("--no-latency", action="store_true", help="skip the T=1 latency rows")
     p.add_argument("--resident", type=int, default=64, help="experts held in memory per shape")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--bandwidth-mb", type=int, default=1024, help="buffer for the read test")
@@ -125,17 +163,23 @@ def main() -> None:
     bandwidth = read_bandwidth(args.bandwidth_mb << 20)
     print(f"read bandwidth {bandwidth:.2f} GB/s with {args.threads} threads")
     rng = np.random.default_rng(0)
-    rows = []
+    rows, latency = [], []
+    pool = None if args.no_latency else MoEPool(args.pool_threads, args.numa_nodes)
     for name in args.shapes.split(","):
         for mode in args.modes.split(","):
             tokens = [int(t) for t in args.tokens.split(",")]
             if mode == "exact":
                 tokens = [t for t in tokens if str(t) in args.exact_tokens.split(",")]
-            rows += bench_shape(name, tokens, args.resident, mode, args.repeats, bandwidth, rng)
+            r, lat = bench_shape(name, tokens, args.resident, mode, args.repeats, bandwidth, rng,
+                                 pool)
+            rows += r
+            latency += [lat] if lat else []
+    if pool:
+        pool.close()
     print_table(rows)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"rows": rows, "latency": latency}, f, indent=1)
 
 
 if __name__ == "__main__":

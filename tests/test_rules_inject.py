@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cpu_kernels import qtypes
 from hybrid.engine.llm import LLM
 from hybrid.engine.sampling_params import SamplingParams
 from hybrid.model.loader import load_model
@@ -57,11 +58,32 @@ def test_cpu_rules_decode_matches_the_reference(models) -> None:
     assert ours[0].outputs[0].token_ids == expected
 
 
-def test_experts_stay_in_gguf_blocks_on_cpu(models) -> None:
-    planned = plan_model(str(models.path("tiny-v3", "q4_k_m")), "cpu.yaml", announce=False)
+@pytest.mark.parametrize("quant, types", [("q4_k_m", ("Q4_K", "Q4_K")), ("q2_k", ("Q2_K", "Q3_K"))])
+def test_experts_stay_in_gguf_blocks_on_cpu(models, quant: str, types: tuple[str, str]) -> None:
+    planned = plan_model(str(models.path("tiny-v3", quant)), "cpu.yaml", announce=False)
     model = inject(planned)
     experts = model.get_submodule("model.layers.1.mlp.experts")
     assert experts.backend == "cpu"
     gate = experts.cpu_weights.gate
-    assert gate.blocks.dtype.name == "uint8"  # raw Q4_K blocks, not a dequantized copy
+    assert gate.blocks.dtype.name == "uint8"  # raw blocks, not a dequantized copy
+    w = experts.cpu_weights
+    assert (qtypes.type_name(gate.qtype), qtypes.type_name(w.down.qtype)) == types
     assert gate.blocks.nbytes == planned.gguf.tensor("blk.1.ffn_gate_exps.weight").nbytes
+
+
+@pytest.mark.parametrize("numa_nodes", [None, 2])
+def test_experts_on_a_cpu_pool_equal_the_synchronous_kernels(models, numa_nodes) -> None:
+    from cpu_kernels.pool import MoEPool
+    from hybrid.ops.experts import use_cpu_pool
+
+    model = inject(plan_model(str(models.path("tiny-v3", "q4_k_m")), "cpu.yaml", announce=False))
+    experts = model.get_submodule("model.layers.1.mlp.experts")
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(5, experts.cpu_weights.hidden_size, generator=gen)
+    ids = torch.stack([torch.randperm(experts.num_experts, generator=gen)[:4] for _ in range(5)])
+    weights = torch.rand(5, 4, generator=gen)
+    expected = experts(hidden, ids, weights)
+    with MoEPool(threads=2, numa_nodes=numa_nodes) as pool:
+        assert use_cpu_pool(model, pool) == 3  # the MoE layers 1..3 of tiny-v3
+        got = experts(hidden, ids, weights)
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)

@@ -20,7 +20,7 @@ from hybrid.engine.request import Request, RequestStatus, TokenOutput
 from hybrid.engine.sampler import make_generator, sample
 from hybrid.engine.scheduler import ScheduledBatch, Scheduler
 from hybrid.engine.stop_checker import StopChecker
-from hybrid.errors import RequestRejected
+from hybrid.errors import HybridError, RequestRejected
 from hybrid.tokenizer.detokenizer import IncrementalDetokenizer
 
 
@@ -48,6 +48,7 @@ class Engine:
         self.tokenizer = loaded.tokenizer
         self.scheduler = Scheduler(config, loaded.spec.context_length)
         self.runner = ModelRunner(loaded.model, config)
+        self.cpu_pool = _start_cpu_pool(loaded.model, config.cpu_threads)
         self._outputs: dict[int, _OutputState] = {}  # id(request) -> its output state
 
     @property
@@ -109,3 +110,16 @@ class Engine:
         token = TokenOutput(s.token_id, delta, s.logprob, tuple(s.top_logprobs), finished)
         status = RequestStatus.RUNNING if finished is None else RequestStatus(finished)
         return StepOutput(r, token, status)
+
+
+def _start_cpu_pool(model, threads: int | None):
+    """The persistent kernel threads (--cpu-threads) that every CPU experts layer runs on."""
+    from cpu_kernels import MoEPool
+    from hybrid.ops.experts import use_cpu_pool
+
+    try:
+        pool = MoEPool(threads=threads)
+    except ValueError as e:
+        raise HybridError(f"--cpu-threads {threads}: {e}") from None
+    use_cpu_pool(model, pool)
+    return pool

@@ -3,10 +3,13 @@
 backend "cpu": cpu_kernels on the GGUF's own blocks (memory-mapped, never dequantized), in
 `exact` or `fast` mode. backend "torch": dequantized weights (weight_format) on the device.
 `gpu_experts` keeps those experts on `gpu_device` (torch) while the rest run on the CPU; the
-two partial sums are added.
+two partial sums are added. `use_cpu_pool` hands the CPU part to a cpu_kernels MoEPool (kernel
+threads, NUMA groups): it then runs asynchronously, overlapping the gpu_experts.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -47,8 +50,8 @@ class ExpertsOp(nn.Module):
         layer = int(ctx.path.split(".")[2])
         p = f"blk.{layer}."
         if self.backend == "cpu" and not _cpu_kernels_cover(ctx, p):
-            # Types cpu_kernels has no kernel for yet (F32 experts, Q2_K/Q3_K): same math in
-            # torch on dequantized weights, so the plan still runs.
+            # Types cpu_kernels has no kernel for (F32 experts, Q4_1/Q5_1, IQ types): same math
+            # in torch on dequantized weights, so the plan still runs.
             self.backend = "torch"
             ctx = BuildContext(ctx.gguf, ctx.spec, ctx.path, {**opts, "weight_format": "f32"},
                                ctx.module)
@@ -72,29 +75,57 @@ class ExpertsOp(nn.Module):
         mask[gpu_ids] = True
         self.on_gpu = mask
         self.gpu_experts = _GpuExperts(ctx, p, gpu_ids) if gpu_ids else None
+        self.pool = None  # a cpu_kernels MoEPool, set by use_pool
+        self.placed = None  # cpu_weights as placed on the pool's worker groups
+
+    def use_pool(self, pool) -> None:
+        """Run the CPU experts as jobs of `pool` (cpu_kernels.pool.MoEPool); no-op for torch."""
+        if self.backend == "cpu":
+            self.placed = pool.place(self.cpu_weights, self.mode)
+            self.pool = pool
 
     def forward(self, hidden: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """hidden: [N, H]  ids: [N, K]  weights: [N, K] -> [N, H]"""
         gpu_mask = self.on_gpu[ids.cpu()]  # [N, K]
         cpu_w = weights.masked_fill(gpu_mask.to(weights.device), 0.0)
-        out = self._run(hidden, ids, cpu_w)
+        finish = self._start(hidden, ids, cpu_w)  # with a pool, the CPU experts run meanwhile
+        gpu_out = None
         if self.gpu_experts is not None and bool(gpu_mask.any()):
             gpu_w = weights.masked_fill(~gpu_mask.to(weights.device), 0.0)
-            out = out + self.gpu_experts(hidden, ids, gpu_w).to(out.device)
+            gpu_out = self.gpu_experts(hidden, ids, gpu_w)
+        out = finish()
+        if gpu_out is not None:
+            out = out + gpu_out.to(out.device)
         return out.to(hidden.dtype)
 
-    def _run(self, hidden: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def _start(self, hidden: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+               ) -> Callable[[], torch.Tensor]:
+        """Start the experts on this op's backend; the returned function gives [N, H]."""
         if self.backend == "cpu":
             from cpu_kernels.moe import moe_forward
 
             x = hidden.detach().to("cpu", torch.float32).contiguous().numpy()
             out = np.empty_like(x)
-            moe_forward(x, ids.cpu().numpy().astype(np.int32), weights.detach().cpu().float().numpy(),
-                        self.cpu_weights, out, mode=self.mode)
-            return torch.from_numpy(out).to(hidden.device)
+            ids_cpu = ids.cpu().numpy().astype(np.int32)
+            w_cpu = weights.detach().cpu().float().numpy()
+            if self.pool is not None:
+                job = self.pool.submit(x, ids_cpu, w_cpu, self.placed, out)
+                return lambda: torch.from_numpy(job.wait()).to(hidden.device)
+            moe_forward(x, ids_cpu, w_cpu, self.cpu_weights, out, mode=self.mode)
+            return lambda: torch.from_numpy(out).to(hidden.device)
         res = _torch_experts(hidden.to(self.device), ids.to(self.device), weights.to(self.device),
-                             self.gate_up, self.down)
-        return res.to(hidden.device)
+                             self.gate_up, self.down).to(hidden.device)
+        return lambda: res
+
+
+def use_cpu_pool(model: nn.Module, pool) -> int:
+    """Run every ExpertsOp of `model` on `pool` (a cpu_kernels.pool.MoEPool built with the
+    engine's cpu_threads); places each layer's experts on the pool's NUMA groups (in `fast`
+    mode a per-node repack). Returns the number of CPU expert layers now on the pool."""
+    ops = [m for m in model.modules() if isinstance(m, ExpertsOp) and m.backend == "cpu"]
+    for op in ops:
+        op.use_pool(pool)
+    return len(ops)
 
 
 class _GpuExperts:

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 from cpu_kernels import qtypes as qt
-from cpu_kernels.moe import group_by_expert, moe_forward
+from cpu_kernels.moe import moe_forward
 from cpu_kernels.random_blocks import random_experts
 from cpu_kernels.reference import moe_forward_ref, rel_error
+from cpu_kernels.routing import group_by_expert, route
 
 EXACT_TOL = 1e-5
 # int8 x for gate/up: measured 0.5-0.8% per layer on random (centred) blocks
@@ -22,6 +23,8 @@ MIXES = {
     "q5_k_m": (qt.Q5_K, qt.Q5_K, qt.Q6_K),
     "legacy": (qt.Q4_0, qt.Q8_0, qt.BF16),
     "halves": (qt.F16, qt.BF16, qt.Q5_0),
+    "q2_k": (qt.Q2_K, qt.Q2_K, qt.Q3_K),  # llama.cpp's Q2_K experts; packed in `fast` mode
+    "low_unpacked": (qt.Q3_K, qt.Q2_K, qt.Q5_K),  # Q5_K has no packed layout: scalar `fast`
 }
 # (T, K, E): T spread over 1..300, K over 1..8
 CASES = [(1, 8, 12), (2, 6, 9), (5, 1, 4), (16, 8, 16), (33, 3, 5), (300, 4, 7)]
@@ -66,6 +69,15 @@ def test_group_by_expert_covers_every_slot_once() -> None:
     assert offsets.tolist() == [0, 1, 3, 4, 6]
     assert token_ids.tolist() == [1, 0, 1, 2, 0, 2]
     assert w.tolist() == [2.0, 0.25, 1.0, 4.0, 0.5, 3.0]
+
+
+def test_route_equals_group_by_expert() -> None:
+    rng = np.random.default_rng(5)
+    for num_tokens, top_k, num_experts in [(1, 1, 3), (7, 4, 9), (300, 8, 64)]:
+        ids = np.stack([rng.choice(num_experts, top_k, replace=False) for _ in range(num_tokens)])
+        weights = rng.random(ids.shape).astype(np.float32)
+        for got, want in zip(route(ids, weights, num_experts), group_by_expert(ids, weights)):
+            np.testing.assert_array_equal(got, want)
 
 
 def test_moe_rejects_bad_inputs() -> None:
