@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 
 import numba
 import numpy as np
@@ -90,7 +91,8 @@ def bench_latency(name: str, mode: str, experts, pool: MoEPool, rng: np.random.G
 
 
 def bench_shape(name: str, tokens: list[int], resident: int, mode: str, repeats: int,
-                bandwidth: float, rng: np.random.Generator, pool: MoEPool | None = None
+                bandwidth: float, rng: np.random.Generator,
+                make_pool: Callable[[], MoEPool] | None = None
                 ) -> tuple[list[dict], dict | None]:
     hidden, inter, num_experts, top_k, gu_type, down_type = SHAPES[name]
     resident = min(resident, num_experts)
@@ -126,7 +128,12 @@ def bench_shape(name: str, tokens: list[int], resident: int, mode: str, repeats:
         print(f"{name:5s} {mode:5s} T={num_tokens:5d} thr={r['threads']:2d} experts={distinct:6.1f}"
               f"  {ms:9.2f} ms  {gbs:6.2f} GB/s  {r['pct_bandwidth']:5.1f}% of {bandwidth:.1f}",
               flush=True)
-    return rows, bench_latency(name, mode, experts, pool, rng) if pool else None
+    if make_pool is None:
+        return rows, None
+    # A pool lives only for its latency rows: its kernel threads would otherwise compete with
+    # the next throughput rows (numba's own threads).
+    with make_pool() as pool:
+        return rows, bench_latency(name, mode, experts, pool, rng)
 
 
 def print_table(rows: list[dict]) -> None:
@@ -164,18 +171,16 @@ def main() -> None:
     print(f"read bandwidth {bandwidth:.2f} GB/s with {args.threads} threads")
     rng = np.random.default_rng(0)
     rows, latency = [], []
-    pool = None if args.no_latency else MoEPool(args.pool_threads, args.numa_nodes)
+    make_pool = None if args.no_latency else (lambda: MoEPool(args.pool_threads, args.numa_nodes))
     for name in args.shapes.split(","):
         for mode in args.modes.split(","):
             tokens = [int(t) for t in args.tokens.split(",")]
             if mode == "exact":
                 tokens = [t for t in tokens if str(t) in args.exact_tokens.split(",")]
             r, lat = bench_shape(name, tokens, args.resident, mode, args.repeats, bandwidth, rng,
-                                 pool)
+                                 make_pool)
             rows += r
             latency += [lat] if lat else []
-    if pool:
-        pool.close()
     print_table(rows)
     if args.json:
         with open(args.json, "w") as f:
