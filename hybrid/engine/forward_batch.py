@@ -55,10 +55,10 @@ class ForwardBatch:
     def prefill_spans(self) -> list[SequenceSpan]:
         return [s for s in self.spans if s.q_len > 1]
 
-    def on(self, device: torch.device) -> dict[str, torch.Tensor]:
-        """Index tensors on `device` (built once per device and step):
+    def on(self, device: torch.device) -> dict:
+        """Index tensors on `device` (built once per device and step, shared by every layer):
         slots [N]; decode_rows [B]; decode_slots [B, S_max] padded with each sequence's own
-        first slot; decode_valid [B, S_max] bool."""
+        first slot; decode_valid [B, S_max] bool; prefill_slots: one [kv_len] per prefill span."""
         key = str(device)
         if key not in self._on_device:
             d = self.decode_spans
@@ -71,5 +71,8 @@ class ForwardBatch:
                 t["decode_slots"] = pad
                 lens = torch.tensor([s.kv_len for s in d])
                 t["decode_valid"] = torch.arange(s_max)[None, :] < lens[:, None]
-            self._on_device[key] = {k: v.to(device, non_blocking=True) for k, v in t.items()}
+            moved = {k: v.to(device, non_blocking=True) for k, v in t.items()}
+            moved["prefill_slots"] = [s.kv_slots.to(device, non_blocking=True)
+                                      for s in self.prefill_spans]
+            self._on_device[key] = moved
         return self._on_device[key]

@@ -13,7 +13,6 @@ from hybrid.engine.config import EngineConfig
 from hybrid.engine.engine import Engine
 from hybrid.engine.request import Request, RequestEvent, RequestFailed, TokenOutput
 from hybrid.engine.sampling_params import SamplingParams
-from hybrid.engine.stop_checker import StopChecker  # noqa: F401  (re-exported for callers)
 from hybrid.engine.worker import EngineWorker
 from hybrid.errors import HybridError
 from hybrid.model.loader import LoadedModel, load_with_rules

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from dataclasses import dataclass
 
 from hybrid.engine.request import Request, RequestEvent, RequestFailed, RequestStatus
@@ -57,7 +58,7 @@ class EngineWorker:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._counts = dict.fromkeys(_COUNTERS, 0)
-        self.step_log: list[tuple[int, int, int]] = []  # recent (requests, decodes, tokens)
+        self.step_log: deque[tuple[int, int, int]] = deque(maxlen=64)  # (requests, decodes, tokens)
 
     # -- any thread --------------------------------------------------------------------------
 
@@ -132,8 +133,7 @@ class EngineWorker:
             c["max_running"] = max(c["max_running"], len(self.engine.scheduler.running))
             c["max_batch_requests"] = max(c["max_batch_requests"], len(batch.chunks))
             c["prompt_tokens"] += batch.num_tokens - batch.num_decodes
-        self.step_log = [*self.step_log[-63:],
-                         (len(batch.chunks), batch.num_decodes, batch.num_tokens)]
+        self.step_log.append((len(batch.chunks), batch.num_decodes, batch.num_tokens))
         if batch.chunks:
             log.debug("step: %d requests, %d decodes, %d tokens", len(batch.chunks),
                       batch.num_decodes, batch.num_tokens)

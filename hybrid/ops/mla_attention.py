@@ -126,9 +126,9 @@ class MLAAttentionOp(nn.Module):
             kv = cache[idx["decode_slots"]].float()  # [B, S_max, c + r]
             allowed = idx["decode_valid"].unsqueeze(1)  # [B, 1, S_max]
             out[rows] = self._attend(q_lat[rows, None], q_rope[rows, None], kv, allowed)[:, 0]
-        for span in fb.prefill_spans:
+        for span, kv_slots in zip(fb.prefill_spans, idx["prefill_slots"]):
             rows = slice(span.q_start, span.q_start + span.q_len)
-            kv = cache[span.kv_slots.to(self.device)].float()  # [S, c + r]
+            kv = cache[kv_slots].float()  # [S, c + r]
             out[rows] = self._attend(q_lat[rows], q_rope[rows], kv,
                                      _causal(span.q_len, span.kv_len, self.device))
         return out
