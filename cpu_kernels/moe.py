@@ -6,7 +6,8 @@ costs one numba dispatch and no other Python. Every selected expert's rows are r
 call whatever T is: phase 1 splits (expert, block of I rows) across threads and computes h for the expert's
 tokens; phase 2 splits H rows across threads, each summing over all experts into its own rows of
 out (no two threads write the same element). Within a task each weight row is decoded once per
-tile of up to 4 of its tokens (tile_dot). `fast` mode on packable types runs packed_moe instead.
+tile of up to 4 of its tokens (tile_dot). `fast` mode on packable types runs packed_moe instead
+(amx_moe for Q4_K gate/up where the CPU has AMX).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numba import njit, prange
 
+from cpu_kernels.amx_moe import MIN_TOKENS, TILE_CONFIG, amx_moe_kernel, runs_on_amx
 from cpu_kernels.clock import cycles
 from cpu_kernels.matmul import check_mode
 from cpu_kernels.packed_moe import packed_moe_kernel
@@ -117,7 +119,8 @@ def _moe_kernel(gate_type: int, gate_w: np.ndarray, up_type: int, up_w: np.ndarr
 
 
 def moe_forward(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
-                experts: ExpertWeights, out: np.ndarray, mode: str = "exact") -> None:
+                experts: ExpertWeights, out: np.ndarray, mode: str = "exact",
+                use_amx: bool = True) -> None:
     """Routed-expert MoE on GGUF blocks, written into `out`.
 
     x: [T, H] float32  topk_ids: [T, K] int  topk_weights: [T, K] float32  out: [T, H] float32.
@@ -125,12 +128,14 @@ def moe_forward(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
     int8 per 32-group for gate/up, h to int16 in two int8 planes for down; integer dot products
     on the exact weights). `fast` packs the experts on its first call (`ExpertWeights.pack()`,
     better done at load time) and runs the packed kernels; types without a packed layout run
-    scalar kernels on the blocks (down then in float32 on the exact h).
+    scalar kernels on the blocks (down then in float32 on the exact h). `use_amx` off keeps
+    fast mode's Q4_K gate/up on VNNI where AMX is available (same integers; for benchmarks).
     """
     fast = check_mode(mode)
     check_inputs(x, topk_ids, topk_weights, experts, out)
     packed = experts.pack().packed if fast else None
-    run_moe(x, topk_ids, topk_weights, experts, packed, 0, out, fast, np.empty(2, np.int64))
+    run_moe(x, topk_ids, topk_weights, experts, packed, 0, out, fast, np.empty(2, np.int64),
+            use_amx=use_amx)
 
 
 def check_inputs(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
@@ -147,10 +152,12 @@ def check_inputs(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
 
 def run_moe(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
             experts: ExpertWeights, packed: PackedExperts | None, i_lo: int, out: np.ndarray,
-            fast: bool, stamps: np.ndarray, i_hi: int | None = None) -> None:
+            fast: bool, stamps: np.ndarray, i_hi: int | None = None, use_amx: bool = True
+            ) -> None:
     """The MoE restricted to intermediate rows i_lo:i_hi (default: to the end), into `out`.
 
     `packed` (fast mode only) holds exactly those rows when given; otherwise the blocks run.
+    Packed Q4_K gate/up run on AMX where the CPU has it (amx_moe.py), unless `use_amx` is off.
     The sum of `out` over slices that cover 0:I is the MoE. Inputs are checked by the caller.
     stamps: [2] int64, the kernel's cycle counter at entry and exit.
     """
@@ -160,6 +167,10 @@ def run_moe(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
     topk_weights = np.ascontiguousarray(topk_weights, dtype=np.float32)
     if packed is not None:
         pk = packed
+        if use_amx and runs_on_amx(pk.gate.qtype, pk.up.qtype):
+            amx_moe_kernel(pk.gate.data, pk.up.data, pk.down.qtype, pk.down.data, x, topk_ids,
+                           topk_weights, out, stamps, TILE_CONFIG, MIN_TOKENS)
+            return
         packed_moe_kernel(pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data, pk.down.qtype,
                           pk.down.data, x, topk_ids, topk_weights, out, stamps)
         return

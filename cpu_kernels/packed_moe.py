@@ -51,45 +51,59 @@ def packed_moe_kernel(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk: 
     groups_i = gate_pk.shape[1]
     for task in prange(num_used * groups_i):
         u = task // groups_i
-        rg = task % groups_i
-        e = expert_ids[u]
-        gres = np.empty(4 * 8, f32)
-        ures = np.empty(4 * 8, f32)
-        for k0 in range(offsets[u], offsets[u + 1], TILE):
-            nt = min(TILE, offsets[u + 1] - k0)
-            t0, t1 = token_ids[k0], token_ids[k0 + min(1, nt - 1)]
-            t2, t3 = token_ids[k0 + min(2, nt - 1)], token_ids[k0 + min(3, nt - 1)]
-            packed_tile(gate_type, gate_pk[e, rg], xq, 0, dx, xqsum, xsum4, t0, t1, t2, t3, nt,
-                        gres)
-            packed_tile(up_type, up_pk[e, rg], xq, 0, dx, xqsum, xsum4, t0, t1, t2, t3, nt,
-                        ures)
-            for i in range(nt):
-                # the routing weight scales h: down is linear, so w * down(h) = down(w * h)
-                w = weights[k0 + i]
-                for lane in range(8):
-                    g = gres[8 * i + lane]
-                    h[k0 + i, 8 * rg + lane] = w * ures[8 * i + lane] * g / (f32(1.0) + np.exp(-g))
+        gate_up_group(gate_type, gate_pk[expert_ids[u], task % groups_i], up_type,
+                      up_pk[expert_ids[u], task % groups_i], xq, dx, xqsum, xsum4, token_ids,
+                      weights, offsets[u], offsets[u + 1], h, 8 * (task % groups_i), inter)
     for k in prange(num_slots):
         # h as int16 in two planes: int8 h would double fast mode's error
         quantize_row(h[k], hq[k], hq[num_slots + k], hd[k], hqsum[k], hsum4[k])
     h_lo = num_slots * inter
     hsum_flat = hsum4.reshape(-1)
     for rg in prange(down_pk.shape[1]):
-        res = np.empty(4 * 8, f32)
         r0 = 8 * rg
         lanes = min(8, hidden - r0)
         for t in range(out.shape[0]):
             for lane in range(lanes):
                 out[t, r0 + lane] = 0.0
         for u in range(num_used):
-            e = expert_ids[u]
-            for k0 in range(offsets[u], offsets[u + 1], TILE):
-                nt = min(TILE, offsets[u + 1] - k0)
-                packed_tile(down_type, down_pk[e, rg], hq, h_lo, hd, hqsum, hsum_flat, k0,
-                            k0 + min(1, nt - 1), k0 + min(2, nt - 1), k0 + min(3, nt - 1), nt,
-                            res)
-                for i in range(nt):
-                    t = token_ids[k0 + i]
-                    for lane in range(lanes):
-                        out[t, r0 + lane] += res[8 * i + lane]
+            down_group(down_type, down_pk[expert_ids[u], rg], hq, h_lo, hd, hqsum, hsum_flat,
+                       token_ids, offsets[u], offsets[u + 1], out, r0, lanes)
     stamps[1] = cycles()
+
+
+@njit(cache=True)
+def gate_up_group(gate_type, gate_pk, up_type, up_pk, xq, dx, xqsum, xsum4, token_ids, weights,
+                  k_lo, k_hi, h, r0, inter):
+    """h[k, r0:r0+8] = w_k * silu(gate x_t) * up x_t for the slots k_lo:k_hi of one expert
+    (t = token_ids[k]); gate_pk, up_pk: one row group [bytes]. Rows >= inter are padding."""
+    gres = np.empty(4 * 8, f32)
+    ures = np.empty(4 * 8, f32)
+    lanes = min(8, inter - r0)
+    for k0 in range(k_lo, k_hi, TILE):
+        nt = min(TILE, k_hi - k0)
+        t0, t1 = token_ids[k0], token_ids[k0 + min(1, nt - 1)]
+        t2, t3 = token_ids[k0 + min(2, nt - 1)], token_ids[k0 + min(3, nt - 1)]
+        packed_tile(gate_type, gate_pk, xq, 0, dx, xqsum, xsum4, t0, t1, t2, t3, nt, gres)
+        packed_tile(up_type, up_pk, xq, 0, dx, xqsum, xsum4, t0, t1, t2, t3, nt, ures)
+        for i in range(nt):
+            # the routing weight scales h: down is linear, so w * down(h) = down(w * h)
+            w = weights[k0 + i]
+            for lane in range(lanes):
+                g = gres[8 * i + lane]
+                h[k0 + i, r0 + lane] = w * ures[8 * i + lane] * g / (f32(1.0) + np.exp(-g))
+
+
+@njit(cache=True)
+def down_group(down_type, down_pk, hq, h_lo, hd, hqsum, hsum_flat, token_ids, k_lo, k_hi, out,
+               r0, lanes):
+    """out[t, r0:r0+lanes] += down(h_k) for the slots k_lo:k_hi of one expert (t = token_ids[k]);
+    down_pk: one row group [bytes]; h as two int8 planes (hq, lo plane at flat offset h_lo)."""
+    res = np.empty(4 * 8, f32)
+    for k0 in range(k_lo, k_hi, TILE):
+        nt = min(TILE, k_hi - k0)
+        packed_tile(down_type, down_pk, hq, h_lo, hd, hqsum, hsum_flat, k0, k0 + min(1, nt - 1),
+                    k0 + min(2, nt - 1), k0 + min(3, nt - 1), nt, res)
+        for i in range(nt):
+            t = token_ids[k0 + i]
+            for lane in range(lanes):
+                out[t, r0 + lane] += res[8 * i + lane]

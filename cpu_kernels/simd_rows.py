@@ -140,3 +140,28 @@ def i32x8_sub_s(typingctx, a, s):
         s = context.cast(builder, args[1], sig.args[1], types.int32)
         return builder.sub(args[0], _splat_i32(builder, s))
     return i32x8(a, s), codegen
+
+
+@intrinsic
+def load_f32x8(typingctx, arr, idx):
+    """arr[idx:idx+8] of a float32 array (flat index), as f32x8."""
+    if not (_is_array(arr, types.float32) and isinstance(idx, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _element_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], _V8F32)
+        return builder.load(ptr, align=4)
+    return f32x8(arr, idx), codegen
+
+
+@intrinsic
+def store_b32(typingctx, arr, idx, v):
+    """arr[idx:idx+32] = v for a uint8 array (flat index)."""
+    if not (_is_array(arr, types.uint8) and isinstance(idx, types.Integer) and v == b32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _element_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], _V32I8)
+        builder.store(args[2], ptr, align=1)
+        return context.get_dummy_value()
+    return types.none(arr, idx, v), codegen
