@@ -5,7 +5,8 @@ shapes with Q4_K_M-like types (V3: Q4_K gate/up, Q6_K down; Lite: I=1408 is no m
 Q5_0 gate/up and Q8_0 down, llama.cpp's fallbacks), random valid blocks made in-process. Prints ms
 per layer, GB/s of distinct expert weights read and the percentage of the read bandwidth measured in
 the same run. `fast` mode runs on the packed copy (`ExpertWeights.pack()`, timed once per shape as
-load-time work). `--resident` caps the experts held in memory (routing draws from those), so the
+load-time work), with Q4_K gate/up on AMX where the CPU has it; `fast-vnni` is fast mode with AMX
+off, for the two side by side. `--resident` caps the experts held in memory (routing draws from those), so the
 script fits small machines; `--quick` is a short run for 2-core CI machines. Then, at T=1, the
 per-call overhead of the synchronous call (outside its kernel) and the wake-up latency of a
 MoEPool with `--pool-threads` threads (submit -> kernel start, kernel end -> wait() returns),
@@ -97,6 +98,9 @@ def bench_shape(name: str, tokens: list[int], resident: int, mode: str, repeats:
     hidden, inter, num_experts, top_k, gu_type, down_type = SHAPES[name]
     resident = min(resident, num_experts)
     experts = random_experts(rng, resident, hidden, inter, gu_type, gu_type, down_type)
+    use_amx = mode != "fast-vnni"  # fast mode with AMX off: VNNI's rows in the same run
+    mode = "fast" if mode == "fast-vnni" else mode
+    label = mode if use_amx else "fast-vnni"
     if mode == "fast":
         t = time.perf_counter()
         experts.pack()
@@ -108,27 +112,27 @@ def bench_shape(name: str, tokens: list[int], resident: int, mode: str, repeats:
         routes = [np.stack([rng.choice(resident, min(top_k, resident), replace=False)
                             for _ in range(num_tokens)]) for _ in range(repeats + 1)]
         weights = rng.random(routes[0].shape).astype(np.float32)
-        moe_forward(x, routes[0], weights, experts, out, mode=mode)  # compile / warm
+        moe_forward(x, routes[0], weights, experts, out, mode=mode, use_amx=use_amx)  # warm-up
         t = time.perf_counter()
-        moe_forward(x, routes[1], weights, experts, out, mode=mode)
+        moe_forward(x, routes[1], weights, experts, out, mode=mode, use_amx=use_amx)
         # large T: fewer repeats, about a second per row at most
         reps = max(1, min(repeats, int(1.0 / max(time.perf_counter() - t, 1e-6))))
         t = time.perf_counter()
         for ids in routes[1:reps + 1]:
-            moe_forward(x, ids, weights, experts, out, mode=mode)
+            moe_forward(x, ids, weights, experts, out, mode=mode, use_amx=use_amx)
         ms = (time.perf_counter() - t) / reps * 1e3
         distinct = np.mean([np.unique(ids).size for ids in routes[1:reps + 1]])
         gbs = distinct * experts.expert_nbytes() / (ms / 1e3) / 1e9
-        rows.append({"shape": name, "mode": mode, "tokens": num_tokens,
+        rows.append({"shape": name, "mode": label, "tokens": num_tokens,
                      "threads": numba.get_num_threads(), "resident_experts": resident,
                      "distinct_experts": float(distinct), "ms": round(ms, 3),
                      "weight_gbs": round(gbs, 2), "pct_bandwidth": round(100 * gbs / bandwidth, 1),
                      "bandwidth_gbs": round(bandwidth, 2)})
         r = rows[-1]
-        print(f"{name:5s} {mode:5s} T={num_tokens:5d} thr={r['threads']:2d} experts={distinct:6.1f}"
+        print(f"{name:5s} {label:9s} T={num_tokens:5d} thr={r['threads']:2d} experts={distinct:6.1f}"
               f"  {ms:9.2f} ms  {gbs:6.2f} GB/s  {r['pct_bandwidth']:5.1f}% of {bandwidth:.1f}",
               flush=True)
-    if make_pool is None:
+    if make_pool is None or not use_amx:
         return rows, None
     # A pool lives only for its latency rows: its kernel threads would otherwise compete with
     # the next throughput rows (numba's own threads).
@@ -150,7 +154,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="v3,lite", help="comma list of " + ",".join(SHAPES))
     p.add_argument("--tokens", default="1,2,4,8,32,128,512,1024")
-    p.add_argument("--modes", default="exact,fast")
+    p.add_argument("--modes", default="exact,fast",
+                   help="exact, fast, fast-vnni (fast with AMX off: the VNNI kernels alone)")
     p.add_argument("--exact-tokens", default="1,8",
                    help="token counts also run in exact mode (its kernels are scalar: slow)")
     p.add_argument("--threads", type=int, default=numba.config.NUMBA_NUM_THREADS)
