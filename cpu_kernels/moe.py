@@ -167,7 +167,8 @@ def run_moe(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
     topk_weights = np.ascontiguousarray(topk_weights, dtype=np.float32)
     if packed is not None:
         pk = packed
-        if use_amx and runs_on_amx(pk.gate.qtype, pk.up.qtype):
+        # fewer tokens than MIN_TOKENS: no expert can reach AMX's threshold (decode)
+        if use_amx and x.shape[0] >= MIN_TOKENS and runs_on_amx(pk.gate.qtype, pk.up.qtype):
             amx_moe_kernel(pk.gate.data, pk.up.data, pk.down.qtype, pk.down.data, x, topk_ids,
                            topk_weights, out, stamps, TILE_CONFIG, MIN_TOKENS)
             return

@@ -75,6 +75,7 @@ def test_failing_forward_fails_its_requests_and_the_worker_goes_on() -> None:
     run_until_idle(worker)
     assert isinstance(ea[-1], RequestFailed) and "boom" in ea[-1].message
     # b shared the failing forward: it fails too, with the same message, never a hang.
+    assert isinstance(eb[-1], RequestFailed) and eb[-1].message == ea[-1].message
     assert a.status is RequestStatus.FINISHED_FAILED and b.status is RequestStatus.FINISHED_FAILED
     assert worker.stats().num_failed == 2 and worker.stats().kv_pages_used == 0
     c, ec = make([60], 2)

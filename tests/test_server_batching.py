@@ -58,7 +58,7 @@ def run_concurrently(fn, n: int) -> list:
     def run(i: int) -> None:
         try:
             results[i] = fn(i)
-        except Exception as e:  # surfaced below, with the request's index
+        except Exception as e:  # noqa: BLE001 - surfaced below, with the request's index
             errors.append((i, e))
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
@@ -101,12 +101,12 @@ def test_disconnect_mid_stream_frees_all_its_pages(busy: LiveServer) -> None:
     busy.wait_idle()
     body = {"model": busy.state.model.name, "prompt": [3, 4, 5], "max_tokens": 200,
             "temperature": 0, "stream": True}
-    with httpx.Client(timeout=60) as http:
-        with http.stream("POST", f"{busy.url}/v1/completions", json=body, headers=AUTH) as r:
-            lines = r.iter_lines()
-            while '"text":""' in (line := next(lines)).replace(" ", "") or not line:
-                pass  # until the first generated token: the request holds its pages now
-            assert metric(busy, "hybrid_kv_pages_used") == 13  # 203 tokens in pages of 16
+    with httpx.Client(timeout=60) as http, \
+            http.stream("POST", f"{busy.url}/v1/completions", json=body, headers=AUTH) as r:
+        lines = r.iter_lines()
+        while '"text":""' in (line := next(lines)).replace(" ", "") or not line:
+            pass  # until the first generated token: the request holds its pages now
+        assert metric(busy, "hybrid_kv_pages_used") == 13  # 203 tokens in pages of 16
     deadline = time.monotonic() + 20
     while metric(busy, "hybrid_kv_pages_used") != 0:
         assert time.monotonic() < deadline, "the pages were not freed"
