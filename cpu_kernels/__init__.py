@@ -6,7 +6,9 @@ dequantized weights, <= 1e-5 relative error against float64) and `fast` (x quant
 32-group for gate/up, h to int16 as two int8 planes for down, vpdpbusd dot products on the exact
 weights, repacked at load time (packed.py), for Q2_K/Q3_K/Q4_K/Q6_K/Q8_0/Q5_0; scalar int8 dots
 for the other types; measured 0.70-0.83% per layer on random blocks (Q2_K/Q3_K mixes
-0.73-0.83%), nearly all of it from the int8 x).
+0.73-0.83%), nearly all of it from the int8 x). On CPUs with AMX (Sapphire Rapids and later),
+fast mode runs the Q4_K gate/up products of experts with >= 12 tokens of a call as AMX tiles
+(amx.py, amx_moe.py): the same integer sums, so the same results up to float32 order.
 
 `moe_forward` runs synchronously on numba's threads. `MoEPool` (pool.py) runs it asynchronously
 on persistent worker threads, one group per NUMA node, each computing a slice of the experts'
