@@ -28,7 +28,7 @@ from cpu_kernels.simd_rows import (
     store_f32x8,
 )
 
-Q4_K_BYTES, Q6_K_BYTES = 1216, 1696  # packed bytes per 8 rows x 256 columns
+Q4_K_BYTES = 1216  # packed bytes per 8 rows x 256 columns
 
 
 @njit(cache=True)
