@@ -46,8 +46,7 @@ from cpu_kernels.amx import (
 )
 from cpu_kernels.amx_tiles import q4_k_epilogue, q4_k_scales, q4_k_weight_tiles
 from cpu_kernels.clock import cycles
-from cpu_kernels.packed_moe import down_group, gate_up_group
-from cpu_kernels.q8_activations import quantize_row
+from cpu_kernels.packed_moe import down_phase, gate_up_group, quantize_x
 from cpu_kernels.routing import route
 
 f32 = np.float32
@@ -129,18 +128,11 @@ def amx_moe_kernel(gate_pk: np.ndarray, up_pk: np.ndarray, down_type: int, down_
     # cfg: the tile configuration, amx.tile_shapes(32)
     stamps[0] = cycles()
     expert_ids, offsets, token_ids, weights = route(topk_ids, topk_weights, gate_pk.shape[0])
-    num_tokens, hidden = x.shape
+    hidden = x.shape[1]
     num_used = expert_ids.shape[0]
     inter = 8 * gate_pk.shape[1]
     num_slots = token_ids.shape[0]
-    # x as int8 per 32-group: xq [T, H]  dx, xqsum [T, H/32]  xsum4 [T * H/4] (flat)
-    xq = np.empty((num_tokens, hidden), np.int8)
-    dx = np.empty((num_tokens, hidden // 32), f32)
-    xqsum = np.empty((num_tokens, hidden // 32), f32)
-    xsum4 = np.empty(num_tokens * (hidden // 4), np.int32)
-    for t in prange(num_tokens):
-        quantize_row(x[t], xq[t], xq[t, :0], dx[t], xqsum[t],
-                     xsum4[t * (hidden // 4):(t + 1) * (hidden // 4)])
+    xq, dx, xqsum, xsum4 = quantize_x(x)
     # slot order: xs [N + 16, H] int8 (16 rows of padding)  dx_t, xqsum_t [H/32, N]
     xs = np.zeros((num_slots + 16, hidden), np.int8)
     dx_t = np.empty((hidden // 32, num_slots), f32)
@@ -151,12 +143,7 @@ def amx_moe_kernel(gate_pk: np.ndarray, up_pk: np.ndarray, down_type: int, down_
         for g in range(hidden // 32):
             dx_t[g, k] = dx[t, g]
             xqsum_t[g, k] = xqsum[t, g]
-    # h [N, I] f32, then int16 in two int8 planes: hq [2N, I]  hd, hqsum [N, I/32]  hsum4 [N, I/4]
-    h = np.empty((num_slots, inter), f32)
-    hq = np.empty((2 * num_slots, inter), np.int8)
-    hd = np.empty((num_slots, inter // 32), f32)
-    hqsum = np.empty((num_slots, inter // 32), f32)
-    hsum4 = np.empty((num_slots, inter // 4), np.int32)
+    h = np.empty((num_slots, inter), f32)  # [N, I]
     groups_i = gate_pk.shape[1]
     blocks_i = (groups_i + 1) // 2
     for task in prange(num_used * blocks_i):
@@ -172,18 +159,5 @@ def amx_moe_kernel(gate_pk: np.ndarray, up_pk: np.ndarray, down_type: int, down_
             for rg in range(ga, gb + 1):
                 gate_up_group(Q4_K, gate_pk[e, rg], Q4_K, up_pk[e, rg], xq, dx, xqsum, xsum4,
                               token_ids, weights, k_lo, k_hi, h, 8 * rg, inter)
-    for k in prange(num_slots):
-        # h as int16 in two planes: int8 h would double fast mode's error
-        quantize_row(h[k], hq[k], hq[num_slots + k], hd[k], hqsum[k], hsum4[k])
-    h_lo = num_slots * inter
-    hsum_flat = hsum4.reshape(-1)
-    for rg in prange(down_pk.shape[1]):
-        r0 = 8 * rg
-        lanes = min(8, hidden - r0)
-        for t in range(num_tokens):
-            for lane in range(lanes):
-                out[t, r0 + lane] = 0.0
-        for u in range(num_used):
-            down_group(down_type, down_pk[expert_ids[u], rg], hq, h_lo, hd, hqsum, hsum_flat,
-                       token_ids, offsets[u], offsets[u + 1], out, r0, lanes)
+    down_phase(h, down_type, down_pk, expert_ids, offsets, token_ids, out)
     stamps[1] = cycles()

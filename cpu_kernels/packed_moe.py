@@ -30,44 +30,18 @@ def packed_moe_kernel(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk: 
     # stamps: [2] int64, cycle counter at entry and exit
     stamps[0] = cycles()
     expert_ids, offsets, token_ids, weights = route(topk_ids, topk_weights, gate_pk.shape[0])
-    num_tokens, hidden = x.shape
     num_used = expert_ids.shape[0]
     inter = 8 * gate_pk.shape[1]  # I is whole 32-groups (down's columns): no padded rows
     num_slots = token_ids.shape[0]
-    # x as int8 per 32-group: xq [T, H]  dx, xqsum [T, H/32]  xsum4 [T * H/4] (flat)
-    xq = np.empty((num_tokens, hidden), np.int8)
-    dx = np.empty((num_tokens, hidden // 32), f32)
-    xqsum = np.empty((num_tokens, hidden // 32), f32)
-    xsum4 = np.empty(num_tokens * (hidden // 4), np.int32)
-    for t in prange(num_tokens):
-        quantize_row(x[t], xq[t], xq[t, :0], dx[t], xqsum[t],
-                     xsum4[t * (hidden // 4):(t + 1) * (hidden // 4)])
-    # h [N, I] f32, then int16 in two int8 planes: hq [2N, I]  hd, hqsum [N, I/32]  hsum4 [N, I/4]
-    h = np.empty((num_slots, inter), f32)
-    hq = np.empty((2 * num_slots, inter), np.int8)
-    hd = np.empty((num_slots, inter // 32), f32)
-    hqsum = np.empty((num_slots, inter // 32), f32)
-    hsum4 = np.empty((num_slots, inter // 4), np.int32)
+    xq, dx, xqsum, xsum4 = quantize_x(x)
+    h = np.empty((num_slots, inter), f32)  # [N, I]
     groups_i = gate_pk.shape[1]
     for task in prange(num_used * groups_i):
         u = task // groups_i
         gate_up_group(gate_type, gate_pk[expert_ids[u], task % groups_i], up_type,
                       up_pk[expert_ids[u], task % groups_i], xq, dx, xqsum, xsum4, token_ids,
                       weights, offsets[u], offsets[u + 1], h, 8 * (task % groups_i), inter)
-    for k in prange(num_slots):
-        # h as int16 in two planes: int8 h would double fast mode's error
-        quantize_row(h[k], hq[k], hq[num_slots + k], hd[k], hqsum[k], hsum4[k])
-    h_lo = num_slots * inter
-    hsum_flat = hsum4.reshape(-1)
-    for rg in prange(down_pk.shape[1]):
-        r0 = 8 * rg
-        lanes = min(8, hidden - r0)
-        for t in range(out.shape[0]):
-            for lane in range(lanes):
-                out[t, r0 + lane] = 0.0
-        for u in range(num_used):
-            down_group(down_type, down_pk[expert_ids[u], rg], hq, h_lo, hd, hqsum, hsum_flat,
-                       token_ids, offsets[u], offsets[u + 1], out, r0, lanes)
+    down_phase(h, down_type, down_pk, expert_ids, offsets, token_ids, out)
     stamps[1] = cycles()
 
 
@@ -107,3 +81,46 @@ def down_group(down_type, down_pk, hq, h_lo, hd, hqsum, hsum_flat, token_ids, k_
             t = token_ids[k0 + i]
             for lane in range(lanes):
                 out[t, r0 + lane] += res[8 * i + lane]
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def quantize_x(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """x [T, H] f32 as int8 per 32-group: xq [T, H]  dx, xqsum [T, H/32]  xsum4 [T * H/4] (flat)."""
+    num_tokens, hidden = x.shape
+    xq = np.empty((num_tokens, hidden), np.int8)
+    dx = np.empty((num_tokens, hidden // 32), f32)
+    xqsum = np.empty((num_tokens, hidden // 32), f32)
+    xsum4 = np.empty(num_tokens * (hidden // 4), np.int32)
+    for t in prange(num_tokens):
+        quantize_row(x[t], xq[t], xq[t, :0], dx[t], xqsum[t],
+                     xsum4[t * (hidden // 4):(t + 1) * (hidden // 4)])
+    return xq, dx, xqsum, xsum4
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def down_phase(h, down_type, down_pk, expert_ids, offsets, token_ids, out) -> None:
+    """Phase 2: out = sum over each token's slots of down(h_slot); h [N, I] f32 in slot order.
+
+    h becomes int16 in two int8 planes: hq [2N, I]  hd, hqsum [N, I/32]  hsum4 [N, I/4]; groups of
+    8 H rows are split across threads, each summing over all experts into its own rows of out."""
+    num_slots, inter = h.shape
+    num_tokens, hidden = out.shape
+    num_used = expert_ids.shape[0]
+    hq = np.empty((2 * num_slots, inter), np.int8)
+    hd = np.empty((num_slots, inter // 32), f32)
+    hqsum = np.empty((num_slots, inter // 32), f32)
+    hsum4 = np.empty((num_slots, inter // 4), np.int32)
+    for k in prange(num_slots):
+        # h as int16 in two planes: int8 h would double fast mode's error
+        quantize_row(h[k], hq[k], hq[num_slots + k], hd[k], hqsum[k], hsum4[k])
+    h_lo = num_slots * inter
+    hsum_flat = hsum4.reshape(-1)
+    for rg in prange(down_pk.shape[1]):
+        r0 = 8 * rg
+        lanes = min(8, hidden - r0)
+        for t in range(num_tokens):
+            for lane in range(lanes):
+                out[t, r0 + lane] = 0.0
+        for u in range(num_used):
+            down_group(down_type, down_pk[expert_ids[u], rg], hq, h_lo, hd, hqsum, hsum_flat,
+                       token_ids, offsets[u], offsets[u + 1], out, r0, lanes)
