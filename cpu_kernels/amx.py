@@ -1,25 +1,27 @@
 """AMX tile instructions (Sapphire Rapids and later) for numba kernels, as inline assembly.
 
-AMX multiplies int8 tiles at ~16x the rate of AVX-512 VNNI. The kernels use it through a few
+AMX multiplies bf16 tiles at ~16x the rate of AVX-512 FMAs. The kernels use it through a few
 intrinsics, one instruction each, on fixed tile registers:
 
-    tile_config(cfg)         ldtilecfg: the shapes of tmm0..7 (cfg: 64 bytes from tile_shapes)
+    tile_config(cfg)         ldtilecfg: the shapes of tmm0..7 (cfg: 64 bytes, tile_shapes_bf16)
     tile_release()           tilerelease (the thread's tile state back to init)
-    tile_zero_{0,1,6,7}()    tilezero: the int32 accumulators
-    tile_load_{2,5}(arr, idx, stride)       tileloadd int8 activations (row stride in bytes)
-    tile_load_{3,4}(arr, idx, stride)       tileloadd unsigned weight codes
+    tile_zero_{0,1,6,7}()    tilezero: the float32 accumulators
+    tile_load_{2,5}(arr, idx, stride)       tileloadd activations (row stride in bytes)
+    tile_load_{3,4}(arr, idx, stride)       tileloadd weights
     tile_store_{0,1,6,7}(arr, idx, stride)  tilestored an accumulator to &arr[idx]
-    dp_0_2_3(), dp_1_2_4(), dp_6_5_3(), dp_7_5_4()   tdpbsud C += A . B (C_A_B registers)
+    bf16_dp_0_2_3(), bf16_dp_1_2_4(), bf16_dp_6_5_3(), bf16_dp_7_5_4()
+                             tdpbf16ps C += A . B (C_A_B registers)
 
-tdpbsud: C[m, n] (int32) += sum_k s8(A[m, k]) * u8(B[k/4, 4n + k%4]), i.e. B holds the unsigned
-weight codes in the same 4-per-row interleave as the packed VNNI layout (packed.py), and the
-integer sums equal dpbusd's exactly. Inline assembly, not LLVM's AMX intrinsics: those need the
-tile shapes visible to LLVM's tile register allocator, which ran out of registers on our loops.
+tdpbf16ps: C[m, n] (float32) += sum_k A[m, k] * B[k/2, 2n + k%2] on bf16: A holds 16 activation
+rows of 32 values, B 16 weight rows as pairs of columns (simd_bf16.py builds it). Inline
+assembly, not LLVM's AMX intrinsics: those need the tile shapes visible to LLVM's tile register
+allocator, which ran out of registers on our loops.
 NOTE: LLVM never emits AMX itself, so the configuration loaded by tile_config stays in force
 until tile_release in the same thread; every kernel task configures before its first tile op.
 
 Linux hands out AMX state only on request (arch_prctl ARCH_REQ_XCOMP_PERM): HAS_AMX is true
-when the CPU has AMX-INT8 and the request succeeded (once per process, at import).
+when the CPU has AMX-BF16 (and with it AVX512-BF16) and the request succeeded (once per
+process, at import).
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ _SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
 def _request_amx() -> bool:
     features = llb.get_host_cpu_features()
     if not (sys.platform == "linux" and platform.machine() == "x86_64"
-            and features.get("amx-int8") and features.get("amx-tile")):
+            and features.get("amx-bf16") and features.get("amx-tile")
+            and features.get("avx512bf16")):
         return False
     libc = ctypes.CDLL(None, use_errno=True)
     return libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
@@ -52,16 +55,13 @@ if HAS_AMX:
     llb.initialize_native_asmparser()  # numba's codegen needs it for inline assembly
 
 
-def tile_shapes(k: int) -> np.ndarray:
-    """The 64-byte tile configuration of our kernels for a K of `k` bytes (16 or 32) per step:
-    tmm0, 1, 6, 7: 16 x 16 int32 accumulators; tmm2, tmm5: 16 rows x k int8 activations;
-    tmm3, tmm4: k/4 rows x 64 unsigned weight codes (16 weight rows x 4)."""
+def tile_shapes_bf16() -> np.ndarray:
+    """The tile configuration of the bf16 kernels: all 8 tiles 16 rows x 64 bytes (accumulators
+    16 x 16 float32, activations 16 rows x 32 bf16, weights 16 pair rows x 16 rows x 2 bf16)."""
     cfg = np.zeros(64, np.uint8)
     cfg[0] = 1  # palette 1
-    colsb, rows = cfg[16:48].view(np.uint16), cfg[48:64]
-    for t, (r, c) in {0: (16, 64), 1: (16, 64), 6: (16, 64), 7: (16, 64), 2: (16, k),
-                      5: (16, k), 3: (k // 4, 64), 4: (k // 4, 64)}.items():
-        rows[t], colsb[t] = r, c
+    cfg[16:32].view(np.uint16)[:] = 64
+    cfg[48:56] = 16
     return cfg
 
 
@@ -129,7 +129,7 @@ tile_store_1 = _memory_op("tilestored %tmm1, ($0,$1,1)")
 tile_store_6 = _memory_op("tilestored %tmm6, ($0,$1,1)")
 tile_store_7 = _memory_op("tilestored %tmm7, ($0,$1,1)")
 # AT&T order: B, A, C (C += A . B)
-dp_0_2_3 = _plain_op("tdpbsud %tmm3, %tmm2, %tmm0")
-dp_1_2_4 = _plain_op("tdpbsud %tmm4, %tmm2, %tmm1")
-dp_6_5_3 = _plain_op("tdpbsud %tmm3, %tmm5, %tmm6")
-dp_7_5_4 = _plain_op("tdpbsud %tmm4, %tmm5, %tmm7")
+bf16_dp_0_2_3 = _plain_op("tdpbf16ps %tmm3, %tmm2, %tmm0")
+bf16_dp_1_2_4 = _plain_op("tdpbf16ps %tmm4, %tmm2, %tmm1")
+bf16_dp_6_5_3 = _plain_op("tdpbf16ps %tmm3, %tmm5, %tmm6")
+bf16_dp_7_5_4 = _plain_op("tdpbf16ps %tmm4, %tmm5, %tmm7")

@@ -7,17 +7,23 @@ call whatever T is: phase 1 splits (expert, block of I rows) across threads and 
 tokens; phase 2 splits H rows across threads, each summing over all experts into its own rows of
 out (no two threads write the same element). Within a task each weight row is decoded once per
 tile of up to 4 of its tokens (tile_dot). `fast` mode on packable types runs packed_moe instead
-(amx_moe for Q4_K gate/up where the CPU has AMX).
+(amx_bf16_moe where the CPU has AMX and the call has >= MIN_TOKENS tokens).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numba
 import numpy as np
 from numba import njit, prange
 
-from cpu_kernels.amx_moe import MIN_TOKENS, TILE_CONFIG, amx_moe_kernel, runs_on_amx
+from cpu_kernels.amx_bf16_moe import (
+    MIN_TOKENS,
+    TILE_CONFIG_BF16,
+    amx_bf16_moe_kernel,
+    runs_on_amx,
+)
 from cpu_kernels.clock import cycles
 from cpu_kernels.matmul import check_mode
 from cpu_kernels.packed_moe import packed_moe_kernel
@@ -128,8 +134,10 @@ def moe_forward(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
     int8 per 32-group for gate/up, h to int16 in two int8 planes for down; integer dot products
     on the exact weights). `fast` packs the experts on its first call (`ExpertWeights.pack()`,
     better done at load time) and runs the packed kernels; types without a packed layout run
-    scalar kernels on the blocks (down then in float32 on the exact h). `use_amx` off keeps
-    fast mode's Q4_K gate/up on VNNI where AMX is available (same integers; for benchmarks).
+    scalar kernels on the blocks (down then in float32 on the exact h). Where the CPU has AMX,
+    experts with >= MIN_TOKENS tokens in the call run bf16 tiles instead (x, h and the exact
+    weights rounded to bf16, float32 sums: amx_bf16_moe.py); `use_amx` off keeps every expert
+    on VNNI (for benchmarks and tests).
     """
     fast = check_mode(mode)
     check_inputs(x, topk_ids, topk_weights, experts, out)
@@ -157,7 +165,8 @@ def run_moe(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
     """The MoE restricted to intermediate rows i_lo:i_hi (default: to the end), into `out`.
 
     `packed` (fast mode only) holds exactly those rows when given; otherwise the blocks run.
-    Packed Q4_K gate/up run on AMX where the CPU has it (amx_moe.py), unless `use_amx` is off.
+    Experts with >= MIN_TOKENS tokens run AMX bf16 tiles where the CPU has AMX (amx_bf16_moe.py),
+    unless `use_amx` is off.
     The sum of `out` over slices that cover 0:I is the MoE. Inputs are checked by the caller.
     stamps: [2] int64, the kernel's cycle counter at entry and exit.
     """
@@ -168,9 +177,11 @@ def run_moe(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
     if packed is not None:
         pk = packed
         # fewer tokens than MIN_TOKENS: no expert can reach AMX's threshold (decode)
-        if use_amx and x.shape[0] >= MIN_TOKENS and runs_on_amx(pk.gate.qtype, pk.up.qtype):
-            amx_moe_kernel(pk.gate.data, pk.up.data, pk.down.qtype, pk.down.data, x, topk_ids,
-                           topk_weights, out, stamps, TILE_CONFIG, MIN_TOKENS)
+        if use_amx and x.shape[0] >= MIN_TOKENS and runs_on_amx(pk.gate.qtype, pk.up.qtype,
+                                                                 pk.down.qtype):
+            amx_bf16_moe_kernel(pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data,
+                                pk.down.qtype, pk.down.data, x, topk_ids, topk_weights, out,
+                                stamps, TILE_CONFIG_BF16, MIN_TOKENS, numba.get_num_threads())
             return
         packed_moe_kernel(pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data, pk.down.qtype,
                           pk.down.data, x, topk_ids, topk_weights, out, stamps)

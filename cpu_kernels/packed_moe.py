@@ -98,23 +98,28 @@ def quantize_x(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def down_phase(h, down_type, down_pk, expert_ids, offsets, token_ids, out) -> None:
-    """Phase 2: out = sum over each token's slots of down(h_slot); h [N, I] f32 in slot order.
-
-    h becomes int16 in two int8 planes: hq [2N, I]  hd, hqsum [N, I/32]  hsum4 [N, I/4]; groups of
-    8 H rows are split across threads, each summing over all experts into its own rows of out."""
+def quantize_h(h: np.ndarray) -> tuple[np.ndarray, int, np.ndarray, np.ndarray, np.ndarray]:
+    """h [N, I] f32 as int16 in two int8 planes (int8 h would double fast mode's error):
+    hq [2N, I] (lo plane at flat offset h_lo)  hd, hqsum [N, I/32]  hsum_flat [N * I/4]."""
     num_slots, inter = h.shape
-    num_tokens, hidden = out.shape
-    num_used = expert_ids.shape[0]
     hq = np.empty((2 * num_slots, inter), np.int8)
     hd = np.empty((num_slots, inter // 32), f32)
     hqsum = np.empty((num_slots, inter // 32), f32)
     hsum4 = np.empty((num_slots, inter // 4), np.int32)
     for k in prange(num_slots):
-        # h as int16 in two planes: int8 h would double fast mode's error
         quantize_row(h[k], hq[k], hq[num_slots + k], hd[k], hqsum[k], hsum4[k])
-    h_lo = num_slots * inter
-    hsum_flat = hsum4.reshape(-1)
+    return hq, num_slots * inter, hd, hqsum, hsum4.reshape(-1)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def down_phase(h, down_type, down_pk, expert_ids, offsets, token_ids, out) -> None:
+    """Phase 2: out = sum over each token's slots of down(h_slot); h [N, I] f32 in slot order.
+
+    Groups of 8 H rows are split across threads, each summing over all experts into its own rows
+    of out (no two threads write the same element)."""
+    num_tokens, hidden = out.shape
+    num_used = expert_ids.shape[0]
+    hq, h_lo, hd, hqsum, hsum_flat = quantize_h(h)
     for rg in prange(down_pk.shape[1]):
         r0 = 8 * rg
         lanes = min(8, hidden - r0)
