@@ -7,8 +7,10 @@ dequantized weights, <= 1e-5 relative error against float64) and `fast` (x quant
 weights, repacked at load time (packed.py), for Q2_K/Q3_K/Q4_K/Q6_K/Q8_0/Q5_0; scalar int8 dots
 for the other types; measured 0.70-0.83% per layer on random blocks (Q2_K/Q3_K mixes
 0.73-0.83%), nearly all of it from the int8 x). On CPUs with AMX (Sapphire Rapids and later),
-fast mode runs the Q4_K gate/up products of experts with >= 12 tokens of a call as AMX tiles
-(amx.py, amx_moe.py): the same integer sums, so the same results up to float32 order.
+fast mode runs the experts with >= 12 tokens in a call (prefill, big batches) on AMX bf16 tiles
+instead (amx.py, amx_bf16_moe.py): their Q4_K/Q6_K/Q8_0/Q5_0 weights dequantized once per call
+to bf16, x and h rounded to bf16, float32 sums; measured 0.34-0.44% per layer on random blocks,
+less than the int8 path. Decode (fewer tokens per expert) stays on the int8 VNNI kernels.
 
 `moe_forward` runs synchronously on numba's threads. `MoEPool` (pool.py) runs it asynchronously
 on persistent worker threads, one group per NUMA node, each computing a slice of the experts'

@@ -31,17 +31,24 @@ def has_bf16_tiles(qtype: int) -> bool:
 @njit(cache=True)
 def bf16_weight_tiles(qtype, pk_a, pk_b, cols, buf):
     """buf[:cols * 32] = the bf16 B tiles of rows pk_a (0-7) and pk_b (8-15), `cols` columns."""
+    for t in range(cols // 32):
+        bf16_weight_tile(qtype, pk_a, pk_b, t, buf, TILE_BYTES * t)
+
+
+@njit(inline="always", cache=True)
+def bf16_weight_tile(qtype, pk_a, pk_b, t, buf, off):
+    """buf[off:off + 1024] = B tile t (columns 32t..32t+31) of rows pk_a (0-7), pk_b (8-15)."""
     if qtype == Q4_K:
-        _q4_k_tiles(pk_a, pk_b, cols // 256, buf)
+        _q4_k_tile(pk_a, pk_b, t, buf, off)
     elif qtype == Q6_K:
-        _q6_k_tiles(pk_a, pk_b, cols // 256, buf)
+        _q6_k_tile(pk_a, pk_b, t, buf, off)
     elif qtype == Q8_0:
-        _q8_0_tiles(pk_a, pk_b, cols // 32, buf)
+        _q8_0_tile(pk_a, pk_b, t, buf, off)
     else:
-        _q5_0_tiles(pk_a, pk_b, cols // 32, buf)
+        _q5_0_tile(pk_a, pk_b, t, buf, off)
 
 
-@njit(cache=True)
+@njit(inline="always", cache=True)
 def q4_k_scales(pk, b, j):
     """(d * scale, dmin * min) of sub-block j of super-block b, for the group's 8 rows."""
     o = 1216 * b
@@ -51,80 +58,81 @@ def q4_k_scales(pk, b, j):
     return s, m
 
 
-@njit(cache=True)
-def _q4_k_tiles(pk_a, pk_b, blocks, buf):
+@njit(inline="always", cache=True)
+def _q4_k_tile(pk_a, pk_b, t, buf, off):
     # 1216 B per block: nibbles (chunk c, step s: low = sub-block 2c, high = 2c + 1), scales
-    for b in range(blocks):
-        o = 1216 * b
-        for c in range(4):
-            sa0, ma0 = q4_k_scales(pk_a, b, 2 * c)
-            sb0, mb0 = q4_k_scales(pk_b, b, 2 * c)
-            sa1, ma1 = q4_k_scales(pk_a, b, 2 * c + 1)
-            sb1, mb1 = q4_k_scales(pk_b, b, 2 * c + 1)
-            t = TILE_BYTES * (8 * b + 2 * c)
-            for s in range(8):
-                va, vb = load_b32(pk_a, o + 256 * c + 32 * s), load_b32(pk_b, o + 256 * c + 32 * s)
-                store_bf16_pair_rows(buf, t + 128 * s, b32_and(va, 15), b32_and(vb, 15), 0,
-                                     sa0, ma0, sb0, mb0)
-                store_bf16_pair_rows(buf, t + TILE_BYTES + 128 * s, b32_shr(va, 4),
-                                     b32_shr(vb, 4), 0, sa1, ma1, sb1, mb1)
+    b, j = t // 8, t % 8
+    sa, ma = q4_k_scales(pk_a, b, j)
+    sb, mb = q4_k_scales(pk_b, b, j)
+    o = 1216 * b + 256 * (j >> 1)
+    for s in range(8):
+        va, vb = load_b32(pk_a, o + 32 * s), load_b32(pk_b, o + 32 * s)
+        if j & 1:  # high nibbles (constant shifts: bytes have no variable one)
+            va, vb = b32_shr(va, 4), b32_shr(vb, 4)
+        else:
+            va, vb = b32_and(va, 15), b32_and(vb, 15)
+        store_bf16_pair_rows(buf, off + 128 * s, va, vb, 0, sa, ma, sb, mb)
 
 
-@njit(cache=True)
-def _q6_k_codes(pk, o, i):
-    """The 6-bit codes of step i of the 16-column sub-block at byte o (96 B: n01, n23, highs)."""
-    nib = load_b32(pk, o + 32 * (i >> 1))
-    low = b32_and(nib, 15) if i % 2 == 0 else b32_shr(nib, 4)
-    high = b32_and(b32_shr(load_b32(pk, o + 64), 2 * i), 3)
-    return b32_or(low, b32_shl(high, 4))
+@njit(inline="always", cache=True)
+def _q6_k_codes(pk, o):
+    """The 6-bit codes of steps 0..3 of the 16-column sub-block at byte o (96 B: nibbles of
+    steps 0|1, of 2|3, 2-bit highs of steps 0..3); constant shifts (bytes have no variable one)."""
+    n01, n23, hb = load_b32(pk, o), load_b32(pk, o + 32), load_b32(pk, o + 64)
+    return (b32_or(b32_and(n01, 15), b32_shl(b32_and(hb, 3), 4)),
+            b32_or(b32_shr(n01, 4), b32_shl(b32_and(b32_shr(hb, 2), 3), 4)),
+            b32_or(b32_and(n23, 15), b32_shl(b32_and(b32_shr(hb, 4), 3), 4)),
+            b32_or(b32_shr(n23, 4), b32_shl(b32_shr(hb, 6), 4)))
 
 
-@njit(cache=True)
-def _q6_k_tiles(pk_a, pk_b, blocks, buf):
-    # 1696 B per block: 16 sub-blocks x 96 B, int8 scales [16][8] at 1536, f32 d [8] at 1664
+@njit(inline="always", cache=True)
+def _q6_k_tile(pk_a, pk_b, t, buf, off):
+    # 1696 B per block: 16 sub-blocks x 96 B, int8 scales [16][8] at 1536, f32 d [8] at 1664;
+    # tile t: sub-blocks 2 (t % 8) and 2 (t % 8) + 1 of block t // 8
     zero = f32x8_zero()
-    for b in range(blocks):
-        o = 1696 * b
-        da, db = load_f32x8_at(pk_a, o + 1664), load_f32x8_at(pk_b, o + 1664)
-        for p in range(16):
-            sa = f32x8_mul(load_i8x8_f32(pk_a, o + 1536 + 8 * p), da)
-            sb = f32x8_mul(load_i8x8_f32(pk_b, o + 1536 + 8 * p), db)
-            t = TILE_BYTES * (8 * b + p // 2) + 512 * (p % 2)  # steps 4 (p % 2) + i
-            for i in range(4):
-                store_bf16_pair_rows(buf, t + 128 * i, _q6_k_codes(pk_a, o + 96 * p, i),
-                                     _q6_k_codes(pk_b, o + 96 * p, i), 32, sa, zero, sb, zero)
+    o = 1696 * (t // 8)
+    da, db = load_f32x8_at(pk_a, o + 1664), load_f32x8_at(pk_b, o + 1664)
+    for q in range(2):
+        p = 2 * (t % 8) + q
+        sa = f32x8_mul(load_i8x8_f32(pk_a, o + 1536 + 8 * p), da)
+        sb = f32x8_mul(load_i8x8_f32(pk_b, o + 1536 + 8 * p), db)
+        a0, a1, a2, a3 = _q6_k_codes(pk_a, o + 96 * p)
+        b0, b1, b2, b3 = _q6_k_codes(pk_b, o + 96 * p)
+        r = off + 512 * q
+        store_bf16_pair_rows(buf, r, a0, b0, 32, sa, zero, sb, zero)
+        store_bf16_pair_rows(buf, r + 128, a1, b1, 32, sa, zero, sb, zero)
+        store_bf16_pair_rows(buf, r + 256, a2, b2, 32, sa, zero, sb, zero)
+        store_bf16_pair_rows(buf, r + 384, a3, b3, 32, sa, zero, sb, zero)
 
 
-@njit(cache=True)
-def _q8_0_tiles(pk_a, pk_b, blocks, buf):
-    # 288 B per block: 8 steps x 32 B of code + 128, f32 d [8] at 256
+@njit(inline="always", cache=True)
+def _q8_0_tile(pk_a, pk_b, t, buf, off):
+    # 288 B per block (= tile): 8 steps x 32 B of code + 128, f32 d [8] at 256
     zero = f32x8_zero()
-    for b in range(blocks):
-        o = 288 * b
-        da, db = load_f32x8_at(pk_a, o + 256), load_f32x8_at(pk_b, o + 256)
-        for s in range(8):
-            store_bf16_pair_rows(buf, TILE_BYTES * b + 128 * s, load_b32(pk_a, o + 32 * s),
-                                 load_b32(pk_b, o + 32 * s), 128, da, zero, db, zero)
+    o = 288 * t
+    da, db = load_f32x8_at(pk_a, o + 256), load_f32x8_at(pk_b, o + 256)
+    for s in range(8):
+        store_bf16_pair_rows(buf, off + 128 * s, load_b32(pk_a, o + 32 * s),
+                             load_b32(pk_b, o + 32 * s), 128, da, zero, db, zero)
 
 
-@njit(cache=True)
+@njit(inline="always", cache=True)
 def _q5_0_codes(pk, o, s):
     """Codes of step s of the Q5_0 block at byte o: nibble | bit 4 (bit s of the high bytes)."""
-    nib = load_b32(pk, o + 32 * (s >> 1))
-    low = b32_and(nib, 15) if s % 2 == 0 else b32_shr(nib, 4)
+    low = b32_and(b32_shr(load_b32(pk, o + 32 * (s >> 1)), 4 * (s & 1)), 15)
     return b32_or(low, b32_shl(b32_and(b32_shr(load_b32(pk, o + 128), s), 1), 4))
 
 
-@njit(cache=True)
-def _q5_0_tiles(pk_a, pk_b, blocks, buf):
-    # 192 B per block: nibbles of steps 0|1, 2|3, 4|5, 6|7; bit 4 of step s in bit s; f32 d [8]
+@njit(inline="always", cache=True)
+def _q5_0_tile(pk_a, pk_b, t, buf, off):
+    # 192 B per block (= tile): nibbles of steps 0|1, 2|3, 4|5, 6|7; bit 4 of step s in bit s;
+    # f32 d [8] at 160
     zero = f32x8_zero()
-    for b in range(blocks):
-        o = 192 * b
-        da, db = load_f32x8_at(pk_a, o + 160), load_f32x8_at(pk_b, o + 160)
-        for s in range(8):
-            store_bf16_pair_rows(buf, TILE_BYTES * b + 128 * s, _q5_0_codes(pk_a, o, s),
-                                 _q5_0_codes(pk_b, o, s), 16, da, zero, db, zero)
+    o = 192 * t
+    da, db = load_f32x8_at(pk_a, o + 160), load_f32x8_at(pk_b, o + 160)
+    for s in range(8):
+        store_bf16_pair_rows(buf, off + 128 * s, _q5_0_codes(pk_a, o, s),
+                             _q5_0_codes(pk_b, o, s), 16, da, zero, db, zero)
 
 
 @njit(cache=True)

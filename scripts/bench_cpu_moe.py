@@ -5,9 +5,10 @@ shapes with Q4_K_M-like types (V3: Q4_K gate/up, Q6_K down; Lite: I=1408 is no m
 Q5_0 gate/up and Q8_0 down, llama.cpp's fallbacks), random valid blocks made in-process. Prints ms
 per layer, GB/s of distinct expert weights read and the percentage of the read bandwidth measured in
 the same run. `fast` mode runs on the packed copy (`ExpertWeights.pack()`, timed once per shape as
-load-time work), with Q4_K gate/up on AMX where the CPU has it; `fast-vnni` is fast mode with AMX
-off, for the two side by side. `--resident` caps the experts held in memory (routing draws from those), so the
-script fits small machines; `--quick` is a short run for 2-core CI machines. Then, at T=1, the
+load-time work), with experts of >= 12 tokens on AMX bf16 tiles where the CPU has AMX;
+`fast-vnni` is fast mode with AMX off (int8 VNNI kernels alone), for the two side by side.
+`--resident` caps the experts held in memory (routing draws from those), so the script fits
+small machines; `--quick` is a short run for 2-core CI machines. Then, at T=1, the
 per-call overhead of the synchronous call (outside its kernel) and the wake-up latency of a
 MoEPool with `--pool-threads` threads (submit -> kernel start, kernel end -> wait() returns),
 in microseconds, from cycle stamps the kernels write.
