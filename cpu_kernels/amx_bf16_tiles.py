@@ -117,22 +117,24 @@ def _q8_0_tile(pk_a, pk_b, t, buf, off):
 
 
 @njit(inline="always", cache=True)
-def _q5_0_codes(pk, o, s):
-    """Codes of step s of the Q5_0 block at byte o: nibble | bit 4 (bit s of the high bytes)."""
-    low = b32_and(b32_shr(load_b32(pk, o + 32 * (s >> 1)), 4 * (s & 1)), 15)
-    return b32_or(low, b32_shl(b32_and(b32_shr(load_b32(pk, o + 128), s), 1), 4))
-
-
-@njit(inline="always", cache=True)
 def _q5_0_tile(pk_a, pk_b, t, buf, off):
     # 192 B per block (= tile): nibbles of steps 0|1, 2|3, 4|5, 6|7; bit 4 of step s in bit s;
-    # f32 d [8] at 160
+    # f32 d [8] at 160. The high bits are shifted down one step at a time: constant shifts only
+    # (x86 has no variable byte shift)
     zero = f32x8_zero()
     o = 192 * t
     da, db = load_f32x8_at(pk_a, o + 160), load_f32x8_at(pk_b, o + 160)
-    for s in range(8):
-        store_bf16_pair_rows(buf, off + 128 * s, _q5_0_codes(pk_a, o, s),
-                             _q5_0_codes(pk_b, o, s), 16, da, zero, db, zero)
+    ha, hb = load_b32(pk_a, o + 128), load_b32(pk_b, o + 128)
+    for m in range(4):
+        na, nb = load_b32(pk_a, o + 32 * m), load_b32(pk_b, o + 32 * m)
+        ca = b32_or(b32_and(na, 15), b32_shl(b32_and(ha, 1), 4))
+        cb = b32_or(b32_and(nb, 15), b32_shl(b32_and(hb, 1), 4))
+        store_bf16_pair_rows(buf, off + 256 * m, ca, cb, 16, da, zero, db, zero)
+        ha, hb = b32_shr(ha, 1), b32_shr(hb, 1)
+        ca = b32_or(b32_shr(na, 4), b32_shl(b32_and(ha, 1), 4))
+        cb = b32_or(b32_shr(nb, 4), b32_shl(b32_and(hb, 1), 4))
+        store_bf16_pair_rows(buf, off + 256 * m + 128, ca, cb, 16, da, zero, db, zero)
+        ha, hb = b32_shr(ha, 1), b32_shr(hb, 1)
 
 
 @njit(cache=True)
