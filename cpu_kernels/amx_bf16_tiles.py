@@ -15,7 +15,8 @@ import numpy as np
 from numba import njit
 
 from cpu_kernels import qtypes as qt
-from cpu_kernels.simd import b32_and, b32_or, b32_shl, b32_shr, f32x8_zero, load_b32
+from cpu_kernels.packed_tiles import PREFETCH
+from cpu_kernels.simd import b32_and, b32_or, b32_shl, b32_shr, f32x8_zero, load_b32, prefetch
 from cpu_kernels.simd_bf16 import store_bf16_pair_rows
 from cpu_kernels.simd_rows import f32x8_mul, load_f32x8_at, load_i8x8_f32, load_u8x8_f32
 
@@ -38,6 +39,12 @@ def bf16_weight_tiles(qtype, pk_a, pk_b, cols, buf):
 @njit(inline="always", cache=True)
 def bf16_weight_tile(qtype, pk_a, pk_b, t, buf, off):
     """buf[off:off + 1024] = B tile t (columns 32t..32t+31) of rows pk_a (0-7), pk_b (8-15)."""
+    # packed bytes per tile (a block's share); hint the lines PREFETCH bytes ahead (packed_tiles)
+    per = 152 if qtype == Q4_K else 212 if qtype == Q6_K else 288 if qtype == Q8_0 else 192
+    ahead = per * t + PREFETCH
+    for line in range(0, per, 64):
+        prefetch(pk_a, ahead + line)
+        prefetch(pk_b, ahead + line)
     if qtype == Q4_K:
         _q4_k_tile(pk_a, pk_b, t, buf, off)
     elif qtype == Q6_K:

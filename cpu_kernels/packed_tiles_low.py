@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from cpu_kernels.packed_tiles import act_sum, dp_planes, plane_sum, store_tiles
+from cpu_kernels.packed_tiles import PREFETCH, act_sum, dp_planes, plane_sum, store_tiles
 from cpu_kernels.simd import (
     b32_and,
     b32_or,
@@ -24,6 +24,7 @@ from cpu_kernels.simd import (
     fma_i32,
     i32x8_zero,
     load_b32,
+    prefetch,
 )
 from cpu_kernels.simd_rows import (
     f32x8_fnma,
@@ -68,6 +69,8 @@ def q2_k_tile(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res, nt, two):
     f0, f1, f2, f3 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
     for b in range(pk.shape[0] // 704):
         o = b * 704
+        for line in range(0, 704, 64):
+            prefetch(pk, o + PREFETCH + line)
         dv = load_f32x8_at(pk, o + 640)
         mv = load_f32x8_at(pk, o + 672)
         for p in range(16):
@@ -98,6 +101,8 @@ def q3_k_tile(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res, nt, two):
     f0, f1, f2, f3 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
     for b in range(pk.shape[0] // 928):
         o = b * 928
+        for line in range(0, 928, 64):
+            prefetch(pk, o + PREFETCH + line)
         dv = load_f32x8_at(pk, o + 896)
         for p in range(16):
             v = load_b32(pk, o + 32 * p)

@@ -255,3 +255,20 @@ def hsum(typingctx, v):
             v = builder.fadd(v, builder.shuffle_vector(v, v, idx))
         return builder.extract_element(v, ir.Constant(_I32, 0))
     return types.float32(v), codegen
+
+
+@intrinsic
+def prefetch(typingctx, arr, idx):
+    """Hint the cache line of &arr[idx] into L1 (prefetcht0); never faults, even past the end."""
+    if not (isinstance(arr, types.Array) and isinstance(idx, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        i = context.cast(builder, args[1], sig.args[1], types.intp)
+        ptr = builder.bitcast(builder.gep(ary.data, [i]), ir.IntType(8).as_pointer())
+        fnty = ir.FunctionType(ir.VoidType(), [ptr.type, _I32, _I32, _I32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        builder.call(fn, [ptr, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+        return context.get_dummy_value()
+    return types.none(arr, idx), codegen
