@@ -104,9 +104,9 @@ def gate_up_rows(gate_type, g_a, g_b, up_type, u_a, u_b, xs, weights, s0, n, h, 
 
 @njit(cache=True)
 def _gate_up_streamed(gate_type, g_a, g_b, up_type, u_a, u_b, xs, s0, n, gbuf, ubuf, c, cfg):
-    """c = the gate/up sums of n <= 32 tokens, each weight tile dequantized one step ahead of
-    its products into 2-tile ping-pong buffers: the vector units dequantize tile t + 1 while
-    AMX multiplies tile t (with few tokens the products alone would leave them idle)."""
+    """c = the gate/up sums of n <= 32 tokens, each weight tile dequantized AHEAD steps before
+    its products into a ring of RING tiles: the vector units dequantize tile t + AHEAD while AMX
+    multiplies tile t (with few tokens the products alone would leave them idle)."""
     hidden, row = xs.shape[1] - ROW_PAD, xs.shape[1]
     stride, steps, a0 = 2 * row, hidden // 32, s0 * row
     for t in range(min(AHEAD, steps)):
