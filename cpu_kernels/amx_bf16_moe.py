@@ -71,12 +71,19 @@ def amx_bf16_moe_kernel(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk
     # per-thread scratch: 16 rows of weight tiles (x2 for gate and up), one set of C tiles
     wbuf = np.empty((threads, 2, max(hidden, inter) * 32), np.uint8)
     cbuf = np.empty((threads, 1024), f32)
-    xq, dx, xqsum, xsum4 = quantize_x(x)  # for the experts that stay on VNNI
+    fewest = num_slots
+    for u in range(num_used):
+        fewest = min(fewest, offsets[u + 1] - offsets[u])
+    gate_up_tiles = _tiles_ok(gate_type) and _tiles_ok(up_type)
+    down_tiles = _tiles_ok(down_type)
+    # int8 activations only where some expert stays on VNNI (an empty slice otherwise)
+    vnni_gate_up = fewest < min_tokens or not gate_up_tiles
+    vnni_down = fewest < min_tokens or not down_tiles
+    xq, dx, xqsum, xsum4 = quantize_x(x if vnni_gate_up else x[:0])
     xs = activation_rows(num_slots, hidden)  # [N + 32, H + 32] bf16
     for k in prange(num_slots):
         to_bf16(x[token_ids[k]], xs[k, :hidden])
     h = np.empty((num_slots, inter), f32)  # [N, I]
-    gate_up_tiles = _tiles_ok(gate_type) and _tiles_ok(up_type)
     blocks_i = (groups_i + 1) // 2
     for task in prange(num_used * blocks_i):
         u = task // blocks_i
@@ -93,11 +100,10 @@ def amx_bf16_moe_kernel(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk
             for rg in range(ga, gb + 1):
                 gate_up_group(gate_type, gate_pk[e, rg], up_type, up_pk[e, rg], xq, dx, xqsum,
                               xsum4, token_ids, weights, k_lo, k_hi, h, 8 * rg, inter)
-    hq, h_lo, hd, hqsum, hsum_flat = quantize_h(h)  # for the experts that stay on VNNI
+    hq, h_lo, hd, hqsum, hsum_flat = quantize_h(h if vnni_down else h[:0])
     hs = activation_rows(num_slots, inter)  # [N + 32, I + 32] bf16
     for k in prange(num_slots):
         to_bf16(h[k], hs[k, :inter])
-    down_tiles = _tiles_ok(down_type)
     for blk in prange((groups_h + 1) // 2):
         ga = 2 * blk
         gb = min(ga + 1, groups_h - 1)

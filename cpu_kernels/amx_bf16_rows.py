@@ -80,23 +80,17 @@ def gate_up_rows(gate_type, g_a, g_b, up_type, u_a, u_b, xs, weights, s0, n, h, 
         tile_zero_1()
         tile_zero_6()
         tile_zero_7()
-        if tb + 16 < n:
-            for t in range(steps):
-                tile_load_3(gbuf, TILE_BYTES * t, 64)
-                tile_load_4(ubuf, TILE_BYTES * t, 64)
-                tile_load_2(xs, a0 + 32 * t, stride)
-                bf16_dp_0_2_3()
-                bf16_dp_1_2_4()
+        two = tb + 16 < n
+        for t in range(steps):
+            tile_load_3(gbuf, TILE_BYTES * t, 64)
+            tile_load_4(ubuf, TILE_BYTES * t, 64)
+            tile_load_2(xs, a0 + 32 * t, stride)
+            bf16_dp_0_2_3()
+            bf16_dp_1_2_4()
+            if two:
                 tile_load_5(xs, a0 + 16 * row + 32 * t, stride)
                 bf16_dp_6_5_3()
                 bf16_dp_7_5_4()
-        else:
-            for t in range(steps):
-                tile_load_3(gbuf, TILE_BYTES * t, 64)
-                tile_load_4(ubuf, TILE_BYTES * t, 64)
-                tile_load_2(xs, a0 + 32 * t, stride)
-                bf16_dp_0_2_3()
-                bf16_dp_1_2_4()
         _store_sums(c)
         _silu_into_h(c, weights, s0 + tb, min(32, n - tb), h, r0)
     tile_release()
