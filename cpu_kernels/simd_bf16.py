@@ -11,9 +11,12 @@ row groups (rows 0-7 and 8-15 of the tile) into tile rows 2s and 2s + 1:
     tile row 2s     = (w[r, 0], w[r, 1]) for r = rows 0-7 of group a, then 0-7 of group b
     tile row 2s + 1 = (w[r, 2], w[r, 3]) likewise
 
-Every quant type reduces to this form once its codes are unpacked to bytes, in the order of
-gguf's own dequantization (so the float32 values are bit-identical to it): Q4_K code * (d * sc)
-- dmin * m, Q6_K (code - 32) * (d * sc), Q8_0 (code - 128) * d, Q5_0 (code - 16) * d (offset 0).
+Every quant type reduces to this form once its codes are unpacked to bytes, with gguf's own
+scales: Q4_K code * (d * sc) - dmin * m, Q6_K (code - 32) * (d * sc), Q8_0 (code - 128) * d,
+Q5_0 (code - 16) * d. The float32 values are bit-identical to gguf's dequantization: with
+offset 0 the fused multiply-add is gguf's one product, and Q4_K's code * (d * sc) is exact in
+float32 (an fp16 d, a 6-bit sc and a 4-bit code: at most 21 significant bits), so gguf's second
+rounding, of the difference, is the only one either way.
 One call writes 128 bytes at byte `idx` of a uint8 array: no scatter, two 64-byte stores.
 """
 
@@ -31,6 +34,14 @@ _V16I32, _V16F32 = ir.VectorType(_I32, 16), ir.VectorType(_F32, 16)
 _ROW_SPLAT = ir.Constant(_V32I32, [i // 4 for i in range(32)])  # lane 4r + j <- row r
 
 
+def _fma(module):
+    """llvm.fma on <32 x float>, declared once per module."""
+    name = "llvm.fma.v32f32"
+    if name in module.globals:
+        return module.globals[name]
+    return ir.Function(module, ir.FunctionType(_V32F32, [_V32F32] * 3), name)
+
+
 def _dequant_bf16(builder, codes, zero, scale, offset):
     """<32 x i8> codes -> <32 x i16> bf16 bits of (code - zero) * scale[r] - offset[r]
     (lane 4r + j); zero an i32."""
@@ -39,7 +50,9 @@ def _dequant_bf16(builder, codes, zero, scale, offset):
     v = builder.sitofp(builder.sub(builder.zext(codes, _V32I32), z), _V32F32)
     s = builder.shuffle_vector(scale, scale, _ROW_SPLAT)
     o = builder.shuffle_vector(offset, offset, _ROW_SPLAT)
-    w = builder.fsub(builder.fmul(v, s), o)
+    # one fused multiply-add: 4 fewer instructions per 64 weights than a multiply and a
+    # subtract, and the same float32 values (module docstring)
+    w = builder.call(_fma(builder.module), [v, s, builder.fneg(o)])
     lo = builder.shuffle_vector(w, w, ir.Constant(_V16I32, list(range(16))))
     hi = builder.shuffle_vector(w, w, ir.Constant(_V16I32, list(range(16, 32))))
     # vcvtne2ps2bf16 (AVX512-BF16, on every CPU with AMX): round to nearest even, one
