@@ -28,76 +28,56 @@ def _specialize(body, nt: int, two: bool, block_bytes: int = 0):
     return tile
 
 
-# [1 row 1 plane, 4 rows 1 plane, 1 row 2 planes, 4 rows 2 planes]; numba calls module globals
-Q4_K_0, Q4_K_1, Q4_K_2, Q4_K_3 = [_specialize(q4_k_tile, n, p) for p in (False, True)
-                                  for n in (1, 4)]
-Q6_K_0, Q6_K_1, Q6_K_2, Q6_K_3 = [_specialize(q6_k_tile, n, p) for p in (False, True)
-                                  for n in (1, 4)]
-Q8_0_0, Q8_0_1, Q8_0_2, Q8_0_3 = [_specialize(g32_tile, n, p, 288) for p in (False, True)
-                                  for n in (1, 4)]
-Q5_0_0, Q5_0_1, Q5_0_2, Q5_0_3 = [_specialize(g32_tile, n, p, 192) for p in (False, True)
-                                  for n in (1, 4)]
-Q2_K_0, Q2_K_1, Q2_K_2, Q2_K_3 = [_specialize(q2_k_tile, n, p) for p in (False, True)
-                                  for n in (1, 4)]
-Q3_K_0, Q3_K_1, Q3_K_2, Q3_K_3 = [_specialize(q3_k_tile, n, p) for p in (False, True)
-                                  for n in (1, 4)]
+# variant v = [1, 2, 4 activation rows][v % 3], two planes when v >= 3; numba calls globals
+Q4_K_V = tuple(_specialize(q4_k_tile, n, p) for p in (False, True) for n in (1, 2, 4))
+Q6_K_V = tuple(_specialize(q6_k_tile, n, p) for p in (False, True) for n in (1, 2, 4))
+Q8_0_V = tuple(_specialize(g32_tile, n, p, 288) for p in (False, True) for n in (1, 2, 4))
+Q5_0_V = tuple(_specialize(g32_tile, n, p, 192) for p in (False, True) for n in (1, 2, 4))
+Q2_K_V = tuple(_specialize(q2_k_tile, n, p) for p in (False, True) for n in (1, 2, 4))
+Q3_K_V = tuple(_specialize(q3_k_tile, n, p) for p in (False, True) for n in (1, 2, 4))
+Q4_K_0, Q4_K_1, Q4_K_2, Q4_K_3, Q4_K_4, Q4_K_5 = Q4_K_V
+Q6_K_0, Q6_K_1, Q6_K_2, Q6_K_3, Q6_K_4, Q6_K_5 = Q6_K_V
+Q8_0_0, Q8_0_1, Q8_0_2, Q8_0_3, Q8_0_4, Q8_0_5 = Q8_0_V
+Q5_0_0, Q5_0_1, Q5_0_2, Q5_0_3, Q5_0_4, Q5_0_5 = Q5_0_V
+Q2_K_0, Q2_K_1, Q2_K_2, Q2_K_3, Q2_K_4, Q2_K_5 = Q2_K_V
+Q3_K_0, Q3_K_1, Q3_K_2, Q3_K_3, Q3_K_4, Q3_K_5 = Q3_K_V
+
+
+@njit(inline="always", cache=True)
+def _call(f0, f1, f2, f3, f4, f5, v, pk, xq, lo_off, dx, sums, t0, t1, t2, t3, res):
+    if v == 0:
+        f0(pk, xq, lo_off, dx, sums, t0, t1, t2, t3, res)
+    elif v == 1:
+        f1(pk, xq, lo_off, dx, sums, t0, t1, t2, t3, res)
+    elif v == 2:
+        f2(pk, xq, lo_off, dx, sums, t0, t1, t2, t3, res)
+    elif v == 3:
+        f3(pk, xq, lo_off, dx, sums, t0, t1, t2, t3, res)
+    elif v == 4:
+        f4(pk, xq, lo_off, dx, sums, t0, t1, t2, t3, res)
+    else:
+        f5(pk, xq, lo_off, dx, sums, t0, t1, t2, t3, res)
 
 
 @njit(cache=True)
 def packed_tile(qtype, pk, xq, lo_off, dx, xqsum, xsum4, t0, t1, t2, t3, nt, res) -> None:
     """res[8 i + l] = dot(row l of the group, activation row t_i) for i < nt (see module doc)."""
-    v = (0 if nt == 1 else 1) + (2 if lo_off != 0 else 0)
+    v = (0 if nt == 1 else 1 if nt == 2 else 2) + (3 if lo_off != 0 else 0)
     if qtype == Q4_K:
-        if v == 0:
-            Q4_K_0(pk, xq, lo_off, dx, xqsum, t0, t1, t2, t3, res)
-        elif v == 1:
-            Q4_K_1(pk, xq, lo_off, dx, xqsum, t0, t1, t2, t3, res)
-        elif v == 2:
-            Q4_K_2(pk, xq, lo_off, dx, xqsum, t0, t1, t2, t3, res)
-        else:
-            Q4_K_3(pk, xq, lo_off, dx, xqsum, t0, t1, t2, t3, res)
+        _call(Q4_K_0, Q4_K_1, Q4_K_2, Q4_K_3, Q4_K_4, Q4_K_5, v, pk, xq, lo_off, dx, xqsum, t0,
+              t1, t2, t3, res)
     elif qtype == Q6_K:
-        if v == 0:
-            Q6_K_0(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
-        elif v == 1:
-            Q6_K_1(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
-        elif v == 2:
-            Q6_K_2(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
-        else:
-            Q6_K_3(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
+        _call(Q6_K_0, Q6_K_1, Q6_K_2, Q6_K_3, Q6_K_4, Q6_K_5, v, pk, xq, lo_off, dx, xsum4, t0,
+              t1, t2, t3, res)
     elif qtype == Q8_0:
-        if v == 0:
-            Q8_0_0(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
-        elif v == 1:
-            Q8_0_1(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
-        elif v == 2:
-            Q8_0_2(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
-        else:
-            Q8_0_3(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
+        _call(Q8_0_0, Q8_0_1, Q8_0_2, Q8_0_3, Q8_0_4, Q8_0_5, v, pk, xq, lo_off, dx, xsum4, t0,
+              t1, t2, t3, res)
     elif qtype == Q5_0:
-        if v == 0:
-            Q5_0_0(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
-        elif v == 1:
-            Q5_0_1(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
-        elif v == 2:
-            Q5_0_2(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
-        else:
-            Q5_0_3(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
+        _call(Q5_0_0, Q5_0_1, Q5_0_2, Q5_0_3, Q5_0_4, Q5_0_5, v, pk, xq, lo_off, dx, xsum4, t0,
+              t1, t2, t3, res)
     elif qtype == Q2_K:
-        if v == 0:
-            Q2_K_0(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
-        elif v == 1:
-            Q2_K_1(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
-        elif v == 2:
-            Q2_K_2(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
-        else:
-            Q2_K_3(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
+        _call(Q2_K_0, Q2_K_1, Q2_K_2, Q2_K_3, Q2_K_4, Q2_K_5, v, pk, xq, lo_off, dx, xsum4, t0,
+              t1, t2, t3, res)
     elif qtype == Q3_K:
-        if v == 0:
-            Q3_K_0(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
-        elif v == 1:
-            Q3_K_1(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
-        elif v == 2:
-            Q3_K_2(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
-        else:
-            Q3_K_3(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res)
+        _call(Q3_K_0, Q3_K_1, Q3_K_2, Q3_K_3, Q3_K_4, Q3_K_5, v, pk, xq, lo_off, dx, xsum4, t0,
+              t1, t2, t3, res)
