@@ -3,7 +3,7 @@
 DeepSeek-V3 (H 7168, I 2048, 256 experts, top-8) and V2-Lite (H 2048, I 1408, 64 experts, top-6)
 shapes with Q4_K_M-like types (V3: Q4_K gate/up, Q6_K down; Lite: I=1408 is no multiple of 256, so
 Q5_0 gate/up and Q8_0 down, llama.cpp's fallbacks), random valid blocks made in-process. Prints ms
-per layer, GB/s of distinct expert weights read and the percentage of the read bandwidth measured in
+per layer (the median call), GB/s of distinct expert weights read and the percentage of the read bandwidth measured in
 the same run. `fast` mode runs on the packed copy (`ExpertWeights.pack()`, timed once per shape as
 load-time work), with experts of >= 12 tokens on AMX bf16 tiles where the CPU has AMX;
 `fast-vnni` is fast mode with AMX off (int8 VNNI kernels alone), for the two side by side.
@@ -118,15 +118,20 @@ def bench_shape(name: str, tokens: list[int], resident: int, mode: str, repeats:
         moe_forward(x, routes[1], weights, experts, out, mode=mode, use_amx=use_amx)
         # large T: fewer repeats, about a second per row at most
         reps = max(1, min(repeats, int(1.0 / max(time.perf_counter() - t, 1e-6))))
-        t = time.perf_counter()
+        times = []
         for ids in routes[1:reps + 1]:
+            t = time.perf_counter()
             moe_forward(x, ids, weights, experts, out, mode=mode, use_amx=use_amx)
-        ms = (time.perf_counter() - t) / reps * 1e3
+            times.append(time.perf_counter() - t)
+        # the median call: a shape's first calls after packing sometimes take several times
+        # longer (3-14 ms at T=1 on the GPU machine), and a mean of 5 carried that into the row
+        ms = float(np.median(times)) * 1e3
         distinct = np.mean([np.unique(ids).size for ids in routes[1:reps + 1]])
         gbs = distinct * experts.expert_nbytes() / (ms / 1e3) / 1e9
         rows.append({"shape": name, "mode": label, "tokens": num_tokens,
                      "threads": numba.get_num_threads(), "resident_experts": resident,
                      "distinct_experts": float(distinct), "ms": round(ms, 3),
+                     "ms_mean": round(float(np.mean(times)) * 1e3, 3), "calls": reps,
                      "weight_gbs": round(gbs, 2), "pct_bandwidth": round(100 * gbs / bandwidth, 1),
                      "bandwidth_gbs": round(bandwidth, 2)})
         r = rows[-1]
