@@ -34,10 +34,12 @@ from cpu_kernels.routing import route
 f32 = np.float32
 TILE_CONFIG_BF16 = tile_shapes_bf16()
 TILE_CONFIG_BF16.flags.writeable = False
-# Experts with fewer tokens run VNNI: measured on Sapphire Rapids (V3 shapes, the whole MoE), AMX
-# bf16 runs 0.5x VNNI's speed at 4 tokens per expert, 1.0x at 8, 1.6x at 16, 2.2x at 32, 4x at
-# 64-128 on one thread; on 16 threads a threshold of 8 made T=32 (4-12 tokens per expert)
-# slower than VNNI alone (62-74 vs 60-62 ms), at 16 tokens AMX wins 2x.
+# Experts with fewer tokens run VNNI. AMX's cost per expert is nearly flat up to 16 tokens (its
+# dequantization), VNNI's grows with every 4 tokens. Measured on the GPU machine (V3 shapes, 16
+# threads, thread-ms per expert, 8 experts each given n tokens): AMX 15.8 / 15.6 / 16.3 / 16.2
+# at n = 4 / 8 / 12 / 16, 23 at 24-32; VNNI 8.9 / 15.4 / 23.1 / 30.3, 60-68 at 24-32. Break-even
+# is near 8; thresholds of 8 and 12 gave T=32 and T=128 (64 experts) within run noise of each
+# other (41.3 vs 41.4 ms, 68.9-70.6 vs 65.8-75.2 ms), 16 made T=128 slower (91.8 ms).
 MIN_TOKENS = 12
 
 
