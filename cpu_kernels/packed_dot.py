@@ -28,23 +28,23 @@ def _specialize(body, nt: int, two: bool, block_bytes: int = 0):
     return tile
 
 
-# variant v = [1, 2, 4 activation rows][v % 3], two planes when v >= 3; numba calls globals
-Q4_K_V = tuple(_specialize(q4_k_tile, n, p) for p in (False, True) for n in (1, 2, 4))
-Q6_K_V = tuple(_specialize(q6_k_tile, n, p) for p in (False, True) for n in (1, 2, 4))
-Q8_0_V = tuple(_specialize(g32_tile, n, p, 288) for p in (False, True) for n in (1, 2, 4))
-Q5_0_V = tuple(_specialize(g32_tile, n, p, 192) for p in (False, True) for n in (1, 2, 4))
-Q2_K_V = tuple(_specialize(q2_k_tile, n, p) for p in (False, True) for n in (1, 2, 4))
-Q3_K_V = tuple(_specialize(q3_k_tile, n, p) for p in (False, True) for n in (1, 2, 4))
-Q4_K_0, Q4_K_1, Q4_K_2, Q4_K_3, Q4_K_4, Q4_K_5 = Q4_K_V
-Q6_K_0, Q6_K_1, Q6_K_2, Q6_K_3, Q6_K_4, Q6_K_5 = Q6_K_V
-Q8_0_0, Q8_0_1, Q8_0_2, Q8_0_3, Q8_0_4, Q8_0_5 = Q8_0_V
-Q5_0_0, Q5_0_1, Q5_0_2, Q5_0_3, Q5_0_4, Q5_0_5 = Q5_0_V
-Q2_K_0, Q2_K_1, Q2_K_2, Q2_K_3, Q2_K_4, Q2_K_5 = Q2_K_V
-Q3_K_0, Q3_K_1, Q3_K_2, Q3_K_3, Q3_K_4, Q3_K_5 = Q3_K_V
+# variant v: v % 4 + 1 activation rows, two planes when v >= 4; numba calls module globals
+Q4_K_V = tuple(_specialize(q4_k_tile, n, p) for p in (False, True) for n in (1, 2, 3, 4))
+Q6_K_V = tuple(_specialize(q6_k_tile, n, p) for p in (False, True) for n in (1, 2, 3, 4))
+Q8_0_V = tuple(_specialize(g32_tile, n, p, 288) for p in (False, True) for n in (1, 2, 3, 4))
+Q5_0_V = tuple(_specialize(g32_tile, n, p, 192) for p in (False, True) for n in (1, 2, 3, 4))
+Q2_K_V = tuple(_specialize(q2_k_tile, n, p) for p in (False, True) for n in (1, 2, 3, 4))
+Q3_K_V = tuple(_specialize(q3_k_tile, n, p) for p in (False, True) for n in (1, 2, 3, 4))
+Q4_K_0, Q4_K_1, Q4_K_2, Q4_K_3, Q4_K_4, Q4_K_5, Q4_K_6, Q4_K_7 = Q4_K_V
+Q6_K_0, Q6_K_1, Q6_K_2, Q6_K_3, Q6_K_4, Q6_K_5, Q6_K_6, Q6_K_7 = Q6_K_V
+Q8_0_0, Q8_0_1, Q8_0_2, Q8_0_3, Q8_0_4, Q8_0_5, Q8_0_6, Q8_0_7 = Q8_0_V
+Q5_0_0, Q5_0_1, Q5_0_2, Q5_0_3, Q5_0_4, Q5_0_5, Q5_0_6, Q5_0_7 = Q5_0_V
+Q2_K_0, Q2_K_1, Q2_K_2, Q2_K_3, Q2_K_4, Q2_K_5, Q2_K_6, Q2_K_7 = Q2_K_V
+Q3_K_0, Q3_K_1, Q3_K_2, Q3_K_3, Q3_K_4, Q3_K_5, Q3_K_6, Q3_K_7 = Q3_K_V
 
 
 @njit(inline="always", cache=True)
-def _call(f0, f1, f2, f3, f4, f5, v, pk, xq, lo_off, dx, sums, t0, t1, t2, t3, res):
+def _call(f0, f1, f2, f3, f4, f5, f6, f7, v, pk, xq, lo_off, dx, sums, t0, t1, t2, t3, res):
     if v == 0:
         f0(pk, xq, lo_off, dx, sums, t0, t1, t2, t3, res)
     elif v == 1:
@@ -55,29 +55,33 @@ def _call(f0, f1, f2, f3, f4, f5, v, pk, xq, lo_off, dx, sums, t0, t1, t2, t3, r
         f3(pk, xq, lo_off, dx, sums, t0, t1, t2, t3, res)
     elif v == 4:
         f4(pk, xq, lo_off, dx, sums, t0, t1, t2, t3, res)
-    else:
+    elif v == 5:
         f5(pk, xq, lo_off, dx, sums, t0, t1, t2, t3, res)
+    elif v == 6:
+        f6(pk, xq, lo_off, dx, sums, t0, t1, t2, t3, res)
+    else:
+        f7(pk, xq, lo_off, dx, sums, t0, t1, t2, t3, res)
 
 
 @njit(cache=True)
 def packed_tile(qtype, pk, xq, lo_off, dx, xqsum, xsum4, t0, t1, t2, t3, nt, res) -> None:
     """res[8 i + l] = dot(row l of the group, activation row t_i) for i < nt (see module doc)."""
-    v = (0 if nt == 1 else 1 if nt == 2 else 2) + (3 if lo_off != 0 else 0)
+    v = min(nt, 4) - 1 + (4 if lo_off != 0 else 0)
     if qtype == Q4_K:
-        _call(Q4_K_0, Q4_K_1, Q4_K_2, Q4_K_3, Q4_K_4, Q4_K_5, v, pk, xq, lo_off, dx, xqsum, t0,
-              t1, t2, t3, res)
+        _call(Q4_K_0, Q4_K_1, Q4_K_2, Q4_K_3, Q4_K_4, Q4_K_5, Q4_K_6, Q4_K_7, v, pk, xq, lo_off, dx,
+              xqsum, t0, t1, t2, t3, res)
     elif qtype == Q6_K:
-        _call(Q6_K_0, Q6_K_1, Q6_K_2, Q6_K_3, Q6_K_4, Q6_K_5, v, pk, xq, lo_off, dx, xsum4, t0,
-              t1, t2, t3, res)
+        _call(Q6_K_0, Q6_K_1, Q6_K_2, Q6_K_3, Q6_K_4, Q6_K_5, Q6_K_6, Q6_K_7, v, pk, xq, lo_off, dx,
+              xsum4, t0, t1, t2, t3, res)
     elif qtype == Q8_0:
-        _call(Q8_0_0, Q8_0_1, Q8_0_2, Q8_0_3, Q8_0_4, Q8_0_5, v, pk, xq, lo_off, dx, xsum4, t0,
-              t1, t2, t3, res)
+        _call(Q8_0_0, Q8_0_1, Q8_0_2, Q8_0_3, Q8_0_4, Q8_0_5, Q8_0_6, Q8_0_7, v, pk, xq, lo_off, dx,
+              xsum4, t0, t1, t2, t3, res)
     elif qtype == Q5_0:
-        _call(Q5_0_0, Q5_0_1, Q5_0_2, Q5_0_3, Q5_0_4, Q5_0_5, v, pk, xq, lo_off, dx, xsum4, t0,
-              t1, t2, t3, res)
+        _call(Q5_0_0, Q5_0_1, Q5_0_2, Q5_0_3, Q5_0_4, Q5_0_5, Q5_0_6, Q5_0_7, v, pk, xq, lo_off, dx,
+              xsum4, t0, t1, t2, t3, res)
     elif qtype == Q2_K:
-        _call(Q2_K_0, Q2_K_1, Q2_K_2, Q2_K_3, Q2_K_4, Q2_K_5, v, pk, xq, lo_off, dx, xsum4, t0,
-              t1, t2, t3, res)
+        _call(Q2_K_0, Q2_K_1, Q2_K_2, Q2_K_3, Q2_K_4, Q2_K_5, Q2_K_6, Q2_K_7, v, pk, xq, lo_off, dx,
+              xsum4, t0, t1, t2, t3, res)
     elif qtype == Q3_K:
-        _call(Q3_K_0, Q3_K_1, Q3_K_2, Q3_K_3, Q3_K_4, Q3_K_5, v, pk, xq, lo_off, dx, xsum4, t0,
-              t1, t2, t3, res)
+        _call(Q3_K_0, Q3_K_1, Q3_K_2, Q3_K_3, Q3_K_4, Q3_K_5, Q3_K_6, Q3_K_7, v, pk, xq, lo_off, dx,
+              xsum4, t0, t1, t2, t3, res)

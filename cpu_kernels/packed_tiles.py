@@ -8,8 +8,8 @@ weights, xq * dx) up to float32 rounding.
 pk: [row_group_bytes] uint8 (one row group of one expert)  xq: [P * n, C] int8 (plane lo at
 flat offset lo_off)  dx, xqsum: [n, C/32] f32  xsum4: [n * C/4] int32 (flat)  t0..t3: activation rows
 res: [32] f32, res[8 i : 8 i + 8] = the 8 row dots of activation row t_i (i < nt).
-`nt` is 1, 2 or 4 (3 tokens run as 4, the last repeated): with 2 tokens the 4-token tile would
-spend half its products on padding, and decode batches give most experts 1 or 2 tokens.
+`nt` is 1 to 4, each its own specialization: a 4-token tile given fewer tokens would spend its
+spare products on padding, and decode batches give most experts 1 to 3 tokens.
 NOTE: `nt` and the plane count are compile-time constants of each specialization: the tile
 bodies are inlined into them by numba (inline="always"). The small helpers are plain functions
 that LLVM inlines: numba-level inlining copies the IR per call site, which made these
@@ -127,15 +127,17 @@ def q4_k_tile(pk, xq, lo_off, dx, xqsum, t0, t1, t2, t3, res, nt, two):
                     if nt > 2:
                         a2h, a2l, b2h, b2l = _q4k_chunk(lo, hi, xq, t2 * cols + x4, lo_off, two,
                                                         a2h, a2l, b2h, b2l)
-                        a3h, a3l, b3h, b3l = _q4k_chunk(lo, hi, xq, t3 * cols + x4, lo_off, two,
-                                                        a3h, a3l, b3h, b3l)
+                        if nt > 3:
+                            a3h, a3l, b3h, b3l = _q4k_chunk(lo, hi, xq, t3 * cols + x4, lo_off, two,
+                                                            a3h, a3l, b3h, b3l)
             g = xb >> 5
             f0 = _q4k_fin(a0h, a0l, b0h, b0l, two, s0, s1, m0, m1, dx, xqsum, t0, g, f0)
             if nt > 1:
                 f1 = _q4k_fin(a1h, a1l, b1h, b1l, two, s0, s1, m0, m1, dx, xqsum, t1, g, f1)
                 if nt > 2:
                     f2 = _q4k_fin(a2h, a2l, b2h, b2l, two, s0, s1, m0, m1, dx, xqsum, t2, g, f2)
-                    f3 = _q4k_fin(a3h, a3l, b3h, b3l, two, s0, s1, m0, m1, dx, xqsum, t3, g, f3)
+                    if nt > 3:
+                        f3 = _q4k_fin(a3h, a3l, b3h, b3l, two, s0, s1, m0, m1, dx, xqsum, t3, g, f3)
     store_tiles(res, f0, f1, f2, f3, nt)
 
 
@@ -146,6 +148,7 @@ def store_tiles(res, f0, f1, f2, f3, nt):
         store_f32x8(res, 8, f1)
     if nt > 2:
         store_f32x8(res, 16, f2)
+    if nt > 3:
         store_f32x8(res, 24, f3)
 
 
@@ -189,8 +192,9 @@ def q6_k_tile(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res, nt, two):
                 if nt > 2:
                     f2 = _q6k_sub(q0, q1, q2, q3, xq, t2 * cols + xb, lo_off, two, sv, dx, xsum4,
                                   t2, g, f2)
-                    f3 = _q6k_sub(q0, q1, q2, q3, xq, t3 * cols + xb, lo_off, two, sv, dx, xsum4,
-                                  t3, g, f3)
+                    if nt > 3:
+                        f3 = _q6k_sub(q0, q1, q2, q3, xq, t3 * cols + xb, lo_off, two, sv, dx,
+                                      xsum4, t3, g, f3)
     store_tiles(res, f0, f1, f2, f3, nt)
 
 
@@ -257,6 +261,7 @@ def g32_tile(block_bytes, pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res, nt, tw
             if nt > 2:
                 f2 = _g32_group(q0, q1, q2, q3, q4, q5, q6, q7, shift, xq, t2 * cols + xb, lo_off,
                                 two, dv, dx, xsum4, t2, g, f2)
-                f3 = _g32_group(q0, q1, q2, q3, q4, q5, q6, q7, shift, xq, t3 * cols + xb, lo_off,
-                                two, dv, dx, xsum4, t3, g, f3)
+                if nt > 3:
+                    f3 = _g32_group(q0, q1, q2, q3, q4, q5, q6, q7, shift, xq, t3 * cols + xb,
+                                    lo_off, two, dv, dx, xsum4, t3, g, f3)
     store_tiles(res, f0, f1, f2, f3, nt)

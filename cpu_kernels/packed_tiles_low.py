@@ -89,10 +89,11 @@ def q2_k_tile(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res, nt, two):
                 f1 = _q2k_sub(q0, q1, q2, q3, xq, t1 * cols + xb, lo_off, two, sv, mn, dx, xsum4,
                               t1, g, f1)
                 if nt > 2:
-                    f2 = _q2k_sub(q0, q1, q2, q3, xq, t2 * cols + xb, lo_off, two, sv, mn, dx, xsum4,
-                                  t2, g, f2)
-                    f3 = _q2k_sub(q0, q1, q2, q3, xq, t3 * cols + xb, lo_off, two, sv, mn, dx, xsum4,
-                                  t3, g, f3)
+                    f2 = _q2k_sub(q0, q1, q2, q3, xq, t2 * cols + xb, lo_off, two, sv, mn, dx,
+                                  xsum4, t2, g, f2)
+                    if nt > 3:
+                        f3 = _q2k_sub(q0, q1, q2, q3, xq, t3 * cols + xb, lo_off, two, sv, mn, dx,
+                                      xsum4, t3, g, f3)
     store_tiles(res, f0, f1, f2, f3, nt)
 
 
@@ -123,6 +124,7 @@ def q3_k_tile(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res, nt, two):
                 if nt > 2:
                     f2 = _q3k_sub(q0, q1, q2, q3, xq, t2 * cols + xb, lo_off, two, sv, dx, xsum4,
                                   t2, g, f2)
-                    f3 = _q3k_sub(q0, q1, q2, q3, xq, t3 * cols + xb, lo_off, two, sv, dx, xsum4,
-                                  t3, g, f3)
+                    if nt > 3:
+                        f3 = _q3k_sub(q0, q1, q2, q3, xq, t3 * cols + xb, lo_off, two, sv, dx,
+                                      xsum4, t3, g, f3)
     store_tiles(res, f0, f1, f2, f3, nt)
