@@ -99,9 +99,9 @@ def amx_bf16_moe_kernel(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk
                          up_pk[e, gb], xs, weights, k_lo, k_hi - k_lo, h, 8 * ga, wbuf[tid, 0],
                          wbuf[tid, 1], cbuf[tid], cfg)
         else:
-            for rg in range(ga, gb + 1):
-                gate_up_group(gate_type, gate_pk[e, rg], up_type, up_pk[e, rg], xq, dx, xqsum,
-                              xsum4, token_ids, weights, k_lo, k_hi, h, 8 * rg, inter)
+            gate_up_group(gate_type, gate_pk[e, ga], gate_pk[e, gb], up_type, up_pk[e, ga],
+                          up_pk[e, gb], xq, dx, xqsum, xsum4, token_ids, weights, k_lo, k_hi, h,
+                          8 * ga, inter)
     hq, h_lo, hd, hqsum, hsum_flat = quantize_h(h if vnni_down else h[:0])
     hs = activation_rows(num_slots, inter)  # [N + 32, I + 32] bf16
     for k in prange(num_slots):
@@ -121,7 +121,6 @@ def amx_bf16_moe_kernel(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk
                 down_rows(down_type, down_pk[e, ga], down_pk[e, gb], hs, k_lo, k_hi - k_lo,
                           token_ids, out, r0, lanes, wbuf[tid, 0], cbuf[tid], cfg)
             else:
-                for rg in range(ga, gb + 1):
-                    down_group(down_type, down_pk[e, rg], hq, h_lo, hd, hqsum, hsum_flat,
-                               token_ids, k_lo, k_hi, out, 8 * rg, min(8, hidden - 8 * rg))
+                down_group(down_type, down_pk[e, ga], down_pk[e, gb], hq, h_lo, hd, hqsum,
+                           hsum_flat, token_ids, k_lo, k_hi, out, r0, lanes)
     stamps[1] = cycles()

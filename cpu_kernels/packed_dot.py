@@ -1,7 +1,8 @@
 """Dispatch of the packed tiles on the ggml type id, one compiled specialization per shape.
 
-packed_tile(qtype, pk, xq, lo_off, dx, xqsum, xsum4, t0..t3, nt, res): see packed_tiles for the
-arguments; `xsum4` is flat ([n * C/4]) and `lo_off` != 0 selects the two-plane tiles.
+packed_tile(qtype, pa, pb, xq, lo_off, dx, xqsum, xsum4, t0..t3, nt, res): 16 rows (row groups pa
+and pb) x nt activation rows, see packed_tiles for the arguments; `xsum4` is flat ([n * C/4])
+and `lo_off` != 0 selects the two-plane tiles.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ Q4_K, Q6_K, Q8_0, Q5_0, Q2_K, Q3_K = qt.Q4_K, qt.Q6_K, qt.Q8_0, qt.Q5_0, qt.Q2_K
 def _specialize(body, nt: int, two: bool, block_bytes: int = 0):
     if block_bytes:
         @njit(cache=True)
-        def tile_g32(pk, xq, lo_off, dx, sums, t0, t1, t2, t3, res):
-            g32_tile(block_bytes, pk, xq, lo_off, dx, sums, t0, t1, t2, t3, res, nt, two)
+        def tile_g32(pa, pb, xq, lo_off, dx, sums, t0, t1, t2, t3, res):
+            g32_tile(block_bytes, pa, pb, xq, lo_off, dx, sums, t0, t1, t2, t3, res, nt, two)
         return tile_g32
 
     @njit(cache=True)
-    def tile(pk, xq, lo_off, dx, sums, t0, t1, t2, t3, res):
-        body(pk, xq, lo_off, dx, sums, t0, t1, t2, t3, res, nt, two)
+    def tile(pa, pb, xq, lo_off, dx, sums, t0, t1, t2, t3, res):
+        body(pa, pb, xq, lo_off, dx, sums, t0, t1, t2, t3, res, nt, two)
     return tile
 
 
@@ -44,44 +45,44 @@ Q3_K_0, Q3_K_1, Q3_K_2, Q3_K_3, Q3_K_4, Q3_K_5, Q3_K_6, Q3_K_7 = Q3_K_V
 
 
 @njit(inline="always", cache=True)
-def _call(f0, f1, f2, f3, f4, f5, f6, f7, v, pk, xq, lo_off, dx, sums, t0, t1, t2, t3, res):
+def _call(f0, f1, f2, f3, f4, f5, f6, f7, v, pa, pb, xq, lo_off, dx, sums, t0, t1, t2, t3, res):
     if v == 0:
-        f0(pk, xq, lo_off, dx, sums, t0, t1, t2, t3, res)
+        f0(pa, pb, xq, lo_off, dx, sums, t0, t1, t2, t3, res)
     elif v == 1:
-        f1(pk, xq, lo_off, dx, sums, t0, t1, t2, t3, res)
+        f1(pa, pb, xq, lo_off, dx, sums, t0, t1, t2, t3, res)
     elif v == 2:
-        f2(pk, xq, lo_off, dx, sums, t0, t1, t2, t3, res)
+        f2(pa, pb, xq, lo_off, dx, sums, t0, t1, t2, t3, res)
     elif v == 3:
-        f3(pk, xq, lo_off, dx, sums, t0, t1, t2, t3, res)
+        f3(pa, pb, xq, lo_off, dx, sums, t0, t1, t2, t3, res)
     elif v == 4:
-        f4(pk, xq, lo_off, dx, sums, t0, t1, t2, t3, res)
+        f4(pa, pb, xq, lo_off, dx, sums, t0, t1, t2, t3, res)
     elif v == 5:
-        f5(pk, xq, lo_off, dx, sums, t0, t1, t2, t3, res)
+        f5(pa, pb, xq, lo_off, dx, sums, t0, t1, t2, t3, res)
     elif v == 6:
-        f6(pk, xq, lo_off, dx, sums, t0, t1, t2, t3, res)
+        f6(pa, pb, xq, lo_off, dx, sums, t0, t1, t2, t3, res)
     else:
-        f7(pk, xq, lo_off, dx, sums, t0, t1, t2, t3, res)
+        f7(pa, pb, xq, lo_off, dx, sums, t0, t1, t2, t3, res)
 
 
 @njit(cache=True)
-def packed_tile(qtype, pk, xq, lo_off, dx, xqsum, xsum4, t0, t1, t2, t3, nt, res) -> None:
-    """res[8 i + l] = dot(row l of the group, activation row t_i) for i < nt (see module doc)."""
+def packed_tile(qtype, pa, pb, xq, lo_off, dx, xqsum, xsum4, t0, t1, t2, t3, nt, res) -> None:
+    """res[16 i + l] = dot(row l of the pair, activation row t_i) for i < nt (see module doc)."""
     v = min(nt, 4) - 1 + (4 if lo_off != 0 else 0)
     if qtype == Q4_K:
-        _call(Q4_K_0, Q4_K_1, Q4_K_2, Q4_K_3, Q4_K_4, Q4_K_5, Q4_K_6, Q4_K_7, v, pk, xq, lo_off, dx,
+        _call(Q4_K_0, Q4_K_1, Q4_K_2, Q4_K_3, Q4_K_4, Q4_K_5, Q4_K_6, Q4_K_7, v, pa, pb, xq, lo_off, dx,
               xqsum, t0, t1, t2, t3, res)
     elif qtype == Q6_K:
-        _call(Q6_K_0, Q6_K_1, Q6_K_2, Q6_K_3, Q6_K_4, Q6_K_5, Q6_K_6, Q6_K_7, v, pk, xq, lo_off, dx,
+        _call(Q6_K_0, Q6_K_1, Q6_K_2, Q6_K_3, Q6_K_4, Q6_K_5, Q6_K_6, Q6_K_7, v, pa, pb, xq, lo_off, dx,
               xsum4, t0, t1, t2, t3, res)
     elif qtype == Q8_0:
-        _call(Q8_0_0, Q8_0_1, Q8_0_2, Q8_0_3, Q8_0_4, Q8_0_5, Q8_0_6, Q8_0_7, v, pk, xq, lo_off, dx,
+        _call(Q8_0_0, Q8_0_1, Q8_0_2, Q8_0_3, Q8_0_4, Q8_0_5, Q8_0_6, Q8_0_7, v, pa, pb, xq, lo_off, dx,
               xsum4, t0, t1, t2, t3, res)
     elif qtype == Q5_0:
-        _call(Q5_0_0, Q5_0_1, Q5_0_2, Q5_0_3, Q5_0_4, Q5_0_5, Q5_0_6, Q5_0_7, v, pk, xq, lo_off, dx,
+        _call(Q5_0_0, Q5_0_1, Q5_0_2, Q5_0_3, Q5_0_4, Q5_0_5, Q5_0_6, Q5_0_7, v, pa, pb, xq, lo_off, dx,
               xsum4, t0, t1, t2, t3, res)
     elif qtype == Q2_K:
-        _call(Q2_K_0, Q2_K_1, Q2_K_2, Q2_K_3, Q2_K_4, Q2_K_5, Q2_K_6, Q2_K_7, v, pk, xq, lo_off, dx,
+        _call(Q2_K_0, Q2_K_1, Q2_K_2, Q2_K_3, Q2_K_4, Q2_K_5, Q2_K_6, Q2_K_7, v, pa, pb, xq, lo_off, dx,
               xsum4, t0, t1, t2, t3, res)
     elif qtype == Q3_K:
-        _call(Q3_K_0, Q3_K_1, Q3_K_2, Q3_K_3, Q3_K_4, Q3_K_5, Q3_K_6, Q3_K_7, v, pk, xq, lo_off, dx,
+        _call(Q3_K_0, Q3_K_1, Q3_K_2, Q3_K_3, Q3_K_4, Q3_K_5, Q3_K_6, Q3_K_7, v, pa, pb, xq, lo_off, dx,
               xsum4, t0, t1, t2, t3, res)

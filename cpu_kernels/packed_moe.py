@@ -1,10 +1,11 @@
 """The fused MoE forward in `fast` mode on packed weights (packed.py, packed_tiles.py).
 
 Same math and phases as moe.py: routing and x's quantization inside the kernel (no per-call
-Python work but the call), then phase 1 splits (expert, group of 8 I rows) across threads and
-computes w * silu(gate x) * up x for the expert's tokens, 4 at a time; h is quantized to two int8
-planes per slot; phase 2 splits groups of 8 H rows across threads, each summing over all experts
-into its own rows of out (no two threads write the same element).
+Python work but the call), then phase 1 splits (expert, 16 I rows) across threads and computes
+w * silu(gate x) * up x for the expert's tokens, 4 at a time; h is quantized to two int8 planes
+per slot; phase 2 splits 16-row blocks of H across threads, each summing over all experts into
+its own rows of out (no two threads write the same element). 16 rows are two packed row groups,
+one 512-bit tile (packed_tiles).
 """
 
 from __future__ import annotations
@@ -36,51 +37,57 @@ def packed_moe_kernel(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk: 
     xq, dx, xqsum, xsum4 = quantize_x(x)
     h = np.empty((num_slots, inter), f32)  # [N, I]
     groups_i = gate_pk.shape[1]
-    for task in prange(num_used * groups_i):
-        u = task // groups_i
-        gate_up_group(gate_type, gate_pk[expert_ids[u], task % groups_i], up_type,
-                      up_pk[expert_ids[u], task % groups_i], xq, dx, xqsum, xsum4, token_ids,
-                      weights, offsets[u], offsets[u + 1], h, 8 * (task % groups_i), inter)
+    pairs_i = (groups_i + 1) // 2
+    for task in prange(num_used * pairs_i):
+        u = task // pairs_i
+        e = expert_ids[u]
+        ga = 2 * (task % pairs_i)
+        gb = min(ga + 1, groups_i - 1)  # an odd last group pairs with itself (lanes unused)
+        gate_up_group(gate_type, gate_pk[e, ga], gate_pk[e, gb], up_type, up_pk[e, ga],
+                      up_pk[e, gb], xq, dx, xqsum, xsum4, token_ids, weights, offsets[u],
+                      offsets[u + 1], h, 8 * ga, inter)
     down_phase(h, down_type, down_pk, expert_ids, offsets, token_ids, out)
     stamps[1] = cycles()
 
 
 @njit(cache=True)
-def gate_up_group(gate_type, gate_pk, up_type, up_pk, xq, dx, xqsum, xsum4, token_ids, weights,
-                  k_lo, k_hi, h, r0, inter):
-    """h[k, r0:r0+8] = w_k * silu(gate x_t) * up x_t for the slots k_lo:k_hi of one expert
-    (t = token_ids[k]); gate_pk, up_pk: one row group [bytes]. Rows >= inter are padding."""
-    gres = np.empty(4 * 8, f32)
-    ures = np.empty(4 * 8, f32)
-    lanes = min(8, inter - r0)
+def gate_up_group(gate_type, gate_a, gate_b, up_type, up_a, up_b, xq, dx, xqsum, xsum4, token_ids,
+                  weights, k_lo, k_hi, h, r0, inter):
+    """h[k, r0:r0+16] = w_k * silu(gate x_t) * up x_t for the slots k_lo:k_hi of one expert
+    (t = token_ids[k]); gate_a/b, up_a/b: two row groups [bytes] (rows r0..r0+7, r0+8..r0+15;
+    b = a for an odd last group). Rows >= inter are padding."""
+    gres = np.empty(4 * 16, f32)
+    ures = np.empty(4 * 16, f32)
+    lanes = min(16, inter - r0)
     for k0 in range(k_lo, k_hi, TILE):
         nt = min(TILE, k_hi - k0)
         t0, t1 = token_ids[k0], token_ids[k0 + min(1, nt - 1)]
         t2, t3 = token_ids[k0 + min(2, nt - 1)], token_ids[k0 + min(3, nt - 1)]
-        packed_tile(gate_type, gate_pk, xq, 0, dx, xqsum, xsum4, t0, t1, t2, t3, nt, gres)
-        packed_tile(up_type, up_pk, xq, 0, dx, xqsum, xsum4, t0, t1, t2, t3, nt, ures)
+        packed_tile(gate_type, gate_a, gate_b, xq, 0, dx, xqsum, xsum4, t0, t1, t2, t3, nt, gres)
+        packed_tile(up_type, up_a, up_b, xq, 0, dx, xqsum, xsum4, t0, t1, t2, t3, nt, ures)
         for i in range(nt):
             # the routing weight scales h: down is linear, so w * down(h) = down(w * h)
             w = weights[k0 + i]
             for lane in range(lanes):
-                g = gres[8 * i + lane]
-                h[k0 + i, r0 + lane] = w * ures[8 * i + lane] * g / (f32(1.0) + np.exp(-g))
+                g = gres[16 * i + lane]
+                h[k0 + i, r0 + lane] = w * ures[16 * i + lane] * g / (f32(1.0) + np.exp(-g))
 
 
 @njit(cache=True)
-def down_group(down_type, down_pk, hq, h_lo, hd, hqsum, hsum_flat, token_ids, k_lo, k_hi, out,
-               r0, lanes):
+def down_group(down_type, down_a, down_b, hq, h_lo, hd, hqsum, hsum_flat, token_ids, k_lo, k_hi,
+               out, r0, lanes):
     """out[t, r0:r0+lanes] += down(h_k) for the slots k_lo:k_hi of one expert (t = token_ids[k]);
-    down_pk: one row group [bytes]; h as two int8 planes (hq, lo plane at flat offset h_lo)."""
-    res = np.empty(4 * 8, f32)
+    down_a/b: two row groups [bytes] (b = a for an odd last group, then lanes <= 8); h as two
+    int8 planes (hq, lo plane at flat offset h_lo)."""
+    res = np.empty(4 * 16, f32)
     for k0 in range(k_lo, k_hi, TILE):
         nt = min(TILE, k_hi - k0)
-        packed_tile(down_type, down_pk, hq, h_lo, hd, hqsum, hsum_flat, k0, k0 + min(1, nt - 1),
-                    k0 + min(2, nt - 1), k0 + min(3, nt - 1), nt, res)
+        packed_tile(down_type, down_a, down_b, hq, h_lo, hd, hqsum, hsum_flat, k0,
+                    k0 + min(1, nt - 1), k0 + min(2, nt - 1), k0 + min(3, nt - 1), nt, res)
         for i in range(nt):
             t = token_ids[k0 + i]
             for lane in range(lanes):
-                out[t, r0 + lane] += res[8 * i + lane]
+                out[t, r0 + lane] += res[16 * i + lane]
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -120,12 +127,16 @@ def down_phase(h, down_type, down_pk, expert_ids, offsets, token_ids, out) -> No
     num_tokens, hidden = out.shape
     num_used = expert_ids.shape[0]
     hq, h_lo, hd, hqsum, hsum_flat = quantize_h(h)
-    for rg in prange(down_pk.shape[1]):
-        r0 = 8 * rg
-        lanes = min(8, hidden - r0)
+    groups_h = down_pk.shape[1]
+    for pair in prange((groups_h + 1) // 2):
+        ga = 2 * pair
+        gb = min(ga + 1, groups_h - 1)
+        r0 = 8 * ga
+        lanes = min(8 * (gb - ga + 1), hidden - r0)
         for t in range(num_tokens):
             for lane in range(lanes):
                 out[t, r0 + lane] = 0.0
         for u in range(num_used):
-            down_group(down_type, down_pk[expert_ids[u], rg], hq, h_lo, hd, hqsum, hsum_flat,
+            e = expert_ids[u]
+            down_group(down_type, down_pk[e, ga], down_pk[e, gb], hq, h_lo, hd, hqsum, hsum_flat,
                        token_ids, offsets[u], offsets[u + 1], out, r0, lanes)

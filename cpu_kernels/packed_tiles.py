@@ -1,13 +1,19 @@
-"""`fast` tiles on packed weights (see packed.py): 8 rows x up to 4 activation rows per call.
+"""`fast` tiles on packed weights (see packed.py): 16 rows x up to 4 activation rows per call.
 
-Per 4-column step: one load of 8 rows' codes, one vpdpbusd per activation row (and plane) with
-the 4 activations broadcast; per scale group: offset removal in int32 (activation sums), one
-convert and one multiply-add by (row scales x activation scale). The result is dot(exact
-weights, xq * dx) up to float32 rounding.
+A tile reads two row groups at the same offsets, `pa` (rows 0-7) and `pb` (rows 8-15), joined
+into 512-bit vectors (simd_pairs). Per 4-column step: one load of 16 rows' codes, one vpdpbusd
+per activation row (and plane) with the 4 activations broadcast; per scale group: offset removal
+in int32 (activation sums), one convert and one multiply-add by (row scales x activation
+scale). The result is dot(exact weights, xq * dx) up to float32 rounding.
+Why 16 rows: on Sapphire Rapids a zmm vpdpbusd issues as fast as a ymm one, so each unpack,
+product and epilogue instruction serves twice the weights. One core, tiles over L2-resident
+rows: Q4_K 0.70-0.77x the time of two 8-row (ymm) tiles, Q6_K with two planes 0.59-0.65x;
+bit-identical results (the same integer sums and float32 operations per lane).
 
-pk: [row_group_bytes] uint8 (one row group of one expert)  xq: [P * n, C] int8 (plane lo at
-flat offset lo_off)  dx, xqsum: [n, C/32] f32  xsum4: [n * C/4] int32 (flat)  t0..t3: activation rows
-res: [32] f32, res[8 i : 8 i + 8] = the 8 row dots of activation row t_i (i < nt).
+pa, pb: [row_group_bytes] uint8 (two row groups of one expert; an odd last group runs with
+pb = pa, its upper 8 lanes then duplicate the lower ones)  xq: [P * n, C] int8 (plane lo at
+flat offset lo_off)  dx, xqsum: [n, C/32] f32  xsum4: [n * C/4] int32 (flat)  t0..t3: activation
+rows  res: [64] f32, res[16 i : 16 i + 16] = the 16 row dots of activation row t_i (i < nt).
 `nt` is 1 to 4, each its own specialization: a 4-token tile given fewer tokens would spend its
 spare products on padding, and decode batches give most experts 1 to 3 tokens.
 NOTE: `nt` and the plane count are compile-time constants of each specialization: the tile
@@ -22,51 +28,35 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from cpu_kernels.simd import (
-    b32_and,
-    b32_or,
-    b32_shl,
-    b32_shr,
-    dpbusd,
-    f32x8_zero,
-    fma_i32,
-    i32x8_zero,
-    load_b32,
-    prefetch,
-)
-from cpu_kernels.simd_rows import (
-    bcast4,
-    f32x8_fnma,
-    f32x8_mul,
-    i32x8_combine,
-    i32x8_sub_s,
-    load_f32x8_at,
-    load_i8x8_f32,
-    load_u8x8_f32,
-    store_f32x8,
+from cpu_kernels.simd import prefetch
+from cpu_kernels.simd_pairs import (
+    b64_and,
+    b64_or,
+    b64_shl,
+    b64_shr,
+    bcast4x16,
+    dpbusd16,
+    f32x16_fnma,
+    f32x16_mul,
+    f32x16_zero,
+    fma_i32x16,
+    i32x16_combine,
+    i32x16_sub_s,
+    i32x16_zero,
+    load_b64,
+    load_f32x16_at,
+    load_i8x16_f32,
+    load_u8x16_f32,
+    store_f32x16,
 )
 
 i32 = np.int32
 # Software prefetch: every block first hints the lines PREFETCH bytes ahead of it into L1. The
 # hardware streamers stop at 4 KiB pages and ramp up slowly on 16 cores' streams; measured on
-# the GPU machine (V3 Q4_K/Q6_K, 16 threads, T=1, 2, 4, 8): no prefetch 3.9-4.1 / 7.7 / 14.5-16 /
-# 25.5-26.6 ms, 2432 B ahead 2.9-3.0 / 5.9-6.0 / 10.9-11.6 / 24.5, 4864 B 2.7-2.9 / 5.6-6.1 /
-# 12.1-12.5 / 20.2-27.6.
+# the GPU machine (V3 Q4_K/Q6_K, 16 threads, T=1, 2, 4, 8; 8-row tiles): no prefetch 3.9-4.1 /
+# 7.7 / 14.5-16 / 25.5-26.6 ms, 2432 B ahead 2.9-3.0 / 5.9-6.0 / 10.9-11.6 / 24.5, 4864 B
+# 2.7-2.9 / 5.6-6.1 / 12.1-12.5 / 20.2-27.6.
 PREFETCH = 4864
-
-
-@njit(cache=True)
-def dp_planes(hi, lo, q, xq, xo, lo_off, two):
-    """Accumulate codes q times the 4 activations at flat xq index xo (and its lo plane)."""
-    hi = dpbusd(hi, q, bcast4(xq, xo))
-    if two:
-        lo = dpbusd(lo, q, bcast4(xq, xo + lo_off))
-    return hi, lo
-
-
-@njit(cache=True)
-def plane_sum(hi, lo, two):
-    return i32x8_combine(hi, lo, 8) if two else hi
 
 
 @njit(cache=True)
@@ -79,45 +69,76 @@ def act_sum(xsum4, o, n4):
 
 
 @njit(cache=True)
-def _q4k_chunk(lo, hi, xq, xo, lo_off, two, ah0, al0, bh0, bl0):
-    ah0, al0 = dp_planes(ah0, al0, lo, xq, xo, lo_off, two)
-    bh0, bl0 = dp_planes(bh0, bl0, hi, xq, xo + 32, lo_off, two)
-    return ah0, al0, bh0, bl0
+def _prefetch_block(pa, pb, o, size):
+    for line in range(0, size, 64):
+        prefetch(pa, o + PREFETCH + line)
+        prefetch(pb, o + PREFETCH + line)
+
+
+@njit(cache=True)
+def dp_planes(hi, lo, q, xq, xo, lo_off, two):
+    """Accumulate codes q times the 4 activations at flat xq index xo (and its lo plane)."""
+    hi = dpbusd16(hi, q, bcast4x16(xq, xo))
+    if two:
+        lo = dpbusd16(lo, q, bcast4x16(xq, xo + lo_off))
+    return hi, lo
+
+
+@njit(cache=True)
+def plane_sum(hi, lo, two):
+    return i32x16_combine(hi, lo, 8) if two else hi
+
+
+@njit(cache=True)
+def store_tiles(res, f0, f1, f2, f3, nt):
+    store_f32x16(res, 0, f0)
+    if nt > 1:
+        store_f32x16(res, 16, f1)
+    if nt > 2:
+        store_f32x16(res, 32, f2)
+    if nt > 3:
+        store_f32x16(res, 48, f3)
+
+
+@njit(cache=True)
+def _q4k_chunk(lo, hi, xq, xo, lo_off, two, ah, al, bh, bl):
+    ah, al = dp_planes(ah, al, lo, xq, xo, lo_off, two)
+    bh, bl = dp_planes(bh, bl, hi, xq, xo + 32, lo_off, two)
+    return ah, al, bh, bl
 
 
 @njit(cache=True)
 def _q4k_fin(ah, al, bh, bl, two, s0, s1, m0, m1, dx, xqsum, t, g, acc):
-    acc = fma_i32(plane_sum(ah, al, two), f32x8_mul(s0, dx[t, g]), acc)
-    acc = fma_i32(plane_sum(bh, bl, two), f32x8_mul(s1, dx[t, g + 1]), acc)
-    acc = f32x8_fnma(acc, m0, xqsum[t, g])
-    return f32x8_fnma(acc, m1, xqsum[t, g + 1])
+    acc = fma_i32x16(plane_sum(ah, al, two), f32x16_mul(s0, dx[t, g]), acc)
+    acc = fma_i32x16(plane_sum(bh, bl, two), f32x16_mul(s1, dx[t, g + 1]), acc)
+    acc = f32x16_fnma(acc, m0, xqsum[t, g])
+    return f32x16_fnma(acc, m1, xqsum[t, g + 1])
 
 
 @njit(inline="always", cache=True)
-def q4_k_tile(pk, xq, lo_off, dx, xqsum, t0, t1, t2, t3, res, nt, two):
+def q4_k_tile(pa, pb, xq, lo_off, dx, xqsum, t0, t1, t2, t3, res, nt, two):
     cols = xq.shape[1]
-    f0, f1, f2, f3 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
-    for b in range(pk.shape[0] // 1216):
+    f0, f1, f2, f3 = f32x16_zero(), f32x16_zero(), f32x16_zero(), f32x16_zero()
+    for b in range(pa.shape[0] // 1216):
         o = b * 1216
-        for line in range(0, 1216, 64):
-            prefetch(pk, o + PREFETCH + line)
-        dv = load_f32x8_at(pk, o + 1152)
-        mv = load_f32x8_at(pk, o + 1184)
+        _prefetch_block(pa, pb, o, 1216)
+        dv = load_f32x16_at(pa, pb, o + 1152)
+        mv = load_f32x16_at(pa, pb, o + 1184)
         for c in range(4):
-            s0 = f32x8_mul(load_u8x8_f32(pk, o + 1024 + 16 * c), dv)
-            s1 = f32x8_mul(load_u8x8_f32(pk, o + 1032 + 16 * c), dv)
-            m0 = f32x8_mul(load_u8x8_f32(pk, o + 1088 + 16 * c), mv)
-            m1 = f32x8_mul(load_u8x8_f32(pk, o + 1096 + 16 * c), mv)
-            z = i32x8_zero()
+            s0 = f32x16_mul(load_u8x16_f32(pa, pb, o + 1024 + 16 * c), dv)
+            s1 = f32x16_mul(load_u8x16_f32(pa, pb, o + 1032 + 16 * c), dv)
+            m0 = f32x16_mul(load_u8x16_f32(pa, pb, o + 1088 + 16 * c), mv)
+            m1 = f32x16_mul(load_u8x16_f32(pa, pb, o + 1096 + 16 * c), mv)
+            z = i32x16_zero()
             a0h, a0l, b0h, b0l = z, z, z, z
             a1h, a1l, b1h, b1l = z, z, z, z
             a2h, a2l, b2h, b2l = z, z, z, z
             a3h, a3l, b3h, b3l = z, z, z, z
             xb = b * 256 + 64 * c
             for k4 in range(8):
-                v = load_b32(pk, o + 256 * c + 32 * k4)
-                lo = b32_and(v, 15)
-                hi = b32_and(b32_shr(v, 4), 15)
+                v = load_b64(pa, pb, o + 256 * c + 32 * k4)
+                lo = b64_and(v, 15)
+                hi = b64_and(b64_shr(v, 4), 15)
                 x4 = xb + 4 * k4
                 a0h, a0l, b0h, b0l = _q4k_chunk(lo, hi, xq, t0 * cols + x4, lo_off, two,
                                                 a0h, a0l, b0h, b0l)
@@ -128,8 +149,8 @@ def q4_k_tile(pk, xq, lo_off, dx, xqsum, t0, t1, t2, t3, res, nt, two):
                         a2h, a2l, b2h, b2l = _q4k_chunk(lo, hi, xq, t2 * cols + x4, lo_off, two,
                                                         a2h, a2l, b2h, b2l)
                         if nt > 3:
-                            a3h, a3l, b3h, b3l = _q4k_chunk(lo, hi, xq, t3 * cols + x4, lo_off, two,
-                                                            a3h, a3l, b3h, b3l)
+                            a3h, a3l, b3h, b3l = _q4k_chunk(lo, hi, xq, t3 * cols + x4, lo_off,
+                                                            two, a3h, a3l, b3h, b3l)
             g = xb >> 5
             f0 = _q4k_fin(a0h, a0l, b0h, b0l, two, s0, s1, m0, m1, dx, xqsum, t0, g, f0)
             if nt > 1:
@@ -137,51 +158,40 @@ def q4_k_tile(pk, xq, lo_off, dx, xqsum, t0, t1, t2, t3, res, nt, two):
                 if nt > 2:
                     f2 = _q4k_fin(a2h, a2l, b2h, b2l, two, s0, s1, m0, m1, dx, xqsum, t2, g, f2)
                     if nt > 3:
-                        f3 = _q4k_fin(a3h, a3l, b3h, b3l, two, s0, s1, m0, m1, dx, xqsum, t3, g, f3)
+                        f3 = _q4k_fin(a3h, a3l, b3h, b3l, two, s0, s1, m0, m1, dx, xqsum, t3, g,
+                                      f3)
     store_tiles(res, f0, f1, f2, f3, nt)
 
 
 @njit(cache=True)
-def store_tiles(res, f0, f1, f2, f3, nt):
-    store_f32x8(res, 0, f0)
-    if nt > 1:
-        store_f32x8(res, 8, f1)
-    if nt > 2:
-        store_f32x8(res, 16, f2)
-    if nt > 3:
-        store_f32x8(res, 24, f3)
-
-
-@njit(cache=True)
 def _q6k_sub(q0, q1, q2, q3, xq, xo, lo_off, two, sv, dx, xsum4, t, g, acc):
-    z = i32x8_zero()
+    z = i32x16_zero()
     h, lo = dp_planes(z, z, q0, xq, xo, lo_off, two)
     h, lo = dp_planes(h, lo, q1, xq, xo + 4, lo_off, two)
     h, lo = dp_planes(h, lo, q2, xq, xo + 8, lo_off, two)
     h, lo = dp_planes(h, lo, q3, xq, xo + 12, lo_off, two)
-    s = i32x8_sub_s(plane_sum(h, lo, two), act_sum(xsum4, xo >> 2, 4) << 5)
-    return fma_i32(s, f32x8_mul(sv, dx[t, g]), acc)
+    s = i32x16_sub_s(plane_sum(h, lo, two), act_sum(xsum4, xo >> 2, 4) << 5)
+    return fma_i32x16(s, f32x16_mul(sv, dx[t, g]), acc)
 
 
 @njit(inline="always", cache=True)
-def q6_k_tile(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res, nt, two):
+def q6_k_tile(pa, pb, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res, nt, two):
     cols = xq.shape[1]
-    f0, f1, f2, f3 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
-    for b in range(pk.shape[0] // 1696):
+    f0, f1, f2, f3 = f32x16_zero(), f32x16_zero(), f32x16_zero(), f32x16_zero()
+    for b in range(pa.shape[0] // 1696):
         o = b * 1696
-        for line in range(0, 1696, 64):
-            prefetch(pk, o + PREFETCH + line)
-        dv = load_f32x8_at(pk, o + 1664)
+        _prefetch_block(pa, pb, o, 1696)
+        dv = load_f32x16_at(pa, pb, o + 1664)
         for p in range(16):
             qo = o + 96 * p
-            n01 = load_b32(pk, qo)
-            n23 = load_b32(pk, qo + 32)
-            hb = load_b32(pk, qo + 64)
-            q0 = b32_or(b32_and(n01, 15), b32_shl(b32_and(hb, 3), 4))
-            q1 = b32_or(b32_shr(n01, 4), b32_shl(b32_and(hb, 12), 2))
-            q2 = b32_or(b32_and(n23, 15), b32_and(hb, 48))
-            q3 = b32_or(b32_shr(n23, 4), b32_and(b32_shr(hb, 2), 48))
-            sv = f32x8_mul(load_i8x8_f32(pk, o + 1536 + 8 * p), dv)
+            n01 = load_b64(pa, pb, qo)
+            n23 = load_b64(pa, pb, qo + 32)
+            hb = load_b64(pa, pb, qo + 64)
+            q0 = b64_or(b64_and(n01, 15), b64_shl(b64_and(hb, 3), 4))
+            q1 = b64_or(b64_shr(n01, 4), b64_shl(b64_and(hb, 12), 2))
+            q2 = b64_or(b64_and(n23, 15), b64_and(hb, 48))
+            q3 = b64_or(b64_shr(n23, 4), b64_and(b64_shr(hb, 2), 48))
+            sv = f32x16_mul(load_i8x16_f32(pa, pb, o + 1536 + 8 * p), dv)
             xb = b * 256 + 16 * p
             g = xb >> 5
             f0 = _q6k_sub(q0, q1, q2, q3, xq, t0 * cols + xb, lo_off, two, sv, dx, xsum4, t0, g,
@@ -201,7 +211,7 @@ def q6_k_tile(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res, nt, two):
 @njit(cache=True)
 def _g32_group(q0, q1, q2, q3, q4, q5, q6, q7, shift, xq, xo, lo_off, two, dv, dx, xsum4, t,
                g, acc):
-    z = i32x8_zero()
+    z = i32x16_zero()
     h, lo = dp_planes(z, z, q0, xq, xo, lo_off, two)
     h, lo = dp_planes(h, lo, q1, xq, xo + 4, lo_off, two)
     h, lo = dp_planes(h, lo, q2, xq, xo + 8, lo_off, two)
@@ -210,48 +220,47 @@ def _g32_group(q0, q1, q2, q3, q4, q5, q6, q7, shift, xq, xo, lo_off, two, dv, d
     h, lo = dp_planes(h, lo, q5, xq, xo + 20, lo_off, two)
     h, lo = dp_planes(h, lo, q6, xq, xo + 24, lo_off, two)
     h, lo = dp_planes(h, lo, q7, xq, xo + 28, lo_off, two)
-    s = i32x8_sub_s(plane_sum(h, lo, two), act_sum(xsum4, xo >> 2, 8) << shift)
-    return fma_i32(s, f32x8_mul(dv, dx[t, g]), acc)
+    s = i32x16_sub_s(plane_sum(h, lo, two), act_sum(xsum4, xo >> 2, 8) << shift)
+    return fma_i32x16(s, f32x16_mul(dv, dx[t, g]), acc)
 
 
 @njit(cache=True)
 def _q5_bit(hb, i):
     """Bit i of each byte of hb, moved to bit 4."""
     if i < 4:
-        return b32_and(b32_shl(hb, 4 - i), 16)
-    return b32_and(b32_shr(hb, i - 4), 16)
+        return b64_and(b64_shl(hb, 4 - i), 16)
+    return b64_and(b64_shr(hb, i - 4), 16)
 
 
 @njit(inline="always", cache=True)
-def g32_tile(block_bytes, pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res, nt, two):
+def g32_tile(block_bytes, pa, pb, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res, nt, two):
     """Q8_0 (288 B per 8 rows x 32) or Q5_0 (192 B), told apart by `block_bytes`."""
     cols = xq.shape[1]
-    f0, f1, f2, f3 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
-    for g in range(pk.shape[0] // block_bytes):
+    f0, f1, f2, f3 = f32x16_zero(), f32x16_zero(), f32x16_zero(), f32x16_zero()
+    for g in range(pa.shape[0] // block_bytes):
         o = g * block_bytes
-        for line in range(0, block_bytes, 64):
-            prefetch(pk, o + PREFETCH + line)
+        _prefetch_block(pa, pb, o, block_bytes)
         if block_bytes == 288:
-            dv = load_f32x8_at(pk, o + 256)
+            dv = load_f32x16_at(pa, pb, o + 256)
             shift = 7
-            q0, q1 = load_b32(pk, o), load_b32(pk, o + 32)
-            q2, q3 = load_b32(pk, o + 64), load_b32(pk, o + 96)
-            q4, q5 = load_b32(pk, o + 128), load_b32(pk, o + 160)
-            q6, q7 = load_b32(pk, o + 192), load_b32(pk, o + 224)
+            q0, q1 = load_b64(pa, pb, o), load_b64(pa, pb, o + 32)
+            q2, q3 = load_b64(pa, pb, o + 64), load_b64(pa, pb, o + 96)
+            q4, q5 = load_b64(pa, pb, o + 128), load_b64(pa, pb, o + 160)
+            q6, q7 = load_b64(pa, pb, o + 192), load_b64(pa, pb, o + 224)
         else:
-            dv = load_f32x8_at(pk, o + 160)
+            dv = load_f32x16_at(pa, pb, o + 160)
             shift = 4
-            hb = load_b32(pk, o + 128)
-            n0, n1 = load_b32(pk, o), load_b32(pk, o + 32)
-            n2, n3 = load_b32(pk, o + 64), load_b32(pk, o + 96)
-            q0 = b32_or(b32_and(n0, 15), _q5_bit(hb, 0))
-            q1 = b32_or(b32_shr(n0, 4), _q5_bit(hb, 1))
-            q2 = b32_or(b32_and(n1, 15), _q5_bit(hb, 2))
-            q3 = b32_or(b32_shr(n1, 4), _q5_bit(hb, 3))
-            q4 = b32_or(b32_and(n2, 15), _q5_bit(hb, 4))
-            q5 = b32_or(b32_shr(n2, 4), _q5_bit(hb, 5))
-            q6 = b32_or(b32_and(n3, 15), _q5_bit(hb, 6))
-            q7 = b32_or(b32_shr(n3, 4), _q5_bit(hb, 7))
+            hb = load_b64(pa, pb, o + 128)
+            n0, n1 = load_b64(pa, pb, o), load_b64(pa, pb, o + 32)
+            n2, n3 = load_b64(pa, pb, o + 64), load_b64(pa, pb, o + 96)
+            q0 = b64_or(b64_and(n0, 15), _q5_bit(hb, 0))
+            q1 = b64_or(b64_shr(n0, 4), _q5_bit(hb, 1))
+            q2 = b64_or(b64_and(n1, 15), _q5_bit(hb, 2))
+            q3 = b64_or(b64_shr(n1, 4), _q5_bit(hb, 3))
+            q4 = b64_or(b64_and(n2, 15), _q5_bit(hb, 4))
+            q5 = b64_or(b64_shr(n2, 4), _q5_bit(hb, 5))
+            q6 = b64_or(b64_and(n3, 15), _q5_bit(hb, 6))
+            q7 = b64_or(b64_shr(n3, 4), _q5_bit(hb, 7))
         xb = 32 * g
         f0 = _g32_group(q0, q1, q2, q3, q4, q5, q6, q7, shift, xq, t0 * cols + xb, lo_off, two,
                         dv, dx, xsum4, t0, g, f0)

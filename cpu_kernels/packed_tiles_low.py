@@ -5,8 +5,8 @@ dot per activation row and one float multiply-add. Q2_K's offset (dmin * min) ha
 so it is a second float term on the activation sum of the sub-block; Q3_K's codes are stored as
 c = q + 4 and the offset 4 is removed in int32 like Q6_K's 32.
 
-pk: [row_group_bytes] uint8  xq: [P * n, C] int8 (plane lo at flat offset lo_off)
-dx: [n, C/32] f32  xsum4: [n * C/4] int32 (flat)  res: [32] f32 (see packed_tiles)
+pa, pb: [row_group_bytes] uint8 (rows 0-7 and 8-15)  xq: [P * n, C] int8 (plane lo at flat
+offset lo_off)  dx: [n, C/32] f32  xsum4: [n * C/4] int32 (flat)  res: [64] f32 (see packed_tiles)
 """
 
 from __future__ import annotations
@@ -14,25 +14,22 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from cpu_kernels.packed_tiles import PREFETCH, act_sum, dp_planes, plane_sum, store_tiles
-from cpu_kernels.simd import (
-    b32_and,
-    b32_or,
-    b32_shl,
-    b32_shr,
-    f32x8_zero,
-    fma_i32,
-    i32x8_zero,
-    load_b32,
-    prefetch,
-)
-from cpu_kernels.simd_rows import (
-    f32x8_fnma,
-    f32x8_mul,
-    i32x8_sub_s,
-    load_f32x8_at,
-    load_i8x8_f32,
-    load_u4x8_f32,
+from cpu_kernels.packed_tiles import _prefetch_block, act_sum, dp_planes, plane_sum, store_tiles
+from cpu_kernels.simd_pairs import (
+    b64_and,
+    b64_or,
+    b64_shl,
+    b64_shr,
+    f32x16_fnma,
+    f32x16_mul,
+    f32x16_zero,
+    fma_i32x16,
+    i32x16_sub_s,
+    i32x16_zero,
+    load_b64,
+    load_f32x16_at,
+    load_i8x16_f32,
+    load_u4x16_f32,
 )
 
 f32 = np.float32
@@ -40,8 +37,8 @@ f32 = np.float32
 
 @njit(cache=True)
 def _sub_dot(q0, q1, q2, q3, xq, xo, lo_off, two):
-    """Integer dots of 8 rows' codes of one sub-block (4 steps) with activations from xo."""
-    z = i32x8_zero()
+    """Integer dots of 16 rows' codes of one sub-block (4 steps) with activations from xo."""
+    z = i32x16_zero()
     h, lo = dp_planes(z, z, q0, xq, xo, lo_off, two)
     h, lo = dp_planes(h, lo, q1, xq, xo + 4, lo_off, two)
     h, lo = dp_planes(h, lo, q2, xq, xo + 8, lo_off, two)
@@ -53,34 +50,33 @@ def _sub_dot(q0, q1, q2, q3, xq, xo, lo_off, two):
 def _q2k_sub(q0, q1, q2, q3, xq, xo, lo_off, two, sv, mv, dx, xsum4, t, g, acc):
     s = _sub_dot(q0, q1, q2, q3, xq, xo, lo_off, two)
     d = dx[t, g]
-    acc = fma_i32(s, f32x8_mul(sv, d), acc)
-    return f32x8_fnma(acc, mv, d * f32(act_sum(xsum4, xo >> 2, 4)))
+    acc = fma_i32x16(s, f32x16_mul(sv, d), acc)
+    return f32x16_fnma(acc, mv, d * f32(act_sum(xsum4, xo >> 2, 4)))
 
 
 @njit(cache=True)
 def _q3k_sub(q0, q1, q2, q3, xq, xo, lo_off, two, sv, dx, xsum4, t, g, acc):
-    s = i32x8_sub_s(_sub_dot(q0, q1, q2, q3, xq, xo, lo_off, two), act_sum(xsum4, xo >> 2, 4) << 2)
-    return fma_i32(s, f32x8_mul(sv, dx[t, g]), acc)
+    s = i32x16_sub_s(_sub_dot(q0, q1, q2, q3, xq, xo, lo_off, two), act_sum(xsum4, xo >> 2, 4) << 2)
+    return fma_i32x16(s, f32x16_mul(sv, dx[t, g]), acc)
 
 
 @njit(inline="always", cache=True)
-def q2_k_tile(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res, nt, two):
+def q2_k_tile(pa, pb, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res, nt, two):
     cols = xq.shape[1]
-    f0, f1, f2, f3 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
-    for b in range(pk.shape[0] // 704):
+    f0, f1, f2, f3 = f32x16_zero(), f32x16_zero(), f32x16_zero(), f32x16_zero()
+    for b in range(pa.shape[0] // 704):
         o = b * 704
-        for line in range(0, 704, 64):
-            prefetch(pk, o + PREFETCH + line)
-        dv = load_f32x8_at(pk, o + 640)
-        mv = load_f32x8_at(pk, o + 672)
+        _prefetch_block(pa, pb, o, 704)
+        dv = load_f32x16_at(pa, pb, o + 640)
+        mv = load_f32x16_at(pa, pb, o + 672)
         for p in range(16):
-            v = load_b32(pk, o + 32 * p)
-            q0 = b32_and(v, 3)
-            q1 = b32_and(b32_shr(v, 2), 3)
-            q2 = b32_and(b32_shr(v, 4), 3)
-            q3 = b32_shr(v, 6)
-            sv = f32x8_mul(load_u4x8_f32(pk, o + 512 + 8 * p, 0), dv)
-            mn = f32x8_mul(load_u4x8_f32(pk, o + 512 + 8 * p, 4), mv)
+            v = load_b64(pa, pb, o + 32 * p)
+            q0 = b64_and(v, 3)
+            q1 = b64_and(b64_shr(v, 2), 3)
+            q2 = b64_and(b64_shr(v, 4), 3)
+            q3 = b64_shr(v, 6)
+            sv = f32x16_mul(load_u4x16_f32(pa, pb, o + 512 + 8 * p, 0), dv)
+            mn = f32x16_mul(load_u4x16_f32(pa, pb, o + 512 + 8 * p, 4), mv)
             xb = b * 256 + 16 * p
             g = xb >> 5
             f0 = _q2k_sub(q0, q1, q2, q3, xq, t0 * cols + xb, lo_off, two, sv, mn, dx, xsum4, t0,
@@ -98,22 +94,21 @@ def q2_k_tile(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res, nt, two):
 
 
 @njit(inline="always", cache=True)
-def q3_k_tile(pk, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res, nt, two):
+def q3_k_tile(pa, pb, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res, nt, two):
     cols = xq.shape[1]
-    f0, f1, f2, f3 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
-    for b in range(pk.shape[0] // 928):
+    f0, f1, f2, f3 = f32x16_zero(), f32x16_zero(), f32x16_zero(), f32x16_zero()
+    for b in range(pa.shape[0] // 928):
         o = b * 928
-        for line in range(0, 928, 64):
-            prefetch(pk, o + PREFETCH + line)
-        dv = load_f32x8_at(pk, o + 896)
+        _prefetch_block(pa, pb, o, 928)
+        dv = load_f32x16_at(pa, pb, o + 896)
         for p in range(16):
-            v = load_b32(pk, o + 32 * p)
-            hb = b32_shr(load_b32(pk, o + 512 + 32 * (p >> 1)), 4 * (p & 1))
-            q0 = b32_or(b32_and(v, 3), b32_and(b32_shl(hb, 2), 4))
-            q1 = b32_or(b32_and(b32_shr(v, 2), 3), b32_and(b32_shl(hb, 1), 4))
-            q2 = b32_or(b32_and(b32_shr(v, 4), 3), b32_and(hb, 4))
-            q3 = b32_or(b32_shr(v, 6), b32_and(b32_shr(hb, 1), 4))
-            sv = f32x8_mul(load_i8x8_f32(pk, o + 768 + 8 * p), dv)
+            v = load_b64(pa, pb, o + 32 * p)
+            hb = b64_shr(load_b64(pa, pb, o + 512 + 32 * (p >> 1)), 4 * (p & 1))
+            q0 = b64_or(b64_and(v, 3), b64_and(b64_shl(hb, 2), 4))
+            q1 = b64_or(b64_and(b64_shr(v, 2), 3), b64_and(b64_shl(hb, 1), 4))
+            q2 = b64_or(b64_and(b64_shr(v, 4), 3), b64_and(hb, 4))
+            q3 = b64_or(b64_shr(v, 6), b64_and(b64_shr(hb, 1), 4))
+            sv = f32x16_mul(load_i8x16_f32(pa, pb, o + 768 + 8 * p), dv)
             xb = b * 256 + 16 * p
             g = xb >> 5
             f0 = _q3k_sub(q0, q1, q2, q3, xq, t0 * cols + xb, lo_off, two, sv, dx, xsum4, t0, g,

@@ -23,19 +23,24 @@ def test_packed_tile_is_exact_on_quantized_activations(qtype: int) -> None:
         rng = np.random.default_rng(qtype * 10 + planes)
         block = qt.BLOCK_GEOMETRY[qtype][0]
         cols = block * int(rng.choice([1, 3]) if block == 256 else rng.choice([1, 7, 44]))
-        rows = int(rng.integers(1, 20))  # not a multiple of 8: the last group is padded
+        rows = int(rng.integers(1, 40))  # not a multiple of 8: the last group is padded
         w = random_matrix(rng, qtype, (2, rows, cols))
         packed = PackedMatrix.of(w)
         x = (rng.standard_normal((6, cols)) * rng.uniform(0.01, 10)).astype(np.float32)
         act = Q8Activations.of(x, planes=planes)
         ref = dequantize_ref(act) @ dequantize(w, 1).T  # [6, rows]
-        res = np.empty(32, np.float32)
-        for tokens, nt in [((4, 1, 2, 3), 4), ((5, 0, 2, 2), 3), ((3, 3, 3, 3), 1)]:
-            got = np.empty((nt, packed.data.shape[1] * 8), np.float32)
-            for g in range(packed.data.shape[1]):
-                packed_tile(qtype, packed.data[1, g], act.xq, act.lo_offset, act.dx, act.xqsum,
-                            act.xsum4.reshape(-1), *tokens, nt, res)
-                got[:, 8 * g:8 * g + 8] = res.reshape(4, 8)[:nt]
+        res = np.empty(64, np.float32)
+        groups = packed.data.shape[1]
+        for tokens, nt in [((4, 1, 2, 3), 4), ((5, 0, 2, 2), 3), ((3, 3, 3, 3), 1), ((1, 0, 0, 0), 2)]:
+            got = np.empty((nt, groups * 8), np.float32)
+            for ga in range(0, groups, 2):  # 16-row tiles; an odd last group pairs with itself
+                gb = min(ga + 1, groups - 1)
+                packed_tile(qtype, packed.data[1, ga], packed.data[1, gb], act.xq, act.lo_offset,
+                            act.dx, act.xqsum, act.xsum4.reshape(-1), *tokens, nt, res)
+                tile = res.reshape(4, 16)[:nt]
+                got[:, 8 * ga:8 * gb + 8] = tile[:, :8 * (gb - ga + 1)]
+                if gb == ga:
+                    np.testing.assert_array_equal(tile[:, 8:], tile[:, :8])
             err = rel_error(got[:, :rows], ref[list(tokens[:nt])])
             assert err <= 1e-5, f"{qt.type_name(qtype)} planes={planes} nt={nt}: {err:.2e}"
 
