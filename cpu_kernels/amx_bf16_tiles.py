@@ -16,9 +16,20 @@ from numba import njit
 
 from cpu_kernels import qtypes as qt
 from cpu_kernels.packed_tiles import PREFETCH
-from cpu_kernels.simd import b32_and, b32_or, b32_shl, b32_shr, f32x8_zero, load_b32, prefetch
+from cpu_kernels.simd import (
+    b32_and,
+    b32_or,
+    b32_shl,
+    b32_shr,
+    f32x8_mul,
+    f32x8_zero,
+    load_b32,
+    load_f32x8_at,
+    load_i8x8_f32,
+    load_u8x8_f32,
+    prefetch,
+)
 from cpu_kernels.simd_bf16 import store_bf16_pair_rows
-from cpu_kernels.simd_rows import f32x8_mul, load_f32x8_at, load_i8x8_f32, load_u8x8_f32
 
 TILE_BYTES = 1024  # 16 tile rows x 64 bytes: 32 columns of 16 weight rows
 Q4_K, Q6_K, Q8_0, Q5_0 = qt.Q4_K, qt.Q6_K, qt.Q8_0, qt.Q5_0
