@@ -176,9 +176,11 @@ def run_moe(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
     topk_weights = np.ascontiguousarray(topk_weights, dtype=np.float32)
     if packed is not None:
         pk = packed
-        # fewer tokens than MIN_TOKENS: no expert can reach AMX's threshold (decode)
-        if use_amx and x.shape[0] >= MIN_TOKENS and runs_on_amx(pk.gate.qtype, pk.up.qtype,
-                                                                 pk.down.qtype):
+        # AMX only where some expert reaches its threshold: otherwise (decode, or many experts
+        # with few tokens each) the VNNI kernel does the same work without the bf16 activations
+        if (use_amx and x.shape[0] >= MIN_TOKENS
+                and runs_on_amx(pk.gate.qtype, pk.up.qtype, pk.down.qtype)
+                and np.bincount(topk_ids.ravel()).max() >= MIN_TOKENS):
             amx_bf16_moe_kernel(pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data,
                                 pk.down.qtype, pk.down.data, x, topk_ids, topk_weights, out,
                                 stamps, TILE_CONFIG_BF16, MIN_TOKENS, numba.get_num_threads())
