@@ -28,8 +28,9 @@ from cpu_kernels.amx import HAS_AMX, tile_shapes_bf16
 from cpu_kernels.amx_bf16_rows import activation_rows, down_rows, gate_up_rows
 from cpu_kernels.amx_bf16_tiles import BF16_TILE_TYPES, has_bf16_tiles, to_bf16
 from cpu_kernels.clock import cycles
-from cpu_kernels.packed_moe import down_group, gate_up_group, quantize_h, quantize_x
+from cpu_kernels.packed_moe import CHUNK, down_group, gate_up_group, quantize_h, quantize_x
 from cpu_kernels.routing import route
+from cpu_kernels.task_queue import claim
 
 f32 = np.float32
 TILE_CONFIG_BF16 = tile_shapes_bf16()
@@ -81,27 +82,34 @@ def amx_bf16_moe_kernel(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk
     # int8 activations only where some expert stays on VNNI (an empty slice otherwise)
     vnni_gate_up = fewest < min_tokens or not gate_up_tiles
     vnni_down = fewest < min_tokens or not down_tiles
-    xq, dx, xqsum, xsum4 = quantize_x(x if vnni_gate_up else x[:0])
+    xq, dx, xqsum, xsum16 = quantize_x(x if vnni_gate_up else x[:0])
     xs = activation_rows(num_slots, hidden)  # [N + 32, H + 32] bf16
     for k in prange(num_slots):
         to_bf16(x[token_ids[k]], xs[k, :hidden])
     h = np.empty((num_slots, inter), f32)  # [N, I]
     blocks_i = (groups_i + 1) // 2
-    for task in prange(num_used * blocks_i):
-        u = task // blocks_i
-        e = expert_ids[u]
-        ga = 2 * (task % blocks_i)
-        gb = min(ga + 1, groups_i - 1)  # an odd last group pairs with itself (lanes unused)
-        k_lo, k_hi = offsets[u], offsets[u + 1]
-        if gate_up_tiles and k_hi - k_lo >= min_tokens:
-            tid = numba.get_thread_id()
-            gate_up_rows(gate_type, gate_pk[e, ga], gate_pk[e, gb], up_type, up_pk[e, ga],
-                         up_pk[e, gb], xs, weights, k_lo, k_hi - k_lo, h, 8 * ga, wbuf[tid, 0],
-                         wbuf[tid, 1], cbuf[tid], cfg)
-        else:
-            gate_up_group(gate_type, gate_pk[e, ga], gate_pk[e, gb], up_type, up_pk[e, ga],
-                          up_pk[e, gb], xq, dx, xqsum, xsum4, token_ids, weights, k_lo, k_hi, h,
-                          8 * ga, inter)
+    num_tasks = num_used * blocks_i
+    counter = np.zeros(1, np.int64)
+    # AMX and VNNI experts' tasks differ in cost: claimed CHUNK at a time (task_queue.py)
+    for _ in prange(threads):
+        tid = numba.get_thread_id()
+        c = claim(counter)
+        while c * CHUNK < num_tasks:
+            for task in range(c * CHUNK, min(num_tasks, (c + 1) * CHUNK)):
+                u = task // blocks_i
+                e = expert_ids[u]
+                ga = 2 * (task % blocks_i)
+                gb = min(ga + 1, groups_i - 1)  # an odd last group pairs with itself
+                k_lo, k_hi = offsets[u], offsets[u + 1]
+                if gate_up_tiles and k_hi - k_lo >= min_tokens:
+                    gate_up_rows(gate_type, gate_pk[e, ga], gate_pk[e, gb], up_type,
+                                 up_pk[e, ga], up_pk[e, gb], xs, weights, k_lo, k_hi - k_lo, h,
+                                 8 * ga, wbuf[tid, 0], wbuf[tid, 1], cbuf[tid], cfg)
+                else:
+                    gate_up_group(gate_type, gate_pk[e, ga], gate_pk[e, gb], up_type,
+                                  up_pk[e, ga], up_pk[e, gb], xq, dx, xqsum, xsum16, token_ids,
+                                  weights, k_lo, k_hi, h, 8 * ga, inter)
+            c = claim(counter)
     hq, h_lo, hd, hqsum, hsum_flat = quantize_h(h if vnni_down else h[:0])
     hs = activation_rows(num_slots, inter)  # [N + 32, I + 32] bf16
     for k in prange(num_slots):

@@ -63,25 +63,25 @@ def _moe_kernel(gate_type: int, gate_w: np.ndarray, up_type: int, up_w: np.ndarr
     num_slots = token_ids.shape[0]
     inter = i_hi - i_lo
     # each mode leaves the other's activation buffers empty: its kernels never read them
-    # x: exact sums xs [T, H/32]; fast xq [T, H] int8  dx, xqsum [T, H/32]  xsum4 [T, H/4]
+    # x: exact sums xs [T, H/32]; fast xq [T, H] int8  dx, xqsum [T, H/32]  xsum16 [T, H/16]
     xs = np.empty((num_tokens, 0 if fast else hidden // 32), f32)
     xq = np.empty((num_tokens, hidden if fast else 0), np.int8)
     dx = np.empty((num_tokens, hidden // 32 if fast else 0), f32)
     xqsum = np.empty((num_tokens, hidden // 32 if fast else 0), f32)
-    xsum4 = np.empty((num_tokens, hidden // 4 if fast else 0), np.int32)
+    xsum16 = np.empty((num_tokens, hidden // 16 if fast else 0), np.int32)
     for t in prange(num_tokens):
         if fast:
-            quantize_row(x[t], xq[t], xq[t, :0], dx[t], xqsum[t], xsum4[t])
+            quantize_row(x[t], xq[t], xq[t, :0], dx[t], xqsum[t], xsum16[t])
         else:
             prepare_row(x[t], xs[t], xq[t], dx[t], False)
     # h [N, Is] f32 and its sums hs [N, Is/32]; fast: int16 in two planes hq [2N, Is] int8
-    # hd, hqsum [N, Is/32]  hsum4 [N, Is/4]
+    # hd, hqsum [N, Is/32]  hsum16 [N, Is/16]
     h = np.empty((num_slots, inter), f32)
     hs = np.empty((num_slots, inter // 32), f32)
     hq = np.empty((2 * num_slots if fast else num_slots, inter if fast else 0), np.int8)
     hd = np.empty((num_slots, inter // 32 if fast else 0), f32)
     hqsum = np.empty((num_slots, inter // 32 if fast else 0), f32)
-    hsum4 = np.empty((num_slots, inter // 4 if fast else 0), np.int32)
+    hsum16 = np.empty((num_slots, inter // 16 if fast else 0), np.int32)
     tasks_i = (inter + ROWS_PER_TASK - 1) // ROWS_PER_TASK
     for task in prange(num_used * tasks_i):
         u = task // tasks_i
@@ -101,7 +101,7 @@ def _moe_kernel(gate_type: int, gate_w: np.ndarray, up_type: int, up_w: np.ndarr
     for k in prange(num_slots):
         prepare_row(h[k], hs[k], hq[k], hd[k], False)
         if fast:  # h as int16 in two planes: int8 h would double fast mode's error
-            quantize_row(h[k], hq[k], hq[num_slots + k], hd[k], hqsum[k], hsum4[k])
+            quantize_row(h[k], hq[k], hq[num_slots + k], hd[k], hqsum[k], hsum16[k])
     h_lo = num_slots * inter if fast else 0
     tasks_h = (hidden + ROWS_PER_TASK - 1) // ROWS_PER_TASK
     for task in prange(tasks_h):
@@ -186,7 +186,8 @@ def run_moe(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
                                 stamps, TILE_CONFIG_BF16, MIN_TOKENS, numba.get_num_threads())
             return
         packed_moe_kernel(pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data, pk.down.qtype,
-                          pk.down.data, x, topk_ids, topk_weights, out, stamps)
+                          pk.down.data, x, topk_ids, topk_weights, out, stamps,
+                          numba.get_num_threads())
         return
     i_hi = experts.intermediate_size if i_hi is None else i_hi
     g, u, d = experts.gate, experts.up, experts.down

@@ -1,7 +1,7 @@
 """Dispatch of the packed tiles on the ggml type id, one compiled specialization per shape.
 
-packed_tile(qtype, pa, pb, xq, lo_off, dx, xqsum, xsum4, t0..t3, nt, res): 16 rows (row groups pa
-and pb) x nt activation rows, see packed_tiles for the arguments; `xsum4` is flat ([n * C/4])
+packed_tile(qtype, pa, pb, xq, lo_off, dx, xqsum, xsum16, t0..t3, nt, res): 16 rows (row groups pa
+and pb) x nt activation rows, see packed_tiles for the arguments; `xsum16` is flat ([n * C/16])
 and `lo_off` != 0 selects the two-plane tiles.
 """
 
@@ -65,7 +65,7 @@ def _call(f0, f1, f2, f3, f4, f5, f6, f7, v, pa, pb, xq, lo_off, dx, sums, t0, t
 
 
 @njit(cache=True)
-def packed_tile(qtype, pa, pb, xq, lo_off, dx, xqsum, xsum4, t0, t1, t2, t3, nt, res) -> None:
+def packed_tile(qtype, pa, pb, xq, lo_off, dx, xqsum, xsum16, t0, t1, t2, t3, nt, res) -> None:
     """res[16 i + l] = dot(row l of the pair, activation row t_i) for i < nt (see module doc)."""
     v = min(nt, 4) - 1 + (4 if lo_off != 0 else 0)
     if qtype == Q4_K:
@@ -73,16 +73,16 @@ def packed_tile(qtype, pa, pb, xq, lo_off, dx, xqsum, xsum4, t0, t1, t2, t3, nt,
               xqsum, t0, t1, t2, t3, res)
     elif qtype == Q6_K:
         _call(Q6_K_0, Q6_K_1, Q6_K_2, Q6_K_3, Q6_K_4, Q6_K_5, Q6_K_6, Q6_K_7, v, pa, pb, xq, lo_off, dx,
-              xsum4, t0, t1, t2, t3, res)
+              xsum16, t0, t1, t2, t3, res)
     elif qtype == Q8_0:
         _call(Q8_0_0, Q8_0_1, Q8_0_2, Q8_0_3, Q8_0_4, Q8_0_5, Q8_0_6, Q8_0_7, v, pa, pb, xq, lo_off, dx,
-              xsum4, t0, t1, t2, t3, res)
+              xsum16, t0, t1, t2, t3, res)
     elif qtype == Q5_0:
         _call(Q5_0_0, Q5_0_1, Q5_0_2, Q5_0_3, Q5_0_4, Q5_0_5, Q5_0_6, Q5_0_7, v, pa, pb, xq, lo_off, dx,
-              xsum4, t0, t1, t2, t3, res)
+              xsum16, t0, t1, t2, t3, res)
     elif qtype == Q2_K:
         _call(Q2_K_0, Q2_K_1, Q2_K_2, Q2_K_3, Q2_K_4, Q2_K_5, Q2_K_6, Q2_K_7, v, pa, pb, xq, lo_off, dx,
-              xsum4, t0, t1, t2, t3, res)
+              xsum16, t0, t1, t2, t3, res)
     elif qtype == Q3_K:
         _call(Q3_K_0, Q3_K_1, Q3_K_2, Q3_K_3, Q3_K_4, Q3_K_5, Q3_K_6, Q3_K_7, v, pa, pb, xq, lo_off, dx,
-              xsum4, t0, t1, t2, t3, res)
+              xsum16, t0, t1, t2, t3, res)

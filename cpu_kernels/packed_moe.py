@@ -17,41 +17,52 @@ from cpu_kernels.clock import cycles
 from cpu_kernels.packed_dot import packed_tile
 from cpu_kernels.q8_activations import quantize_row
 from cpu_kernels.routing import route
+from cpu_kernels.task_queue import claim
 
 f32 = np.float32
 TILE = 4
+CHUNK = 4  # phase-1 tasks (16 rows of one expert each) claimed at once
 
 
 @njit(parallel=True, nogil=True, cache=True)
 def packed_moe_kernel(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk: np.ndarray,
                       down_type: int, down_pk: np.ndarray, x: np.ndarray, topk_ids: np.ndarray,
-                      topk_weights: np.ndarray, out: np.ndarray, stamps: np.ndarray) -> None:
+                      topk_weights: np.ndarray, out: np.ndarray, stamps: np.ndarray,
+                      threads: int) -> None:
     # gate_pk, up_pk: [E, I/8, bytes]  down_pk: [E, H/8, bytes]  x: [T, H] f32
     # topk_ids: [T, K] int64  topk_weights: [T, K] f32  out: [T, H] f32
     # stamps: [2] int64, cycle counter at entry and exit
+    # threads: numba.get_num_threads() of the caller (workers claiming phase 1's tasks)
     stamps[0] = cycles()
     expert_ids, offsets, token_ids, weights = route(topk_ids, topk_weights, gate_pk.shape[0])
     num_used = expert_ids.shape[0]
     inter = 8 * gate_pk.shape[1]  # I is whole 32-groups (down's columns): no padded rows
     num_slots = token_ids.shape[0]
-    xq, dx, xqsum, xsum4 = quantize_x(x)
+    xq, dx, xqsum, xsum16 = quantize_x(x)
     h = np.empty((num_slots, inter), f32)  # [N, I]
     groups_i = gate_pk.shape[1]
     pairs_i = (groups_i + 1) // 2
-    for task in prange(num_used * pairs_i):
-        u = task // pairs_i
-        e = expert_ids[u]
-        ga = 2 * (task % pairs_i)
-        gb = min(ga + 1, groups_i - 1)  # an odd last group pairs with itself (lanes unused)
-        gate_up_group(gate_type, gate_pk[e, ga], gate_pk[e, gb], up_type, up_pk[e, ga],
-                      up_pk[e, gb], xq, dx, xqsum, xsum4, token_ids, weights, offsets[u],
-                      offsets[u + 1], h, 8 * ga, inter)
+    num_tasks = num_used * pairs_i
+    counter = np.zeros(1, np.int64)
+    # tasks cost what their expert's tokens cost: claimed CHUNK at a time (task_queue.py)
+    for _ in prange(threads):
+        c = claim(counter)
+        while c * CHUNK < num_tasks:
+            for task in range(c * CHUNK, min(num_tasks, (c + 1) * CHUNK)):
+                u = task // pairs_i
+                e = expert_ids[u]
+                ga = 2 * (task % pairs_i)
+                gb = min(ga + 1, groups_i - 1)  # an odd last group pairs with itself
+                gate_up_group(gate_type, gate_pk[e, ga], gate_pk[e, gb], up_type, up_pk[e, ga],
+                              up_pk[e, gb], xq, dx, xqsum, xsum16, token_ids, weights,
+                              offsets[u], offsets[u + 1], h, 8 * ga, inter)
+            c = claim(counter)
     down_phase(h, down_type, down_pk, expert_ids, offsets, token_ids, out)
     stamps[1] = cycles()
 
 
 @njit(cache=True)
-def gate_up_group(gate_type, gate_a, gate_b, up_type, up_a, up_b, xq, dx, xqsum, xsum4, token_ids,
+def gate_up_group(gate_type, gate_a, gate_b, up_type, up_a, up_b, xq, dx, xqsum, xsum16, token_ids,
                   weights, k_lo, k_hi, h, r0, inter):
     """h[k, r0:r0+16] = w_k * silu(gate x_t) * up x_t for the slots k_lo:k_hi of one expert
     (t = token_ids[k]); gate_a/b, up_a/b: two row groups [bytes] (rows r0..r0+7, r0+8..r0+15;
@@ -63,8 +74,8 @@ def gate_up_group(gate_type, gate_a, gate_b, up_type, up_a, up_b, xq, dx, xqsum,
         nt = min(TILE, k_hi - k0)
         t0, t1 = token_ids[k0], token_ids[k0 + min(1, nt - 1)]
         t2, t3 = token_ids[k0 + min(2, nt - 1)], token_ids[k0 + min(3, nt - 1)]
-        packed_tile(gate_type, gate_a, gate_b, xq, 0, dx, xqsum, xsum4, t0, t1, t2, t3, nt, gres)
-        packed_tile(up_type, up_a, up_b, xq, 0, dx, xqsum, xsum4, t0, t1, t2, t3, nt, ures)
+        packed_tile(gate_type, gate_a, gate_b, xq, 0, dx, xqsum, xsum16, t0, t1, t2, t3, nt, gres)
+        packed_tile(up_type, up_a, up_b, xq, 0, dx, xqsum, xsum16, t0, t1, t2, t3, nt, ures)
         for i in range(nt):
             # the routing weight scales h: down is linear, so w * down(h) = down(w * h)
             w = weights[k0 + i]
@@ -92,30 +103,30 @@ def down_group(down_type, down_a, down_b, hq, h_lo, hd, hqsum, hsum_flat, token_
 
 @njit(parallel=True, nogil=True, cache=True)
 def quantize_x(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """x [T, H] f32 as int8 per 32-group: xq [T, H]  dx, xqsum [T, H/32]  xsum4 [T * H/4] (flat)."""
+    """x [T, H] f32 as int8 per 32-group: xq [T, H]  dx, xqsum [T, H/32]  xsum16 [T * H/16] (flat)."""
     num_tokens, hidden = x.shape
     xq = np.empty((num_tokens, hidden), np.int8)
     dx = np.empty((num_tokens, hidden // 32), f32)
     xqsum = np.empty((num_tokens, hidden // 32), f32)
-    xsum4 = np.empty(num_tokens * (hidden // 4), np.int32)
+    xsum16 = np.empty(num_tokens * (hidden // 16), np.int32)
     for t in prange(num_tokens):
         quantize_row(x[t], xq[t], xq[t, :0], dx[t], xqsum[t],
-                     xsum4[t * (hidden // 4):(t + 1) * (hidden // 4)])
-    return xq, dx, xqsum, xsum4
+                     xsum16[t * (hidden // 16):(t + 1) * (hidden // 16)])
+    return xq, dx, xqsum, xsum16
 
 
 @njit(parallel=True, nogil=True, cache=True)
 def quantize_h(h: np.ndarray) -> tuple[np.ndarray, int, np.ndarray, np.ndarray, np.ndarray]:
     """h [N, I] f32 as int16 in two int8 planes (int8 h would double fast mode's error):
-    hq [2N, I] (lo plane at flat offset h_lo)  hd, hqsum [N, I/32]  hsum_flat [N * I/4]."""
+    hq [2N, I] (lo plane at flat offset h_lo)  hd, hqsum [N, I/32]  hsum_flat [N * I/16]."""
     num_slots, inter = h.shape
     hq = np.empty((2 * num_slots, inter), np.int8)
     hd = np.empty((num_slots, inter // 32), f32)
     hqsum = np.empty((num_slots, inter // 32), f32)
-    hsum4 = np.empty((num_slots, inter // 4), np.int32)
+    hsum16 = np.empty((num_slots, inter // 16), np.int32)
     for k in prange(num_slots):
-        quantize_row(h[k], hq[k], hq[num_slots + k], hd[k], hqsum[k], hsum4[k])
-    return hq, num_slots * inter, hd, hqsum, hsum4.reshape(-1)
+        quantize_row(h[k], hq[k], hq[num_slots + k], hd[k], hqsum[k], hsum16[k])
+    return hq, num_slots * inter, hd, hqsum, hsum16.reshape(-1)
 
 
 @njit(parallel=True, nogil=True, cache=True)

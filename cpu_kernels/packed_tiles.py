@@ -12,7 +12,7 @@ bit-identical results (the same integer sums and float32 operations per lane).
 
 pa, pb: [row_group_bytes] uint8 (two row groups of one expert; an odd last group runs with
 pb = pa, its upper 8 lanes then duplicate the lower ones)  xq: [P * n, C] int8 (plane lo at
-flat offset lo_off)  dx, xqsum: [n, C/32] f32  xsum4: [n * C/4] int32 (flat)  t0..t3: activation
+flat offset lo_off)  dx, xqsum: [n, C/32] f32  xsum16: [n * C/16] int32 (flat)  t0..t3: activation
 rows  res: [64] f32, res[16 i : 16 i + 16] = the 16 row dots of activation row t_i (i < nt).
 `nt` is 1 to 4, each its own specialization: a 4-token tile given fewer tokens would spend its
 spare products on padding, and decode batches give most experts 1 to 3 tokens.
@@ -57,15 +57,6 @@ i32 = np.int32
 # 7.7 / 14.5-16 / 25.5-26.6 ms, 2432 B ahead 2.9-3.0 / 5.9-6.0 / 10.9-11.6 / 24.5, 4864 B
 # 2.7-2.9 / 5.6-6.1 / 12.1-12.5 / 20.2-27.6.
 PREFETCH = 4864
-
-
-@njit(cache=True)
-def act_sum(xsum4, o, n4):
-    """Sum of n4 consecutive per-4 activation sums from flat index o."""
-    s = i32(0)
-    for j in range(n4):
-        s = i32(s + xsum4[o + j])
-    return s
 
 
 @njit(cache=True)
@@ -164,18 +155,18 @@ def q4_k_tile(pa, pb, xq, lo_off, dx, xqsum, t0, t1, t2, t3, res, nt, two):
 
 
 @njit(cache=True)
-def _q6k_sub(q0, q1, q2, q3, xq, xo, lo_off, two, sv, dx, xsum4, t, g, acc):
+def _q6k_sub(q0, q1, q2, q3, xq, xo, lo_off, two, sv, dx, xsum16, t, g, acc):
     z = i32x16_zero()
     h, lo = dp_planes(z, z, q0, xq, xo, lo_off, two)
     h, lo = dp_planes(h, lo, q1, xq, xo + 4, lo_off, two)
     h, lo = dp_planes(h, lo, q2, xq, xo + 8, lo_off, two)
     h, lo = dp_planes(h, lo, q3, xq, xo + 12, lo_off, two)
-    s = i32x16_sub_s(plane_sum(h, lo, two), act_sum(xsum4, xo >> 2, 4) << 5)
+    s = i32x16_sub_s(plane_sum(h, lo, two), xsum16[xo >> 4] << 5)
     return fma_i32x16(s, f32x16_mul(sv, dx[t, g]), acc)
 
 
 @njit(inline="always", cache=True)
-def q6_k_tile(pa, pb, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res, nt, two):
+def q6_k_tile(pa, pb, xq, lo_off, dx, xsum16, t0, t1, t2, t3, res, nt, two):
     cols = xq.shape[1]
     f0, f1, f2, f3 = f32x16_zero(), f32x16_zero(), f32x16_zero(), f32x16_zero()
     for b in range(pa.shape[0] // 1696):
@@ -194,22 +185,22 @@ def q6_k_tile(pa, pb, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res, nt, two):
             sv = f32x16_mul(load_i8x16_f32(pa, pb, o + 1536 + 8 * p), dv)
             xb = b * 256 + 16 * p
             g = xb >> 5
-            f0 = _q6k_sub(q0, q1, q2, q3, xq, t0 * cols + xb, lo_off, two, sv, dx, xsum4, t0, g,
+            f0 = _q6k_sub(q0, q1, q2, q3, xq, t0 * cols + xb, lo_off, two, sv, dx, xsum16, t0, g,
                           f0)
             if nt > 1:
-                f1 = _q6k_sub(q0, q1, q2, q3, xq, t1 * cols + xb, lo_off, two, sv, dx, xsum4,
+                f1 = _q6k_sub(q0, q1, q2, q3, xq, t1 * cols + xb, lo_off, two, sv, dx, xsum16,
                               t1, g, f1)
                 if nt > 2:
-                    f2 = _q6k_sub(q0, q1, q2, q3, xq, t2 * cols + xb, lo_off, two, sv, dx, xsum4,
+                    f2 = _q6k_sub(q0, q1, q2, q3, xq, t2 * cols + xb, lo_off, two, sv, dx, xsum16,
                                   t2, g, f2)
                     if nt > 3:
                         f3 = _q6k_sub(q0, q1, q2, q3, xq, t3 * cols + xb, lo_off, two, sv, dx,
-                                      xsum4, t3, g, f3)
+                                      xsum16, t3, g, f3)
     store_tiles(res, f0, f1, f2, f3, nt)
 
 
 @njit(cache=True)
-def _g32_group(q0, q1, q2, q3, q4, q5, q6, q7, shift, xq, xo, lo_off, two, dv, dx, xsum4, t,
+def _g32_group(q0, q1, q2, q3, q4, q5, q6, q7, shift, xq, xo, lo_off, two, dv, dx, xsum16, t,
                g, acc):
     z = i32x16_zero()
     h, lo = dp_planes(z, z, q0, xq, xo, lo_off, two)
@@ -220,7 +211,8 @@ def _g32_group(q0, q1, q2, q3, q4, q5, q6, q7, shift, xq, xo, lo_off, two, dv, d
     h, lo = dp_planes(h, lo, q5, xq, xo + 20, lo_off, two)
     h, lo = dp_planes(h, lo, q6, xq, xo + 24, lo_off, two)
     h, lo = dp_planes(h, lo, q7, xq, xo + 28, lo_off, two)
-    s = i32x16_sub_s(plane_sum(h, lo, two), act_sum(xsum4, xo >> 2, 8) << shift)
+    offset = i32(xsum16[xo >> 4] + xsum16[(xo >> 4) + 1]) << shift  # the 32-group's code offset
+    s = i32x16_sub_s(plane_sum(h, lo, two), offset)
     return fma_i32x16(s, f32x16_mul(dv, dx[t, g]), acc)
 
 
@@ -233,7 +225,7 @@ def _q5_bit(hb, i):
 
 
 @njit(inline="always", cache=True)
-def g32_tile(block_bytes, pa, pb, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res, nt, two):
+def g32_tile(block_bytes, pa, pb, xq, lo_off, dx, xsum16, t0, t1, t2, t3, res, nt, two):
     """Q8_0 (288 B per 8 rows x 32) or Q5_0 (192 B), told apart by `block_bytes`."""
     cols = xq.shape[1]
     f0, f1, f2, f3 = f32x16_zero(), f32x16_zero(), f32x16_zero(), f32x16_zero()
@@ -263,14 +255,14 @@ def g32_tile(block_bytes, pa, pb, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res, nt
             q7 = b64_or(b64_shr(n3, 4), _q5_bit(hb, 7))
         xb = 32 * g
         f0 = _g32_group(q0, q1, q2, q3, q4, q5, q6, q7, shift, xq, t0 * cols + xb, lo_off, two,
-                        dv, dx, xsum4, t0, g, f0)
+                        dv, dx, xsum16, t0, g, f0)
         if nt > 1:
             f1 = _g32_group(q0, q1, q2, q3, q4, q5, q6, q7, shift, xq, t1 * cols + xb, lo_off,
-                            two, dv, dx, xsum4, t1, g, f1)
+                            two, dv, dx, xsum16, t1, g, f1)
             if nt > 2:
                 f2 = _g32_group(q0, q1, q2, q3, q4, q5, q6, q7, shift, xq, t2 * cols + xb, lo_off,
-                                two, dv, dx, xsum4, t2, g, f2)
+                                two, dv, dx, xsum16, t2, g, f2)
                 if nt > 3:
                     f3 = _g32_group(q0, q1, q2, q3, q4, q5, q6, q7, shift, xq, t3 * cols + xb,
-                                    lo_off, two, dv, dx, xsum4, t3, g, f3)
+                                    lo_off, two, dv, dx, xsum16, t3, g, f3)
     store_tiles(res, f0, f1, f2, f3, nt)

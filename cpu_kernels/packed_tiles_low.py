@@ -6,7 +6,7 @@ so it is a second float term on the activation sum of the sub-block; Q3_K's code
 c = q + 4 and the offset 4 is removed in int32 like Q6_K's 32.
 
 pa, pb: [row_group_bytes] uint8 (rows 0-7 and 8-15)  xq: [P * n, C] int8 (plane lo at flat
-offset lo_off)  dx: [n, C/32] f32  xsum4: [n * C/4] int32 (flat)  res: [64] f32 (see packed_tiles)
+offset lo_off)  dx: [n, C/32] f32  xsum16: [n * C/16] int32 (flat)  res: [64] f32 (see packed_tiles)
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from cpu_kernels.packed_tiles import _prefetch_block, act_sum, dp_planes, plane_sum, store_tiles
+from cpu_kernels.packed_tiles import _prefetch_block, dp_planes, plane_sum, store_tiles
 from cpu_kernels.simd_pairs import (
     b64_and,
     b64_or,
@@ -47,21 +47,21 @@ def _sub_dot(q0, q1, q2, q3, xq, xo, lo_off, two):
 
 
 @njit(cache=True)
-def _q2k_sub(q0, q1, q2, q3, xq, xo, lo_off, two, sv, mv, dx, xsum4, t, g, acc):
+def _q2k_sub(q0, q1, q2, q3, xq, xo, lo_off, two, sv, mv, dx, xsum16, t, g, acc):
     s = _sub_dot(q0, q1, q2, q3, xq, xo, lo_off, two)
     d = dx[t, g]
     acc = fma_i32x16(s, f32x16_mul(sv, d), acc)
-    return f32x16_fnma(acc, mv, d * f32(act_sum(xsum4, xo >> 2, 4)))
+    return f32x16_fnma(acc, mv, d * f32(xsum16[xo >> 4]))
 
 
 @njit(cache=True)
-def _q3k_sub(q0, q1, q2, q3, xq, xo, lo_off, two, sv, dx, xsum4, t, g, acc):
-    s = i32x16_sub_s(_sub_dot(q0, q1, q2, q3, xq, xo, lo_off, two), act_sum(xsum4, xo >> 2, 4) << 2)
+def _q3k_sub(q0, q1, q2, q3, xq, xo, lo_off, two, sv, dx, xsum16, t, g, acc):
+    s = i32x16_sub_s(_sub_dot(q0, q1, q2, q3, xq, xo, lo_off, two), xsum16[xo >> 4] << 2)
     return fma_i32x16(s, f32x16_mul(sv, dx[t, g]), acc)
 
 
 @njit(inline="always", cache=True)
-def q2_k_tile(pa, pb, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res, nt, two):
+def q2_k_tile(pa, pb, xq, lo_off, dx, xsum16, t0, t1, t2, t3, res, nt, two):
     cols = xq.shape[1]
     f0, f1, f2, f3 = f32x16_zero(), f32x16_zero(), f32x16_zero(), f32x16_zero()
     for b in range(pa.shape[0] // 704):
@@ -79,22 +79,22 @@ def q2_k_tile(pa, pb, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res, nt, two):
             mn = f32x16_mul(load_u4x16_f32(pa, pb, o + 512 + 8 * p, 4), mv)
             xb = b * 256 + 16 * p
             g = xb >> 5
-            f0 = _q2k_sub(q0, q1, q2, q3, xq, t0 * cols + xb, lo_off, two, sv, mn, dx, xsum4, t0,
+            f0 = _q2k_sub(q0, q1, q2, q3, xq, t0 * cols + xb, lo_off, two, sv, mn, dx, xsum16, t0,
                           g, f0)
             if nt > 1:
-                f1 = _q2k_sub(q0, q1, q2, q3, xq, t1 * cols + xb, lo_off, two, sv, mn, dx, xsum4,
+                f1 = _q2k_sub(q0, q1, q2, q3, xq, t1 * cols + xb, lo_off, two, sv, mn, dx, xsum16,
                               t1, g, f1)
                 if nt > 2:
                     f2 = _q2k_sub(q0, q1, q2, q3, xq, t2 * cols + xb, lo_off, two, sv, mn, dx,
-                                  xsum4, t2, g, f2)
+                                  xsum16, t2, g, f2)
                     if nt > 3:
                         f3 = _q2k_sub(q0, q1, q2, q3, xq, t3 * cols + xb, lo_off, two, sv, mn, dx,
-                                      xsum4, t3, g, f3)
+                                      xsum16, t3, g, f3)
     store_tiles(res, f0, f1, f2, f3, nt)
 
 
 @njit(inline="always", cache=True)
-def q3_k_tile(pa, pb, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res, nt, two):
+def q3_k_tile(pa, pb, xq, lo_off, dx, xsum16, t0, t1, t2, t3, res, nt, two):
     cols = xq.shape[1]
     f0, f1, f2, f3 = f32x16_zero(), f32x16_zero(), f32x16_zero(), f32x16_zero()
     for b in range(pa.shape[0] // 928):
@@ -111,15 +111,15 @@ def q3_k_tile(pa, pb, xq, lo_off, dx, xsum4, t0, t1, t2, t3, res, nt, two):
             sv = f32x16_mul(load_i8x16_f32(pa, pb, o + 768 + 8 * p), dv)
             xb = b * 256 + 16 * p
             g = xb >> 5
-            f0 = _q3k_sub(q0, q1, q2, q3, xq, t0 * cols + xb, lo_off, two, sv, dx, xsum4, t0, g,
+            f0 = _q3k_sub(q0, q1, q2, q3, xq, t0 * cols + xb, lo_off, two, sv, dx, xsum16, t0, g,
                           f0)
             if nt > 1:
-                f1 = _q3k_sub(q0, q1, q2, q3, xq, t1 * cols + xb, lo_off, two, sv, dx, xsum4,
+                f1 = _q3k_sub(q0, q1, q2, q3, xq, t1 * cols + xb, lo_off, two, sv, dx, xsum16,
                               t1, g, f1)
                 if nt > 2:
-                    f2 = _q3k_sub(q0, q1, q2, q3, xq, t2 * cols + xb, lo_off, two, sv, dx, xsum4,
+                    f2 = _q3k_sub(q0, q1, q2, q3, xq, t2 * cols + xb, lo_off, two, sv, dx, xsum16,
                                   t2, g, f2)
                     if nt > 3:
                         f3 = _q3k_sub(q0, q1, q2, q3, xq, t3 * cols + xb, lo_off, two, sv, dx,
-                                      xsum4, t3, g, f3)
+                                      xsum16, t3, g, f3)
     store_tiles(res, f0, f1, f2, f3, nt)

@@ -37,7 +37,7 @@ def make_call(packed, threads: int):
         args = (pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data, pk.down.qtype,
                 pk.down.data, x, ids, weights, out, stamps)
         if min_tokens is None:
-            packed_moe_kernel(*args)
+            packed_moe_kernel(*args, threads)
         else:
             amx_bf16_moe_kernel(*args, TILE_CONFIG_BF16, min_tokens, threads)
     return call

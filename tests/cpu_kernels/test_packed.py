@@ -36,7 +36,7 @@ def test_packed_tile_is_exact_on_quantized_activations(qtype: int) -> None:
             for ga in range(0, groups, 2):  # 16-row tiles; an odd last group pairs with itself
                 gb = min(ga + 1, groups - 1)
                 packed_tile(qtype, packed.data[1, ga], packed.data[1, gb], act.xq, act.lo_offset,
-                            act.dx, act.xqsum, act.xsum4.reshape(-1), *tokens, nt, res)
+                            act.dx, act.xqsum, act.xsum16.reshape(-1), *tokens, nt, res)
                 tile = res.reshape(4, 16)[:nt]
                 got[:, 8 * ga:8 * gb + 8] = tile[:, :8 * (gb - ga + 1)]
                 if gb == ga:

@@ -1,0 +1,36 @@
+"""Tasks of unequal cost shared out as threads free up, inside numba's parallel loops.
+
+numba's prange splits its range into one contiguous block per thread up front (the omp layer
+ignores `set_parallel_chunksize` here: measured, numba 0.68). The MoE's phase-1 tasks are
+(expert, rows) pairs whose cost follows the expert's token count (1 to 9 at T=32 over 64
+experts, or AMX next to VNNI experts in one call), so a static split left the busiest thread
+~20% over the mean (simulated over random routings). Instead every thread runs
+
+    for w in prange(threads):
+        c = claim(counter)
+        while c < num_chunks:
+            ... tasks c * CHUNK ... (c + 1) * CHUNK - 1 ...
+            c = claim(counter)
+
+where `claim` is one atomic fetch-and-add on counter[0] (an int64 array of 1, zeroed per call).
+Each task's output is its own, so results do not depend on which thread ran it.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+
+@intrinsic
+def claim(typingctx, counter):
+    """The value of counter[0] before adding 1 to it, atomically (sequentially consistent)."""
+    if not (isinstance(counter, types.Array) and counter.dtype == types.int64):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        return builder.atomic_rmw("add", ary.data, ir.Constant(ir.IntType(64), 1), "seq_cst")
+    return types.int64(counter), codegen
+
