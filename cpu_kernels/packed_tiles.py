@@ -51,12 +51,13 @@ from cpu_kernels.simd_pairs import (
 )
 
 i32 = np.int32
-# Software prefetch: every block first hints the lines PREFETCH bytes ahead of it into L1. The
-# hardware streamers stop at 4 KiB pages and ramp up slowly on 16 cores' streams; measured on
-# the GPU machine (V3 Q4_K/Q6_K, 16 threads, T=1, 2, 4, 8; 8-row tiles): no prefetch 3.9-4.1 /
-# 7.7 / 14.5-16 / 25.5-26.6 ms, 2432 B ahead 2.9-3.0 / 5.9-6.0 / 10.9-11.6 / 24.5, 4864 B
-# 2.7-2.9 / 5.6-6.1 / 12.1-12.5 / 20.2-27.6.
-PREFETCH = 4864
+# Software prefetch: every block first hints the lines PREFETCH bytes ahead of it into L1, in
+# both row groups' streams. The hardware streamers stop at 4 KiB pages and ramp up slowly on 16
+# cores' streams. Measured on the GPU machine (V3 Q4_K/Q6_K, 16 threads): with 8-row tiles (one
+# stream) T=1/2/4/8 took 3.9-4.1 / 7.7 / 14.5-16 / 25.5-26.6 ms without prefetch, 2.7-2.9 /
+# 5.6-6.1 / 12.1-12.5 / 20.2-27.6 with 4864 B; with 16-row tiles (two streams, A/B/C in one
+# process) 2432 B ran 0.96-0.97x the time of 4864 at T=1-8 and 0.90x at T=32, 9728 B 1.05-1.20x.
+PREFETCH = 2432
 
 
 @njit(cache=True)
