@@ -3,7 +3,8 @@
 Each group of 8 consecutive rows is stored together: a 32-byte vector holds 4 consecutive codes
 (k..k+3) of each of the 8 rows, byte 4r + j = code of row r at k + j, so one vpdpbusd against 4
 broadcast activations gives 8 row sums in 8 lanes (no horizontal sums), and per-row scales are
-vectors. Codes are stored unsigned (Q8_0's int8 flipped by 0x80); offsets are removed with the
+vectors. The tiles (packed_tiles.py) join the same vectors of two groups into one 512-bit
+register: 16 rows per instruction. Codes are stored unsigned (Q8_0's int8 flipped by 0x80); offsets are removed with the
 activation sums. Nothing is dequantized: per 8 rows and block the packed bytes are
 
     Q4_K (1216 B / 256 cols): 1024 nibbles (chunk c, step k4: low nibbles sub-block 2c, high
