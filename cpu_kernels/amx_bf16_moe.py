@@ -36,11 +36,11 @@ f32 = np.float32
 TILE_CONFIG_BF16 = tile_shapes_bf16()
 TILE_CONFIG_BF16.flags.writeable = False
 # Experts with fewer tokens run VNNI. AMX's cost per expert is nearly flat up to 16 tokens (its
-# dequantization), VNNI's grows with every 4 tokens. Measured on the GPU machine (V3 shapes, 16
-# threads, thread-ms per expert, 8 experts each given n tokens): AMX 15.8 / 15.6 / 16.3 / 16.2
-# at n = 4 / 8 / 12 / 16, 23 at 24-32; VNNI 8.9 / 15.4 / 23.1 / 30.3, 60-68 at 24-32. Break-even
-# is near 8; thresholds of 8 and 12 gave T=32 and T=128 (64 experts) within run noise of each
-# other (41.3 vs 41.4 ms, 68.9-70.6 vs 65.8-75.2 ms), 16 made T=128 slower (91.8 ms).
+# dequantization), VNNI's grows with every 4 tokens. Measured on the GPU machine with the 16-row
+# VNNI tiles (`python scripts/probe_expert_costs.py --threads 16`: V3 shapes, thread-ms per
+# expert, 8 experts each given n tokens): AMX 10.1 / 11.6 / 11.3 / 14.2 at n = 8 / 12 / 16 / 24,
+# VNNI 10.1 / 13.1 / 16.9 / 24.9. T tokens over 64 experts at thresholds none / 12 / 16 / 20:
+# T=128 82.5 / 50.0 / 68.1 / 67.7 ms, T=512 287 / 109 / 116 / 113 (T=32: no expert reaches 12).
 MIN_TOKENS = 12
 
 
