@@ -11,10 +11,13 @@ load-time work), with experts of >= 12 tokens on AMX bf16 tiles where the CPU ha
 small machines; `--quick` is a short run for 2-core CI machines. Then, at T=1, the
 per-call overhead of the synchronous call (outside its kernel) and the wake-up latency of a
 MoEPool with `--pool-threads` threads (submit -> kernel start, kernel end -> wait() returns),
-in microseconds, from cycle stamps the kernels write.
+in microseconds, from cycle stamps the kernels write. Where kt-kernel's extension is found
+(`--kt-root`, KT_KERNEL_ROOT), its llamafile (Q4_K_M) and AMX int4/int8 MoEs run on the same
+shapes and token counts as extra modes (kt_kernel_peer.py).
 
     python scripts/bench_cpu_moe.py --quick
     python scripts/bench_cpu_moe.py --shapes v3 --tokens 1,8,128 --threads 16 --json rows.json
+    python scripts/bench_cpu_moe.py --shapes v3 --modes fast,kt-llamafile --kt-root .kt
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from collections.abc import Callable
 
 import numba
 import numpy as np
+from kt_kernel_peer import MODES as KT_MODES
+from kt_kernel_peer import KtPeer, load_extension
 from numba import njit, prange
 
 from cpu_kernels import qtypes as qt
@@ -95,13 +100,66 @@ def bench_latency(name: str, mode: str, experts, pool: MoEPool, rng: np.random.G
     return row
 
 
+def make_row(name: str, label: str, num_tokens: int, distinct: float, ms: float,
+             ms_mean: float, calls: int, expert_nbytes: int, resident: int,
+             bandwidth: float) -> dict:
+    """One result row, printed as it comes; GB/s counts the GGUF bytes of the distinct experts."""
+    gbs = distinct * expert_nbytes / (ms / 1e3) / 1e9
+    r = {"shape": name, "mode": label, "tokens": num_tokens, "threads": numba.get_num_threads(),
+         "resident_experts": resident, "distinct_experts": float(distinct), "ms": round(ms, 3),
+         "ms_mean": round(ms_mean, 3), "calls": calls, "weight_gbs": round(gbs, 2),
+         "pct_bandwidth": round(100 * gbs / bandwidth, 1), "bandwidth_gbs": round(bandwidth, 2)}
+    print(f"{name:5s} {label:12s} T={num_tokens:5d} thr={r['threads']:2d} experts={distinct:6.1f}"
+          f"  {ms:9.2f} ms  {gbs:6.2f} GB/s  {r['pct_bandwidth']:5.1f}% of {bandwidth:.1f}",
+          flush=True)
+    return r
+
+
+def routings(rng: np.random.Generator, num_tokens: int, resident: int, top_k: int,
+             count: int) -> list[np.ndarray]:
+    """`count` random routings [T, K] over the resident experts (distinct experts per token)."""
+    return [np.stack([rng.choice(resident, min(top_k, resident), replace=False)
+                      for _ in range(num_tokens)]) for _ in range(count)]
+
+
+def bench_kt(name: str, tokens: list[int], experts, mode: str, peer: KtPeer, repeats: int,
+             bandwidth: float, rng: np.random.Generator) -> list[dict]:
+    """kt-kernel's rows on the same shape (kt_kernel_peer.py): mean of queued calls."""
+    hidden, inter, _, top_k, _, _ = SHAPES[name]
+    resident = experts.num_experts
+    top_k = min(top_k, resident)
+    try:
+        moe = (peer.llamafile(experts, top_k) if mode == "kt-llamafile"
+               else peer.amx(mode, resident, hidden, inter, top_k, rng))
+    except (RuntimeError, ValueError, TypeError) as e:  # e.g. a quant type kt lacks
+        print(f"{name}: {mode} not run: {type(e).__name__}: {e}", flush=True)
+        return []
+    rows = []
+    for num_tokens in tokens:
+        x = (rng.standard_normal((num_tokens, hidden)) * 0.5).astype(np.float32)
+        routes = routings(rng, num_tokens, resident, top_k, repeats)
+        weights = rng.random(routes[0].shape).astype(np.float32)
+        times, calls = [], 0
+        for ids in routes:
+            ms, n = peer.ms_per_call(moe, x, ids, weights, min_seconds=0.5 / repeats)
+            times.append(ms)
+            calls += n
+        distinct = np.mean([np.unique(ids).size for ids in routes])
+        rows.append(make_row(name, mode, num_tokens, distinct, float(np.median(times)),
+                             float(np.mean(times)), calls, experts.expert_nbytes(), resident,
+                             bandwidth))
+    return rows
+
+
 def bench_shape(name: str, tokens: list[int], resident: int, mode: str, repeats: int,
                 bandwidth: float, rng: np.random.Generator,
-                make_pool: Callable[[], MoEPool] | None = None
+                make_pool: Callable[[], MoEPool] | None = None, peer: KtPeer | None = None
                 ) -> tuple[list[dict], dict | None]:
     hidden, inter, num_experts, top_k, gu_type, down_type = SHAPES[name]
     resident = min(resident, num_experts)
     experts = random_experts(rng, resident, hidden, inter, gu_type, gu_type, down_type)
+    if mode in KT_MODES:
+        return bench_kt(name, tokens, experts, mode, peer, repeats, bandwidth, rng), None
     use_amx = mode != "fast-vnni"  # fast mode with AMX off: VNNI's rows in the same run
     mode = "fast" if mode == "fast-vnni" else mode
     label = mode if use_amx else "fast-vnni"
@@ -113,8 +171,7 @@ def bench_shape(name: str, tokens: list[int], resident: int, mode: str, repeats:
     for num_tokens in tokens:
         x = (rng.standard_normal((num_tokens, hidden)) * 0.5).astype(np.float32)
         out = np.empty_like(x)
-        routes = [np.stack([rng.choice(resident, min(top_k, resident), replace=False)
-                            for _ in range(num_tokens)]) for _ in range(repeats + 1)]
+        routes = routings(rng, num_tokens, resident, top_k, repeats + 1)
         weights = rng.random(routes[0].shape).astype(np.float32)
         # warm-up: calls for WARMUP_S at least (one at large T). Right after packing or after a
         # MoEPool's latency rows, calls ran several times slower for tens of milliseconds on the
@@ -134,17 +191,9 @@ def bench_shape(name: str, tokens: list[int], resident: int, mode: str, repeats:
             times.append(time.perf_counter() - t)
         ms = float(np.median(times)) * 1e3  # the median call (the mean is in the JSON)
         distinct = np.mean([np.unique(ids).size for ids in routes[1:reps + 1]])
-        gbs = distinct * experts.expert_nbytes() / (ms / 1e3) / 1e9
-        rows.append({"shape": name, "mode": label, "tokens": num_tokens,
-                     "threads": numba.get_num_threads(), "resident_experts": resident,
-                     "distinct_experts": float(distinct), "ms": round(ms, 3),
-                     "ms_mean": round(float(np.mean(times)) * 1e3, 3), "calls": reps,
-                     "weight_gbs": round(gbs, 2), "pct_bandwidth": round(100 * gbs / bandwidth, 1),
-                     "bandwidth_gbs": round(bandwidth, 2)})
-        r = rows[-1]
-        print(f"{name:5s} {label:9s} T={num_tokens:5d} thr={r['threads']:2d} experts={distinct:6.1f}"
-              f"  {ms:9.2f} ms  {gbs:6.2f} GB/s  {r['pct_bandwidth']:5.1f}% of {bandwidth:.1f}",
-              flush=True)
+        rows.append(make_row(name, label, num_tokens, distinct, ms,
+                             float(np.mean(times)) * 1e3, reps, experts.expert_nbytes(),
+                             resident, bandwidth))
     if make_pool is None or not use_amx:
         return rows, None
     # A pool lives only for its latency rows: its kernel threads would otherwise compete with
@@ -168,7 +217,11 @@ def main() -> None:
     p.add_argument("--shapes", default="v3,lite", help="comma list of " + ",".join(SHAPES))
     p.add_argument("--tokens", default="1,2,4,8,32,128,512,1024")
     p.add_argument("--modes", default="exact,fast",
-                   help="exact, fast, fast-vnni (fast with AMX off: the VNNI kernels alone)")
+                   help="exact, fast, fast-vnni (fast with AMX off: the VNNI kernels alone), and "
+                        "with --kt-root: " + ", ".join(KT_MODES))
+    p.add_argument("--kt-root", default=None,
+                   help="folder with kt-kernel's kt_kernel/_kt_kernel_ext_amx*.so and "
+                        "kt_kernel.libs/ (or KT_KERNEL_ROOT): adds its modes side by side")
     p.add_argument("--exact-tokens", default="1,8",
                    help="token counts also run in exact mode (its kernels are scalar: slow)")
     p.add_argument("--threads", type=int, default=numba.config.NUMBA_NUM_THREADS)
@@ -190,13 +243,21 @@ def main() -> None:
     rng = np.random.default_rng(0)
     rows, latency = [], []
     make_pool = None if args.no_latency else (lambda: MoEPool(args.pool_threads, args.numa_nodes))
+    modes = args.modes.split(",")
+    ext = load_extension(args.kt_root)
+    peer = KtPeer(ext, args.threads) if ext is not None else None
+    if peer is None and any(m in KT_MODES for m in modes):
+        print("kt-kernel not found (--kt-root / KT_KERNEL_ROOT): its modes are skipped")
+        modes = [m for m in modes if m not in KT_MODES]
+    elif peer is not None and not any(m in KT_MODES for m in modes):
+        modes += list(KT_MODES)  # found: side by side by default
     for name in args.shapes.split(","):
-        for mode in args.modes.split(","):
+        for mode in modes:
             tokens = [int(t) for t in args.tokens.split(",")]
             if mode == "exact":
                 tokens = [t for t in tokens if str(t) in args.exact_tokens.split(",")]
             r, lat = bench_shape(name, tokens, args.resident, mode, args.repeats, bandwidth, rng,
-                                 make_pool)
+                                 make_pool, peer)
             rows += r
             latency += [lat] if lat else []
     print_table(rows)
