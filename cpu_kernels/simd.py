@@ -22,8 +22,11 @@ from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
 _FEATURES = llb.get_host_cpu_features()
-HAS_VNNI = bool((_FEATURES.get("avx512vnni") and _FEATURES.get("avx512vl"))
-                or _FEATURES.get("avxvnni"))
+# vpdpbusd in zmm needs AVX512-VNNI; in ymm, AVX-VNNI (Alder Lake and later desktop parts, which
+# lack AVX-512) or AVX512-VNNI with AVX512VL. Without either, the dots are plain LLVM vector code.
+HAS_VNNI_512 = bool(_FEATURES.get("avx512vnni") and _FEATURES.get("avx512bw"))
+HAS_VNNI_256 = bool((_FEATURES.get("avx512vnni") and _FEATURES.get("avx512vl"))
+                    or _FEATURES.get("avxvnni"))
 
 _I8, _I32, _F32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
 _V32I8, _V8I32, _V8F32 = ir.VectorType(_I8, 32), ir.VectorType(_I32, 8), ir.VectorType(_F32, 8)

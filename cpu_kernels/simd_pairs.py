@@ -20,7 +20,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from cpu_kernels.simd import HAS_VNNI, VecType, _element_ptr
+from cpu_kernels.simd import HAS_VNNI_256, HAS_VNNI_512, VecType, _element_ptr
 
 _I8, _I32, _F32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
 _V64I8, _V16I32, _V16F32 = ir.VectorType(_I8, 64), ir.VectorType(_I32, 16), ir.VectorType(_F32, 16)
@@ -127,6 +127,39 @@ def bcast4x16(typingctx, arr, idx):
     return b64(arr, idx), codegen
 
 
+def dpbusd_ir(builder, acc, a, b, width: int):
+    """IR for acc[i] + sum_k u8(a[4i+k]) * s8(b[4i+k]) over <16 x i32> acc and <16 x i32>-sized
+    a, b: one zmm vpdpbusd (width 512), two ymm ones (256: AVX-VNNI or AVX512VL), or plain
+    vector code (0) that LLVM lowers for any x86 (AVX2 on AMD Zen 3, say)."""
+    if width == 512:
+        fnty = ir.FunctionType(_V16I32, [_V16I32] * 3)
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.vpdpbusd.512")
+        return builder.call(fn, [acc, builder.bitcast(a, _V16I32), builder.bitcast(b, _V16I32)])
+    if width == 256:
+        v8 = ir.VectorType(_I32, 8)
+        fnty = ir.FunctionType(v8, [v8] * 3)
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.vpdpbusd.256")
+        a32, b32 = builder.bitcast(a, _V16I32), builder.bitcast(b, _V16I32)
+        halves = []
+        for h in (0, 1):
+            idx = ir.Constant(v8, list(range(8 * h, 8 * h + 8)))
+            halves.append(builder.call(fn, [builder.shuffle_vector(v, v, idx)
+                                            for v in (acc, a32, b32)]))
+        return builder.shuffle_vector(halves[0], halves[1], _JOIN8)
+    v64 = ir.VectorType(_I32, 64)
+    prod = builder.mul(builder.zext(builder.bitcast(a, _V64I8), v64),
+                       builder.sext(builder.bitcast(b, _V64I8), v64))
+    total = acc
+    for k in range(4):
+        idx = ir.Constant(_V16I32, [4 * i + k for i in range(16)])
+        total = builder.add(total, builder.shuffle_vector(prod, prod, idx))
+    return total
+
+
+# the widest vpdpbusd this CPU has (0: none)
+DPBUSD_WIDTH = 512 if HAS_VNNI_512 else 256 if HAS_VNNI_256 else 0
+
+
 @intrinsic
 def dpbusd16(typingctx, acc, a, b):
     """acc[i] + sum_k u8(a[4i+k]) * s8(b[4i+k]), i = 0..15."""
@@ -134,20 +167,7 @@ def dpbusd16(typingctx, acc, a, b):
         return None
 
     def codegen(context, builder, sig, args):
-        acc_v, a_v, b_v = args
-        if HAS_VNNI:
-            fnty = ir.FunctionType(_V16I32, [_V16I32] * 3)
-            fn = cgutils.get_or_insert_function(builder.module, fnty,
-                                                "llvm.x86.avx512.vpdpbusd.512")
-            return builder.call(fn, [acc_v, builder.bitcast(a_v, _V16I32),
-                                     builder.bitcast(b_v, _V16I32)])
-        v64 = ir.VectorType(_I32, 64)
-        prod = builder.mul(builder.zext(a_v, v64), builder.sext(b_v, v64))
-        total = acc_v
-        for k in range(4):
-            idx = ir.Constant(_V16I32, [4 * i + k for i in range(16)])
-            total = builder.add(total, builder.shuffle_vector(prod, prod, idx))
-        return total
+        return dpbusd_ir(builder, *args, DPBUSD_WIDTH)
     return i32x16(acc, a, b), codegen
 
 
