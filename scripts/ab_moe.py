@@ -1,0 +1,112 @@
+"""A/B two versions of the fast MoE kernels in one process, on the same packed experts.
+
+The GPU machine's hosts differ from call to call (read bandwidth 86-140 GB/s), so a change is
+judged only against the old code timed in the same process, call after call. The old version is
+a copy of cpu_kernels/ under another package name, made from a git revision:
+
+    python scripts/ab_moe.py --make-base HEAD~1          # writes .ab/cpu_kernels_base
+    PYTHONPATH=.ab python scripts/ab_moe.py --threads 16 --tokens 32,128,512,1024
+
+Each row: the median of `--repeats` calls per version, the versions alternating call by call,
+both through the AMX kernel entry (amx_bf16_moe_kernel, MIN_TOKENS of each version) where the
+CPU has AMX, else the VNNI one; and whether the two outputs are bit-identical (else the largest
+relative difference). The packed layout must be the same in both versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import subprocess
+import time
+
+import numba
+import numpy as np
+from bench_cpu_moe import SHAPES, routings
+
+from cpu_kernels.random_blocks import random_experts
+
+BASE_DIR = ".ab"
+
+
+def make_base(rev: str) -> None:
+    """.ab/cpu_kernels_base: cpu_kernels/ at `rev`, its imports renamed."""
+    dest = os.path.join(BASE_DIR, "cpu_kernels_base")
+    subprocess.run(["rm", "-rf", dest], check=True)
+    os.makedirs(dest)
+    files = subprocess.run(["git", "ls-tree", "--name-only", rev, "cpu_kernels/"], check=True,
+                           capture_output=True, text=True).stdout.split()
+    for path in files:
+        text = subprocess.run(["git", "show", f"{rev}:{path}"], check=True, capture_output=True,
+                              text=True).stdout
+        with open(os.path.join(dest, os.path.basename(path)), "w") as f:
+            f.write(text.replace("cpu_kernels", "cpu_kernels_base"))
+    print(f"{dest}: cpu_kernels at {rev} ({len(files)} files)")
+
+
+def kernel_call(pkg: str, packed, threads: int):
+    """call(x, ids, weights, out) through package `pkg`'s fast MoE kernel."""
+    amx = importlib.import_module(f"{pkg}.amx_bf16_moe")
+    vnni = importlib.import_module(f"{pkg}.packed_moe")
+    has_amx = importlib.import_module(f"{pkg}.amx").HAS_AMX
+    stamps = np.empty(2, np.int64)
+    pk = packed
+
+    def call(x, ids, weights, out):
+        args = (pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data, pk.down.qtype,
+                pk.down.data, x, ids, weights, out, stamps)
+        if has_amx:
+            amx.amx_bf16_moe_kernel(*args, amx.TILE_CONFIG_BF16, amx.MIN_TOKENS, threads)
+        else:
+            vnni.packed_moe_kernel(*args, threads)
+    return call
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--make-base", metavar="REV", help="write .ab/cpu_kernels_base from REV")
+    p.add_argument("--shape", default="v3", choices=list(SHAPES))
+    p.add_argument("--resident", type=int, default=64)
+    p.add_argument("--tokens", default="32,128,512")
+    p.add_argument("--threads", type=int, default=numba.config.NUMBA_NUM_THREADS)
+    p.add_argument("--repeats", type=int, default=7)
+    args = p.parse_args()
+    if args.make_base:
+        make_base(args.make_base)
+        return
+    numba.set_num_threads(args.threads)
+    hidden, inter, num_experts, top_k, gu_type, down_type = SHAPES[args.shape]
+    resident = min(args.resident, num_experts)
+    rng = np.random.default_rng(0)
+    t = time.perf_counter()
+    packed = random_experts(rng, resident, hidden, inter, gu_type, gu_type, down_type
+                            ).pack().packed
+    print(f"{args.shape}: {resident} experts made and packed in {time.perf_counter() - t:.0f} s",
+          flush=True)
+    calls = {"base": kernel_call("cpu_kernels_base", packed, args.threads),
+             "new": kernel_call("cpu_kernels", packed, args.threads)}
+    print(f"{'T':>5s} {'base ms':>9s} {'new ms':>9s} {'new/base':>8s}  outputs", flush=True)
+    for num_tokens in [int(v) for v in args.tokens.split(",")]:
+        x = (rng.standard_normal((num_tokens, hidden)) * 0.5).astype(np.float32)
+        routes = routings(rng, num_tokens, resident, top_k, args.repeats + 1)
+        weights = rng.random(routes[0].shape).astype(np.float32)
+        outs = {k: np.empty_like(x) for k in calls}
+        for k, call in calls.items():  # warm-up (compiles on first use)
+            for ids in routes[:2]:
+                call(x, ids, weights, outs[k])
+        times = {k: [] for k in calls}
+        for ids in routes[1:]:
+            for k, call in calls.items():
+                t = time.perf_counter()
+                call(x, ids, weights, outs[k])
+                times[k].append(time.perf_counter() - t)
+        base, new = (float(np.median(times[k])) * 1e3 for k in ("base", "new"))
+        same = np.array_equal(outs["base"], outs["new"])
+        diff = "bit-identical" if same else (
+            f"max rel diff {np.abs(outs['new'] - outs['base']).max() / np.abs(outs['base']).max():.1e}")
+        print(f"{num_tokens:5d} {base:9.2f} {new:9.2f} {new / base:8.3f}  {diff}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
