@@ -29,6 +29,7 @@ from cpu_kernels.amx_bf16_rows import activation_rows, down_rows, gate_up_rows
 from cpu_kernels.amx_bf16_tiles import BF16_TILE_TYPES, has_bf16_tiles, to_bf16
 from cpu_kernels.clock import cycles
 from cpu_kernels.packed_moe import CHUNK, down_group, gate_up_group, quantize_h, quantize_x
+from cpu_kernels.packed_tiles import prefetch_start
 from cpu_kernels.routing import route
 from cpu_kernels.task_queue import claim
 
@@ -123,6 +124,8 @@ def amx_bf16_moe_kernel(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk
             for lane in range(lanes):
                 out[t, r0 + lane] = 0.0
         for u in range(num_used):
+            if u + 1 < num_used:
+                prefetch_start(down_pk[expert_ids[u + 1], ga], down_pk[expert_ids[u + 1], gb])
             e, k_lo, k_hi = expert_ids[u], offsets[u], offsets[u + 1]
             if down_tiles and k_hi - k_lo >= min_tokens:
                 tid = numba.get_thread_id()

@@ -15,6 +15,7 @@ from numba import njit, prange
 
 from cpu_kernels.clock import cycles
 from cpu_kernels.packed_dot import packed_tile
+from cpu_kernels.packed_tiles import prefetch_start
 from cpu_kernels.q8_activations import quantize_row
 from cpu_kernels.routing import route
 from cpu_kernels.task_queue import claim
@@ -148,6 +149,8 @@ def down_phase(h, down_type, down_pk, expert_ids, offsets, token_ids, out) -> No
             for lane in range(lanes):
                 out[t, r0 + lane] = 0.0
         for u in range(num_used):
+            if u + 1 < num_used:
+                prefetch_start(down_pk[expert_ids[u + 1], ga], down_pk[expert_ids[u + 1], gb])
             e = expert_ids[u]
             down_group(down_type, down_pk[e, ga], down_pk[e, gb], hq, h_lo, hd, hqsum, hsum_flat,
                        token_ids, offsets[u], offsets[u + 1], out, r0, lanes)
