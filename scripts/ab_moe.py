@@ -1,16 +1,18 @@
-"""A/B two versions of the fast MoE kernels in one process, on the same packed experts.
+"""A/B versions of the fast MoE kernels in one process, on the same packed experts.
 
 The GPU machine's hosts differ from call to call (read bandwidth 86-140 GB/s), so a change is
-judged only against the old code timed in the same process, call after call. The old version is
-a copy of cpu_kernels/ under another package name, made from a git revision:
+judged only against the old code timed in the same process, call after call. `new` is
+cpu_kernels itself; any other version NAME is a copy of cpu_kernels/ under the package name
+cpu_kernels_NAME (on PYTHONPATH), e.g. made from a git revision:
 
     python scripts/ab_moe.py --make-base HEAD~1          # writes .ab/cpu_kernels_base
     PYTHONPATH=.ab python scripts/ab_moe.py --threads 16 --tokens 32,128,512,1024
 
 Each row: the median of `--repeats` calls per version, the versions alternating call by call,
-both through the AMX kernel entry (amx_bf16_moe_kernel, MIN_TOKENS of each version) where the
-CPU has AMX, else the VNNI one; and whether the two outputs are bit-identical (else the largest
-relative difference). The packed layout must be the same in both versions.
+all through the AMX kernel entry (amx_bf16_moe_kernel, MIN_TOKENS of each version) where the
+CPU has AMX, else the VNNI one; each version's time over the first's, and whether its output is
+bit-identical to the first's (else the largest relative difference). The packed layout must be
+the same in all versions.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ def main() -> None:
     p.add_argument("--tokens", default="32,128,512")
     p.add_argument("--threads", type=int, default=numba.config.NUMBA_NUM_THREADS)
     p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--versions", default="base,new", help="first one is the reference")
     args = p.parse_args()
     if args.make_base:
         make_base(args.make_base)
@@ -84,9 +87,11 @@ def main() -> None:
                             ).pack().packed
     print(f"{args.shape}: {resident} experts made and packed in {time.perf_counter() - t:.0f} s",
           flush=True)
-    calls = {"base": kernel_call("cpu_kernels_base", packed, args.threads),
-             "new": kernel_call("cpu_kernels", packed, args.threads)}
-    print(f"{'T':>5s} {'base ms':>9s} {'new ms':>9s} {'new/base':>8s}  outputs", flush=True)
+    names = args.versions.split(",")
+    calls = {k: kernel_call("cpu_kernels" if k == "new" else f"cpu_kernels_{k}", packed,
+                            args.threads) for k in names}
+    print(f"{'T':>5s} " + " ".join(f"{k + ' ms':>12s}" for k in names) + "  each / "
+          f"{names[0]}, outputs", flush=True)
     for num_tokens in [int(v) for v in args.tokens.split(",")]:
         x = (rng.standard_normal((num_tokens, hidden)) * 0.5).astype(np.float32)
         routes = routings(rng, num_tokens, resident, top_k, args.repeats + 1)
@@ -101,11 +106,16 @@ def main() -> None:
                 t = time.perf_counter()
                 call(x, ids, weights, outs[k])
                 times[k].append(time.perf_counter() - t)
-        base, new = (float(np.median(times[k])) * 1e3 for k in ("base", "new"))
-        same = np.array_equal(outs["base"], outs["new"])
-        diff = "bit-identical" if same else (
-            f"max rel diff {np.abs(outs['new'] - outs['base']).max() / np.abs(outs['base']).max():.1e}")
-        print(f"{num_tokens:5d} {base:9.2f} {new:9.2f} {new / base:8.3f}  {diff}", flush=True)
+        ms = {k: float(np.median(times[k])) * 1e3 for k in names}
+        ref = outs[names[0]]
+        notes = []
+        for k in names[1:]:
+            same = np.array_equal(outs[k], ref)
+            rel = np.abs(outs[k] - ref).max() / np.abs(ref).max()
+            notes.append(f"{k} {ms[k] / ms[names[0]]:.3f} "
+                         + ("same" if same else f"rel diff {rel:.1e}"))
+        print(f"{num_tokens:5d} " + " ".join(f"{ms[k]:12.2f}" for k in names) + "  "
+              + ", ".join(notes), flush=True)
 
 
 if __name__ == "__main__":
