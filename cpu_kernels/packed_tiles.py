@@ -30,12 +30,14 @@ from numba import njit
 
 from cpu_kernels.simd import prefetch
 from cpu_kernels.simd_pairs import (
+    DPBUSD_ISA,
     b64_and,
     b64_or,
     b64_shl,
     b64_shr,
     bcast4x16,
     dpbusd16,
+    dpbusd16_u7,
     f32x16_fnma,
     f32x16_mul,
     f32x16_zero,
@@ -57,7 +59,11 @@ i32 = np.int32
 # stream) T=1/2/4/8 took 3.9-4.1 / 7.7 / 14.5-16 / 25.5-26.6 ms without prefetch, 2.7-2.9 /
 # 5.6-6.1 / 12.1-12.5 / 20.2-27.6 with 4864 B; with 16-row tiles (two streams, A/B/C in one
 # process) 2432 B ran 0.96-0.97x the time of 4864 at T=1-8 and 0.90x at T=32, 9728 B 1.05-1.20x.
+# Hints into L2 (prefetcht1) instead, at 2432 or 4864 B, or a second L2 hint 9728 B ahead: T=1
+# 0.83-1.0x the time, but T=8/32/128 1.04-1.13x (256 resident experts, scripts/ab_moe.py).
 PREFETCH = 2432
+# dpbusd16 and dpbusd16_u7 are the same instruction on CPUs with VNNI (simd_pairs)
+ONE_DOT = DPBUSD_ISA in ("vnni512", "vnni256")
 
 
 @njit(cache=True)
@@ -79,11 +85,17 @@ def prefetch_start(pa, pb):
 
 
 @njit(cache=True)
-def dp_planes(hi, lo, q, xq, xo, lo_off, two):
-    """Accumulate codes q times the 4 activations at flat xq index xo (and its lo plane)."""
-    hi = dpbusd16(hi, q, bcast4x16(xq, xo))
-    if two:
-        lo = dpbusd16(lo, q, bcast4x16(xq, xo + lo_off))
+def dp_planes(hi, lo, q, xq, xo, lo_off, two, u7=True):
+    """Accumulate codes q times the 4 activations at flat xq index xo (and its lo plane).
+    u7: every code is below 128 (all types but Q8_0), the cheaper dot on CPUs without VNNI."""
+    if ONE_DOT or not u7:  # ONE_DOT, a compile-time constant, keeps VNNI code free of u7
+        hi = dpbusd16(hi, q, bcast4x16(xq, xo))
+        if two:
+            lo = dpbusd16(lo, q, bcast4x16(xq, xo + lo_off))
+    else:
+        hi = dpbusd16_u7(hi, q, bcast4x16(xq, xo))
+        if two:
+            lo = dpbusd16_u7(lo, q, bcast4x16(xq, xo + lo_off))
     return hi, lo
 
 
@@ -215,14 +227,15 @@ def q6_k_tile(pa, pb, xq, lo_off, dx, xsum16, t0, t1, t2, t3, res, nt, two):
 def _g32_group(q0, q1, q2, q3, q4, q5, q6, q7, shift, xq, xo, lo_off, two, dv, dx, xsum16, t,
                g, acc):
     z = i32x16_zero()
-    h, lo = dp_planes(z, z, q0, xq, xo, lo_off, two)
-    h, lo = dp_planes(h, lo, q1, xq, xo + 4, lo_off, two)
-    h, lo = dp_planes(h, lo, q2, xq, xo + 8, lo_off, two)
-    h, lo = dp_planes(h, lo, q3, xq, xo + 12, lo_off, two)
-    h, lo = dp_planes(h, lo, q4, xq, xo + 16, lo_off, two)
-    h, lo = dp_planes(h, lo, q5, xq, xo + 20, lo_off, two)
-    h, lo = dp_planes(h, lo, q6, xq, xo + 24, lo_off, two)
-    h, lo = dp_planes(h, lo, q7, xq, xo + 28, lo_off, two)
+    u7 = shift != 7  # Q8_0's codes (+ 128) reach 255
+    h, lo = dp_planes(z, z, q0, xq, xo, lo_off, two, u7)
+    h, lo = dp_planes(h, lo, q1, xq, xo + 4, lo_off, two, u7)
+    h, lo = dp_planes(h, lo, q2, xq, xo + 8, lo_off, two, u7)
+    h, lo = dp_planes(h, lo, q3, xq, xo + 12, lo_off, two, u7)
+    h, lo = dp_planes(h, lo, q4, xq, xo + 16, lo_off, two, u7)
+    h, lo = dp_planes(h, lo, q5, xq, xo + 20, lo_off, two, u7)
+    h, lo = dp_planes(h, lo, q6, xq, xo + 24, lo_off, two, u7)
+    h, lo = dp_planes(h, lo, q7, xq, xo + 28, lo_off, two, u7)
     offset = i32(xsum16[xo >> 4] + xsum16[(xo >> 4) + 1]) << shift  # the 32-group's code offset
     s = i32x16_sub_s(plane_sum(h, lo, two), offset)
     return fma_i32x16(s, f32x16_mul(dv, dx[t, g]), acc)

@@ -27,6 +27,7 @@ _FEATURES = llb.get_host_cpu_features()
 HAS_VNNI_512 = bool(_FEATURES.get("avx512vnni") and _FEATURES.get("avx512bw"))
 HAS_VNNI_256 = bool((_FEATURES.get("avx512vnni") and _FEATURES.get("avx512vl"))
                     or _FEATURES.get("avxvnni"))
+HAS_AVX2 = bool(_FEATURES.get("avx2"))
 
 _I8, _I32, _F32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
 _V32I8, _V8I32, _V8F32 = ir.VectorType(_I8, 32), ir.VectorType(_I32, 8), ir.VectorType(_F32, 8)

@@ -20,10 +20,11 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from cpu_kernels.simd import HAS_VNNI_256, HAS_VNNI_512, VecType, _element_ptr
+from cpu_kernels.simd import HAS_AVX2, HAS_VNNI_256, HAS_VNNI_512, VecType, _element_ptr
 
 _I8, _I32, _F32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
 _V64I8, _V16I32, _V16F32 = ir.VectorType(_I8, 64), ir.VectorType(_I32, 16), ir.VectorType(_F32, 16)
+_V32I8, _V8I32 = ir.VectorType(_I8, 32), ir.VectorType(_I32, 8)
 _JOIN8 = ir.Constant(ir.VectorType(_I32, 16), list(range(16)))
 _JOIN32 = ir.Constant(ir.VectorType(_I32, 64), list(range(64)))
 
@@ -127,24 +128,51 @@ def bcast4x16(typingctx, arr, idx):
     return b64(arr, idx), codegen
 
 
-def dpbusd_ir(builder, acc, a, b, width: int):
+def _avx2_dots(builder, a, b, small_codes: bool):
+    """<8 x i32> sums of 4 products u8(a) * s8(b) per lane for <32 x i8> a, b, on AVX2.
+
+    vpmaddubsw sums products in pairs into int16 with saturation: exact while every code is
+    below 128 (|2 * 127 * -128| < 2^15). Larger codes (Q8_0's, stored + 128) are split into their
+    low 7 bits and the top bit, each summed that way, the top bit's sums weighted 128 by vpmaddwd.
+    """
+    v16 = ir.VectorType(ir.IntType(16), 16)
+    maddubs = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(v16, [_V32I8, _V32I8]), "llvm.x86.avx2.pmadd.ub.sw")
+    maddwd = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(_V8I32, [v16, v16]), "llvm.x86.avx2.pmadd.wd")
+    ones = ir.Constant(v16, [1] * 16)
+    if small_codes:
+        return builder.call(maddwd, [builder.call(maddubs, [a, b]), ones])
+    low = builder.and_(a, ir.Constant(_V32I8, [127] * 32))
+    top = builder.lshr(a, ir.Constant(_V32I8, [7] * 32))
+    return builder.add(builder.call(maddwd, [builder.call(maddubs, [low, b]), ones]),
+                       builder.call(maddwd, [builder.call(maddubs, [top, b]),
+                                             ir.Constant(v16, [128] * 16)]))
+
+
+def dpbusd_ir(builder, acc, a, b, isa: str, small_codes: bool = False):
     """IR for acc[i] + sum_k u8(a[4i+k]) * s8(b[4i+k]) over <16 x i32> acc and <16 x i32>-sized
-    a, b: one zmm vpdpbusd (width 512), two ymm ones (256: AVX-VNNI or AVX512VL), or plain
-    vector code (0) that LLVM lowers for any x86 (AVX2 on AMD Zen 3, say)."""
-    if width == 512:
+    a, b: one zmm vpdpbusd (isa "vnni512"), two ymm ones ("vnni256": AVX-VNNI or AVX512VL),
+    vpmaddubsw + vpmaddwd per ymm half ("avx2"; cheaper when `small_codes`, every code < 128),
+    or plain vector code ("plain") that LLVM lowers for any x86."""
+    if isa == "vnni512":
         fnty = ir.FunctionType(_V16I32, [_V16I32] * 3)
         fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.vpdpbusd.512")
         return builder.call(fn, [acc, builder.bitcast(a, _V16I32), builder.bitcast(b, _V16I32)])
-    if width == 256:
-        v8 = ir.VectorType(_I32, 8)
-        fnty = ir.FunctionType(v8, [v8] * 3)
+    if isa in ("vnni256", "avx2"):
+        fnty = ir.FunctionType(_V8I32, [_V8I32] * 3)
         fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.vpdpbusd.256")
-        a32, b32 = builder.bitcast(a, _V16I32), builder.bitcast(b, _V16I32)
+        a8, b8 = builder.bitcast(a, _V64I8), builder.bitcast(b, _V64I8)
         halves = []
         for h in (0, 1):
-            idx = ir.Constant(v8, list(range(8 * h, 8 * h + 8)))
-            halves.append(builder.call(fn, [builder.shuffle_vector(v, v, idx)
-                                            for v in (acc, a32, b32)]))
+            acc_h = builder.shuffle_vector(acc, acc, ir.Constant(_V8I32, list(range(8 * h, 8 * h + 8))))
+            i32 = ir.Constant(ir.VectorType(_I32, 32), list(range(32 * h, 32 * h + 32)))
+            a_h, b_h = (builder.shuffle_vector(v, v, i32) for v in (a8, b8))
+            if isa == "vnni256":
+                halves.append(builder.call(fn, [acc_h, builder.bitcast(a_h, _V8I32),
+                                                builder.bitcast(b_h, _V8I32)]))
+            else:
+                halves.append(builder.add(acc_h, _avx2_dots(builder, a_h, b_h, small_codes)))
         return builder.shuffle_vector(halves[0], halves[1], _JOIN8)
     v64 = ir.VectorType(_I32, 64)
     prod = builder.mul(builder.zext(builder.bitcast(a, _V64I8), v64),
@@ -156,19 +184,27 @@ def dpbusd_ir(builder, acc, a, b, width: int):
     return total
 
 
-# the widest vpdpbusd this CPU has (0: none)
-DPBUSD_WIDTH = 512 if HAS_VNNI_512 else 256 if HAS_VNNI_256 else 0
+# the best integer dot this CPU has
+DPBUSD_ISA = ("vnni512" if HAS_VNNI_512 else "vnni256" if HAS_VNNI_256
+              else "avx2" if HAS_AVX2 else "plain")
 
 
-@intrinsic
-def dpbusd16(typingctx, acc, a, b):
-    """acc[i] + sum_k u8(a[4i+k]) * s8(b[4i+k]), i = 0..15."""
-    if not (acc == i32x16 and a == b64 and b == b64):
-        return None
+def _dpbusd(small_codes: bool):
+    @intrinsic
+    def fn(typingctx, acc, a, b):
+        if not (acc == i32x16 and a == b64 and b == b64):
+            return None
 
-    def codegen(context, builder, sig, args):
-        return dpbusd_ir(builder, *args, DPBUSD_WIDTH)
-    return i32x16(acc, a, b), codegen
+        def codegen(context, builder, sig, args):
+            return dpbusd_ir(builder, *args, DPBUSD_ISA, small_codes)
+        return i32x16(acc, a, b), codegen
+    return fn
+
+
+# acc[i] + sum_k u8(a[4i+k]) * s8(b[4i+k]), i = 0..15: any codes; codes < 128 only (faster
+# without VNNI; the same instruction with it)
+dpbusd16 = _dpbusd(False)
+dpbusd16_u7 = _dpbusd(True)
 
 
 @intrinsic
