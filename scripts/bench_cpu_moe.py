@@ -3,17 +3,18 @@
 DeepSeek-V3 (H 7168, I 2048, 256 experts, top-8) and V2-Lite (H 2048, I 1408, 64 experts, top-6)
 shapes with Q4_K_M-like types (V3: Q4_K gate/up, Q6_K down; Lite: I=1408 is no multiple of 256, so
 Q5_0 gate/up and Q8_0 down, llama.cpp's fallbacks), random valid blocks made in-process. Prints ms
-per layer (the median call), GB/s of distinct expert weights read and the percentage of the read bandwidth measured in
-the same run. `fast` mode runs on the packed copy (`ExpertWeights.pack()`, timed once per shape as
-load-time work), with experts of >= 12 tokens on AMX bf16 tiles where the CPU has AMX;
-`fast-vnni` is fast mode with AMX off (int8 VNNI kernels alone), for the two side by side.
-`--resident` caps the experts held in memory (routing draws from those), so the script fits
-small machines; `--quick` is a short run for 2-core CI machines. Then, at T=1, the
-per-call overhead of the synchronous call (outside its kernel) and the wake-up latency of a
-MoEPool with `--pool-threads` threads (submit -> kernel start, kernel end -> wait() returns),
-in microseconds, from cycle stamps the kernels write. Where kt-kernel's extension is found
-(`--kt-root`, KT_KERNEL_ROOT), its llamafile (Q4_K_M) and AMX int4/int8 MoEs run on the same
-shapes and token counts as extra modes (kt_kernel_peer.py).
+per layer (the median call), GB/s of distinct expert weights read and the percentage of the read
+bandwidth measured in the same run. `fast` mode runs on the packed copy (`ExpertWeights.pack()`,
+timed once per shape as load-time work), with experts of >= 12 tokens on AMX bf16 tiles where the
+CPU has AMX; `fast-vnni` is fast mode with AMX off (int8 VNNI kernels alone), for the two side by
+side. `--resident` caps the experts held in memory (routing draws from those), so the script fits
+small machines (the default, 64, puts 4x the tokens of a 256-expert V3 on each expert; the V3 shape
+itself is `--resident 256`, 15 GB with its packed copy); `--quick` is a short run for 2-core CI
+machines. Then, at T=1, the per-call overhead of the synchronous call (outside its kernel) and the
+wake-up latency of a MoEPool with `--pool-threads` threads (submit -> kernel start, kernel end ->
+wait() returns), in microseconds, from cycle stamps the kernels write. Where kt-kernel's extension
+is found (`--kt-root`, KT_KERNEL_ROOT), its llamafile (Q4_K_M) and AMX int4/int8 MoEs run on the
+same shapes and token counts as extra modes (kt_kernel_peer.py).
 
     python scripts/bench_cpu_moe.py --quick
     python scripts/bench_cpu_moe.py --shapes v3 --tokens 1,8,128 --threads 16 --json rows.json

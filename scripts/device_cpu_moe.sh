@@ -2,7 +2,8 @@
 # CPU MoE benchmark on the GPU machine (16 Sapphire Rapids cores): V3 and V2-Lite shapes,
 # T = 1..1024, 16 threads; JSON rows and the log under $OUT (the device tool's output folder).
 # Usage (from the repo root): OUT=/tmp/out bash scripts/device_cpu_moe.sh
-# SHAPES, MODES (exact, fast, fast-vnni) and TOKENS override the defaults below. With kt-kernel's
+# SHAPES, MODES (exact, fast, fast-vnni), TOKENS and RESIDENT (experts held: V3 has 256, the
+# default 64 keeps each mode's setup short) override the defaults below. With kt-kernel's
 # extension unpacked into .kt/ (kt_kernel/_kt_kernel_ext_amx*.so and kt_kernel.libs/ from its
 # cp312 wheel; carry ".kt"), its llamafile and AMX int4/int8 MoEs run side by side.
 set -o pipefail
