@@ -1,17 +1,18 @@
 """Quantized CPU kernels for the routed experts of DeepSeek MoE layers.
 
-Kernels compute directly on GGUF blocks (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_0, BF16,
-F16) with numba; nothing here imports `hybrid`. Modes: `exact` (float32 math on the exactly
-dequantized weights, <= 1e-5 relative error against float64) and `fast` (x quantized to int8 per
-32-group for gate/up, h to int16 as two int8 planes for down, 512-bit vpdpbusd dot products (16
-rows each; two 256-bit ones on AVX-VNNI CPUs without AVX-512, vpmaddubsw + vpmaddwd on CPUs with
-AVX2 alone, e.g. AMD Zen 3: the same integer sums, simd_pairs.dpbusd_ir) on the exact weights, repacked at load time (packed.py), for Q2_K/Q3_K/Q4_K/Q6_K/Q8_0/Q5_0; scalar int8 dots
-for the other types; measured 0.70-0.83% per layer on random blocks (Q2_K/Q3_K mixes
-0.73-0.83%), nearly all of it from the int8 x). On CPUs with AMX (Sapphire Rapids and later),
-fast mode runs the experts with >= 12 tokens in a call (prefill, big batches) on AMX bf16 tiles
-instead (amx.py, amx_bf16_moe.py): their Q4_K/Q6_K/Q8_0/Q5_0 weights dequantized once per call
-to bf16, x and h rounded to bf16, float32 sums; measured 0.34-0.44% per layer on random blocks,
-less than the int8 path. Decode (fewer tokens per expert) stays on the int8 VNNI kernels.
+Kernels compute directly on GGUF blocks (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_0, BF16, F16)
+with numba; nothing here imports `hybrid`. Modes: `exact` (float32 math on the exactly dequantized
+weights, <= 1e-5 relative error against float64) and `fast` (x quantized to int8 per 32-group for
+gate/up, h to int16 as two int8 planes for down, 512-bit vpdpbusd dot products (16 rows each; two
+256-bit ones on AVX-VNNI CPUs without AVX-512, vpmaddubsw + vpmaddwd on CPUs with AVX2 alone, e.g.
+AMD Zen 3: the same integer sums, simd_pairs.dpbusd_ir) on the exact weights, repacked at load time
+(packed.py), for Q2_K/Q3_K/Q4_K/Q6_K/Q8_0/Q5_0; scalar int8 dots for the other types; measured
+0.70-0.83% per layer on random blocks (Q2_K/Q3_K mixes 0.73-0.83%), nearly all of it from the int8
+x). On CPUs with AMX (Sapphire Rapids and later), fast mode runs the experts with >= 12 tokens in a
+call (prefill, big batches) on AMX bf16 tiles instead (amx.py, amx_bf16_moe.py): their
+Q4_K/Q6_K/Q8_0/Q5_0 weights dequantized once per call to bf16, x and h rounded to bf16, float32
+sums; measured 0.34-0.44% per layer on random blocks, less than the int8 path. Decode (fewer tokens
+per expert) stays on the int8 VNNI kernels.
 
 `moe_forward` runs synchronously on numba's threads. `MoEPool` (pool.py) runs it asynchronously
 on persistent worker threads, one group per NUMA node, each computing a slice of the experts'

@@ -23,7 +23,8 @@ from numba.extending import intrinsic, models, register_model
 
 _FEATURES = llb.get_host_cpu_features()
 # vpdpbusd in zmm needs AVX512-VNNI; in ymm, AVX-VNNI (Alder Lake and later desktop parts, which
-# lack AVX-512) or AVX512-VNNI with AVX512VL. Without either, the dots are plain LLVM vector code.
+# lack AVX-512) or AVX512-VNNI with AVX512VL. Without either: vpmaddubsw + vpmaddwd with AVX2,
+# plain LLVM vector code without (simd_pairs.dpbusd_ir).
 HAS_VNNI_512 = bool(_FEATURES.get("avx512vnni") and _FEATURES.get("avx512bw"))
 HAS_VNNI_256 = bool((_FEATURES.get("avx512vnni") and _FEATURES.get("avx512vl"))
                     or _FEATURES.get("avxvnni"))

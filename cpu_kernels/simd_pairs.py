@@ -159,16 +159,18 @@ def dpbusd_ir(builder, acc, a, b, isa: str, small_codes: bool = False):
         fnty = ir.FunctionType(_V16I32, [_V16I32] * 3)
         fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.vpdpbusd.512")
         return builder.call(fn, [acc, builder.bitcast(a, _V16I32), builder.bitcast(b, _V16I32)])
-    if isa in ("vnni256", "avx2"):
-        fnty = ir.FunctionType(_V8I32, [_V8I32] * 3)
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.vpdpbusd.256")
+    if isa in ("vnni256", "avx2"):  # per 256-bit half: lanes 0-7, then 8-15
         a8, b8 = builder.bitcast(a, _V64I8), builder.bitcast(b, _V64I8)
         halves = []
         for h in (0, 1):
-            acc_h = builder.shuffle_vector(acc, acc, ir.Constant(_V8I32, list(range(8 * h, 8 * h + 8))))
-            i32 = ir.Constant(ir.VectorType(_I32, 32), list(range(32 * h, 32 * h + 32)))
-            a_h, b_h = (builder.shuffle_vector(v, v, i32) for v in (a8, b8))
+            lanes_h = ir.Constant(_V8I32, list(range(8 * h, 8 * h + 8)))
+            acc_h = builder.shuffle_vector(acc, acc, lanes_h)
+            bytes_h = ir.Constant(ir.VectorType(_I32, 32), list(range(32 * h, 32 * h + 32)))
+            a_h, b_h = (builder.shuffle_vector(v, v, bytes_h) for v in (a8, b8))
             if isa == "vnni256":
+                fnty = ir.FunctionType(_V8I32, [_V8I32] * 3)
+                fn = cgutils.get_or_insert_function(builder.module, fnty,
+                                                    "llvm.x86.avx512.vpdpbusd.256")
                 halves.append(builder.call(fn, [acc_h, builder.bitcast(a_h, _V8I32),
                                                 builder.bitcast(b_h, _V8I32)]))
             else:
