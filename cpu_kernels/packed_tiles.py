@@ -30,7 +30,7 @@ from numba import njit
 
 from cpu_kernels.simd import prefetch
 from cpu_kernels.simd_pairs import (
-    DPBUSD_ISA,
+    U7_DOT_DIFFERS,
     b64_and,
     b64_or,
     b64_shl,
@@ -62,8 +62,6 @@ i32 = np.int32
 # Hints into L2 (prefetcht1) instead, at 2432 or 4864 B, or a second L2 hint 9728 B ahead: T=1
 # 0.83-1.0x the time, but T=8/32/128 1.04-1.13x (256 resident experts, scripts/ab_moe.py).
 PREFETCH = 2432
-# dpbusd16 and dpbusd16_u7 are the same instruction on CPUs with VNNI (simd_pairs)
-ONE_DOT = DPBUSD_ISA in ("vnni512", "vnni256")
 
 
 @njit(cache=True)
@@ -88,14 +86,14 @@ def prefetch_start(pa, pb):
 def dp_planes(hi, lo, q, xq, xo, lo_off, two, u7=True):
     """Accumulate codes q times the 4 activations at flat xq index xo (and its lo plane).
     u7: every code is below 128 (all types but Q8_0), the cheaper dot on CPUs without VNNI."""
-    if ONE_DOT or not u7:  # ONE_DOT, a compile-time constant, keeps VNNI code free of u7
-        hi = dpbusd16(hi, q, bcast4x16(xq, xo))
-        if two:
-            lo = dpbusd16(lo, q, bcast4x16(xq, xo + lo_off))
-    else:
+    if U7_DOT_DIFFERS and u7:
         hi = dpbusd16_u7(hi, q, bcast4x16(xq, xo))
         if two:
             lo = dpbusd16_u7(lo, q, bcast4x16(xq, xo + lo_off))
+    else:
+        hi = dpbusd16(hi, q, bcast4x16(xq, xo))
+        if two:
+            lo = dpbusd16(lo, q, bcast4x16(xq, xo + lo_off))
     return hi, lo
 
 

@@ -189,6 +189,9 @@ def dpbusd_ir(builder, acc, a, b, isa: str, small_codes: bool = False):
 # the best integer dot this CPU has
 DPBUSD_ISA = ("vnni512" if HAS_VNNI_512 else "vnni256" if HAS_VNNI_256
               else "avx2" if HAS_AVX2 else "plain")
+# dpbusd16_u7 compiles to other instructions than dpbusd16 only on AVX2 hosts: callers choosing
+# between them test this compile-time constant first, so other hosts' code carries no choice
+U7_DOT_DIFFERS = DPBUSD_ISA == "avx2"
 
 
 def _dpbusd(small_codes: bool):
