@@ -62,7 +62,8 @@ def amx_bf16_moe_kernel(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk
                         topk_weights: np.ndarray, out: np.ndarray, stamps: np.ndarray,
                         cfg: np.ndarray, min_tokens: int, threads: int) -> None:
     # gate_pk, up_pk: [E, I/8, bytes]  down_pk: [E, H/8, bytes] (packed)  x: [T, H] f32
-    # topk_ids: [T, K] int64  topk_weights: [T, K] f32  out: [T, H] f32  stamps: [2] int64
+    # topk_ids: [T, K] int64  topk_weights: [T, K] f32  out: [T, H] f32
+    # stamps: [2] or [3] int64, cycle counter at entry, exit (and where phase 1 ended)
     # cfg: TILE_CONFIG_BF16; an expert with >= min_tokens slots runs on AMX
     # threads: numba.get_num_threads() of the calling thread (numba's own call of it here would
     # keep the kernel out of the on-disk cache); every get_thread_id() is below it
@@ -111,6 +112,8 @@ def amx_bf16_moe_kernel(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk
                                   up_pk[e, ga], up_pk[e, gb], xq, dx, xqsum, xsum16, token_ids,
                                   weights, k_lo, k_hi, h, 8 * ga, inter)
             c = claim(counter)
+    if stamps.shape[0] > 2:
+        stamps[2] = cycles()
     hq, h_lo, hd, hqsum, hsum_flat = quantize_h(h if vnni_down else h[:0])
     hs = activation_rows(num_slots, inter)  # [N + 32, I + 32] bf16
     for k in prange(num_slots):

@@ -32,7 +32,7 @@ def packed_moe_kernel(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk: 
                       threads: int) -> None:
     # gate_pk, up_pk: [E, I/8, bytes]  down_pk: [E, H/8, bytes]  x: [T, H] f32
     # topk_ids: [T, K] int64  topk_weights: [T, K] f32  out: [T, H] f32
-    # stamps: [2] int64, cycle counter at entry and exit
+    # stamps: [2] or [3] int64, cycle counter at entry, exit (and where phase 1 ended)
     # threads: numba.get_num_threads() of the caller (workers claiming phase 1's tasks)
     stamps[0] = cycles()
     expert_ids, offsets, token_ids, weights = route(topk_ids, topk_weights, gate_pk.shape[0])
@@ -58,6 +58,8 @@ def packed_moe_kernel(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk: 
                               up_pk[e, gb], xq, dx, xqsum, xsum16, token_ids, weights,
                               offsets[u], offsets[u + 1], h, 8 * ga, inter)
             c = claim(counter)
+    if stamps.shape[0] > 2:
+        stamps[2] = cycles()
     down_phase(h, down_type, down_pk, expert_ids, offsets, token_ids, out)
     stamps[1] = cycles()
 

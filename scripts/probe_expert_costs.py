@@ -7,9 +7,14 @@ all on AMX bf16 tiles (threshold 1) and all on the int8 VNNI kernels, at 1 threa
 flat in n (its dequantization), VNNI's grows with each 4 tokens; they cross near the threshold
 (amx_bf16_moe.MIN_TOKENS). Part 2: T tokens routed top-k over `--resident` experts, at several
 thresholds (`none`: every expert on VNNI). Needs a CPU with AMX for the AMX rows.
+Every row also gives phase 1's share of the call (gate/up; the rest is down), from the kernel's
+cycle stamps. `--hot` adds part 1 rows that give every call the same experts (`--hot-experts`
+of them, cache-resident when they fit): against the rotating (cold) rows, what the products
+cost without waiting for memory.
 
     python scripts/probe_expert_costs.py --threads 16
     python scripts/probe_expert_costs.py --shape lite --threads 2 --resident 16 --tokens 32
+    python scripts/probe_expert_costs.py --threads 16 --resident 256 --hot --per-expert 1,4,8
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ from cpu_kernels.random_blocks import random_experts
 
 
 def make_call(packed, threads: int):
-    """call(x, ids, weights, out, min_tokens): the MoE, min_tokens None = all on VNNI."""
-    stamps = np.empty(2, np.int64)
+    """call(x, ids, weights, out, min_tokens): the MoE, min_tokens None = all on VNNI.
+    `call.stamps`: the last call's cycle stamps (entry, exit, end of phase 1)."""
+    stamps = np.empty(3, np.int64)
 
     def call(x, ids, weights, out, min_tokens):
         pk = packed
@@ -40,20 +46,25 @@ def make_call(packed, threads: int):
             packed_moe_kernel(*args, threads)
         else:
             amx_bf16_moe_kernel(*args, TILE_CONFIG_BF16, min_tokens, threads)
+    call.stamps = stamps
     return call
 
 
-def median_ms(call, x, routes, min_tokens, repeats: int) -> float:
-    """Median of `repeats` calls over routes[1:] (routes[0] warms up)."""
+def median_ms(call, x, routes, min_tokens, repeats: int) -> tuple[float, float]:
+    """Median ms of `repeats` calls over routes[1:] (routes[0] warms up; a single route is
+    reused), and phase 1's median share of the kernel's cycles."""
     weights = np.ones(routes[0].shape, np.float32)
     out = np.empty_like(x)
     call(x, routes[0], weights, out, min_tokens)
-    times = []
+    times, shares = [], []
     for r in range(repeats):
         t = time.perf_counter()
-        call(x, routes[1 + r % (len(routes) - 1)], weights, out, min_tokens)
+        call(x, routes[1 + r % (len(routes) - 1)] if len(routes) > 1 else routes[0], weights,
+             out, min_tokens)
         times.append(time.perf_counter() - t)
-    return float(np.median(times)) * 1e3
+        s = call.stamps
+        shares.append((s[2] - s[0]) / max(s[1] - s[0], 1))
+    return float(np.median(times)) * 1e3, float(np.median(shares))
 
 
 def main() -> None:
@@ -66,6 +77,8 @@ def main() -> None:
     p.add_argument("--tokens", default="32,128", help="part 2's T values")
     p.add_argument("--thresholds", default="none,8,12,16", help="part 2's thresholds")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--hot", action="store_true", help="part 1 also on the same experts each call")
+    p.add_argument("--hot-experts", type=int, default=1, help="experts of the hot rows")
     p.add_argument("--json", help="write the rows to this file")
     args = p.parse_args()
     hidden, inter, _, top_k, gu_type, down_type = SHAPES[args.shape]
@@ -74,19 +87,25 @@ def main() -> None:
     packed = random_experts(rng, resident, hidden, inter, gu_type, gu_type, down_type).pack().packed
     rows = []
     paths = (("amx", 1), ("vnni", None)) if HAS_AMX else (("vnni", None),)
+    placements = ("cold", "hot") if args.hot else ("cold",)
     for n in [int(v) for v in args.per_expert.split(",")]:
         x = (rng.standard_normal((n, hidden)) * 0.5).astype(np.float32)
-        e = args.experts
-        routes = [np.tile(np.arange(e0, e0 + e), (n, 1)).astype(np.int64)
-                  for e0 in range(0, resident - e + 1, e)]
-        for path, min_tokens in paths:
-            for threads in sorted({1, args.threads}):
-                numba.set_num_threads(threads)
-                ms = median_ms(make_call(packed, threads), x, routes, min_tokens, args.repeats)
-                rows.append({"part": 1, "n": n, "path": path, "threads": threads, "ms": ms,
-                             "thread_ms_per_expert": ms * threads / e})
-                print(f"n={n:3d} {path:4s} threads={threads:2d} {ms:8.2f} ms   thread-ms per "
-                      f"expert {ms * threads / e:7.2f}", flush=True)
+        for placement in placements:
+            e = args.experts if placement == "cold" else args.hot_experts
+            routes = [np.tile(np.arange(e0, e0 + e), (n, 1)).astype(np.int64)
+                      for e0 in range(0, resident - e + 1, e)]
+            routes = routes if placement == "cold" else routes[:1]
+            for path, min_tokens in paths:
+                for threads in sorted({1, args.threads}):
+                    numba.set_num_threads(threads)
+                    ms, p1 = median_ms(make_call(packed, threads), x, routes, min_tokens,
+                                       args.repeats)
+                    rows.append({"part": 1, "n": n, "placement": placement, "path": path,
+                                 "threads": threads, "ms": ms, "phase1_share": round(p1, 3),
+                                 "thread_ms_per_expert": ms * threads / e})
+                    print(f"n={n:3d} {placement} {path:4s} threads={threads:2d} {ms:8.2f} ms   "
+                          f"thread-ms per expert {ms * threads / e:7.2f}   phase 1 {p1:4.0%}",
+                          flush=True)
     numba.set_num_threads(args.threads)
     call = make_call(packed, args.threads)
     for num_tokens in [int(v) for v in args.tokens.split(",")]:
@@ -98,9 +117,11 @@ def main() -> None:
             min_tokens = None if th == "none" else int(th)
             if min_tokens is not None and not HAS_AMX:
                 continue
-            ms = median_ms(call, x, routes, min_tokens, args.repeats)
-            rows.append({"part": 2, "tokens": num_tokens, "min_tokens": th, "ms": ms})
-            print(f"T={num_tokens:5d} threshold {th:>4s} {ms:8.2f} ms", flush=True)
+            ms, p1 = median_ms(call, x, routes, min_tokens, args.repeats)
+            rows.append({"part": 2, "tokens": num_tokens, "min_tokens": th, "ms": ms,
+                         "phase1_share": round(p1, 3)})
+            print(f"T={num_tokens:5d} threshold {th:>4s} {ms:8.2f} ms   phase 1 {p1:4.0%}",
+                  flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
