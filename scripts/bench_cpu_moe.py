@@ -176,7 +176,9 @@ def bench_shape(name: str, tokens: list[int], resident: int, mode: str, repeats:
         weights = rng.random(routes[0].shape).astype(np.float32)
         # warm-up: calls for WARMUP_S at least (one at large T). Right after packing or after a
         # MoEPool's latency rows, calls ran several times slower for tens of milliseconds on the
-        # GPU machine (T=1: 4-14 ms against 2.4-2.7); a serving engine never sees that gap
+        # GPU machine (T=1: 4-14 ms against 2.4-2.7); a serving engine never sees that gap.
+        # Not reproduced on 2026-11-23: T=1 calls back to back for 8 s right after packing 256
+        # V3 experts (compiled beforehand) had a median of 2.6-2.8 ms in every half second
         end, warm = time.perf_counter() + WARMUP_S, 0
         while warm == 0 or time.perf_counter() < end:
             t = time.perf_counter()
