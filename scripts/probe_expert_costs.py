@@ -56,11 +56,11 @@ def median_ms(call, x, routes, min_tokens, repeats: int) -> tuple[float, float]:
     weights = np.ones(routes[0].shape, np.float32)
     out = np.empty_like(x)
     call(x, routes[0], weights, out, min_tokens)
+    timed = routes[1:] or routes
     times, shares = [], []
     for r in range(repeats):
         t = time.perf_counter()
-        call(x, routes[1 + r % (len(routes) - 1)] if len(routes) > 1 else routes[0], weights,
-             out, min_tokens)
+        call(x, timed[r % len(timed)], weights, out, min_tokens)
         times.append(time.perf_counter() - t)
         s = call.stamps
         shares.append((s[2] - s[0]) / max(s[1] - s[0], 1))
@@ -92,9 +92,8 @@ def main() -> None:
         x = (rng.standard_normal((n, hidden)) * 0.5).astype(np.float32)
         for placement in placements:
             e = args.experts if placement == "cold" else args.hot_experts
-            routes = [np.tile(np.arange(e0, e0 + e), (n, 1)).astype(np.int64)
-                      for e0 in range(0, resident - e + 1, e)]
-            routes = routes if placement == "cold" else routes[:1]
+            starts = range(0, resident - e + 1, e) if placement == "cold" else [0]
+            routes = [np.tile(np.arange(e0, e0 + e), (n, 1)).astype(np.int64) for e0 in starts]
             for path, min_tokens in paths:
                 for threads in sorted({1, args.threads}):
                     numba.set_num_threads(threads)
