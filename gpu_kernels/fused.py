@@ -1,0 +1,126 @@
+"""Small fused operators of a DeepSeek layer: one launch where torch would run several.
+
+    add_rmsnorm    x += delta (+ delta2), in place; normed = x * rsqrt(mean(x^2) + eps) * w
+    rope_cache     RoPE on the queries' rope dims, in place; the latent (RMS-normed) and the
+                   rotated shared key written to the paged cache rows of their tokens
+    silu_mul       silu(gate) * up
+
+RoPE rotates adjacent pairs (x0, x1), (x2, x3), ... (the GGUF DeepSeek convention) by angle
+pos * inv_freq[j], times `rope_scale` on cos and sin (YaRN's cos/sin factor). Each op has a
+torch reference (`*_ref`) computing the same fp32 arithmetic.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gpu_kernels.reference import add_rmsnorm_ref, rope_cache_ref, silu_mul_ref  # noqa: F401
+
+
+@triton.jit
+def _add_rmsnorm_kernel(x_ptr, d_ptr, d2_ptr, w_ptr, y_ptr, H, eps, HAS_D: tl.constexpr,
+                        HAS_D2: tl.constexpr, BH: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.arange(0, BH)
+    m = c < H
+    x = tl.load(x_ptr + row * H + c, mask=m, other=0.0)
+    if HAS_D:
+        x += tl.load(d_ptr + row * H + c, mask=m, other=0.0)
+        if HAS_D2:
+            x += tl.load(d2_ptr + row * H + c, mask=m, other=0.0)
+        tl.store(x_ptr + row * H + c, x, mask=m)
+    inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / H + eps)
+    w = tl.load(w_ptr + c, mask=m, other=0.0)
+    tl.store(y_ptr + row * H + c, w * (x * inv), mask=m)
+
+
+def add_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                delta: torch.Tensor | None = None, delta2: torch.Tensor | None = None,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [T, H] f32 (updated in place when deltas are given) -> normed [T, H] f32."""
+    t, h = x.shape
+    out = out if out is not None else torch.empty_like(x)
+    d = delta if delta is not None else x
+    d2 = delta2 if delta2 is not None else d
+    _add_rmsnorm_kernel[(t,)](x, d, d2, weight, out, h, eps, HAS_D=delta is not None,
+                              HAS_D2=delta2 is not None, BH=triton.next_power_of_2(h),
+                              num_warps=8 if h > 4096 else 4)
+    return out
+
+
+@triton.jit
+def _rotate(v_ptr, pos, inv_ptr, rope_scale, R: tl.constexpr):
+    """Rotate R values at v_ptr (adjacent pairs) in place by angle pos * inv_freq."""
+    j = tl.arange(0, R // 2)
+    ang = pos * tl.load(inv_ptr + j)
+    cos = tl.cos(ang) * rope_scale
+    sin = tl.sin(ang) * rope_scale
+    x0 = tl.load(v_ptr + 2 * j)
+    x1 = tl.load(v_ptr + 2 * j + 1)
+    return x0 * cos - x1 * sin, x1 * cos + x0 * sin, j
+
+
+@triton.jit
+def _rope_cache_kernel(q_ptr, kv_ptr, pos_ptr, slot_ptr, nw_ptr, inv_ptr, cache_ptr,
+                       NH, q_stride, NOPE, eps, rope_scale,
+                       C: tl.constexpr, R: tl.constexpr, BHEADS: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.float32)
+    # queries: heads of this token, their rope dims in place
+    for h0 in range(0, NH, BHEADS):
+        hh = h0 + tl.arange(0, BHEADS)
+        hm = hh < NH
+        base = q_ptr + t * NH * q_stride + hh[:, None] * q_stride + NOPE  # [BHEADS, 1]
+        j = tl.arange(0, R // 2)[None, :]
+        ang = pos * tl.load(inv_ptr + j)
+        cos = tl.cos(ang) * rope_scale
+        sin = tl.sin(ang) * rope_scale
+        x0 = tl.load(base + 2 * j, mask=hm[:, None], other=0.0)
+        x1 = tl.load(base + 2 * j + 1, mask=hm[:, None], other=0.0)
+        tl.store(base + 2 * j, x0 * cos - x1 * sin, mask=hm[:, None])
+        tl.store(base + 2 * j + 1, x1 * cos + x0 * sin, mask=hm[:, None])
+    # the latent, RMS-normed, and the shared rope key, into the cache row of this token
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    row = cache_ptr + slot * (C + R)
+    c = tl.arange(0, C)
+    lat = tl.load(kv_ptr + t * (C + R) + c)
+    inv = 1.0 / tl.sqrt(tl.sum(lat * lat, axis=0) / C + eps)
+    lat = tl.load(nw_ptr + c) * (lat * inv)
+    tl.store(row + c, lat.to(cache_ptr.dtype.element_ty))
+    k0, k1, jj = _rotate(kv_ptr + t * (C + R) + C, pos, inv_ptr, rope_scale, R)
+    tl.store(row + C + 2 * jj, k0.to(cache_ptr.dtype.element_ty))
+    tl.store(row + C + 2 * jj + 1, k1.to(cache_ptr.dtype.element_ty))
+
+
+def rope_cache(q: torch.Tensor, kv: torch.Tensor, positions: torch.Tensor,
+               slots: torch.Tensor, norm_weight: torch.Tensor, inv_freq: torch.Tensor,
+               rope_scale: float, eps: float, cache: torch.Tensor, nope: int) -> None:
+    """q: [T, NH, nope + R] f32 (rope dims rotated in place); kv: [T, C + R] f32 (kv_a's
+    output); positions, slots: [T] int; cache: [slots, C + R]."""
+    t, nh, qd = q.shape
+    c = norm_weight.shape[0]
+    r = kv.shape[1] - c
+    _rope_cache_kernel[(t,)](q, kv.contiguous(), positions, slots, norm_weight, inv_freq, cache,
+                             nh, qd, nope, eps, rope_scale, C=c, R=r, BHEADS=16, num_warps=4)
+
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, y_ptr, N, I, BI: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    i = tl.program_id(1) * BI + tl.arange(0, BI)
+    m = i < I
+    g = tl.load(gu_ptr + t * 2 * I + i, mask=m, other=0.0)
+    u = tl.load(gu_ptr + t * 2 * I + I + i, mask=m, other=0.0)
+    tl.store(y_ptr + t * I + i, g / (1.0 + tl.exp(-g)) * u, mask=m)
+
+
+def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """gate_up: [T, 2I] f32 (gate first) -> [T, I] f32."""
+    t, two_i = gate_up.shape
+    i = two_i // 2
+    out = out if out is not None else torch.empty(t, i, dtype=torch.float32,
+                                                  device=gate_up.device)
+    _silu_mul_kernel[(t, triton.cdiv(i, 1024))](gate_up, out, t, i, BI=1024, num_warps=4)
+    return out

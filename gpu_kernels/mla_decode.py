@@ -1,0 +1,137 @@
+"""MLA attention for a batch of decodes over the paged latent cache, in the absorbed form.
+
+Sequence b (one query token, H heads) attends to its seq_lens[b] cached tokens, found through
+its row of the page table:
+    s[h, t] = (q_lat[b, h] . c[t] + q_rope[b, h] . k_r[t]) * scale     c, k_r: cache rows
+    out[b, h] = softmax_t(s[h]) @ c                                     [B, H, C]
+Every head of a sequence reads the same latent rows (MLA shares them), so a program takes a
+block of heads and reads each cache row once for all of them. Long sequences are split over
+`num_splits` programs (flash-decoding); a second kernel merges the splits by their
+log-sum-exp. The split count is fixed at launch while the lengths are read on the device, so
+one launch (or one captured CUDA graph) serves sequences of any length. A sequence of length 0
+(a padding row) gets zeros. Products run on tensor cores in tf32 (bf16 cache rows are exact in
+tf32); softmax and sums in fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_TOKENS = 32
+
+
+@triton.jit(do_not_specialize=["NSPLIT"])
+def _split_kernel(q_ptr, qr_ptr, cache_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr,
+                  H, P, page_size, scale, NSPLIT,
+                  C: tl.constexpr, R: tl.constexpr, BH: tl.constexpr, BS: tl.constexpr):
+    b = tl.program_id(0)
+    hb = tl.program_id(1)
+    sp = tl.program_id(2)
+    h = hb * BH + tl.arange(0, BH)
+    hmask = h < H
+    c = tl.arange(0, C)
+    rr = tl.arange(0, R)
+    q = tl.load(q_ptr + (b * H + h)[:, None] * C + c[None, :], mask=hmask[:, None], other=0.0)
+    qr = tl.load(qr_ptr + (b * H + h)[:, None] * R + rr[None, :], mask=hmask[:, None], other=0.0)
+    length = tl.load(lens_ptr + b)
+    chunk = tl.cdiv(tl.cdiv(length, NSPLIT), BS) * BS
+    start = sp * chunk
+    end = tl.minimum(length, start + chunk)
+    m_i = tl.full((BH,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BH,), tl.float32)
+    acc = tl.zeros((BH, C), tl.float32)
+    for t0 in range(start, end, BS):
+        t = t0 + tl.arange(0, BS)
+        tmask = t < end
+        page = tl.load(table_ptr + b.to(tl.int64) * P + t // page_size, mask=tmask, other=0)
+        slot = (page.to(tl.int64) * page_size + t % page_size) * (C + R)  # [BS]
+        kv = tl.load(cache_ptr + slot[:, None] + c[None, :], mask=tmask[:, None], other=0.0)
+        kr = tl.load(cache_ptr + slot[:, None] + C + rr[None, :], mask=tmask[:, None], other=0.0)
+        kv = kv.to(tl.float32)
+        s = tl.dot(q, tl.trans(kv), input_precision="tf32")
+        s += tl.dot(qr, tl.trans(kr.to(tl.float32)), input_precision="tf32")
+        s = tl.where(tmask[None, :], s * scale, float("-inf"))  # [BH, BS]
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p, kv, input_precision="tf32")
+        m_i = m_new
+    row = (b * H + h) * NSPLIT + sp  # [BH]
+    has = l_i > 0
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    tl.store(o_ptr + row[:, None].to(tl.int64) * C + c[None, :], out, mask=hmask[:, None])
+    lse = m_i + tl.log(tl.where(has, l_i, 1.0))
+    tl.store(lse_ptr + row, tl.where(has, lse, float("-inf")), mask=hmask)
+
+
+@triton.jit(do_not_specialize=["NSPLIT"])
+def _merge_kernel(o_ptr, lse_ptr, out_ptr, NSPLIT, C: tl.constexpr, BSP: tl.constexpr):
+    bh = tl.program_id(0)
+    sp = tl.arange(0, BSP)
+    smask = sp < NSPLIT
+    lse = tl.load(lse_ptr + bh * NSPLIT + sp, mask=smask, other=float("-inf"))
+    top = tl.max(lse, axis=0)
+    top = tl.where(top == float("-inf"), 0.0, top)
+    w = tl.where(smask & (lse > float("-inf")), tl.exp(lse - top), 0.0)  # [BSP]
+    total = tl.sum(w, axis=0)
+    c = tl.arange(0, C)
+    o = tl.load(o_ptr + (bh * NSPLIT + sp)[:, None].to(tl.int64) * C + c[None, :],
+                mask=smask[:, None], other=0.0)
+    res = tl.sum(o * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + bh.to(tl.int64) * C + c, res)
+
+
+def choose_splits(batch: int, heads: int, max_len: int, num_sms: int = 132) -> int:
+    """Splits per sequence: enough programs to fill the GPU twice, none shorter than a block."""
+    blocks = batch * triton.cdiv(heads, _heads_per_program(heads))
+    want = triton.cdiv(2 * num_sms, blocks)
+    return max(1, min(want, triton.cdiv(max_len, BLOCK_TOKENS), 64))
+
+
+def _heads_per_program(heads: int) -> int:
+    return 16 if heads >= 16 else max(16, triton.next_power_of_2(heads))
+
+
+def mla_decode(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor,
+               page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, scale: float,
+               num_splits: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """q_lat [B, H, C] f32, q_rope [B, H, R] f32, cache [slots, C + R] (bf16/f16/f32),
+    page_table [B, P] int32, seq_lens [B] int32 -> out [B, H, C] f32."""
+    b, h, c = q_lat.shape
+    r = q_rope.shape[-1]
+    if cache.shape[-1] != c + r or c & (c - 1) or r & (r - 1):
+        raise ValueError(f"cache rows of {cache.shape[-1]} for C={c}, R={r} (powers of two)")
+    q_lat, q_rope = q_lat.float().contiguous(), q_rope.float().contiguous()
+    o_part = torch.empty(b, h, num_splits, c, dtype=torch.float32, device=q_lat.device)
+    lse = torch.empty(b, h, num_splits, dtype=torch.float32, device=q_lat.device)
+    bh = _heads_per_program(h)
+    _split_kernel[(b, triton.cdiv(h, bh), num_splits)](
+        q_lat, q_rope, cache, page_table, seq_lens, o_part, lse, h, page_table.shape[1],
+        page_size, scale, num_splits, C=c, R=r, BH=bh, BS=BLOCK_TOKENS, num_warps=8)
+    out = out if out is not None else torch.empty(b, h, c, dtype=torch.float32,
+                                                  device=q_lat.device)
+    _merge_kernel[(b * h,)](o_part, lse, out, num_splits, C=c,
+                            BSP=max(2, triton.next_power_of_2(num_splits)), num_warps=4)
+    return out
+
+
+def mla_decode_ref(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor,
+                   page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int,
+                   scale: float) -> torch.Tensor:
+    """Float64 reference, one sequence at a time."""
+    b, h, c = q_lat.shape
+    out = torch.zeros(b, h, c, dtype=torch.float64, device=q_lat.device)
+    for i in range(b):
+        n = int(seq_lens[i])
+        if n == 0:
+            continue
+        t = torch.arange(n, device=cache.device)
+        slots = page_table[i, t // page_size].long() * page_size + t % page_size
+        kv = cache[slots].double()  # [n, C + R]
+        s = (q_lat[i].double() @ kv[:, :c].T + q_rope[i].double() @ kv[:, c:].T) * scale
+        out[i] = torch.softmax(s, dim=-1) @ kv[:, :c]
+    return out.float()
+

@@ -1,0 +1,167 @@
+"""Matrix products on quantized weights, dequantized tile by tile inside the kernel.
+
+    qmatmul(x, w)      y[m, g, n] = sum_k x[m, g, k] * W[row0 + g * gstride + n, k]
+    qmatmul_t(x, w)    y[m, g, k] = sum_n x[m, g, n] * W[row0 + g * gstride + n, k]
+
+W is a `GpuQuant` [rows, K]; g batches groups of rows (MLA's per-head products: the heads of
+kv_b, k_b or v_b), row0 skips rows (the value half of a legacy kv_b). x and y are fp32.
+
+How a tile is multiplied depends on the token count M:
+- M <= 8 (decode): fp32 products summed over k in registers: exact to fp32 rounding.
+- M > 8: tensor cores, `tl.dot` on tf32 operands (~3e-4 relative error per product).
+The weights are read once per program and M-block: decode reads each weight once.
+`qmatmul_ref` and `qmatmul_t_ref` (torch on the reference dequantization) define the result.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gpu_kernels.dequant_ref import dequantize
+from gpu_kernels.dequant_tile import dequant_tile, plane_args
+from gpu_kernels.qformat import GpuQuant
+
+DOT_MIN_TOKENS = 9  # from this many tokens on, tiles go through tensor cores
+
+
+@triton.jit(do_not_specialize=["M"])
+def _qmm_kernel(x_ptr, y_ptr, p0, p1, p2, p3, p4, p5, M, N, K, row0, gstride,
+                sxm, sxg, sym, syg, QT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                BK: tl.constexpr, DOT: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    g = tl.program_id(2)
+    n = pid_n * BN + tl.arange(0, BN)  # [BN]
+    m = pid_m * BM + tl.arange(0, BM)  # [BM]
+    nmask = n < N
+    mmask = m < M
+    r = (row0 + g * gstride + n).to(tl.int64)[:, None]  # [BN, 1]
+    x_row = x_ptr + g.to(tl.int64) * sxg + m.to(tl.int64)[:, None] * sxm  # [BM, 1]
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        e = (k0 + tl.arange(0, BK)).to(tl.int64)[None, :]  # [1, BK]
+        w = dequant_tile(QT, p0, p1, p2, p3, p4, p5, r, e, K, nmask[:, None])  # [BN, BK]
+        x = tl.load(x_row + e, mask=mmask[:, None], other=0.0)  # [BM, BK]
+        if DOT:
+            acc += tl.dot(x, tl.trans(w), input_precision="tf32")
+        else:
+            acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
+    y = y_ptr + g.to(tl.int64) * syg + m.to(tl.int64)[:, None] * sym + n[None, :]
+    tl.store(y, acc, mask=mmask[:, None] & nmask[None, :])
+
+
+@triton.jit(do_not_specialize=["M"])
+def _qmm_t_kernel(x_ptr, y_ptr, p0, p1, p2, p3, p4, p5, M, N, K, row0, gstride,
+                  sxm, sxg, sym, syg, QT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                  BK: tl.constexpr, DOT: tl.constexpr):
+    pid_k = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    g = tl.program_id(2)
+    e = (pid_k * BK + tl.arange(0, BK)).to(tl.int64)[None, :]  # [1, BK]
+    m = pid_m * BM + tl.arange(0, BM)
+    mmask = m < M
+    x_row = x_ptr + g.to(tl.int64) * sxg + m.to(tl.int64)[:, None] * sxm  # [BM, 1]
+    acc = tl.zeros((BM, BK), dtype=tl.float32)
+    for n0 in range(0, N, BN):
+        n = n0 + tl.arange(0, BN)
+        nmask = n < N
+        r = (row0 + g * gstride + n).to(tl.int64)[:, None]
+        w = dequant_tile(QT, p0, p1, p2, p3, p4, p5, r, e, K, nmask[:, None])  # [BN, BK]
+        x = tl.load(x_row + n[None, :], mask=mmask[:, None] & nmask[None, :], other=0.0)  # [BM, BN]
+        if DOT:
+            acc += tl.dot(x, w, input_precision="tf32")
+        else:
+            acc += tl.sum(x[:, :, None] * w[None, :, :], axis=1)
+    y = y_ptr + g.to(tl.int64) * syg + m.to(tl.int64)[:, None] * sym + e
+    tl.store(y, acc, mask=mmask[:, None])
+
+
+def _bk(w: GpuQuant) -> int:
+    return 64 if w.cols % 64 == 0 else 32
+
+
+def _check(x: torch.Tensor, w: GpuQuant, width: int) -> torch.Tensor:
+    if x.dtype != torch.float32:
+        x = x.float()
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if x.shape[-1] != width:
+        raise ValueError(f"x has {x.shape[-1]} features, the weight takes {width}")
+    if w.cols % 32:
+        raise ValueError(f"weight rows of {w.cols} columns: need a multiple of 32")
+    return x
+
+
+def _as_3d(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dim() == 3 else x.reshape(-1, 1, x.shape[-1])
+
+
+def _tiles(m: int) -> tuple[int, bool]:
+    """(BM, uses tensor cores) for m tokens."""
+    if m < DOT_MIN_TOKENS:
+        return max(1, triton.next_power_of_2(m)), False
+    return (16 if m <= 16 else 32 if m <= 32 else 64), True
+
+
+def qmatmul(x: torch.Tensor, w: GpuQuant, out_rows: int | None = None, row0: int = 0,
+            gstride: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [M, K] or [M, G, K] -> [M, N] or [M, G, N] fp32, N = out_rows (default all rows)."""
+    n_rows = w.rows - row0 if out_rows is None else out_rows
+    x = _check(x, w, w.cols)
+    x3 = _as_3d(x)
+    m, g, _ = x3.shape
+    y = out if out is not None else torch.empty(*x.shape[:-1], n_rows, dtype=torch.float32,
+                                                 device=x.device)
+    y3 = y.reshape(m, g, n_rows)
+    bm, dot = _tiles(m)
+    bn = 32 if dot else (16 if m <= 2 else 8)
+    grid = (triton.cdiv(n_rows, bn), triton.cdiv(m, bm), g)
+    _qmm_kernel[grid](x3, y3, *plane_args(w.planes), m, n_rows, w.cols, row0, gstride,
+                      x3.stride(0), x3.stride(1), y3.stride(0), y3.stride(1),
+                      QT=w.qtype, BM=bm, BN=bn, BK=_bk(w), DOT=dot, num_warps=4)
+    return y
+
+
+def qmatmul_t(x: torch.Tensor, w: GpuQuant, in_rows: int, row0: int = 0, gstride: int = 0,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [M, G, in_rows] -> [M, G, K] fp32 (x times rows row0 + g * gstride + [0, in_rows))."""
+    x = _check(x, w, in_rows)
+    x3 = _as_3d(x)
+    m, g, _ = x3.shape
+    y = out if out is not None else torch.empty(*x.shape[:-1], w.cols, dtype=torch.float32,
+                                                 device=x.device)
+    y3 = y.reshape(m, g, w.cols)
+    bm, dot = _tiles(m)
+    bn = 32 if dot else 16
+    bk = _bk(w)
+    grid = (w.cols // bk, triton.cdiv(m, bm), g)
+    _qmm_t_kernel[grid](x3, y3, *plane_args(w.planes), m, in_rows, w.cols, row0, gstride,
+                        x3.stride(0), x3.stride(1), y3.stride(0), y3.stride(1),
+                        QT=w.qtype, BM=bm, BN=bn, BK=bk, DOT=dot, num_warps=4)
+    return y
+
+
+def _group_rows(w: GpuQuant, n: int, g: int, row0: int, gstride: int) -> torch.Tensor:
+    """Rows [G, n] of the reference matrix that group g reads."""
+    idx = row0 + gstride * torch.arange(g)[:, None] + torch.arange(n)[None, :]
+    return dequantize(w)[idx.to(w.device)]  # [G, n, K]
+
+
+def qmatmul_ref(x: torch.Tensor, w: GpuQuant, out_rows: int | None = None, row0: int = 0,
+                gstride: int = 0) -> torch.Tensor:
+    """The float64 reference of qmatmul, returned as fp32."""
+    n = w.rows - row0 if out_rows is None else out_rows
+    x3 = _as_3d(x).double()
+    wg = _group_rows(w, n, x3.shape[1], row0, gstride).double()  # [G, n, K]
+    y = torch.einsum("mgk,gnk->mgn", x3, wg)
+    return y.reshape(*x.shape[:-1], n).float()
+
+
+def qmatmul_t_ref(x: torch.Tensor, w: GpuQuant, in_rows: int, row0: int = 0,
+                  gstride: int = 0) -> torch.Tensor:
+    x3 = _as_3d(x).double()
+    wg = _group_rows(w, in_rows, x3.shape[1], row0, gstride).double()  # [G, n, K]
+    y = torch.einsum("mgn,gnk->mgk", x3, wg)
+    return y.reshape(*x.shape[:-1], w.cols).float()

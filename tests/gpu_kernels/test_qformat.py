@@ -1,0 +1,47 @@
+"""GGUF blocks split into planes: the reference dequantization of the planes equals gguf-py's
+dequantization of the blocks, and the planes cost at most 1.04x the file's bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+
+from gpu_kernels import qtypes
+from gpu_kernels.dequant_ref import dequantize, element_values
+from gpu_kernels.qformat import to_planes
+from hybrid.synth.random_blocks import random_rows
+
+TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K,
+         Q.F16, Q.BF16, Q.F32]
+
+
+def gguf_dequant(raw: np.ndarray, qtype: Q, rows: int, cols: int) -> np.ndarray:
+    if qtype in (Q.F32, Q.F16):
+        return raw.astype(np.float32)
+    if qtype == Q.BF16:
+        return (raw.astype(np.uint32) << 16).view(np.float32)
+    return quants.dequantize(raw, qtype).reshape(rows, cols)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_planes_equal_gguf(qtype: Q, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    rows, cols = 7, 768
+    raw = random_rows(rng, int(qtype), rows, cols, 0.02)
+    q = to_planes(torch.from_numpy(raw.copy()), int(qtype), rows, cols)
+    np.testing.assert_array_equal(dequantize(q).numpy(), gguf_dequant(raw, qtype, rows, cols))
+    assert q.nbytes <= 1.04 * raw.nbytes
+    # any rows and columns, in any order (embedding lookups gather rows)
+    r, c = torch.tensor([6, 0, 3]), torch.tensor([767, 5, 256, 31])
+    np.testing.assert_array_equal(element_values(q, r, c).numpy(),
+                                  gguf_dequant(raw, qtype, rows, cols)[r][:, c])
+
+
+def test_rows_must_be_whole_blocks() -> None:
+    raw = torch.zeros(2, 144, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="whole blocks"):
+        to_planes(raw, qtypes.Q4_K, 1, 288)
