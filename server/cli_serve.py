@@ -10,7 +10,8 @@ from dataclasses import fields
 # ServerConfig, passed by name to `ServerConfig.from_flat`.
 SERVE_SETTINGS = ("gguf_path", "optimize_rules", "max_batch_size", "chunk_size", "cache_lens",
                   "page_size", "cpu_threads", "host", "port", "max_new_tokens", "api_key",
-                  "served_model_name", "max_request_bytes", "log_level", "force_think")
+                  "served_model_name", "max_request_bytes", "log_level", "force_think",
+                  "cuda_graphs")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -49,6 +50,10 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="tokens per KV cache page")
     p.add_argument("--cpu-threads", type=int, default=e["cpu_threads"],
                    help="threads of the CPU expert kernels (default: physical cores minus one)")
+    p.add_argument("--no-cuda-graph", dest="cuda_graphs", action="store_false",
+                   default=e["cuda_graphs"],
+                   help="run decode steps eagerly instead of replaying CUDA graphs captured at "
+                        "start-up (one set per batch size up to --max-batch-size)")
     p.add_argument("--api-key", default=d["api_key"],
                    help="require 'Authorization: Bearer KEY' on every route but /health")
     p.add_argument("--served-model-name", default=d["served_model_name"],

@@ -20,7 +20,8 @@ def build_state(config: ServerConfig, progress: Callable[[int, int], None] | Non
     from hybrid.engine.llm import LLM
 
     engine = config.engine
-    llm = LLM(engine.gguf_path, engine.optimize_rules, progress=progress, engine_config=engine)
+    llm = LLM(engine.gguf_path, engine.optimize_rules, progress=progress, engine_config=engine,
+              status=_status_line)
     if warmup:
         # One tiny generation compiles the CPU kernels now, so the first client does not wait.
         for _ in llm.stream([llm.tokenizer.bos_token_id or 0], SamplingParams(temperature=0,
@@ -34,6 +35,10 @@ def build_state(config: ServerConfig, progress: Callable[[int, int], None] | Non
     worker = llm.worker
     worker.start()
     return ServerState(config, model, worker)
+
+
+def _status_line(message: str) -> None:
+    print(f"start-up: {message}", file=sys.stderr, flush=True)
 
 
 def _model_name(path: Path) -> str:

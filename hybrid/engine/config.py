@@ -17,7 +17,8 @@ class EngineConfig:
     The latent KV cache holds `cache_lens` tokens in all, in pages of `page_size` tokens shared
     by every request; a request is admitted only once pages for its prompt plus its
     `max_tokens` are free. `cpu_threads` None lets the CPU expert kernels pick (physical cores
-    minus one, at least one).
+    minus one, at least one). `cuda_graphs` replays decode steps of up to `max_batch_size`
+    requests as CUDA graphs captured at start-up (where the model runs on one CUDA device).
     """
 
     gguf_path: str | None = None  # None: the built-in demo model
@@ -27,6 +28,7 @@ class EngineConfig:
     cache_lens: int = 32768
     page_size: int = 64
     cpu_threads: int | None = None
+    cuda_graphs: bool = True  # replay decode steps as CUDA graphs (captured at start-up)
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_batch_size <= 256:

@@ -10,6 +10,7 @@ during a forward.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -17,7 +18,7 @@ import torch
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.model_runner import ModelRunner
 from hybrid.engine.request import Request, RequestStatus, TokenOutput
-from hybrid.engine.sampler import make_generator, sample
+from hybrid.engine.sampler import Sampled, make_generator, sample_batch
 from hybrid.engine.scheduler import ScheduledBatch, Scheduler
 from hybrid.engine.stop_checker import StopChecker
 from hybrid.errors import HybridError, RequestRejected
@@ -41,14 +42,18 @@ class StepOutput:
 
 
 class Engine:
-    def __init__(self, loaded, config: EngineConfig) -> None:
-        """loaded: a `hybrid.model.loader.LoadedModel` built with optimize rules."""
+    def __init__(self, loaded, config: EngineConfig,
+                 progress: Callable[[str], None] | None = None) -> None:
+        """loaded: a `hybrid.model.loader.LoadedModel` built with optimize rules; `progress`
+        hears what start-up is doing (kernel warm-up, CUDA graph capture)."""
         self.config = config
         self.spec = loaded.spec
         self.tokenizer = loaded.tokenizer
         self.scheduler = Scheduler(config, loaded.spec.context_length)
-        self.runner = ModelRunner(loaded.model, config)
+        # the pool first: start-up warm-up and graph capture run the experts on it
         self.cpu_pool = _start_cpu_pool(loaded.model, config.cpu_threads)
+        self.runner = ModelRunner(loaded.model, config, self.scheduler.max_request_tokens,
+                                  progress)
         self._outputs: dict[int, _OutputState] = {}  # id(request) -> its output state
 
     @property
@@ -75,25 +80,30 @@ class Engine:
         """Run the batch and sample; requests are not retired here (see `retire`)."""
         if not batch.chunks:
             return []
-        logits = self.runner.run(batch)  # [R, V]
+        logits = self.runner.run(batch)  # [R, V] on the model's device
         self.scheduler.complete(batch)
         samplers = [c.request for c in batch.chunks if c.samples]
-        return [self._next_token(r, row) for r, row in zip(samplers, logits)]
+        states = [self._state(r) for r in samplers]
+        picks = sample_batch(logits, [(r.params, s.generator, r.prompt_ids, r.output_ids)
+                                      for r, s in zip(samplers, states)])
+        return [self._next_token(r, s, pick) for r, s, pick in zip(samplers, states, picks)]
 
     def retire(self, request: Request, status: RequestStatus) -> None:
         """Finish a running request and free its pages now."""
         self._outputs.pop(id(request), None)
         self.scheduler.finish(request, status)
 
-    def _next_token(self, r: Request, logits: torch.Tensor) -> StepOutput:
+    def _state(self, r: Request) -> _OutputState:
         state = self._outputs.get(id(r))
         if state is None:
             state = self._outputs[id(r)] = _OutputState(
                 make_generator(r.params),
                 IncrementalDetokenizer(self.tokenizer, r.params.skip_special_tokens),
                 StopChecker(r.params.stop))
+        return state
+
+    def _next_token(self, r: Request, state: _OutputState, s: Sampled) -> StepOutput:
         p = r.params
-        s = sample(logits, p, state.generator, r.prompt_ids, r.output_ids)
         r.append(s.token_id)
         delta = state.detokenizer.push(s.token_id)
         finished = None

@@ -1,15 +1,22 @@
-"""What one forward over mixed prefill and decode tokens needs to know about its sequences.
+"""What one forward over mixed decode and prefill tokens needs to know about its sequences.
 
-The model runs the batch's N tokens as one row [1, N, H]: every layer but attention works
-token by token, so only attention needs to know which tokens form which sequence. A sequence
-contributes q_len consecutive tokens (a prefill chunk, or 1 for a decode) at positions
-[kv_len - q_len, kv_len); it attends to its kv_len cached tokens, the new ones included.
+The model runs the batch's N tokens as rows [N, H]: every layer but attention works token by
+token, so only attention needs to know which tokens form which sequence. The scheduler puts
+decodes first: rows [0, B) are one token each of B sequences (attention reads their pages
+through `page_table` [B, P] and `seq_lens` [B]); each prefill chunk after them is q_len
+consecutive rows at positions [kv_len - q_len, kv_len), attending to its kv_len cached tokens,
+the new ones included.
+
+Every index is built on the host into one int64 array and copied to the device once per step
+(`StepLayout` says where each field sits, so a captured CUDA graph can read the same fields
+from a static buffer of the same layout).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from hybrid.engine.kv_cache import PagedLatentCache
@@ -17,62 +24,131 @@ from hybrid.engine.kv_cache import PagedLatentCache
 
 @dataclass(frozen=True)
 class SequenceSpan:
-    q_start: int  # first row of this sequence in the batch
+    q_start: int  # first row of this prefill chunk in the batch
     q_len: int
     kv_len: int
-    kv_slots: torch.Tensor  # [kv_len] cache rows of positions 0..kv_len-1 (cpu, long)
+    kv_slots: torch.Tensor  # [kv_len] cache rows of positions 0..kv_len-1 (int64)
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    """Field offsets in the packed int64 index array of a step."""
+
+    num_tokens: int  # N
+    num_decodes: int  # B
+    max_pages: int  # P: page-table columns
+    num_samples: int  # R
+
+    @property
+    def fields(self) -> dict[str, tuple[int, tuple[int, ...]]]:
+        n, b, p, r = self.num_tokens, self.num_decodes, self.max_pages, self.num_samples
+        shapes = {"input_ids": (n,), "positions": (n,), "slots": (n,), "seq_lens": (b,),
+                  "page_table": (b, p), "sample_rows": (r,)}
+        out, at = {}, 0
+        for name, shape in shapes.items():
+            out[name] = (at, shape)
+            at += int(np.prod(shape))
+        return out
+
+    @property
+    def size(self) -> int:
+        return sum(int(np.prod(s)) for _, s in self.fields.values())
+
+    def views(self, buf):
+        """Each field of `buf` (a packed int64 array or tensor) in its shape."""
+        return {k: buf[at:at + int(np.prod(s))].reshape(s) for k, (at, s) in self.fields.items()}
 
 
 @dataclass
 class ForwardBatch:
-    positions: torch.Tensor  # [N] long, cpu
-    slots: torch.Tensor  # [N] long: the cache row each new token's latent is written to
-    spans: list[SequenceSpan]
+    num_tokens: int
+    num_decodes: int
+    max_decode_len: int  # bounds seq_lens (sizes the attention kernel's split count)
+    page_size: int
+    input_ids: torch.Tensor  # [N]
+    positions: torch.Tensor  # [N]
+    slots: torch.Tensor  # [N] the cache row each new token's latent is written to
+    seq_lens: torch.Tensor  # [B] decode sequences' lengths, the new token included
+    page_table: torch.Tensor  # [B, P] their pages
+    sample_rows: torch.Tensor  # [R] rows whose logits are sampled
+    prefill_spans: list[SequenceSpan]
     cache: PagedLatentCache
-    _on_device: dict = field(default_factory=dict, repr=False)  # per-step memo only
+    _moved: dict = field(default_factory=dict, repr=False)  # per-step memo of on()
+
+    @staticmethod
+    def pack(chunks: list[tuple[list[int], list[int], int, bool]], page_size: int,
+             scratch_slot: int, layout: StepLayout | None = None
+             ) -> tuple[np.ndarray, StepLayout, list[tuple[int, int, int]], int]:
+        """chunks: (token ids, page ids, start position, samples) per sequence, decodes first.
+        -> (packed int64 indices, their layout, prefill spans (q_start, q_len, kv_len) whose
+        kv slots follow the layout's fields in the array, longest decode sequence).
+        `layout` (a CUDA graph's static one) may be larger than the batch: padding decode rows
+        get token 0, length 0 and the cache's scratch slot."""
+        n = sum(len(t) for t, _, _, _ in chunks)
+        b = next((i for i, c in enumerate(chunks) if len(c[0]) != 1), len(chunks))
+        p = max((len(pages) for _, pages, _, _ in chunks[:b]), default=0)
+        samples = sum(1 for c in chunks if c[3])
+        layout = layout or StepLayout(n, b, p, samples)
+        buf = np.zeros(layout.size, np.int64)
+        host = layout.views(buf)
+        host["slots"][:] = scratch_slot
+        spans, row, ends, kv_parts = [], 0, [], []
+        for i, (ids, pages, start, samples_here) in enumerate(chunks):
+            q_len = len(ids)
+            kv_len = start + q_len
+            pos = np.arange(start, kv_len)
+            pg = np.asarray(pages, np.int64)
+            host["input_ids"][row:row + q_len] = ids
+            host["positions"][row:row + q_len] = pos
+            host["slots"][row:row + q_len] = pg[pos // page_size] * page_size + pos % page_size
+            if i < b:
+                host["seq_lens"][i] = kv_len
+                host["page_table"][i, :len(pages)] = pg
+            else:
+                allpos = np.arange(kv_len)
+                kv_parts.append(pg[allpos // page_size] * page_size + allpos % page_size)
+                spans.append((row, q_len, kv_len))
+            row += q_len
+            if samples_here:
+                ends.append(row - 1)
+        host["sample_rows"][:len(ends)] = ends
+        packed = np.concatenate([buf, *kv_parts]) if kv_parts else buf
+        max_len = int(max((c[2] + 1 for c in chunks[:b]), default=0))
+        return packed, layout, spans, max_len
 
     @classmethod
-    def build(cls, sequences: list[tuple[list[int], int, int]], page_size: int,
-              cache: PagedLatentCache) -> ForwardBatch:
-        """sequences: (page_ids, start position, number of new tokens), in batch row order."""
-        positions, slots, spans, row = [], [], [], 0
-        for page_ids, start, n in sequences:
-            kv_len = start + n
-            pos = torch.arange(kv_len)
-            pages = torch.tensor(page_ids, dtype=torch.long)
-            kv_slots = pages[pos // page_size] * page_size + pos % page_size  # [kv_len]
-            positions.append(pos[start:])
-            slots.append(kv_slots[start:])
-            spans.append(SequenceSpan(row, n, kv_len, kv_slots))
-            row += n
-        return cls(torch.cat(positions), torch.cat(slots), spans, cache)
+    def from_device(cls, dev: torch.device | torch.Tensor, layout: StepLayout,
+                    spans: list[tuple[int, int, int]], max_decode_len: int, page_size: int,
+                    cache: PagedLatentCache) -> ForwardBatch:
+        """The batch over `dev`, a packed index array already on the device."""
+        t = layout.views(dev)
+        prefill, at = [], layout.size
+        for (q_start, q_len, kv_len) in spans:
+            prefill.append(SequenceSpan(q_start, q_len, kv_len, dev[at:at + kv_len]))
+            at += kv_len
+        return cls(layout.num_tokens, layout.num_decodes, max_decode_len, page_size,
+                   t["input_ids"], t["positions"], t["slots"], t["seq_lens"], t["page_table"],
+                   t["sample_rows"], prefill, cache)
 
-    @property
-    def decode_spans(self) -> list[SequenceSpan]:
-        return [s for s in self.spans if s.q_len == 1]
+    @classmethod
+    def build(cls, chunks: list[tuple[list[int], list[int], int, bool]], page_size: int,
+              cache: PagedLatentCache, device: torch.device) -> ForwardBatch:
+        """Pack the chunks' indices and copy them to `device` in one copy."""
+        packed, layout, spans, max_len = cls.pack(chunks, page_size, cache.scratch_slot)
+        dev = torch.from_numpy(packed).to(device)
+        return cls.from_device(dev, layout, spans, max_len, page_size, cache)
 
-    @property
-    def prefill_spans(self) -> list[SequenceSpan]:
-        return [s for s in self.spans if s.q_len > 1]
-
-    def on(self, device: torch.device) -> dict:
-        """Index tensors on `device` (built once per device and step, shared by every layer):
-        slots [N]; decode_rows [B]; decode_slots [B, S_max] padded with each sequence's own
-        first slot; decode_valid [B, S_max] bool; prefill_slots: one [kv_len] per prefill span."""
+    def on(self, device: torch.device) -> ForwardBatch:
+        """This batch with its index tensors on `device` (moved once per step and device)."""
+        if self.positions.device == device:
+            return self
         key = str(device)
-        if key not in self._on_device:
-            d = self.decode_spans
-            t = {"slots": self.slots}
-            if d:
-                s_max = max(s.kv_len for s in d)
-                pad = torch.stack([torch.cat([s.kv_slots, s.kv_slots[:1].expand(s_max - s.kv_len)])
-                                   for s in d])
-                t["decode_rows"] = torch.tensor([s.q_start for s in d])
-                t["decode_slots"] = pad
-                lens = torch.tensor([s.kv_len for s in d])
-                t["decode_valid"] = torch.arange(s_max)[None, :] < lens[:, None]
-            moved = {k: v.to(device, non_blocking=True) for k, v in t.items()}
-            moved["prefill_slots"] = [s.kv_slots.to(device, non_blocking=True)
-                                      for s in self.prefill_spans]
-            self._on_device[key] = moved
-        return self._on_device[key]
+        if key not in self._moved:
+            names = ("input_ids", "positions", "slots", "seq_lens", "page_table", "sample_rows")
+            moved = {k: getattr(self, k).to(device) for k in names}
+            spans = [SequenceSpan(s.q_start, s.q_len, s.kv_len, s.kv_slots.to(device))
+                     for s in self.prefill_spans]
+            self._moved[key] = ForwardBatch(self.num_tokens, self.num_decodes, self.max_decode_len,
+                                            self.page_size, **moved, prefill_spans=spans,
+                                            cache=self.cache)
+        return self._moved[key]

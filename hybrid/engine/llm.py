@@ -40,19 +40,22 @@ class LLM:
     `gguf_path` None builds (once) and uses the built-in demo model. `optimize_rules` is a
     bundled rule file name or a path; None picks the machine's default (and says which).
     `device_map` remaps rule devices (e.g. {"cuda": "cpu"}) for dry runs and tests.
+    `progress` hears loading (done, total); `status` what start-up does after loading (kernel
+    warm-up, CUDA graph capture), one line each.
     """
 
     def __init__(self, gguf_path: str | None = None, optimize_rules: str | None = None,
                  device_map: dict[str, str] | None = None,
                  progress: Callable[[int, int], None] | None = None,
-                 engine_config: EngineConfig | None = None) -> None:
+                 engine_config: EngineConfig | None = None,
+                 status: Callable[[str], None] | None = None) -> None:
         if gguf_path is None:
             from hybrid.demo import demo_model_path
 
             gguf_path = str(demo_model_path())
         self.loaded: LoadedModel = load_with_rules(gguf_path, optimize_rules, device_map, progress)
         self.tokenizer = self.loaded.tokenizer
-        self.engine = Engine(self.loaded, engine_config or EngineConfig())
+        self.engine = Engine(self.loaded, engine_config or EngineConfig(), status)
         # Unstarted: this object steps it. The server starts it as its background thread.
         self.worker = EngineWorker(self.engine)
         self._next_id = 0

@@ -1,30 +1,44 @@
 """Run one scheduled batch, mixed prefill chunks and decodes, as a single forward.
 
-All N tokens of the step go through the model as one row [1, N, H]; the attention operators
-find their sequences and cache rows in a `ForwardBatch`. Only the rows that sample (the last
-token of each chunk that reaches its request's newest token) go through the final norm and
-lm_head: with a 129K vocabulary that is most of the head's cost saved during prefill.
+All N tokens of the step go through the model as rows [N, H] (decodes first); the attention
+operators find their sequences and cache rows in a `ForwardBatch`, built on the host and copied
+to the device once. Only the rows that sample (the last token of each chunk that reaches its
+request's newest token) go through the final norm and lm_head: with a 129K vocabulary that is
+most of the head's cost saved during prefill.
+
+Decode-only steps replay CUDA graphs (cuda_graphs.py) when the model runs on one CUDA device
+with every MoE layer's routed experts on the CPU, unless `cuda_graphs` is off; everything else
+runs the same DecoderProgram eagerly. Start-up runs every shape a step can take once
+(`warm_up`), so no request pays for compiling a kernel.
 """
 
 from __future__ import annotations
+
+import logging
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from hybrid.engine.config import EngineConfig
-from hybrid.engine.forward_batch import ForwardBatch
+from hybrid.engine.decoder import DecoderProgram, StepState
+from hybrid.engine.experts_bridge import ExpertsBridge
+from hybrid.engine.forward_batch import ForwardBatch, SequenceSpan
 from hybrid.engine.kv_cache import PagedLatentCache
 from hybrid.engine.scheduler import ScheduledBatch
 from hybrid.errors import HybridError
 from hybrid.ops.mla_attention import MLAAttentionOp
 
+log = logging.getLogger("hybrid.engine")
+
 
 class ModelRunner:
-    def __init__(self, model: nn.Module, config: EngineConfig) -> None:
+    def __init__(self, model: nn.Module, config: EngineConfig, max_request_tokens: int,
+                 progress: Callable[[str], None] | None = None) -> None:
         self.model = model
+        self.config = config
         self.page_size = config.page_size
-        layers = model.model.layers
-        attention = [layer.self_attn for layer in layers]
+        attention = [layer.self_attn for layer in model.model.layers]
         for i, op in enumerate(attention):
             if not isinstance(op, MLAAttentionOp):
                 raise HybridError(
@@ -32,27 +46,65 @@ class ModelRunner:
                     f"needs the mla_attention operator on every layer's self_attn: add or fix "
                     f"that rule in your optimize-rules file")
         self.cache = PagedLatentCache(attention, config.num_pages * config.page_size)
+        self.device = attention[0].device
+        hf = model.config
+        # a step carries at most max_batch_size decodes plus chunk_size prompt tokens
+        self.max_tokens = config.chunk_size + config.max_batch_size
+        self.bridge = ExpertsBridge(self.max_tokens, hf.hidden_size, hf.num_experts_per_tok,
+                                    self.device)
+        self.program = DecoderProgram(model, self.bridge)
+        self.max_pages = -(-max_request_tokens // config.page_size)
+        self.graphs = None
+        if config.cuda_graphs and self.device.type == "cuda" and self.program.can_capture \
+                and _one_device(model, self.device):
+            from gpu_kernels.mla_decode import choose_splits
+            from hybrid.engine.cuda_graphs import DecodeGraphs
+
+            heads = attention[0].heads
+            capacity = self.max_pages * config.page_size
+            self.warm_up(progress)
+            self.graphs = DecodeGraphs(self.program, self.cache, config.page_size,
+                                       self.max_pages, config.max_batch_size, self.device,
+                                       lambda b: choose_splits(b, heads, capacity), progress)
+        elif self.device.type == "cuda":
+            self.warm_up(progress)
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> torch.Tensor:
-        """-> logits [R, V] fp32, one row per sampling chunk, in batch order."""
-        ids = [t for c in batch.chunks for t in c.token_ids]
-        fb = ForwardBatch.build([(c.request.page_ids, c.start, len(c.token_ids))
-                                 for c in batch.chunks], self.page_size, self.cache)
-        inner = self.model.model
-        input_ids = torch.tensor(ids, dtype=torch.long)[None]  # [1, N]
-        positions = fb.positions[None]  # [1, N]
-        hidden = inner.embed_tokens(input_ids)  # [1, N, H]
-        position_embeddings = inner.rotary_emb(hidden, positions)
-        for layer in inner.layers:
-            hidden = layer(hidden, position_embeddings=position_embeddings,
-                           position_ids=positions, forward_batch=fb)
-        ends, row = [], 0
-        for c in batch.chunks:
-            row += len(c.token_ids)
-            if c.samples:
-                ends.append(row - 1)
-        if not ends:  # only mid-prompt chunks: nothing to sample this step
-            return torch.empty(0, self.model.config.vocab_size)
-        picked = hidden[:, torch.tensor(ends, dtype=torch.long, device=hidden.device)]  # [1, R, H]
-        return self.model.lm_head(inner.norm(picked))[0].float()  # [R, V]
+        """-> logits [R, V] fp32 on the model's device, one row per sampling chunk, in order."""
+        chunks = [(c.token_ids, c.request.page_ids, c.start, c.samples) for c in batch.chunks]
+        if self.graphs is not None and len(chunks) <= self.graphs.max_batch \
+                and all(len(c[0]) == 1 for c in chunks):
+            return self.graphs.run(chunks)
+        fb = ForwardBatch.build(chunks, self.page_size, self.cache, self.device)
+        return self.program.run(StepState(fb, num_real=fb.num_tokens))
+
+    @torch.inference_mode()
+    def warm_up(self, progress: Callable[[str], None] | None = None) -> None:
+        """Run prefill-shaped steps of every token-count class a step can have (the kernels'
+        tile sizes: 16, 32, 64 and chunk_size rows), writing only the cache's scratch slot."""
+        counts = sorted({min(n, self.max_tokens) for n in (16, 32, 64, self.config.chunk_size)})
+        for i, n in enumerate(counts):
+            if progress is not None:
+                progress(f"compiling kernels: a step of {n} tokens ({i + 1}/{len(counts)})")
+            scratch = torch.full((n,), self.cache.scratch_slot, dtype=torch.long,
+                                 device=self.device)
+            fb = ForwardBatch(n, 0, 0, self.page_size, torch.zeros_like(scratch),
+                              torch.arange(n, device=self.device), scratch,
+                              scratch[:0], scratch[:0].view(0, 1), scratch[-1:] * 0 + n - 1,
+                              [SequenceSpan(0, n, n, scratch)], self.cache)
+            self.program.run(StepState(fb, num_real=n))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def _one_device(model: nn.Module, device: torch.device) -> bool:
+    """Every operator but the CPU experts on `device` (a CUDA graph captures one device)."""
+    from hybrid.ops.experts import ExpertsOp
+
+    for module in model.modules():
+        if not type(module).__module__.startswith("hybrid.ops") or isinstance(module, ExpertsOp):
+            continue
+        if module.device != device:
+            return False
+    return True

@@ -51,6 +51,35 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     return Sampled(token, float(logprobs[token]), top)
 
 
+def sample_batch(logits: torch.Tensor, rows: Sequence[tuple[SamplingParams, torch.Generator,
+                                                          Sequence[int], Sequence[int]]]
+                 ) -> list[Sampled]:
+    """logits: [R, V] on the model's device; rows: (params, generator, prompt ids, output ids)
+    per row. Greedy rows without penalties are decided on the device in one batch (argmax,
+    the chosen log-probability and the top log-probabilities), and only those few numbers
+    cross to the host; the other rows are sampled on the host by `sample`."""
+    fast = [i for i, (p, *_) in enumerate(rows) if p.is_greedy and not p.has_penalties]
+    out: list[Sampled | None] = [None] * len(rows)
+    if fast:
+        x = logits[torch.tensor(fast, device=logits.device)].float()  # [F, V]
+        lse = torch.logsumexp(x, dim=-1, keepdim=True)  # [F, 1]
+        ids = x.argmax(dim=-1)  # [F]
+        chosen = (x.gather(1, ids[:, None]) - lse)[:, 0]
+        k = max(rows[i][0].logprobs or 0 for i in fast)
+        top = torch.topk(x, k, dim=-1) if k else None
+        ids_h, chosen_h = ids.tolist(), chosen.tolist()
+        top_v = (top.values - lse).tolist() if top is not None else None
+        top_i = top.indices.tolist() if top is not None else None
+        for j, i in enumerate(fast):
+            n = rows[i][0].logprobs
+            best = tuple(zip(top_i[j][:n], top_v[j][:n])) if n else ()
+            out[i] = Sampled(ids_h[j], chosen_h[j], best)
+    for i, (p, gen, prompt_ids, output_ids) in enumerate(rows):
+        if out[i] is None:
+            out[i] = sample(logits[i].cpu(), p, gen, prompt_ids, output_ids)
+    return out  # type: ignore[return-value]
+
+
 def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt_ids: Sequence[int],
                     output_ids: Sequence[int]) -> torch.Tensor:
     """logits: [V] float32 -> [V]; the input is returned untouched when no penalty is set."""

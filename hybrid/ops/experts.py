@@ -84,6 +84,22 @@ class ExpertsOp(nn.Module):
             self.placed = pool.place(self.cpu_weights, self.mode)
             self.pool = pool
 
+    @property
+    def runs_on_host(self) -> bool:
+        """Every expert runs in cpu_kernels: the engine can hand the layer over as host arrays."""
+        return self.backend == "cpu" and self.gpu_experts is None
+
+    def run_host(self, x: np.ndarray, ids: np.ndarray, weights: np.ndarray,
+                 out: np.ndarray) -> None:
+        """x: [N, H] f32  ids: [N, K] int64  weights: [N, K] f32 -> out [N, H] (host arrays,
+        e.g. pinned buffers); on the pool when there is one. Needs `runs_on_host`."""
+        if self.pool is not None:
+            self.pool.submit(x, ids, weights, self.placed, out).wait()
+            return
+        from cpu_kernels.moe import moe_forward
+
+        moe_forward(x, ids, weights, self.cpu_weights, out, mode=self.mode)
+
     def forward(self, hidden: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """hidden: [N, H]  ids: [N, K]  weights: [N, K] -> [N, H]"""
         gpu_mask = self.on_gpu[ids.cpu()]  # [N, K]

@@ -13,27 +13,12 @@ from hybrid.ops.context import BuildContext
 
 def route(logits: torch.Tensor, bias: torch.Tensor | None, spec: ModelSpec
           ) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits: [N, E] fp32 -> (weights [N, K] fp32, ids [N, K] int64)."""
-    k = spec.num_experts_per_tok
-    if spec.scoring_func == "sigmoid":
-        scores = logits.sigmoid()
-        choice = scores + bias if bias is not None else scores
-    else:
-        scores = logits.softmax(dim=-1)
-        choice = scores
-    if spec.n_group > 1:
-        n, e = choice.shape
-        grouped = choice.view(n, spec.n_group, e // spec.n_group)
-        group_scores = grouped.topk(2, dim=-1).values.sum(-1)  # [N, G]
-        keep = group_scores.topk(spec.topk_group, dim=-1).indices
-        mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, keep, True)
-        choice = choice.masked_fill(~mask.repeat_interleave(e // spec.n_group, dim=1),
-                                    float("-inf"))
-    ids = choice.topk(k, dim=-1).indices
-    weights = scores.gather(1, ids)
-    if spec.norm_topk_prob:
-        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-    return weights * spec.routed_scaling_factor, ids
+    """logits: [N, E] fp32 -> (weights [N, K] fp32, ids [N, K] int64), in torch."""
+    from gpu_kernels.reference import route_ref
+
+    return route_ref(logits, bias, spec.num_experts_per_tok, spec.scoring_func == "sigmoid",
+                     spec.n_group, spec.topk_group, spec.norm_topk_prob,
+                     spec.routed_scaling_factor)
 
 
 class GateOp(nn.Module):
@@ -44,9 +29,30 @@ class GateOp(nn.Module):
         self.device, self.spec = ctx.device, ctx.spec
         self.weight = ctx.weight("weight", "f32").get()  # [E, H]
         self.bias = ctx.weight("e_score_correction_bias", "f32").get() if ctx.spec.is_v3 else None
+        self.quant = None  # on CUDA: the weight as a gpu_kernels F32 matrix
+        if self.device.type == "cuda":
+            from gpu_kernels.qformat import GpuQuant
+            from gpu_kernels.qtypes import F32
+
+            self.quant = GpuQuant(F32, self.weight.shape[0], self.weight.shape[1], (self.weight,))
 
     def forward(self, hidden: torch.Tensor):
         x = hidden.reshape(-1, hidden.shape[-1]).to(self.device, torch.float32)
-        logits = x @ self.weight.T  # [N, E]
-        weights, ids = route(logits, self.bias, self.spec)
+        logits, weights, ids = self.route(x)
         return logits.to(hidden.device), weights.to(hidden.device), ids.to(hidden.device)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: [N, H] f32 on this op's device -> (logits [N, E], weights [N, K], ids [N, K])."""
+        s = self.spec
+        if self.quant is not None:
+            from gpu_kernels.qmatmul import qmatmul
+            from gpu_kernels.router import route as gpu_route
+
+            logits = qmatmul(x, self.quant)
+            weights, ids = gpu_route(logits, self.bias, s.num_experts_per_tok,
+                                     s.scoring_func == "sigmoid", s.n_group, s.topk_group,
+                                     s.norm_topk_prob, s.routed_scaling_factor)
+            return logits, weights, ids
+        logits = x @ self.weight.T  # [N, E]
+        weights, ids = route(logits, self.bias, s)
+        return logits, weights, ids

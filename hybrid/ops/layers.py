@@ -1,7 +1,8 @@
 """Embedding, RMSNorm, linear layers and the dense/shared-expert MLP.
 
 Each runs on its placement's device: inputs are moved there and results moved back to where
-they came from, so neighbours on another device need no glue. Compute is fp32.
+they came from, so neighbours on another device need no glue. Compute is fp32. On a CUDA device
+the work goes to gpu_kernels (products on the quantized blocks, fused norms); elsewhere torch.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybrid.ops.context import BuildContext
-from hybrid.ops.weights import Weight
+from hybrid.ops.weights import Weight, uses_gpu_kernels
 
 
 class EmbeddingOp(nn.Module):
@@ -23,6 +24,11 @@ class EmbeddingOp(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         ids = input_ids.to(self.device)
+        if self.weight.quant is not None:
+            from gpu_kernels.embedding import embedding
+
+            out = embedding(ids.reshape(-1), self.weight.quant[0])
+            return out.reshape(*ids.shape, self.hidden_size).to(input_ids.device)
         if self.weight.fmt == "gguf" and self.weight._dense is None:
             # Dequantize only the rows looked up: raw rows are whole blocks.
             raw = self.weight._raw[0]
@@ -46,9 +52,25 @@ class RMSNormOp(nn.Module):
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return (self.weight * h).to(x.device, x.dtype)
 
+    def add_norm(self, x: torch.Tensor, *deltas: torch.Tensor) -> torch.Tensor:
+        """x += sum(deltas), in place (x: [N, D] f32 on this op's device); -> RMSNorm(x)."""
+        if uses_gpu_kernels(self.device) and len(deltas) <= 2:
+            from gpu_kernels.fused import add_rmsnorm
+
+            return add_rmsnorm(x, self.weight, self.eps, *[d.to(x.device) for d in deltas])
+        for d in deltas:
+            x += d.to(x.device)
+        return self(x)
+
 
 def linear(x: torch.Tensor, weight: Weight) -> torch.Tensor:
-    """x: [..., in] -> [..., out] in fp32 (weights upcast)."""
+    """x: [..., in] -> [..., out] in fp32 (weights upcast, or quantized products on CUDA)."""
+    quant = weight.quant
+    if quant is not None and len(quant) == 1 and x.is_cuda:
+        from gpu_kernels.qmatmul import qmatmul
+
+        q = quant[0]
+        return qmatmul(x.reshape(-1, q.cols), q).reshape(*x.shape[:-1], q.rows)
     return F.linear(x.float(), weight.get().float())
 
 
@@ -71,8 +93,37 @@ class MLPOp(nn.Module):
         self.gate = ctx.weight("gate_proj.weight")
         self.up = ctx.weight("up_proj.weight")
         self.down = ctx.weight("down_proj.weight")
+        self.gate_up = _stacked(self.gate, self.up)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.to(self.device)
+        if self.gate_up is not None and h.is_cuda:
+            from gpu_kernels.fused import silu_mul
+            from gpu_kernels.qmatmul import qmatmul
+
+            flat = h.reshape(-1, h.shape[-1]).float()
+            mid = silu_mul(qmatmul(flat, self.gate_up))  # [N, I]
+            out = qmatmul(mid, self.down.quant[0]).reshape(*h.shape[:-1], -1)
+            return out.to(x.device, x.dtype)
         h = F.silu(linear(h, self.gate)) * linear(h, self.up)
         return linear(h, self.down).to(x.device, x.dtype)
+
+
+def _stacked(gate: Weight, up: Weight):
+    """gate and up as one GpuQuant [2I, H] (gate rows first), so one launch computes both;
+    None off CUDA or when their types differ. The planes are concatenated, the originals
+    dropped: the same bytes."""
+    if gate.fmt != "gguf" or up.fmt != "gguf":
+        return None  # dense weights would be copied
+    g, u = gate.quant, up.quant
+    if g is None or u is None or len(g) != 1 or len(u) != 1 or g[0].qtype != u[0].qtype:
+        return None
+    from gpu_kernels.qformat import GpuQuant
+
+    planes = tuple(torch.cat([a, b]) for a, b in zip(g[0].planes, u[0].planes))
+    stacked = GpuQuant(g[0].qtype, g[0].rows + u[0].rows, g[0].cols, planes)
+    gate._quant = (GpuQuant(g[0].qtype, g[0].rows, g[0].cols,
+                            tuple(p[:g[0].rows] for p in planes)),)
+    up._quant = (GpuQuant(u[0].qtype, u[0].rows, u[0].cols,
+                          tuple(p[g[0].rows:] for p in planes)),)
+    return stacked

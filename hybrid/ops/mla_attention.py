@@ -9,9 +9,11 @@ W_UK [h, nope, c] and W_UV [h, v, c] the two halves of kv_b_proj:
     out  = o_proj(o_c @ W_UV^T)          # [T, h*v] -> [T, H]
 which equals the expanded attention exactly in real arithmetic.
 
-NOTE: in the serving engine (paged cache) every token, the current chunk's included, is read
-back as stored in kv_cache_dtype. Without the engine (transformers' own cache, or none) the
-current chunk attends to its own latents at compute precision.
+NOTE: in the serving engine (`step`, paged cache) every token, the current chunk's included,
+is read back as stored in kv_cache_dtype. Without the engine (transformers' own cache, or none)
+the current chunk attends to its own latents at compute precision. On a CUDA device `step`
+runs gpu_kernels (quantized products, fused RoPE and cache write, paged decode attention);
+elsewhere the same arithmetic in torch (mla_paged.py).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from torch import nn
 
 from hybrid.ops.context import BuildContext
 from hybrid.ops.layers import linear
-from hybrid.ops.rotary import yarn_mscale
+from hybrid.ops.mla_paged import attend, causal_mask, paged_attention
+from hybrid.ops.rotary import yarn_inv_freq, yarn_mscale
 
 _KV_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
@@ -63,18 +66,21 @@ class MLAAttentionOp(nn.Module):
         if rs is not None and rs.get("mscale_all_dim"):
             m = yarn_mscale(rs["factor"], rs["mscale_all_dim"])
             self.scale *= m * m
+        inv_freq, self.rope_scale = yarn_inv_freq(s)
+        self.inv_freq = inv_freq.to(self.device)  # [rope / 2]
+        self.on_gpu = self.device.type == "cuda"
+        # legacy kv_b [h*(nope+v), c] is one matrix; the MLA layout's k_b [h*c, nope] and
+        # v_b [h*v, c] are two (only as GGUF blocks: a dense kv_b is the legacy form)
+        quant = self.kv_b.quant
+        self.split_kv_b = quant is not None and len(quant) == 2
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
 
     def forward(self, hidden_states: torch.Tensor, position_embeddings, attention_mask=None,
-                past_key_values=None, forward_batch=None, **kwargs):
-        """hidden_states: [B, T, H] -> ([B, T, H], None), transformers' attention interface.
-
-        With `forward_batch` (the serving engine) B is 1 and the T tokens belong to several
-        sequences over the paged cache; otherwise one causal sequence per batch row, over
-        transformers' `past_key_values` cache when given.
-        """
+                past_key_values=None, **kwargs):
+        """hidden_states: [B, T, H] -> ([B, T, H], None), transformers' attention interface:
+        one causal sequence per batch row, over transformers' `past_key_values` when given."""
         x = hidden_states.to(self.device, torch.float32)
         b, t, _ = x.shape
         if hasattr(self, "q_a"):
@@ -92,46 +98,69 @@ class MLAAttentionOp(nn.Module):
         w_kv = self.kv_b.get().float().view(self.heads, self.nope + self.v, self.kv_lora)
         w_uk, w_uv = w_kv[:, : self.nope], w_kv[:, self.nope:]  # [h, nope, c], [h, v, c]
         q_lat = torch.einsum("bthn,hnc->bthc", q_nope, w_uk)  # [B, T, h, c]
-        if forward_batch is not None:
-            out_lat = self._paged(q_lat[0], q_rope[0], latent[0], k_rope[0],
-                                  forward_batch)[None]  # [1, T, h, c]
-        else:
-            out_lat = self._contiguous(q_lat, q_rope, latent, k_rope, past_key_values)
+        out_lat = self._contiguous(q_lat, q_rope, latent, k_rope, past_key_values)
         out = torch.einsum("bthc,hvc->bthv", out_lat, w_uv).reshape(b, t, self.heads * self.v)
         out = linear(out, self.o_proj)
         return out.to(hidden_states.device, hidden_states.dtype), None
 
-    def _attend(self, q_lat: torch.Tensor, q_rope: torch.Tensor, kv: torch.Tensor,
-                allowed: torch.Tensor) -> torch.Tensor:
-        """q_lat [..., t, h, c], q_rope [..., t, h, r], kv [..., S, c + r] fp32,
-        allowed [..., t, S] -> o_c [..., t, h, c]."""
-        lat, rope = kv[..., : self.kv_lora], kv[..., self.kv_lora:]
-        scores = (torch.einsum("...thc,...sc->...hts", q_lat, lat)
-                  + torch.einsum("...thr,...sr->...hts", q_rope, rope)) * self.scale
-        scores = scores.masked_fill(~allowed.unsqueeze(-3), float("-inf"))
-        return torch.einsum("...hts,...sc->...thc", torch.softmax(scores, dim=-1), lat)
+    def step(self, h: torch.Tensor, fb, num_splits: int | None = None) -> torch.Tensor:
+        """The serving engine's path. h: [N, H] f32 normed rows of a step (decodes first);
+        fb: its ForwardBatch -> attention output [N, H] f32. Writes the step's latents into
+        this layer's rows of the paged cache."""
+        fb = fb.on(self.device)
+        x = h.to(self.device, torch.float32)
+        n = x.shape[0]
+        q = self._queries(x).view(n, self.heads, self.nope + self.rope)
+        kv = linear(x, self.kv_a)  # [N, c + r]
+        cache = fb.cache.layer(self.layer_idx)
+        if self.on_gpu:
+            from gpu_kernels.fused import rope_cache
+        else:
+            from gpu_kernels.reference import rope_cache_ref as rope_cache
+        rope_cache(q, kv, fb.positions, fb.slots, self.kv_a_norm, self.inv_freq,
+                   self.rope_scale, self.eps, cache, self.nope)  # q's rope dims rotated in place
+        q_lat = self._absorb(q[..., :self.nope])  # [N, h, c]
+        o_lat = paged_attention(q_lat, q[..., self.nope:].contiguous(), cache, fb, self.scale,
+                                num_splits)
+        o = self._values(o_lat).reshape(n, self.heads * self.v)
+        return linear(o, self.o_proj).to(h.device)
 
-    def _paged(self, q_lat, q_rope, latent, k_rope, fb) -> torch.Tensor:
-        """Tokens of many sequences [N, ...]: write their latents, then attend per sequence.
+    def _queries(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [N, H] -> q [N, h * (nope + rope)]."""
+        if not hasattr(self, "q_a"):
+            return linear(x, self.q_proj)
+        qa = linear(x, self.q_a)
+        if self.on_gpu:
+            from gpu_kernels.fused import add_rmsnorm
 
-        The new tokens are read back from the cache like earlier ones, so a token's attention
-        does not depend on whether its neighbours arrived in the same chunk (chunked and
-        unchunked prefill agree exactly)."""
-        idx = fb.on(self.device)
-        cache = fb.cache.layer(self.layer_idx)  # [slots, c + r]
-        cache[idx["slots"]] = torch.cat([latent, k_rope], dim=-1).to(self.kv_dtype)
-        out = torch.empty_like(q_lat)  # [N, h, c]
-        if "decode_rows" in idx:  # all decodes at once, padded to the longest
-            rows = idx["decode_rows"]
-            kv = cache[idx["decode_slots"]].float()  # [B, S_max, c + r]
-            allowed = idx["decode_valid"].unsqueeze(1)  # [B, 1, S_max]
-            out[rows] = self._attend(q_lat[rows, None], q_rope[rows, None], kv, allowed)[:, 0]
-        for span, kv_slots in zip(fb.prefill_spans, idx["prefill_slots"]):
-            rows = slice(span.q_start, span.q_start + span.q_len)
-            kv = cache[kv_slots].float()  # [S, c + r]
-            out[rows] = self._attend(q_lat[rows], q_rope[rows], kv,
-                                     _causal(span.q_len, span.kv_len, self.device))
-        return out
+            return linear(add_rmsnorm(qa, self.q_a_norm, self.eps), self.q_b)
+        return linear(self._rms(qa, self.q_a_norm), self.q_b)
+
+    def _absorb(self, q_nope: torch.Tensor) -> torch.Tensor:
+        """q_nope [N, h, nope] -> q_c = q_nope @ W_UK: [N, h, c]."""
+        if self.on_gpu and self.kv_b.quant is not None:
+            from gpu_kernels.qmatmul import qmatmul, qmatmul_t
+
+            quant = self.kv_b.quant
+            if self.split_kv_b:  # k_b: head g's rows g*c .. g*c + c, nope columns
+                return qmatmul(q_nope, quant[0], out_rows=self.kv_lora, gstride=self.kv_lora)
+            return qmatmul_t(q_nope, quant[0], in_rows=self.nope, gstride=self.nope + self.v)
+        return torch.einsum("nhk,hkc->nhc", q_nope.float(), self._w_kv()[:, :self.nope])
+
+    def _values(self, o_lat: torch.Tensor) -> torch.Tensor:
+        """o_c [N, h, c] -> o_c @ W_UV^T: [N, h, v]."""
+        if self.on_gpu and self.kv_b.quant is not None:
+            from gpu_kernels.qmatmul import qmatmul
+
+            quant = self.kv_b.quant
+            if self.split_kv_b:
+                return qmatmul(o_lat, quant[1], out_rows=self.v, gstride=self.v)
+            return qmatmul(o_lat, quant[0], out_rows=self.v, row0=self.nope,
+                           gstride=self.nope + self.v)
+        return torch.einsum("nhc,hvc->nhv", o_lat, self._w_kv()[:, self.nope:])
+
+    def _w_kv(self) -> torch.Tensor:
+        return self.kv_b.get().float().view(self.heads, self.nope + self.v, self.kv_lora)
 
     def _contiguous(self, q_lat, q_rope, latent, k_rope, past_key_values) -> torch.Tensor:
         """[B, T, ...] causal sequences, optionally after transformers' cached prefix."""
@@ -143,13 +172,7 @@ class MLAAttentionOp(nn.Module):
             latent = torch.cat([stored[0][:, 0, :prefix].float(), latent], dim=1)  # [B, S, c]
             k_rope = torch.cat([stored[1][:, 0, :prefix].float(), k_rope], dim=1)  # [B, S, r]
         kv = torch.cat([latent, k_rope], dim=-1)  # [B, S, c + r]
-        return self._attend(q_lat, q_rope, kv, _causal(t, kv.shape[1], self.device))
-
-
-def _causal(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
-    """[q_len, kv_len]: query i (at position kv_len - q_len + i) sees keys 0..its position."""
-    q_pos = torch.arange(kv_len - q_len, kv_len, device=device)
-    return torch.arange(kv_len, device=device)[None, :] <= q_pos[:, None]
+        return attend(q_lat, q_rope, kv, causal_mask(t, kv.shape[1], self.device), self.scale)
 
 
 def _cos_sin(position_embeddings, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,10 +1,14 @@
 """A weight as an operator keeps it: dequantized once (f32/bf16/f16), or the GGUF's own blocks
-on the device, dequantized on use ("gguf": the memory the plan counts)."""
+on the device ("gguf": the memory the plan counts).
+
+On a CUDA device a "gguf" weight is held as gpu_kernels planes (the same bytes, one array per
+block field; qformat.py) that the GPU kernels read directly (`quant`); a dense weight there is
+one float plane. Elsewhere the blocks stay raw and `get()` dequantizes them on use.
+"""
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 
 import torch
 
@@ -16,21 +20,27 @@ from hybrid.model.tensor_map import combine_sources, gguf_sources, load_hf_weigh
 _DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
 
-@dataclass
 class _Raw:
-    data: torch.Tensor  # bytes (or F32/F16 elements) on the device
-    qtype: int
-    shape: tuple[int, ...]
+    def __init__(self, data: torch.Tensor, qtype: int, shape: tuple[int, ...]) -> None:
+        self.data = data  # bytes (or F32/F16 elements) on the device
+        self.qtype = qtype
+        self.shape = shape
+
+
+def uses_gpu_kernels(device: torch.device) -> bool:
+    return device.type == "cuda"
 
 
 class Weight:
-    """`get()` returns the weight as an fp32-or-storage-dtype tensor on `device`."""
+    """`get()` returns the weight as an fp32-or-storage-dtype tensor on `device`; on CUDA,
+    `quant` holds it as GpuQuant matrices, one per GGUF source tensor ([rows, last dim])."""
 
     def __init__(self, gguf: GGUFModelFile, spec: ModelSpec, hf_name: str, fmt: str,
                  device: str) -> None:
         self.hf_name, self.fmt, self.device = hf_name, fmt, torch.device(device)
         self._dense: torch.Tensor | None = None
         self._raw: list[_Raw] = []
+        self._quant = None
         if fmt == "gguf":
             sources = [s for s in gguf_sources(hf_name, spec) if gguf.has_tensor(s)]
             for s in sources:
@@ -41,16 +51,53 @@ class Weight:
                 self._raw.append(_Raw(data.to(self.device), qt.qtype, qt.shape))
             if not self._raw:  # a bias absent from the file
                 self._dense = load_hf_weight(gguf, spec, hf_name).to(self.device)
+            elif uses_gpu_kernels(self.device):
+                self._to_planes()
         else:
             self._dense = load_hf_weight(gguf, spec, hf_name).to(self.device, _DTYPES[fmt])
+
+    def _to_planes(self) -> None:
+        from gpu_kernels.qformat import to_planes
+
+        self._quant = tuple(to_planes(r.data, r.qtype, _rows(r.shape), r.shape[-1])
+                            for r in self._raw)
+        self._shapes = [r.shape for r in self._raw]
+        self._raw = []  # the planes are the only copy on the device
+
+    @property
+    def quant(self):
+        """The weight as gpu_kernels GpuQuant matrices (one per source), or None off CUDA."""
+        if self._quant is None and self._dense is not None and uses_gpu_kernels(self.device):
+            from gpu_kernels.qformat import GpuQuant
+            from gpu_kernels.qtypes import BF16, F16, F32
+
+            qtype = {torch.float32: F32, torch.float16: F16, torch.bfloat16: BF16}[self._dense.dtype]
+            w = self._dense.reshape(-1, self._dense.shape[-1])
+            self._quant = (GpuQuant(qtype, w.shape[0], w.shape[1], (w,)),)
+        return self._quant
 
     def get(self) -> torch.Tensor:
         if self._dense is not None:
             return self._dense
+        if self._quant is not None:
+            from gpu_kernels.dequant_ref import dequantize as dequantize_planes
+
+            parts = [dequantize_planes(q).reshape(shape)
+                     for q, shape in zip(self._quant, self._shapes)]
+            return combine_sources(self.hf_name, parts)
         return combine_sources(self.hf_name, [dequantize(r.data, r.qtype, r.shape) for r in self._raw])
 
     @property
     def nbytes(self) -> int:
         if self._dense is not None:
             return self._dense.numel() * self._dense.element_size()
+        if self._quant is not None:
+            return sum(q.nbytes for q in self._quant)
         return sum(r.data.numel() * r.data.element_size() for r in self._raw)
+
+
+def _rows(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape[:-1]:
+        n *= d
+    return n

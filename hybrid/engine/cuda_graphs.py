@@ -1,0 +1,111 @@
+"""Decode steps replayed as CUDA graphs, one set per batch-size bucket, captured at start-up.
+
+A decode step of B requests runs in the graphs of the smallest bucket >= B: its indices are
+packed into the bucket's static input buffer (one host-to-device copy; padding rows get length
+0 and the cache's scratch slot), then each device piece of the DecoderProgram replays as one
+graph and each host piece (the CPU experts) runs between them, on the first B rows only. The
+decode attention's split count is fixed per bucket, sized for the longest sequence the cache
+holds; the kernel reads the real lengths from the input buffer.
+
+All buckets share one memory pool, captured largest first; within a bucket the pieces replay
+in their capture order, so memory one piece frees and a later one reuses is never live twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hybrid.engine.decoder import DecoderProgram, StepState
+from hybrid.engine.forward_batch import ForwardBatch, StepLayout
+from hybrid.engine.kv_cache import PagedLatentCache
+
+log = logging.getLogger("hybrid.engine")
+
+
+def bucket_sizes(max_batch_size: int) -> list[int]:
+    """1, 2, 4, 8, 12, 16, 24, 32, 48, 64, ... up to max_batch_size (always included)."""
+    sizes, b = [], 1
+    while b < max_batch_size:
+        sizes.append(b)
+        b = b * 2 if b < 8 else b + (b // 2 if b & (b - 1) == 0 else b // 3)
+    return sizes + [max_batch_size]
+
+
+@dataclass
+class _Captured:
+    layout: StepLayout
+    inputs: torch.Tensor  # [layout.size] int64 on the device: the static index buffer
+    staging: torch.Tensor  # the same, pinned on the host
+    state: StepState
+    graphs: list[torch.cuda.CUDAGraph | None]  # per piece; None for host pieces
+
+
+class DecodeGraphs:
+    def __init__(self, program: DecoderProgram, cache: PagedLatentCache, page_size: int,
+                 max_pages: int, max_batch_size: int, device: torch.device,
+                 num_splits: Callable[[int], int],
+                 progress: Callable[[str], None] | None = None) -> None:
+        self.program, self.cache, self.page_size = program, cache, page_size
+        self.max_pages, self.device = max_pages, device
+        self.sizes = bucket_sizes(max_batch_size)
+        self.pool = torch.cuda.graph_pool_handle()
+        self._captured: dict[int, _Captured] = {}
+        for i, b in enumerate(sorted(self.sizes, reverse=True)):
+            if progress is not None:
+                progress(f"capturing decode graphs: batch {b} ({i + 1}/{len(self.sizes)})")
+            self._captured[b] = self._capture(b, num_splits(b))
+
+    @property
+    def max_batch(self) -> int:
+        return self.sizes[-1]
+
+    def _state(self, b: int, num_splits: int) -> tuple[StepLayout, torch.Tensor, StepState]:
+        layout = StepLayout(b, b, self.max_pages, b)
+        packed, _, _, _ = ForwardBatch.pack([], self.page_size, self.cache.scratch_slot, layout)
+        at = layout.fields["sample_rows"][0]
+        packed[at:at + b] = np.arange(b)  # every row samples; padding rows are discarded
+        inputs = torch.from_numpy(packed).to(self.device)
+        fb = ForwardBatch.from_device(inputs, layout, [], self.max_pages * self.page_size,
+                                      self.page_size, self.cache)
+        return layout, inputs, StepState(fb, num_real=b, num_splits=num_splits)
+
+    def _capture(self, b: int, num_splits: int) -> _Captured:
+        layout, inputs, state = self._state(b, num_splits)
+        self.program.run(state)  # warm-up: compiles every kernel of this shape
+        torch.cuda.synchronize(self.device)
+        graphs: list[torch.cuda.CUDAGraph | None] = []
+        for piece in self.program.pieces:
+            if not piece.on_device:
+                graphs.append(None)  # host work is never captured
+                continue
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self.pool):
+                piece.run(state)
+            graphs.append(g)
+        torch.cuda.synchronize(self.device)
+        staging = torch.empty(layout.size, dtype=torch.int64, pin_memory=True)
+        return _Captured(layout, inputs, staging, state, graphs)
+
+    def run(self, chunks: list[tuple[list[int], list[int], int, bool]]) -> torch.Tensor:
+        """chunks: one decode (token, pages, position, True) per request -> logits [B, V]."""
+        b = len(chunks)
+        size = next(s for s in self.sizes if s >= b)
+        cap = self._captured[size]
+        packed, _, _, _ = ForwardBatch.pack(chunks, self.page_size, self.cache.scratch_slot,
+                                            cap.layout)
+        at = cap.layout.fields["sample_rows"][0]
+        packed[at + b:at + size] = np.arange(b, size)  # padding rows sample too (discarded)
+        cap.staging.numpy()[:] = packed
+        cap.inputs.copy_(cap.staging, non_blocking=True)
+        cap.state.num_real = b
+        for piece, graph in zip(self.program.pieces, cap.graphs):
+            if graph is not None:
+                graph.replay()
+            else:
+                piece.run(cap.state)
+        return cap.state.logits[:b]

@@ -1,0 +1,161 @@
+"""The model's forward over one engine step, as a list of pieces: device work, and the host
+work between (the CPU experts of each MoE layer).
+
+    [embed, layers .. first MoE layer's router, send]  device
+    [mark]                                              host: event after the copies
+    [shared expert]                                     device, overlaps the CPU experts
+    [compute]                                           host: the routed experts on the CPU
+    [receive, next layers .. next router, send]         device
+    ...
+    [receive, final norm, head on the sampled rows]     device
+
+Eagerly the pieces simply run in order (any batch: prefill chunks and decodes); for decode
+batches each device piece is captured as a CUDA graph and replayed (cuda_graphs.py), the host
+pieces run between. The hidden state stays on the device for the whole step; each layer's
+residual add is fused into the next RMSNorm (RMSNormOp.add_norm).
+
+Layers whose experts do not all run on the CPU (GPU-resident experts) are run in place, as
+transformers' MoE block; they keep the step eager (`can_capture` is false).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+from torch import nn
+
+from hybrid.engine.experts_bridge import ExpertsBridge
+from hybrid.engine.forward_batch import ForwardBatch
+from hybrid.ops.experts import ExpertsOp
+from hybrid.ops.layers import RMSNormOp
+
+
+@dataclass
+class StepState:
+    """What flows between a step's pieces. `pending`: outputs not yet added to the residual
+    stream `x` (the next norm adds them)."""
+
+    fb: ForwardBatch
+    num_real: int  # rows that are real tokens (a CUDA graph's batch is padded)
+    num_splits: int | None = None  # the decode attention's split count, fixed when captured
+    x: torch.Tensor | None = None  # [N, H] f32 residual stream
+    h: torch.Tensor | None = None  # [N, H] the normalized rows the MoE layer works on
+    pending: list[torch.Tensor] = field(default_factory=list)
+    logits: torch.Tensor | None = None  # [R, V]
+
+
+@dataclass(frozen=True)
+class Piece:
+    on_device: bool  # device work (capturable) or host work
+    run: Callable[[StepState], None]
+
+
+class DecoderProgram:
+    def __init__(self, model: nn.Module, bridge: ExpertsBridge) -> None:
+        self.model = model
+        self.inner = model.model
+        self.bridge = bridge
+        self.pieces = self._plan()
+        self.can_capture = all(not _is_moe(layer.mlp) or _bridged(layer.mlp)
+                               for layer in self.inner.layers)
+
+    def run(self, st: StepState) -> torch.Tensor:
+        for piece in self.pieces:
+            piece.run(st)
+        return st.logits
+
+    def _plan(self) -> list[Piece]:
+        pieces: list[Piece] = []
+        steps: list[Callable[[StepState], None]] = [self._embed]
+        for layer in self.inner.layers:
+            steps.append(partial(self._attention, layer))
+            if _is_moe(layer.mlp) and _bridged(layer.mlp):
+                steps.append(partial(self._route_and_send, layer))
+                pieces += [_device(steps), Piece(False, self._mark),
+                           _device([partial(self._shared, layer.mlp)]),
+                           Piece(False, partial(self._experts, layer.mlp.experts))]
+                steps = [self._receive]
+            else:
+                steps.append(partial(self._mlp, layer))
+        steps.append(self._head)
+        pieces.append(_device(steps))
+        return pieces
+
+    # -- device work ------------------------------------------------------------------------
+
+    def _embed(self, st: StepState) -> None:
+        st.x = self.inner.embed_tokens(st.fb.input_ids).float()  # [N, H]
+        st.pending = []
+
+    def _norm(self, norm: nn.Module, st: StepState) -> torch.Tensor:
+        device = getattr(norm, "device", st.x.device)
+        if st.x.device != device:  # a layer on another GPU: the residual stream moves once
+            st.x = st.x.to(device)
+        if isinstance(norm, RMSNormOp):
+            h = norm.add_norm(st.x, *st.pending)
+        else:
+            for d in st.pending:
+                st.x += d.to(st.x.device)
+            h = norm(st.x)
+        st.pending = []
+        return h
+
+    def _attention(self, layer: nn.Module, st: StepState) -> None:
+        h = self._norm(layer.input_layernorm, st)
+        st.pending = [layer.self_attn.step(h, st.fb, st.num_splits)]
+
+    def _mlp(self, layer: nn.Module, st: StepState) -> None:
+        h = self._norm(layer.post_attention_layernorm, st)
+        st.pending = [layer.mlp(h)]
+
+    def _route_and_send(self, layer: nn.Module, st: StepState) -> None:
+        st.h = self._norm(layer.post_attention_layernorm, st)
+        _, weights, ids = layer.mlp.gate.route(st.h.to(layer.mlp.gate.device))
+        self.bridge.send(st.h, ids, weights)
+
+    def _shared(self, mlp: nn.Module, st: StepState) -> None:
+        shared = getattr(mlp, "shared_experts", None)
+        st.pending = [shared(st.h)] if shared is not None else []
+
+    def _receive(self, st: StepState) -> None:
+        st.pending.append(self.bridge.receive(st.x.shape[0]))
+
+    def _head(self, st: StepState) -> None:
+        rows = st.fb.sample_rows.to(st.x.device)
+        if rows.numel() == 0:  # only mid-prompt chunks this step
+            st.logits = st.x.new_empty(0, self.model.config.vocab_size)
+            return
+        x = st.x[rows]  # [R, H]: only the rows that sample reach the head
+        for d in st.pending:
+            x += d.to(x.device)[rows]
+        h = self.inner.norm(x) if not isinstance(self.inner.norm, RMSNormOp) \
+            else self.inner.norm.add_norm(x)
+        st.logits = self.model.lm_head(h)  # [R, V]
+
+    # -- host work --------------------------------------------------------------------------
+
+    def _mark(self, st: StepState) -> None:
+        self.bridge.mark()
+
+    def _experts(self, experts: ExpertsOp, st: StepState) -> None:
+        self.bridge.compute(experts, st.num_real)
+
+
+def _device(steps: list[Callable[[StepState], None]]) -> Piece:
+    def run(st: StepState) -> None:
+        for step in steps:
+            step(st)
+    return Piece(True, run)
+
+
+def _is_moe(mlp: nn.Module) -> bool:
+    return hasattr(mlp, "experts") and hasattr(mlp, "gate")
+
+
+def _bridged(mlp: nn.Module) -> bool:
+    experts = mlp.experts
+    return isinstance(experts, ExpertsOp) and experts.runs_on_host \
+        and hasattr(mlp.gate, "route")

@@ -1,0 +1,65 @@
+"""The hand-over of a MoE layer's routed experts from the model's device to the CPU and back.
+
+Per MoE layer and step, exactly one device-to-host copy (the normalized hidden rows, the chosen
+expert ids and their weights, into pinned buffers) and one host-to-device copy (the experts'
+weighted sum), both on the model's stream, and one host wait (an event recorded right after
+the first copy). Between them the GPU runs the layer's shared expert while the CPU pool runs
+the routed ones. Layers run one after another, so every layer shares one set of buffers.
+
+    send(h, ids, w)   GPU work: the three copies into pinned memory     (in a captured piece)
+    mark()            host: record the event after them
+    compute(op, n)    host: wait for the event, run the first n rows' experts on the CPU
+    receive(n)        GPU work: the experts' sum back to the device      (in a captured piece)
+
+On a CPU placement the buffers are plain host tensors and the event is skipped.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class ExpertsBridge:
+    def __init__(self, max_tokens: int, hidden: int, top_k: int, device: torch.device) -> None:
+        self.device = device
+        on_gpu = device.type == "cuda"
+
+        def host(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+            return torch.zeros(*shape, dtype=dtype, pin_memory=on_gpu)
+
+        self.x = host(max_tokens, hidden)  # [T, H] normalized hidden rows
+        self.ids = host(max_tokens, top_k, dtype=torch.int64)  # [T, K]
+        self.weights = host(max_tokens, top_k)  # [T, K]
+        self.out = host(max_tokens, hidden)  # [T, H] the routed experts' weighted sum
+        self.routed = torch.zeros(max_tokens, hidden, device=device) if on_gpu else self.out
+        self.event = torch.cuda.Event() if on_gpu else None
+        self._np = (self.x.numpy(), self.ids.numpy(), self.weights.numpy(), self.out.numpy())
+
+    @property
+    def max_tokens(self) -> int:
+        return self.x.shape[0]
+
+    def send(self, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> None:
+        n = h.shape[0]
+        # a copy from another GPU than the event's is waited for here, not by the event
+        same = h.device == self.device
+        self.x[:n].copy_(h, non_blocking=same)
+        self.ids[:n].copy_(ids, non_blocking=same)
+        self.weights[:n].copy_(weights, non_blocking=same)
+
+    def mark(self) -> None:
+        if self.event is not None:
+            self.event.record()
+
+    def compute(self, experts, n: int) -> None:
+        """experts: the layer's ExpertsOp (runs_on_host)."""
+        if self.event is not None:
+            self.event.synchronize()
+        x, ids, w, out = self._np
+        experts.run_host(x[:n], ids[:n], w[:n], out[:n])
+
+    def receive(self, n: int) -> torch.Tensor:
+        """-> [n, H] f32 on the device: the routed experts' output for this step's rows."""
+        if self.routed is not self.out:
+            self.routed[:n].copy_(self.out[:n], non_blocking=True)
+        return self.routed[:n]
