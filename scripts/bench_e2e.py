@@ -1,0 +1,195 @@
+"""hybrid and llama.cpp on the same GGUF in one run: decode and prefill tokens/s, and ratios.
+
+    python scripts/bench_e2e.py [--gguf-path P | --preset v2-lite] [--optimize-rules R]
+        [--mode fast] [--llama-bench PATH] [--threads 16] [--json out.json]
+
+Without --gguf-path it writes a synthetic model of --preset (Q4_K_M recipe, legacy layout,
+DeepSeek vocabulary). Rows:
+- decode tok/s at 1 stream (with and without CUDA graphs) and aggregate at 4, 8, 16 streams;
+  per step, the time the CPU experts took and the rest (the GPU's share);
+- prefill tok/s of one prompt of 128, 512, 2048 tokens (time to its first token);
+- with --llama-bench, llama.cpp's `llama-bench -ngl 99 -ot exps=CPU -fa 1` on the same file
+  (tg = decode, pp = prefill), and ours over theirs.
+`--mode fast|exact` rewrites the rule file's experts mode (fast: int8/bf16 CPU experts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from hybrid.engine.config import EngineConfig
+from hybrid.engine.llm import LLM
+from hybrid.engine.sampling_params import SamplingParams
+from hybrid.ops.experts import ExpertsOp
+
+
+def build_model(preset: str, out: Path) -> str:
+    from hybrid.synth.make_model import MakeModelOptions, make_model
+    from hybrid.synth.presets import get_preset
+    from hybrid.synth.vocab import get_vocab
+
+    p = get_preset(preset)
+    t = time.perf_counter()
+    (path,) = make_model(MakeModelOptions(p, "q4_k_m", "legacy", vocab="deepseek"),
+                         get_vocab("deepseek", p.vocab_size), out / f"{preset}-q4_k_m.gguf")
+    print(f"make-model {preset}: {time.perf_counter() - t:.0f} s", flush=True)
+    return str(path)
+
+
+def rules_with_mode(rules: str, mode: str | None) -> str:
+    """A copy of the rule file whose experts rule runs `mode` (None: unchanged)."""
+    if mode is None:
+        return rules
+    from hybrid.rules.engine import find_rules
+
+    text = find_rules(rules).read_text()
+    text = text.replace("backend: cpu}", f"backend: cpu, mode: {mode}}}")
+    if f"mode: {mode}" not in text:
+        raise SystemExit(f"could not set mode {mode} in {rules}")
+    path = Path(tempfile.mkdtemp()) / f"bench-{mode}.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+class ExpertClock:
+    """Sums the wall time of every CPU experts call (ExpertsOp.run_host) while installed."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._orig = ExpertsOp.run_host
+
+        def timed(op, *args):
+            t = time.perf_counter()
+            self._orig(op, *args)
+            self.seconds += time.perf_counter() - t
+        ExpertsOp.run_host = timed
+
+    def close(self) -> None:
+        ExpertsOp.run_host = self._orig
+
+
+def decode(llm: LLM, streams: int, prompt_len: int, gen: int) -> dict:
+    params = SamplingParams(temperature=0, max_tokens=gen, ignore_eos=True)
+    reqs = [llm._submit([1000 + 7 * i + j for j in range(prompt_len)], params, lambda e: None)
+            for i in range(streams)]
+    while any(r.num_output_tokens == 0 for r in reqs):  # prefill, first tokens
+        llm.worker.step()
+    clock, steps = ExpertClock(), 0
+    before = sum(r.num_output_tokens for r in reqs)
+    t = time.perf_counter()
+    try:
+        while any(not r.is_finished for r in reqs):
+            llm.worker.step()
+            steps += 1
+    finally:
+        clock.close()
+    dt = time.perf_counter() - t
+    tokens = sum(r.num_output_tokens for r in reqs) - before
+    return {"streams": streams, "tok_s": tokens / dt, "step_ms": dt / steps * 1e3,
+            "experts_ms": clock.seconds / steps * 1e3,
+            "gpu_share": 1 - clock.seconds / dt}
+
+
+def prefill(llm: LLM, n: int) -> dict:
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    t = time.perf_counter()
+    r = llm._submit([1000 + (j * 31) % 90000 for j in range(n)], params, lambda e: None)
+    while not r.is_finished:
+        llm.worker.step()
+    dt = time.perf_counter() - t
+    return {"tokens": n, "tok_s": n / dt, "ttft_s": dt}
+
+
+def llama_bench(binary: str, path: str, threads: int, prompts: list[int], gen: int) -> dict:
+    cmd = [binary, "-m", path, "-ngl", "99", "-ot", "exps=CPU", "-fa", "1", "-t", str(threads),
+           "-p", ",".join(map(str, prompts)), "-n", str(gen), "-r", "3", "-o", "json"]
+    print(" ".join(cmd), flush=True)
+    rows = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    out = {}
+    for r in rows:
+        key = f"tg{r['n_gen']}" if r["n_gen"] else f"pp{r['n_prompt']}"
+        out[key] = r["avg_ts"]
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gguf-path")
+    ap.add_argument("--preset", default="v2-lite")
+    ap.add_argument("--optimize-rules", default="DeepSeek-V2-Lite")
+    ap.add_argument("--mode", choices=["fast", "exact"], default=None)
+    ap.add_argument("--llama-bench", default=None, help="a llama-bench binary (CUDA build)")
+    ap.add_argument("--threads", type=int, default=None, help="CPU expert threads (both)")
+    ap.add_argument("--streams", default="1,4,8,16")
+    ap.add_argument("--prefill", default="128,512,2048")
+    ap.add_argument("--gen", type=int, default=64)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    path = args.gguf_path or build_model(args.preset, Path(tempfile.mkdtemp()))
+    prompts = [int(n) for n in args.prefill.split(",")]
+    streams = [int(n) for n in args.streams.split(",")]
+    result: dict = {"model": Path(path).name, "rules": args.optimize_rules, "mode": args.mode}
+    if args.llama_bench:
+        threads = args.threads or 16
+        result["llama"] = llama_bench(args.llama_bench, path, threads, prompts, args.gen)
+        print("llama.cpp:", result["llama"], flush=True)
+    t = time.perf_counter()
+    config = EngineConfig(max_batch_size=max(streams), chunk_size=max(prompts),
+                          cache_lens=max(16 * 1024, max(prompts) * 2), cpu_threads=args.threads)
+    llm = LLM(path, rules_with_mode(args.optimize_rules, args.mode), engine_config=config,
+              status=lambda m: print("start-up:", m, flush=True))
+    result["load_s"] = time.perf_counter() - t
+    print(f"loaded in {result['load_s']:.1f} s", flush=True)
+    result["prefill"] = [prefill(llm, n) for n in prompts]
+    result["decode"] = [decode(llm, s, 32, args.gen) for s in streams]
+    graphs = llm.engine.runner.graphs
+    if graphs is not None:
+        llm.engine.runner.graphs = None
+        result["decode_eager"] = decode(llm, 1, 32, args.gen)
+        llm.engine.runner.graphs = graphs
+    print(json.dumps(result, indent=1), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    print_table(result)
+    return 0
+
+
+def print_table(r: dict) -> None:
+    llama = r.get("llama", {})
+    print(f"\n{r['model']}, {r['rules']}, experts {r['mode'] or 'as in the rules'}")
+    print("| row | hybrid tok/s | llama.cpp tok/s | ratio | step ms | experts ms | GPU share |")
+    print("|---|---|---|---|---|---|---|")
+    for d in r["decode"]:
+        peer = llama.get(next((k for k in llama if k.startswith("tg")), ""), None)
+        peer = peer if d["streams"] == 1 else None
+        print(f"| decode x{d['streams']} | {d['tok_s']:.1f} | {_f(peer)} | "
+              f"{_ratio(d['tok_s'], peer)} | {d['step_ms']:.2f} | {d['experts_ms']:.2f} | "
+              f"{d['gpu_share']:.0%} |")
+    if "decode_eager" in r:
+        d = r["decode_eager"]
+        print(f"| decode x1, no CUDA graphs | {d['tok_s']:.1f} | | | {d['step_ms']:.2f} | "
+              f"{d['experts_ms']:.2f} | {d['gpu_share']:.0%} |")
+    for p in r["prefill"]:
+        peer = llama.get(f"pp{p['tokens']}")
+        print(f"| prefill {p['tokens']} | {p['tok_s']:.0f} | {_f(peer)} | "
+              f"{_ratio(p['tok_s'], peer)} | | | |")
+
+
+def _f(v: float | None) -> str:
+    return "" if v is None else f"{v:.1f}"
+
+
+def _ratio(ours: float, peer: float | None) -> str:
+    return "" if not peer else f"{ours / peer:.2f}x"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""The GPU kernels alone, on the GPU machine: quantized products' weight bandwidth against the
+device's copy bandwidth measured in the same run, and the paged MLA decode attention.
+
+    python scripts/bench_gpu_kernels.py [--json out.json]
+
+Weights rotate over copies totalling > 3x the L2 cache, so every call reads them from HBM.
+Times are medians of triton.testing.do_bench (CUDA events).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gpu_kernels.mla_decode import choose_splits, mla_decode
+from gpu_kernels.qformat import to_planes
+from gpu_kernels.qmatmul import qmatmul
+from hybrid.synth.random_blocks import random_rows
+
+SHAPES = [  # name, rows, cols: V3's and V2-Lite's decode products
+    ("v3 q_b", 24576, 1536), ("v3 o_proj", 7168, 16384), ("v3 shexp gate_up", 4096, 7168),
+    ("v2l q_proj", 3072, 2048), ("v2l shexp gate_up", 5632, 2048), ("v2l o_proj", 2048, 2048),
+]
+TYPES = {"Q4_K": 12, "Q6_K": 14, "Q8_0": 8, "Q5_0": 6, "Q2_K": 10, "Q3_K": 11, "Q5_K": 13,
+         "Q4_0": 2, "BF16": 30}
+
+
+def copy_bandwidth() -> float:
+    """GB/s of a device-to-device copy, bytes read plus written."""
+    a = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    ms = triton.testing.do_bench(lambda: b.copy_(a), return_mode="median")
+    return 2 * a.numel() / ms / 1e6
+
+
+def weights(qtype: int, rows: int, cols: int, copies: int):
+    rng = np.random.default_rng(0)
+    raw = torch.from_numpy(random_rows(rng, qtype, rows, cols, 0.02).copy()).cuda()
+    w = to_planes(raw, qtype, rows, cols)
+    return [w] + [type(w)(w.qtype, w.rows, w.cols, tuple(p.clone() for p in w.planes))
+                  for _ in range(copies - 1)]
+
+
+def rotating_weights(qtype: int, rows: int, cols: int) -> list:
+    one = weights(qtype, rows, cols, 1)[0]
+    return weights(qtype, rows, cols, max(2, int(3 * 50e6 / one.nbytes) + 1))
+
+
+def bench_product(ws: list, m: int) -> dict:
+    one, copies = ws[0], len(ws)
+    rows, cols = one.rows, one.cols
+    x = torch.randn(m, cols, device="cuda")
+    out = torch.empty(m, rows, device="cuda")
+    i = [0]
+
+    def call():
+        i[0] = (i[0] + 1) % copies
+        qmatmul(x, ws[i[0]], out=out)
+    ms = triton.testing.do_bench(call, return_mode="median")
+    return {"ms": ms, "GB_s": one.nbytes / ms / 1e6}
+
+
+def bench_attention(batch: int, heads: int, length: int) -> dict:
+    page, c, r = 64, 512, 64
+    pages = batch * (length // page + 1)
+    cache = torch.randn(pages * page + 1, c + r, device="cuda").bfloat16()
+    table = torch.randperm(pages, device="cuda")[: pages].reshape(batch, -1).int()
+    q = torch.randn(batch, heads, c, device="cuda") * 0.1
+    qr = torch.randn(batch, heads, r, device="cuda") * 0.1
+    lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
+    splits = choose_splits(batch, heads, length)
+    ms = triton.testing.do_bench(
+        lambda: mla_decode(q, qr, cache, table, lens, page, 0.07, splits), return_mode="median")
+    read = batch * length * (c + r) * 2
+    return {"us": ms * 1e3, "GB_s": read / ms / 1e6, "splits": splits}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--types", default="Q4_K,Q6_K,Q8_0")
+    args = ap.parse_args()
+    copy = copy_bandwidth()
+    print(f"device copy: {copy:.0f} GB/s (read + write)", flush=True)
+    rows = []
+    for tname in args.types.split(","):
+        for name, n, k in SHAPES:
+            ws = rotating_weights(TYPES[tname], n, k)
+            for m in (1, 8, 16):
+                res = bench_product(ws, m)
+                rows.append({"type": tname, "shape": name, "m": m, **res})
+                print(f"{tname:5} {name:18} m={m:2}: {res['ms'] * 1e3:7.1f} us "
+                      f"{res['GB_s']:6.0f} GB/s ({res['GB_s'] / copy:.0%} of copy)", flush=True)
+    att = []
+    for b, h, length in ((1, 16, 1024), (1, 16, 8192), (8, 16, 2048), (1, 128, 4096),
+                         (16, 128, 2048)):
+        res = bench_attention(b, h, length)
+        att.append({"batch": b, "heads": h, "len": length, **res})
+        print(f"mla_decode B={b:2} H={h:3} len={length:5}: {res['us']:7.1f} us "
+              f"{res['GB_s']:6.0f} GB/s of cache, {res['splits']} splits", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"copy_GB_s": copy, "products": rows,
+                                               "attention": att}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
