@@ -1,8 +1,8 @@
 """The Triton dequantization of a tile of a `GpuQuant` matrix, shared by every kernel that reads
 quantized weights (matmuls, embedding lookups).
 
-`dequant_tile(QT, p0..p5, r, e, K, rmask)` returns weights [BN, BK] fp32 for rows r [BN, 1] and
-columns e [1, BK] (int64; any rows, e.g. token ids for an embedding) of a matrix with K columns
+`dequant_tile(QT, p0..p5, r, e, K, rmask)` returns weights [BN, BK] fp32 for rows r [BN, 1]
+(int64; any rows, e.g. token ids for an embedding) and columns e [1, BK] (int32) of a matrix with K columns
 whose planes are p0.. (qformat.py). The per-element formulas, and their fp32 operation order,
 are dequant_ref.element_values' (ggml's reference dequantizers): the tile equals the reference
 element for element. Loads are gathers; neighbouring columns read neighbouring bytes, so a
@@ -16,50 +16,49 @@ import triton.language as tl
 
 from gpu_kernels import qtypes as qt
 
-# plain ints: triton folds the comparisons against a constexpr type id
-_F32, _F16, _BF16 = qt.F32, qt.F16, qt.BF16
-_Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0 = qt.Q4_0, qt.Q4_1, qt.Q5_0, qt.Q5_1, qt.Q8_0
-_Q2_K, _Q3_K, _Q4_K, _Q5_K, _Q6_K = qt.Q2_K, qt.Q3_K, qt.Q4_K, qt.Q5_K, qt.Q6_K
+# constexpr globals: triton folds the comparisons against a constexpr type id
+_F32, _F16, _BF16 = tl.constexpr(qt.F32), tl.constexpr(qt.F16), tl.constexpr(qt.BF16)
+_Q4_0, _Q4_1, _Q5_0 = tl.constexpr(qt.Q4_0), tl.constexpr(qt.Q4_1), tl.constexpr(qt.Q5_0)
+_Q5_1, _Q8_0, _Q2_K = tl.constexpr(qt.Q5_1), tl.constexpr(qt.Q8_0), tl.constexpr(qt.Q2_K)
+_Q3_K, _Q4_K, _Q5_K = tl.constexpr(qt.Q3_K), tl.constexpr(qt.Q4_K), tl.constexpr(qt.Q5_K)
+_Q6_K = tl.constexpr(qt.Q6_K)
 
 
 @triton.jit
-def _ld(p, off, m):
-    return tl.load(p + off, mask=m, other=0)
+def _i32(p, r, stride, col, m):
+    """Plane p at rows r [BN, 1] (int64; `stride` elements per row) and columns col [1, BK]
+    (int32): the row offset is 64-bit, the column offsets stay 32-bit."""
+    return tl.load((p + r * stride) + col, mask=m, other=0).to(tl.int32)
 
 
 @triton.jit
-def _i32(p, off, m):
-    return tl.load(p + off, mask=m, other=0).to(tl.int32)
-
-
-@triton.jit
-def _f32(p, off, m):
-    return tl.load(p + off, mask=m, other=0).to(tl.float32)
+def _f32(p, r, stride, col, m):
+    return tl.load((p + r * stride) + col, mask=m, other=0).to(tl.float32)
 
 
 @triton.jit
 def dequant_tile(QT: tl.constexpr, p0, p1, p2, p3, p4, p5, r, e, K, rmask):
     if QT == _F32 or QT == _F16 or QT == _BF16:
-        w = _f32(p0, r * K + e, rmask)
+        w = _f32(p0, r, K, e, rmask)
     elif QT == _Q8_0:
-        w = _f32(p1, r * (K // 32) + e // 32, rmask) * _f32(p0, r * K + e, rmask)
+        w = _f32(p1, r, K // 32, e // 32, rmask) * _f32(p0, r, K, e, rmask)
     elif QT == _Q4_0 or QT == _Q4_1 or QT == _Q5_0 or QT == _Q5_1:
-        b = _i32(p0, r * (K // 2) + (e // 32) * 16 + e % 16, rmask)
+        b = _i32(p0, r, K // 2, (e // 32) * 16 + e % 16, rmask)
         v = (b >> (((e // 16) % 2) * 4)) & 15
         if QT == _Q5_0 or QT == _Q5_1:
-            qh = _i32(p1, r * (K // 32) + e // 32, rmask)
+            qh = _i32(p1, r, K // 32, e // 32, rmask)
             v = v | (((qh >> (e % 32).to(tl.int32)) & 1) << 4)
-            d = _f32(p2, r * (K // 32) + e // 32, rmask)
+            d = _f32(p2, r, K // 32, e // 32, rmask)
         else:
-            d = _f32(p1, r * (K // 32) + e // 32, rmask)
+            d = _f32(p1, r, K // 32, e // 32, rmask)
         if QT == _Q4_0:
             w = d * (v - 8).to(tl.float32)
         elif QT == _Q5_0:
             w = d * (v - 16).to(tl.float32)
         elif QT == _Q4_1:
-            w = d * v.to(tl.float32) + _f32(p2, r * (K // 32) + e // 32, rmask)
+            w = d * v.to(tl.float32) + _f32(p2, r, K // 32, e // 32, rmask)
         else:
-            w = d * v.to(tl.float32) + _f32(p3, r * (K // 32) + e // 32, rmask)
+            w = d * v.to(tl.float32) + _f32(p3, r, K // 32, e // 32, rmask)
     else:
         sb = e // 256
         i = e % 256
@@ -67,41 +66,41 @@ def dequant_tile(QT: tl.constexpr, p0, p1, p2, p3, p4, p5, r, e, K, rmask):
         run = (i % 128) // 32
         lane = i % 32
         if QT == _Q4_K or QT == _Q5_K:
-            b = _i32(p0, r * (K // 2) + sb * 128 + (i // 64) * 32 + lane, rmask)
+            b = _i32(p0, r, K // 2, sb * 128 + (i // 64) * 32 + lane, rmask)
             v = (b >> (((i // 32) % 2) * 4).to(tl.int32)) & 15
             if QT == _Q5_K:
-                qh = _i32(p1, r * (K // 8) + sb * 32 + lane, rmask)
+                qh = _i32(p1, r, K // 8, sb * 32 + lane, rmask)
                 v = v | (((qh >> (i // 32).to(tl.int32)) & 1) << 4)
-                sc = _f32(p2, r * (K // 32) + e // 32, rmask)
-                mn = _f32(p3, r * (K // 32) + e // 32, rmask)
-                d = _f32(p4, r * (K // 256) + sb, rmask)
-                dmin = _f32(p5, r * (K // 256) + sb, rmask)
+                sc = _f32(p2, r, K // 32, e // 32, rmask)
+                mn = _f32(p3, r, K // 32, e // 32, rmask)
+                d = _f32(p4, r, K // 256, sb, rmask)
+                dmin = _f32(p5, r, K // 256, sb, rmask)
             else:
-                sc = _f32(p1, r * (K // 32) + e // 32, rmask)
-                mn = _f32(p2, r * (K // 32) + e // 32, rmask)
-                d = _f32(p3, r * (K // 256) + sb, rmask)
-                dmin = _f32(p4, r * (K // 256) + sb, rmask)
+                sc = _f32(p1, r, K // 32, e // 32, rmask)
+                mn = _f32(p2, r, K // 32, e // 32, rmask)
+                d = _f32(p3, r, K // 256, sb, rmask)
+                dmin = _f32(p4, r, K // 256, sb, rmask)
             w = (d * sc) * v.to(tl.float32) - dmin * mn
         elif QT == _Q6_K:
-            ql = _i32(p0, r * (K // 2) + sb * 128 + half * 64 + (run % 2) * 32 + lane, rmask)
-            qh = _i32(p1, r * (K // 4) + sb * 64 + half * 32 + lane, rmask)
+            ql = _i32(p0, r, K // 2, sb * 128 + half * 64 + (run % 2) * 32 + lane, rmask)
+            qh = _i32(p1, r, K // 4, sb * 64 + half * 32 + lane, rmask)
             v = ((ql >> ((run // 2) * 4).to(tl.int32)) & 15) | (((qh >> (2 * run).to(tl.int32)) & 3) << 4)
-            d = _f32(p3, r * (K // 256) + sb, rmask)
-            sc = _f32(p2, r * (K // 16) + e // 16, rmask)
+            d = _f32(p3, r, K // 256, sb, rmask)
+            sc = _f32(p2, r, K // 16, e // 16, rmask)
             w = (d * sc) * (v - 32).to(tl.float32)
         elif QT == _Q2_K:
-            b = _i32(p0, r * (K // 4) + sb * 64 + half * 32 + lane, rmask)
+            b = _i32(p0, r, K // 4, sb * 64 + half * 32 + lane, rmask)
             v = (b >> (2 * run).to(tl.int32)) & 3
-            s = _i32(p1, r * (K // 16) + e // 16, rmask)
-            d = _f32(p2, r * (K // 256) + sb, rmask)
-            dmin = _f32(p3, r * (K // 256) + sb, rmask)
+            s = _i32(p1, r, K // 16, e // 16, rmask)
+            d = _f32(p2, r, K // 256, sb, rmask)
+            dmin = _f32(p3, r, K // 256, sb, rmask)
             w = (d * (s & 15).to(tl.float32)) * v.to(tl.float32) - dmin * (s >> 4).to(tl.float32)
         else:  # Q3_K
-            b = _i32(p1, r * (K // 4) + sb * 64 + half * 32 + lane, rmask)
-            hm = _i32(p0, r * (K // 8) + sb * 32 + lane, rmask)
+            b = _i32(p1, r, K // 4, sb * 64 + half * 32 + lane, rmask)
+            hm = _i32(p0, r, K // 8, sb * 32 + lane, rmask)
             v = ((b >> (2 * run).to(tl.int32)) & 3) - 4 + 4 * ((hm >> (4 * half + run).to(tl.int32)) & 1)
-            d = _f32(p3, r * (K // 256) + sb, rmask)
-            sc = _f32(p2, r * (K // 16) + e // 16, rmask)
+            d = _f32(p3, r, K // 256, sb, rmask)
+            sc = _f32(p2, r, K // 16, e // 16, rmask)
             w = (d * sc) * v.to(tl.float32)
     return w
 

@@ -20,7 +20,7 @@ def _embedding_kernel(ids_ptr, y_ptr, p0, p1, p2, p3, p4, p5, T, K,
                       QT: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
     t = tl.program_id(0) * BT + tl.arange(0, BT)
     tmask = t < T
-    e = (tl.program_id(1) * BK + tl.arange(0, BK)).to(tl.int64)[None, :]
+    e = (tl.program_id(1) * BK + tl.arange(0, BK))[None, :]
     r = tl.load(ids_ptr + t, mask=tmask, other=0).to(tl.int64)[:, None]
     w = dequant_tile(QT, p0, p1, p2, p3, p4, p5, r, e, K, tmask[:, None])
     tl.store(y_ptr + t.to(tl.int64)[:, None] * K + e, w, mask=tmask[:, None])

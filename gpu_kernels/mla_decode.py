@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_TOKENS = 32
+BLOCK_TOKENS = 16
 
 
 @triton.jit(do_not_specialize=["NSPLIT"])
@@ -68,20 +68,21 @@ def _split_kernel(q_ptr, qr_ptr, cache_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr,
 
 
 @triton.jit(do_not_specialize=["NSPLIT"])
-def _merge_kernel(o_ptr, lse_ptr, out_ptr, NSPLIT, C: tl.constexpr, BSP: tl.constexpr):
-    bh = tl.program_id(0)
-    sp = tl.arange(0, BSP)
-    smask = sp < NSPLIT
-    lse = tl.load(lse_ptr + bh * NSPLIT + sp, mask=smask, other=float("-inf"))
-    top = tl.max(lse, axis=0)
-    top = tl.where(top == float("-inf"), 0.0, top)
-    w = tl.where(smask & (lse > float("-inf")), tl.exp(lse - top), 0.0)  # [BSP]
-    total = tl.sum(w, axis=0)
+def _merge_kernel(o_ptr, lse_ptr, out_ptr, NSPLIT, C: tl.constexpr):
+    bh = tl.program_id(0).to(tl.int64)
+    top = float("-inf")
+    for sp in range(0, NSPLIT):
+        top = tl.maximum(top, tl.load(lse_ptr + bh * NSPLIT + sp))
     c = tl.arange(0, C)
-    o = tl.load(o_ptr + (bh * NSPLIT + sp)[:, None].to(tl.int64) * C + c[None, :],
-                mask=smask[:, None], other=0.0)
-    res = tl.sum(o * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
-    tl.store(out_ptr + bh.to(tl.int64) * C + c, res)
+    acc = tl.zeros((C,), tl.float32)
+    total = 0.0
+    if top > float("-inf"):
+        for sp in range(0, NSPLIT):
+            lse = tl.load(lse_ptr + bh * NSPLIT + sp)
+            w = tl.exp(lse - top)  # 0 for an empty split (lse -inf)
+            acc += w * tl.load(o_ptr + (bh * NSPLIT + sp) * C + c)
+            total += w
+    tl.store(out_ptr + bh * C + c, acc / tl.maximum(total, 1e-30))
 
 
 def choose_splits(batch: int, heads: int, max_len: int, num_sms: int = 132) -> int:
@@ -113,8 +114,7 @@ def mla_decode(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor,
         page_size, scale, num_splits, C=c, R=r, BH=bh, BS=BLOCK_TOKENS, num_warps=8)
     out = out if out is not None else torch.empty(b, h, c, dtype=torch.float32,
                                                   device=q_lat.device)
-    _merge_kernel[(b * h,)](o_part, lse, out, num_splits, C=c,
-                            BSP=max(2, triton.next_power_of_2(num_splits)), num_warps=4)
+    _merge_kernel[(b * h,)](o_part, lse, out, num_splits, C=c, num_warps=4)
     return out
 
 

@@ -41,7 +41,7 @@ def _qmm_kernel(x_ptr, y_ptr, p0, p1, p2, p3, p4, p5, M, N, K, row0, gstride,
     x_row = x_ptr + g.to(tl.int64) * sxg + m.to(tl.int64)[:, None] * sxm  # [BM, 1]
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(0, K, BK):
-        e = (k0 + tl.arange(0, BK)).to(tl.int64)[None, :]  # [1, BK]
+        e = (k0 + tl.arange(0, BK))[None, :]  # [1, BK]
         w = dequant_tile(QT, p0, p1, p2, p3, p4, p5, r, e, K, nmask[:, None])  # [BN, BK]
         x = tl.load(x_row + e, mask=mmask[:, None], other=0.0)  # [BM, BK]
         if DOT:
@@ -59,7 +59,7 @@ def _qmm_t_kernel(x_ptr, y_ptr, p0, p1, p2, p3, p4, p5, M, N, K, row0, gstride,
     pid_k = tl.program_id(0)
     pid_m = tl.program_id(1)
     g = tl.program_id(2)
-    e = (pid_k * BK + tl.arange(0, BK)).to(tl.int64)[None, :]  # [1, BK]
+    e = (pid_k * BK + tl.arange(0, BK))[None, :]  # [1, BK]
     m = pid_m * BM + tl.arange(0, BM)
     mmask = m < M
     x_row = x_ptr + g.to(tl.int64) * sxg + m.to(tl.int64)[:, None] * sxm  # [BM, 1]
@@ -120,7 +120,7 @@ def qmatmul(x: torch.Tensor, w: GpuQuant, out_rows: int | None = None, row0: int
     grid = (triton.cdiv(n_rows, bn), triton.cdiv(m, bm), g)
     _qmm_kernel[grid](x3, y3, *plane_args(w.planes), m, n_rows, w.cols, row0, gstride,
                       x3.stride(0), x3.stride(1), y3.stride(0), y3.stride(1),
-                      QT=w.qtype, BM=bm, BN=bn, BK=_bk(w), DOT=dot, num_warps=4)
+                      QT=w.qtype, BM=bm, BN=bn, BK=_bk(w), DOT=dot, num_warps=8 if dot else 4)
     return y
 
 
@@ -139,7 +139,7 @@ def qmatmul_t(x: torch.Tensor, w: GpuQuant, in_rows: int, row0: int = 0, gstride
     grid = (w.cols // bk, triton.cdiv(m, bm), g)
     _qmm_t_kernel[grid](x3, y3, *plane_args(w.planes), m, in_rows, w.cols, row0, gstride,
                         x3.stride(0), x3.stride(1), y3.stride(0), y3.stride(1),
-                        QT=w.qtype, BM=bm, BN=bn, BK=bk, DOT=dot, num_warps=4)
+                        QT=w.qtype, BM=bm, BN=bn, BK=bk, DOT=dot, num_warps=8 if dot else 4)
     return y
 
 

@@ -1,0 +1,175 @@
+"""Compile every gpu_kernels kernel for a CUDA target without a GPU (Triton's own compiler and
+ptxas), and report each variant's registers, spills and shared memory.
+
+The interpreter (TRITON_INTERPRET=1) runs the kernels' arithmetic on a CPU but not the
+compiler: code the interpreter accepts can still fail to compile (a non-constexpr global, a
+block shape the layouts cannot take). `tests/gpu_kernels/test_compile.py` compiles every
+variant the engine launches for sm_90, so CI catches those on a machine without a GPU.
+
+    python -m gpu_kernels.compile_check [--arch 90]
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from gpu_kernels import qtypes as qt
+
+_TRITON_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
+                  torch.uint8: "u8", torch.int8: "i8", torch.int32: "i32", torch.int64: "i64"}
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    kernel: object  # a triton JITFunction
+    signature: dict[str, str]
+    constexprs: dict[str, object]
+    num_warps: int = 4
+
+
+def _plane_types(qtype: int) -> list[str]:
+    from gpu_kernels.qformat import to_planes
+
+    block = qt.block_size(qtype)
+    cols = 256 if block > 1 else 64
+    size = qt.BLOCK_GEOMETRY[qtype][1] * (cols // block) if block > 1 else cols * (
+        4 if qtype == qt.F32 else 2)
+    planes = to_planes(torch.zeros(2 * size, dtype=torch.uint8), qtype, 2, cols).planes
+    types = ["*" + _TRITON_DTYPES[p.dtype] for p in planes]
+    return types + [types[0]] * (6 - len(types))
+
+
+def _sig(names: str, types: list[str] | str) -> dict[str, str]:
+    names_l = names.split()
+    if isinstance(types, str):
+        types = types.split()
+    return dict(zip(names_l, types))
+
+
+def variants() -> Iterator[Variant]:
+    """Every kernel variant the engine launches (each type; decode and tensor-core tiles)."""
+    from gpu_kernels import embedding, fused, mla_decode, qmatmul, router
+
+    ints = "i32 " * 9
+    for qtype in qt.SUPPORTED:
+        planes = _plane_types(qtype)
+        names = "x_ptr y_ptr p0 p1 p2 p3 p4 p5 M N K row0 gstride sxm sxg sym syg"
+        sig = _sig(names, ["*fp32", "*fp32", *planes, *ints.split()])
+        for bm, bn, dot in ((1, 16, False), (8, 8, False), (16, 32, True), (64, 32, True)):
+            for kern in (qmatmul._qmm_kernel, qmatmul._qmm_t_kernel):
+                yield Variant(f"{kern.fn.__name__} {qt.name(qtype)} BM={bm}", kern,
+                              {**sig, **dict.fromkeys(["QT", "BM", "BN", "BK", "DOT"], "constexpr")},
+                              {"QT": qtype, "BM": bm, "BN": bn, "BK": 64, "DOT": dot},
+                              8 if dot else 4)
+        esig = _sig("ids_ptr y_ptr p0 p1 p2 p3 p4 p5 T K", ["*i64", "*fp32", *planes, "i32", "i32"])
+        yield Variant(f"embedding {qt.name(qtype)}", embedding._embedding_kernel,
+                      {**esig, "QT": "constexpr", "BT": "constexpr", "BK": "constexpr"},
+                      {"QT": qtype, "BT": 4, "BK": 64})
+    for heads in (16, 128):
+        sig = _sig("q_ptr qr_ptr cache_ptr table_ptr lens_ptr o_ptr lse_ptr H P page_size scale "
+                   "NSPLIT", "*fp32 *fp32 *bf16 *i64 *i64 *fp32 *fp32 i32 i32 i32 fp32 i32")
+        yield Variant(f"mla_decode split H={heads}", mla_decode._split_kernel,
+                      {**sig, "C": "constexpr", "R": "constexpr", "BH": "constexpr",
+                       "BS": "constexpr"},
+                      {"C": 512, "R": 64, "BH": 16, "BS": mla_decode.BLOCK_TOKENS}, 8)
+    yield Variant("mla_decode merge", mla_decode._merge_kernel,
+                  {**_sig("o_ptr lse_ptr out_ptr NSPLIT", "*fp32 *fp32 *fp32 i32"),
+                   "C": "constexpr"}, {"C": 512})
+    for h in (2048, 7168):
+        yield Variant(f"add_rmsnorm H={h}", fused._add_rmsnorm_kernel,
+                      {**_sig("x_ptr d_ptr d2_ptr w_ptr y_ptr H eps",
+                              "*fp32 *fp32 *fp32 *fp32 *fp32 i32 fp32"),
+                       "HAS_D": "constexpr", "HAS_D2": "constexpr", "BH": "constexpr"},
+                      {"HAS_D": True, "HAS_D2": True, "BH": 8192 if h > 4096 else 2048},
+                      8 if h > 4096 else 4)
+    yield Variant("rope_cache", fused._rope_cache_kernel,
+                  {**_sig("q_ptr kv_ptr pos_ptr slot_ptr nw_ptr inv_ptr cache_ptr NH q_stride "
+                          "NOPE eps rope_scale",
+                          "*fp32 *fp32 *i64 *i64 *fp32 *fp32 *bf16 i32 i32 i32 fp32 fp32"),
+                   "C": "constexpr", "R": "constexpr", "BHEADS": "constexpr"},
+                  {"C": 512, "R": 64, "BHEADS": 16})
+    yield Variant("silu_mul", fused._silu_mul_kernel,
+                  {**_sig("gu_ptr y_ptr N I", "*fp32 *fp32 i32 i32"), "BI": "constexpr"},
+                  {"BI": 1024})
+    for e, k, groups in ((64, 6, 1), (256, 8, 8), (384, 8, 1)):
+        be = 1 << (e - 1).bit_length()
+        yield Variant(f"route E={e}", router._route_kernel,
+                      {**_sig("logit_ptr bias_ptr w_ptr id_ptr E scale",
+                              "*fp32 *fp32 *fp32 *i64 i32 fp32"),
+                       **dict.fromkeys(["SIGMOID", "HAS_BIAS", "NORM", "K", "KP", "G", "TOPK_G",
+                                        "BE", "PER"], "constexpr")},
+                      {"SIGMOID": groups > 1, "HAS_BIAS": groups > 1, "NORM": groups > 1,
+                       "K": k, "KP": 8, "G": groups, "TOPK_G": 4 if groups > 1 else 1,
+                       "BE": be, "PER": be // groups})
+
+
+def compile_variant(v: Variant, arch: int = 90) -> dict:
+    """Compile to a cubin for sm_<arch>; -> registers, spills, shared memory bytes."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    src = ASTSource(fn=v.kernel, signature=v.signature, constexprs=v.constexprs)
+    k = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                       options={"num_warps": v.num_warps})
+    return {"name": v.name, **_ptxas_report(k.asm["ptx"], arch), "shared": k.metadata.shared}
+
+
+def _ptxas_report(ptx: str, arch: int) -> dict:
+    """Registers and spilled bytes of a kernel, from `ptxas -v` (the one triton ships)."""
+    import re
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import shutil
+
+    import triton
+
+    bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    # the newest first: triton's PTX version may be newer than its older bundled ptxas
+    candidates = [shutil.which("ptxas"), bundled / "ptxas-blackwell", bundled / "ptxas"]
+    target = re.search(r"\.target (\S+)", ptx).group(1)  # sm_90a for arch 90
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "k.ptx"
+        path.write_text(ptx)
+        for binary in filter(None, candidates):
+            res = subprocess.run([str(binary), f"-arch={target}", "-v", str(path), "-o",
+                                  str(Path(d) / "k.o")], capture_output=True, text=True)
+            if res.returncode == 0:
+                break
+        else:
+            raise RuntimeError(f"no ptxas here assembles this PTX: {res.stderr[-500:]}")
+    regs = re.search(r"Used (\d+) registers", res.stderr)
+    spill = re.search(r"(\d+) bytes spill stores", res.stderr)
+    return {"regs": int(regs.group(1)) if regs else -1,
+            "spills": int(spill.group(1)) if spill else 0}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", type=int, default=90)
+    ap.add_argument("--match", default="", help="only variants whose name contains this")
+    args = ap.parse_args()
+    failed = 0
+    for v in variants():
+        if args.match not in v.name:
+            continue
+        try:
+            r = compile_variant(v, args.arch)
+        except Exception as e:  # noqa: BLE001 - reported, and the exit status says so
+            failed += 1
+            print(f"{v.name:40} FAILED: {str(e).strip()[:2000]}", flush=True)
+            continue
+        print(f"{r['name']:40} regs {r['regs']:4} spills {r['spills']:5} "
+              f"shared {r['shared']:6}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
