@@ -71,13 +71,13 @@ def _split_kernel(q_ptr, qr_ptr, cache_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr,
 def _merge_kernel(o_ptr, lse_ptr, out_ptr, NSPLIT, C: tl.constexpr):
     bh = tl.program_id(0).to(tl.int64)
     top = float("-inf")
-    for sp in range(0, NSPLIT):
+    for sp in range(NSPLIT):
         top = tl.maximum(top, tl.load(lse_ptr + bh * NSPLIT + sp))
     c = tl.arange(0, C)
     acc = tl.zeros((C,), tl.float32)
     total = 0.0
     if top > float("-inf"):
-        for sp in range(0, NSPLIT):
+        for sp in range(NSPLIT):
             lse = tl.load(lse_ptr + bh * NSPLIT + sp)
             w = tl.exp(lse - top)  # 0 for an empty split (lse -inf)
             acc += w * tl.load(o_ptr + (bh * NSPLIT + sp) * C + c)

@@ -16,7 +16,8 @@ def test_every_variant_compiles_for_sm90() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
     res = subprocess.run([sys.executable, "-m", "gpu_kernels.compile_check", "--arch", "90"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+                         check=False)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     lines = [ln for ln in res.stdout.splitlines() if " regs " in ln]
     assert len(lines) >= 100, res.stdout[-2000:]
