@@ -53,19 +53,26 @@ def _sig(names: str, types: list[str] | str) -> dict[str, str]:
 
 def variants() -> Iterator[Variant]:
     """Every kernel variant the engine launches (each type; decode and tensor-core tiles)."""
-    from gpu_kernels import embedding, fused, mla_decode, qmatmul, router
+    from gpu_kernels import embedding, fused, mla_decode, qdot, qmatmul, router
 
     ints = "i32 " * 9
     for qtype in qt.SUPPORTED:
         planes = _plane_types(qtype)
         names = "x_ptr y_ptr p0 p1 p2 p3 p4 p5 M N K row0 gstride sxm sxg sym syg"
         sig = _sig(names, ["*fp32", "*fp32", *planes, *ints.split()])
-        for bm, bn, dot in ((1, 16, False), (8, 8, False), (16, 32, True), (64, 32, True)):
-            for kern in (qmatmul._qmm_kernel, qmatmul._qmm_t_kernel):
-                yield Variant(f"{kern.fn.__name__} {qt.name(qtype)} BM={bm}", kern,
-                              {**sig, **dict.fromkeys(["QT", "BM", "BN", "BK", "DOT"], "constexpr")},
-                              {"QT": qtype, "BM": bm, "BN": bn, "BK": 64, "DOT": dot},
-                              8 if dot else 4)
+        for m in (1, 8, 16, 64):
+            bm, dot = qmatmul._tiles(m)
+            bn, step, warps = qmatmul._product_tiles(qtype, m, dot, None)
+            nc = qdot.chunks_per_step(qtype, 2048, max(1, step // qdot.CHUNK[qtype]))
+            yield Variant(f"qmatmul {qt.name(qtype)} M={m}", qmatmul._qmm_kernel,
+                          {**sig, **dict.fromkeys(["QT", "BM", "BN", "NC", "STEP", "DOT"],
+                                                  "constexpr")},
+                          {"QT": qtype, "BM": bm, "BN": bn, "NC": nc,
+                           "STEP": nc * qdot.CHUNK[qtype], "DOT": dot}, warps)
+            yield Variant(f"qmatmul_t {qt.name(qtype)} M={m}", qmatmul._qmm_t_kernel,
+                          {**sig, **dict.fromkeys(["QT", "BM", "BN", "BK", "DOT"], "constexpr")},
+                          {"QT": qtype, "BM": bm, "BN": 32 if dot else 16, "BK": 64,
+                           "DOT": dot}, 8 if dot else 4)
         esig = _sig("ids_ptr y_ptr p0 p1 p2 p3 p4 p5 T K", ["*i64", "*fp32", *planes, "i32", "i32"])
         yield Variant(f"embedding {qt.name(qtype)}", embedding._embedding_kernel,
                       {**esig, "QT": "constexpr", "BT": "constexpr", "BK": "constexpr"},

@@ -9,8 +9,8 @@ block of heads and reads each cache row once for all of them. Long sequences are
 `num_splits` programs (flash-decoding); a second kernel merges the splits by their
 log-sum-exp. The split count is fixed at launch while the lengths are read on the device, so
 one launch (or one captured CUDA graph) serves sequences of any length. A sequence of length 0
-(a padding row) gets zeros. Products run on tensor cores in tf32 (bf16 cache rows are exact in
-tf32); softmax and sums in fp32.
+(a padding row) gets zeros. Products run on tensor cores in tf32x3 (fp32 accuracy; bf16 cache
+rows are exact in it); softmax and sums in fp32.
 """
 
 from __future__ import annotations
@@ -50,14 +50,14 @@ def _split_kernel(q_ptr, qr_ptr, cache_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr,
         kv = tl.load(cache_ptr + slot[:, None] + c[None, :], mask=tmask[:, None], other=0.0)
         kr = tl.load(cache_ptr + slot[:, None] + C + rr[None, :], mask=tmask[:, None], other=0.0)
         kv = kv.to(tl.float32)
-        s = tl.dot(q, tl.trans(kv), input_precision="tf32")
-        s += tl.dot(qr, tl.trans(kr.to(tl.float32)), input_precision="tf32")
+        s = tl.dot(q, tl.trans(kv), input_precision="tf32x3")
+        s += tl.dot(qr, tl.trans(kr.to(tl.float32)), input_precision="tf32x3")
         s = tl.where(tmask[None, :], s * scale, float("-inf"))  # [BH, BS]
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         p = tl.exp(s - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p, kv, input_precision="tf32")
+        acc = acc * alpha[:, None] + tl.dot(p, kv, input_precision="tf32x3")
         m_i = m_new
     row = (b * H + h) * NSPLIT + sp  # [BH]
     has = l_i > 0

@@ -8,8 +8,10 @@ kv_b, k_b or v_b), row0 skips rows (the value half of a legacy kv_b). x and y ar
 
 How a tile is multiplied depends on the token count M:
 - M <= 8 (decode): fp32 products summed over k in registers: exact to fp32 rounding.
-- M > 8: tensor cores, `tl.dot` on tf32 operands (~3e-4 relative error per product).
+- M > 8: tensor cores, `tl.dot` in tf32x3 (three tf32 products: fp32 accuracy, ~1e-6).
 The weights are read once per program and M-block: decode reads each weight once.
+qmatmul's per-type bodies are qdot.py's (wide loads of the packed codes); qmatmul_t reads
+dequant_tile.py's gathered tiles (only MLA's legacy kv_b absorption uses it).
 `qmatmul_ref` and `qmatmul_t_ref` (torch on the reference dequantization) define the result.
 """
 
@@ -21,6 +23,7 @@ import triton.language as tl
 
 from gpu_kernels.dequant_ref import dequantize
 from gpu_kernels.dequant_tile import dequant_tile, plane_args
+from gpu_kernels.qdot import CHUNK, chunks_per_step, qdot_step
 from gpu_kernels.qformat import GpuQuant
 
 DOT_MIN_TOKENS = 9  # from this many tokens on, tiles go through tensor cores
@@ -29,7 +32,7 @@ DOT_MIN_TOKENS = 9  # from this many tokens on, tiles go through tensor cores
 @triton.jit(do_not_specialize=["M"])
 def _qmm_kernel(x_ptr, y_ptr, p0, p1, p2, p3, p4, p5, M, N, K, row0, gstride,
                 sxm, sxg, sym, syg, QT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                BK: tl.constexpr, DOT: tl.constexpr):
+                NC: tl.constexpr, STEP: tl.constexpr, DOT: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     g = tl.program_id(2)
@@ -37,17 +40,12 @@ def _qmm_kernel(x_ptr, y_ptr, p0, p1, p2, p3, p4, p5, M, N, K, row0, gstride,
     m = pid_m * BM + tl.arange(0, BM)  # [BM]
     nmask = n < N
     mmask = m < M
-    r = (row0 + g * gstride + n).to(tl.int64)[:, None]  # [BN, 1]
+    r = (row0 + g * gstride + n).to(tl.int64)[:, None, None]  # [BN, 1, 1]
     x_row = x_ptr + g.to(tl.int64) * sxg + m.to(tl.int64)[:, None] * sxm  # [BM, 1]
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        e = (k0 + tl.arange(0, BK))[None, :]  # [1, BK]
-        w = dequant_tile(QT, p0, p1, p2, p3, p4, p5, r, e, K, nmask[:, None])  # [BN, BK]
-        x = tl.load(x_row + e, mask=mmask[:, None], other=0.0)  # [BM, BK]
-        if DOT:
-            acc += tl.dot(x, tl.trans(w), input_precision="tf32")
-        else:
-            acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
+    for k0 in range(0, K, STEP):
+        acc = qdot_step(QT, acc, x_row, mmask, p0, p1, p2, p3, p4, p5, r,
+                        nmask[:, None, None], K, k0, NC, DOT)
     y = y_ptr + g.to(tl.int64) * syg + m.to(tl.int64)[:, None] * sym + n[None, :]
     tl.store(y, acc, mask=mmask[:, None] & nmask[None, :])
 
@@ -71,7 +69,7 @@ def _qmm_t_kernel(x_ptr, y_ptr, p0, p1, p2, p3, p4, p5, M, N, K, row0, gstride,
         w = dequant_tile(QT, p0, p1, p2, p3, p4, p5, r, e, K, nmask[:, None])  # [BN, BK]
         x = tl.load(x_row + n[None, :], mask=mmask[:, None] & nmask[None, :], other=0.0)  # [BM, BN]
         if DOT:
-            acc += tl.dot(x, w, input_precision="tf32")
+            acc += tl.dot(x, w, input_precision="tf32x3")
         else:
             acc += tl.sum(x[:, :, None] * w[None, :, :], axis=1)
     y = y_ptr + g.to(tl.int64) * syg + m.to(tl.int64)[:, None] * sym + e
@@ -106,8 +104,10 @@ def _tiles(m: int) -> tuple[int, bool]:
 
 
 def qmatmul(x: torch.Tensor, w: GpuQuant, out_rows: int | None = None, row0: int = 0,
-            gstride: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x: [M, K] or [M, G, K] -> [M, N] or [M, G, N] fp32, N = out_rows (default all rows)."""
+            gstride: int = 0, out: torch.Tensor | None = None,
+            tiles: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """x: [M, K] or [M, G, K] -> [M, N] or [M, G, N] fp32, N = out_rows (default all rows).
+    `tiles` (rows per program, weights per K step, warps) overrides the defaults (tuning)."""
     n_rows = w.rows - row0 if out_rows is None else out_rows
     x = _check(x, w, w.cols)
     x3 = _as_3d(x)
@@ -116,12 +116,29 @@ def qmatmul(x: torch.Tensor, w: GpuQuant, out_rows: int | None = None, row0: int
                                                  device=x.device)
     y3 = y.reshape(m, g, n_rows)
     bm, dot = _tiles(m)
-    bn = 32 if dot else (16 if m <= 2 else 8)
+    bn, step, warps = _product_tiles(w.qtype, m, dot, tiles)
+    nc = chunks_per_step(w.qtype, w.cols, max(1, step // CHUNK[w.qtype]))
     grid = (triton.cdiv(n_rows, bn), triton.cdiv(m, bm), g)
     _qmm_kernel[grid](x3, y3, *plane_args(w.planes), m, n_rows, w.cols, row0, gstride,
                       x3.stride(0), x3.stride(1), y3.stride(0), y3.stride(1),
-                      QT=w.qtype, BM=bm, BN=bn, BK=_bk(w), DOT=dot, num_warps=8 if dot else 4)
+                      QT=w.qtype, BM=bm, BN=bn, NC=nc, STEP=nc * CHUNK[w.qtype], DOT=dot,
+                      num_warps=warps)
     return y
+
+
+# (rows per program, weights per K step, warps): decode reads each row once, so many small
+# programs keep enough loads in flight; tensor-core tiles take more rows and fewer steps
+DECODE_TILES = (4, 256, 4)
+DOT_TILES = (32, 64, 8)
+
+
+def _product_tiles(qtype: int, m: int, dot: bool, tiles: tuple[int, int, int] | None
+                   ) -> tuple[int, int, int]:
+    bn, step, warps = tiles or (DOT_TILES if dot else DECODE_TILES)
+    if dot:
+        # tl.dot's smallest tile is 16; types whose step is 128 wide take 16 rows (no spills)
+        bn = 16 if CHUNK[qtype] > step else max(bn, 16)
+    return bn, max(step, CHUNK[qtype]), warps
 
 
 def qmatmul_t(x: torch.Tensor, w: GpuQuant, in_rows: int, row0: int = 0, gstride: int = 0,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -60,17 +61,41 @@ def rules_with_mode(rules: str, mode: str | None) -> str:
 
 
 class ExpertClock:
-    """Sums the wall time of every CPU experts call (ExpertsOp.run_host) while installed."""
+    """Times every CPU experts call (ExpertsOp.run_host) while installed: wall time from the
+    call to its return, and the kernels' own time between their cycle stamps (the rest is the
+    pool's wake-up and hand-back)."""
 
     def __init__(self) -> None:
-        self.seconds = 0.0
-        self._orig = ExpertsOp.run_host
+        from cpu_kernels.clock import cycles_per_us
 
-        def timed(op, *args):
+        self.calls: list[float] = []
+        self.kernels: list[float] = []
+        self._orig = ExpertsOp.run_host
+        rate = cycles_per_us()
+
+        def timed(op, x, ids, w, out):
             t = time.perf_counter()
-            self._orig(op, *args)
-            self.seconds += time.perf_counter() - t
+            if op.pool is None:
+                self._orig(op, x, ids, w, out)
+            else:
+                job = op.pool.submit(x, ids, w, op.placed, out)
+                job.wait()
+                s = job.stamps
+                self.kernels.append(float(s[:, 2].max() - s[:, 1].min()) / rate * 1e-6)
+            self.calls.append(time.perf_counter() - t)
         ExpertsOp.run_host = timed
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.calls)
+
+    def medians_us(self) -> dict:
+        import statistics
+
+        out = {"call_us": statistics.median(self.calls) * 1e6 if self.calls else 0.0}
+        if self.kernels:
+            out["kernel_us"] = statistics.median(self.kernels) * 1e6
+        return out
 
     def close(self) -> None:
         ExpertsOp.run_host = self._orig
@@ -95,7 +120,7 @@ def decode(llm: LLM, streams: int, prompt_len: int, gen: int) -> dict:
     tokens = sum(r.num_output_tokens for r in reqs) - before
     return {"streams": streams, "tok_s": tokens / dt, "step_ms": dt / steps * 1e3,
             "experts_ms": clock.seconds / steps * 1e3,
-            "gpu_share": 1 - clock.seconds / dt}
+            "gpu_share": 1 - clock.seconds / dt, **clock.medians_us()}
 
 
 def prefill(llm: LLM, n: int) -> dict:
@@ -138,7 +163,7 @@ def main() -> int:
     streams = [int(n) for n in args.streams.split(",")]
     result: dict = {"model": Path(path).name, "rules": args.optimize_rules, "mode": args.mode}
     if args.llama_bench:
-        threads = args.threads or 16
+        threads = args.threads or (os.cpu_count() or 2)
         result["llama"] = llama_bench(args.llama_bench, path, threads, prompts, args.gen)
         print("llama.cpp:", result["llama"], flush=True)
     t = time.perf_counter()
@@ -165,22 +190,27 @@ def main() -> int:
 def print_table(r: dict) -> None:
     llama = r.get("llama", {})
     print(f"\n{r['model']}, {r['rules']}, experts {r['mode'] or 'as in the rules'}")
-    print("| row | hybrid tok/s | llama.cpp tok/s | ratio | step ms | experts ms | GPU share |")
-    print("|---|---|---|---|---|---|---|")
+    print("| row | hybrid tok/s | llama.cpp tok/s | ratio | step ms | experts ms | GPU share | "
+          "experts call / kernel us |")
+    print("|---|---|---|---|---|---|---|---|")
     for d in r["decode"]:
         peer = llama.get(next((k for k in llama if k.startswith("tg")), ""), None)
         peer = peer if d["streams"] == 1 else None
         print(f"| decode x{d['streams']} | {d['tok_s']:.1f} | {_f(peer)} | "
               f"{_ratio(d['tok_s'], peer)} | {d['step_ms']:.2f} | {d['experts_ms']:.2f} | "
-              f"{d['gpu_share']:.0%} |")
+              f"{d['gpu_share']:.0%} | {_calls(d)} |")
     if "decode_eager" in r:
         d = r["decode_eager"]
         print(f"| decode x1, no CUDA graphs | {d['tok_s']:.1f} | | | {d['step_ms']:.2f} | "
-              f"{d['experts_ms']:.2f} | {d['gpu_share']:.0%} |")
+              f"{d['experts_ms']:.2f} | {d['gpu_share']:.0%} | {_calls(d)} |")
     for p in r["prefill"]:
         peer = llama.get(f"pp{p['tokens']}")
         print(f"| prefill {p['tokens']} | {p['tok_s']:.0f} | {_f(peer)} | "
-              f"{_ratio(p['tok_s'], peer)} | | | |")
+              f"{_ratio(p['tok_s'], peer)} | | | | |")
+
+
+def _calls(d: dict) -> str:
+    return f"{d.get('call_us', 0):.0f} / {d.get('kernel_us', 0):.0f}"
 
 
 def _f(v: float | None) -> str:

@@ -33,6 +33,6 @@ if [[ $WHAT == *llama* ]]; then
   wait $BUILD && LB="--llama-bench /tmp/lcb/bin/llama-bench" || tail -20 "$OUT/llama-build.log"
 fi
 if [[ $WHAT == *bench* ]]; then
-  timeout ${BENCH_TIMEOUT:-400} python3 scripts/bench_e2e.py --mode fast --threads 16 $LB \
+  timeout ${BENCH_TIMEOUT:-400} python3 scripts/bench_e2e.py --mode fast $LB \
     ${BENCH_ARGS:-} --json "$OUT/e2e.json" 2>&1 | tee "$OUT/e2e.log" | tail -25
 fi

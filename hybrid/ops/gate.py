@@ -9,6 +9,7 @@ from torch import nn
 
 from hybrid.model.spec import ModelSpec
 from hybrid.ops.context import BuildContext
+from hybrid.ops.weights import uses_gpu_kernels
 
 
 def route(logits: torch.Tensor, bias: torch.Tensor | None, spec: ModelSpec
@@ -30,7 +31,7 @@ class GateOp(nn.Module):
         self.weight = ctx.weight("weight", "f32").get()  # [E, H]
         self.bias = ctx.weight("e_score_correction_bias", "f32").get() if ctx.spec.is_v3 else None
         self.quant = None  # on CUDA: the weight as a gpu_kernels F32 matrix
-        if self.device.type == "cuda":
+        if uses_gpu_kernels(self.device):
             from gpu_kernels.qformat import GpuQuant
             from gpu_kernels.qtypes import F32
 

@@ -46,6 +46,7 @@ class RMSNormOp(nn.Module):
         self.device = ctx.device
         self.weight = ctx.weight("weight", "f32").get()  # [D]
         self.eps = ctx.spec.rms_norm_eps
+        self.kernels = uses_gpu_kernels(self.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.to(self.device, torch.float32)
@@ -54,7 +55,7 @@ class RMSNormOp(nn.Module):
 
     def add_norm(self, x: torch.Tensor, *deltas: torch.Tensor) -> torch.Tensor:
         """x += sum(deltas), in place (x: [N, D] f32 on this op's device); -> RMSNorm(x)."""
-        if uses_gpu_kernels(self.device) and len(deltas) <= 2:
+        if self.kernels and len(deltas) <= 2:
             from gpu_kernels.fused import add_rmsnorm
 
             return add_rmsnorm(x, self.weight, self.eps, *[d.to(x.device) for d in deltas])
@@ -66,7 +67,7 @@ class RMSNormOp(nn.Module):
 def linear(x: torch.Tensor, weight: Weight) -> torch.Tensor:
     """x: [..., in] -> [..., out] in fp32 (weights upcast, or quantized products on CUDA)."""
     quant = weight.quant
-    if quant is not None and len(quant) == 1 and x.is_cuda:
+    if quant is not None and len(quant) == 1 and x.device == weight.device:
         from gpu_kernels.qmatmul import qmatmul
 
         q = quant[0]
@@ -97,7 +98,7 @@ class MLPOp(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.to(self.device)
-        if self.gate_up is not None and h.is_cuda:
+        if self.gate_up is not None:
             from gpu_kernels.fused import silu_mul
             from gpu_kernels.qmatmul import qmatmul
 

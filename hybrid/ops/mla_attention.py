@@ -25,6 +25,7 @@ from hybrid.ops.context import BuildContext
 from hybrid.ops.layers import linear
 from hybrid.ops.mla_paged import attend, causal_mask, paged_attention
 from hybrid.ops.rotary import yarn_inv_freq, yarn_mscale
+from hybrid.ops.weights import uses_gpu_kernels
 
 _KV_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
@@ -68,7 +69,7 @@ class MLAAttentionOp(nn.Module):
             self.scale *= m * m
         inv_freq, self.rope_scale = yarn_inv_freq(s)
         self.inv_freq = inv_freq.to(self.device)  # [rope / 2]
-        self.on_gpu = self.device.type == "cuda"
+        self.on_gpu = uses_gpu_kernels(self.device)  # gpu_kernels (else torch)
         # legacy kv_b [h*(nope+v), c] is one matrix; the MLA layout's k_b [h*c, nope] and
         # v_b [h*v, c] are two (only as GGUF blocks: a dense kv_b is the legacy form)
         quant = self.kv_b.quant
@@ -121,7 +122,7 @@ class MLAAttentionOp(nn.Module):
                    self.rope_scale, self.eps, cache, self.nope)  # q's rope dims rotated in place
         q_lat = self._absorb(q[..., :self.nope])  # [N, h, c]
         o_lat = paged_attention(q_lat, q[..., self.nope:].contiguous(), cache, fb, self.scale,
-                                num_splits)
+                                num_splits, self.on_gpu)
         o = self._values(o_lat).reshape(n, self.heads * self.v)
         return linear(o, self.o_proj).to(h.device)
 

@@ -31,16 +31,18 @@ def causal_mask(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
 
 
 def paged_attention(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor, fb,
-                    scale: float, num_splits: int | None = None) -> torch.Tensor:
+                    scale: float, num_splits: int | None = None, kernels: bool = False
+                    ) -> torch.Tensor:
     """q_lat [N, h, c], q_rope [N, h, r] fp32; cache [slots, c + r] with this step's tokens
     already written; fb: the step's ForwardBatch on this device -> o_c [N, h, c] fp32.
     `num_splits` fixes the decode kernel's split count (a CUDA graph's, sized for the longest
-    sequence the cache can hold); by default it follows this step's longest sequence."""
+    sequence the cache can hold); by default it follows this step's longest sequence.
+    `kernels`: decode rows through gpu_kernels.mla_decode (else torch)."""
     n, h, c = q_lat.shape
     b = fb.num_decodes
     out = torch.empty(n, h, c, dtype=torch.float32, device=q_lat.device)
     if b:
-        if q_lat.is_cuda:
+        if kernels:
             from gpu_kernels.mla_decode import choose_splits, mla_decode
 
             splits = num_splits or choose_splits(b, h, max(fb.max_decode_len, 1))

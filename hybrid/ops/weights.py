@@ -28,7 +28,13 @@ class _Raw:
 
 
 def uses_gpu_kernels(device: torch.device) -> bool:
-    return device.type == "cuda"
+    """Whether operators on `device` run gpu_kernels: on CUDA, and on the CPU under
+    HYBRID_GPU_KERNELS_ON_CPU=1 (Triton's interpreter; tests of the GPU path)."""
+    if device.type == "cuda":
+        return True
+    from hybrid.env import Env
+
+    return device.type == "cpu" and Env.read().gpu_kernels_on_cpu
 
 
 class Weight:
