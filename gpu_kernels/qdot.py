@@ -29,17 +29,25 @@ _Q6_K = tl.constexpr(qt.Q6_K)
 CHUNK = {qt.F32: 32, qt.F16: 32, qt.BF16: 32, qt.Q8_0: 32, qt.Q4_0: 32, qt.Q4_1: 32,
          qt.Q5_0: 32, qt.Q5_1: 32, qt.Q4_K: 64, qt.Q5_K: 64, qt.Q6_K: 128, qt.Q2_K: 128,
          qt.Q3_K: 128}
+# columns per part of a chunk (a chunk is CHUNK / PART parts of consecutive columns)
+PART = {qt.F32: 32, qt.F16: 32, qt.BF16: 32, qt.Q8_0: 32, qt.Q4_0: 16, qt.Q4_1: 16,
+        qt.Q5_0: 16, qt.Q5_1: 16, qt.Q4_K: 32, qt.Q5_K: 32, qt.Q6_K: 64, qt.Q2_K: 32,
+        qt.Q3_K: 32}
 
 
 @triton.jit
 def _mac(acc, w, x_row, xcol, mmask, NC: tl.constexpr, S: tl.constexpr, DOT: tl.constexpr):
-    """acc [BM, BN] += x[:, xcol] @ w^T. w: [BN, NC, S] f32; xcol: [NC, S] int32 columns."""
+    """acc += x[:, xcol] * w. w: [BN, NC, S] f32; xcol: [NC, S] int32 columns of x.
+
+    DOT: acc [BM, BN] += x @ w^T on tensor cores. Otherwise acc [BM, BN, NC * S] gathers the
+    products elementwise and the kernel sums them once after its K loop: a reduction across
+    threads in every step would put a barrier in every step."""
     w2 = tl.reshape(w, (w.shape[0], NC * S))
     x = tl.load(x_row + tl.reshape(xcol, (1, NC * S)), mask=mmask[:, None], other=0.0)
     if DOT:
         acc += tl.dot(x, tl.trans(w2), input_precision="tf32x3")
     else:
-        acc += tl.sum(x[:, None, :] * w2[None, :, :], axis=2)
+        acc += x[:, None, :] * w2[None, :, :]
     return acc
 
 
@@ -63,7 +71,8 @@ def _k4_scales(sc_p, mn_p, d_p, dm_p, r, rmask, K, j):
 @triton.jit
 def qdot_step(QT: tl.constexpr, acc, x_row, mmask, p0, p1, p2, p3, p4, p5, r, rmask, K, k0,
               NC: tl.constexpr, DOT: tl.constexpr):
-    """acc [BM, BN] += x[:, k0 : k0 + NC * CHUNK[QT]] @ W[r, same]^T.
+    """acc += x[:, k0 : k0 + NC * CHUNK[QT]] times W[r, same] (see _mac for acc's shape; its
+    last dimension is NC * PART[QT] without DOT).
 
     r: [BN, 1, 1] int64 rows, rmask the same shape; x_row: [BM, 1] pointers to x's rows."""
     c3 = tl.arange(0, NC)[None, :, None]  # [1, NC, 1] chunk

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from gpu_kernels.dequant_ref import dequantize
 from gpu_kernels.dequant_tile import dequant_tile, plane_args
-from gpu_kernels.qdot import CHUNK, chunks_per_step, qdot_step
+from gpu_kernels.qdot import CHUNK, PART, chunks_per_step, qdot_step
 from gpu_kernels.qformat import GpuQuant
 
 DOT_MIN_TOKENS = 9  # from this many tokens on, tiles go through tensor cores
@@ -32,7 +32,7 @@ DOT_MIN_TOKENS = 9  # from this many tokens on, tiles go through tensor cores
 @triton.jit(do_not_specialize=["M"])
 def _qmm_kernel(x_ptr, y_ptr, p0, p1, p2, p3, p4, p5, M, N, K, row0, gstride,
                 sxm, sxg, sym, syg, QT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                NC: tl.constexpr, STEP: tl.constexpr, DOT: tl.constexpr):
+                NC: tl.constexpr, STEP: tl.constexpr, L: tl.constexpr, DOT: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     g = tl.program_id(2)
@@ -42,10 +42,15 @@ def _qmm_kernel(x_ptr, y_ptr, p0, p1, p2, p3, p4, p5, M, N, K, row0, gstride,
     mmask = m < M
     r = (row0 + g * gstride + n).to(tl.int64)[:, None, None]  # [BN, 1, 1]
     x_row = x_ptr + g.to(tl.int64) * sxg + m.to(tl.int64)[:, None] * sxm  # [BM, 1]
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if DOT:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BM, BN, L), dtype=tl.float32)  # products, summed after the loop
     for k0 in range(0, K, STEP):
         acc = qdot_step(QT, acc, x_row, mmask, p0, p1, p2, p3, p4, p5, r,
                         nmask[:, None, None], K, k0, NC, DOT)
+    if not DOT:
+        acc = tl.sum(acc, axis=2)
     y = y_ptr + g.to(tl.int64) * syg + m.to(tl.int64)[:, None] * sym + n[None, :]
     tl.store(y, acc, mask=mmask[:, None] & nmask[None, :])
 
@@ -116,25 +121,29 @@ def qmatmul(x: torch.Tensor, w: GpuQuant, out_rows: int | None = None, row0: int
                                                  device=x.device)
     y3 = y.reshape(m, g, n_rows)
     bm, dot = _tiles(m)
-    bn, step, warps = _product_tiles(w.qtype, m, dot, tiles)
+    bn, step, warps = _product_tiles(w.qtype, bm, dot, tiles)
     nc = chunks_per_step(w.qtype, w.cols, max(1, step // CHUNK[w.qtype]))
     grid = (triton.cdiv(n_rows, bn), triton.cdiv(m, bm), g)
     _qmm_kernel[grid](x3, y3, *plane_args(w.planes), m, n_rows, w.cols, row0, gstride,
                       x3.stride(0), x3.stride(1), y3.stride(0), y3.stride(1),
-                      QT=w.qtype, BM=bm, BN=bn, NC=nc, STEP=nc * CHUNK[w.qtype], DOT=dot,
-                      num_warps=warps)
+                      QT=w.qtype, BM=bm, BN=bn, NC=nc, STEP=nc * CHUNK[w.qtype],
+                      L=nc * PART[w.qtype], DOT=dot, num_warps=warps)
     return y
 
 
-# (rows per program, weights per K step, warps): decode reads each row once, so many small
-# programs keep enough loads in flight; tensor-core tiles take more rows and fewer steps
-DECODE_TILES = (4, 256, 4)
+# (rows per program, weights per K step, warps). Decode is bound by memory latency: a step of
+# 8 rows x 1024 weights is 16 bytes of Q4_K codes per thread, one wide load each, and the
+# products stay in registers until the end (BM tokens take a step 1/BM as long). Tensor-core
+# tiles take more rows and shorter steps.
+DECODE_TILES = (8, 1024, 8)
 DOT_TILES = (32, 64, 8)
 
 
-def _product_tiles(qtype: int, m: int, dot: bool, tiles: tuple[int, int, int] | None
+def _product_tiles(qtype: int, bm: int, dot: bool, tiles: tuple[int, int, int] | None
                    ) -> tuple[int, int, int]:
     bn, step, warps = tiles or (DOT_TILES if dot else DECODE_TILES)
+    if not dot:
+        step = step // bm
     if dot:
         # tl.dot's smallest tile is 16; types whose step is 128 wide take 16 rows (no spills)
         bn = 16 if CHUNK[qtype] > step else max(bn, 16)

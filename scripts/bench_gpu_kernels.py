@@ -33,6 +33,10 @@ TYPES = {"Q4_K": 12, "Q6_K": 14, "Q8_0": 8, "Q5_0": 6, "Q2_K": 10, "Q3_K": 11, "
          "Q4_0": 2, "BF16": 30}
 
 
+SWEEP = [(8, 1024, 8), (8, 512, 4), (4, 512, 4), (4, 1024, 4), (8, 256, 4), (16, 256, 4),
+         (16, 512, 8), (2, 512, 2), (32, 256, 8)]
+
+
 def copy_bandwidth() -> float:
     """GB/s of a device-to-device copy, bytes read plus written."""
     a = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
@@ -54,7 +58,7 @@ def rotating_weights(qtype: int, rows: int, cols: int) -> list:
     return weights(qtype, rows, cols, max(2, int(3 * 50e6 / one.nbytes) + 1))
 
 
-def bench_product(ws: list, m: int) -> dict:
+def bench_product(ws: list, m: int, tiles: tuple[int, int, int] | None = None) -> dict:
     one, copies = ws[0], len(ws)
     rows, cols = one.rows, one.cols
     x = torch.randn(m, cols, device="cuda")
@@ -63,7 +67,7 @@ def bench_product(ws: list, m: int) -> dict:
 
     def call():
         i[0] = (i[0] + 1) % copies
-        qmatmul(x, ws[i[0]], out=out)
+        qmatmul(x, ws[i[0]], out=out, tiles=tiles)
     ms = triton.testing.do_bench(call, return_mode="median")
     return {"ms": ms, "GB_s": one.nbytes / ms / 1e6}
 
@@ -87,10 +91,22 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None)
     ap.add_argument("--types", default="Q4_K,Q6_K,Q8_0")
+    ap.add_argument("--sweep", action="store_true",
+                    help="decode tile configurations (rows, step, warps) at M=1 first")
     args = ap.parse_args()
     copy = copy_bandwidth()
     print(f"device copy: {copy:.0f} GB/s (read + write)", flush=True)
     rows = []
+    if args.sweep:
+        for tname in args.types.split(","):
+            for name, n, k in (SHAPES[1], SHAPES[3], SHAPES[5]):
+                ws = rotating_weights(TYPES[tname], n, k)
+                line = []
+                for tiles in SWEEP:
+                    res = bench_product(ws, 1, tiles)
+                    rows.append({"type": tname, "shape": name, "m": 1, "tiles": tiles, **res})
+                    line.append(f"{tiles}: {res['ms'] * 1e3:.1f}us")
+                print(f"sweep {tname:5} {name:16} " + "  ".join(line), flush=True)
     for tname in args.types.split(","):
         for name, n, k in SHAPES:
             ws = rotating_weights(TYPES[tname], n, k)
