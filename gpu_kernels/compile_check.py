@@ -83,8 +83,9 @@ def variants() -> Iterator[Variant]:
                    "NSPLIT", "*fp32 *fp32 *bf16 *i64 *i64 *fp32 *fp32 i32 i32 i32 fp32 i32")
         yield Variant(f"mla_decode split H={heads}", mla_decode._split_kernel,
                       {**sig, "C": "constexpr", "R": "constexpr", "BH": "constexpr",
-                       "BS": "constexpr"},
-                      {"C": 512, "R": 64, "BH": 16, "BS": mla_decode.BLOCK_TOKENS}, 8)
+                       "BS": "constexpr", "PREC": "constexpr"},
+                      {"C": 512, "R": 64, "BH": 16, "BS": mla_decode.BLOCK_TOKENS,
+                       "PREC": mla_decode.PRECISION}, 8)
     yield Variant("mla_decode merge", mla_decode._merge_kernel,
                   {**_sig("o_ptr lse_ptr out_ptr NSPLIT", "*fp32 *fp32 *fp32 i32"),
                    "C": "constexpr"}, {"C": 512})

@@ -9,8 +9,9 @@ block of heads and reads each cache row once for all of them. Long sequences are
 `num_splits` programs (flash-decoding); a second kernel merges the splits by their
 log-sum-exp. The split count is fixed at launch while the lengths are read on the device, so
 one launch (or one captured CUDA graph) serves sequences of any length. A sequence of length 0
-(a padding row) gets zeros. Products run on tensor cores in tf32x3 (fp32 accuracy; bf16 cache
-rows are exact in it); softmax and sums in fp32.
+(a padding row) gets zeros. Products run on tensor cores in tf32 (bf16 cache rows are exact in
+tf32; the queries and probabilities are rounded to it: ~1e-3 relative error in the output);
+softmax and sums in fp32.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ import triton
 import triton.language as tl
 
 BLOCK_TOKENS = 16
+PRECISION = "tf32"
 
 
 @triton.jit(do_not_specialize=["NSPLIT"])
 def _split_kernel(q_ptr, qr_ptr, cache_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr,
                   H, P, page_size, scale, NSPLIT,
-                  C: tl.constexpr, R: tl.constexpr, BH: tl.constexpr, BS: tl.constexpr):
+                  C: tl.constexpr, R: tl.constexpr, BH: tl.constexpr, BS: tl.constexpr,
+                  PREC: tl.constexpr):
     b = tl.program_id(0)
     hb = tl.program_id(1)
     sp = tl.program_id(2)
@@ -50,14 +53,14 @@ def _split_kernel(q_ptr, qr_ptr, cache_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr,
         kv = tl.load(cache_ptr + slot[:, None] + c[None, :], mask=tmask[:, None], other=0.0)
         kr = tl.load(cache_ptr + slot[:, None] + C + rr[None, :], mask=tmask[:, None], other=0.0)
         kv = kv.to(tl.float32)
-        s = tl.dot(q, tl.trans(kv), input_precision="tf32x3")
-        s += tl.dot(qr, tl.trans(kr.to(tl.float32)), input_precision="tf32x3")
+        s = tl.dot(q, tl.trans(kv), input_precision=PREC)
+        s += tl.dot(qr, tl.trans(kr.to(tl.float32)), input_precision=PREC)
         s = tl.where(tmask[None, :], s * scale, float("-inf"))  # [BH, BS]
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         p = tl.exp(s - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p, kv, input_precision="tf32x3")
+        acc = acc * alpha[:, None] + tl.dot(p, kv, input_precision=PREC)
         m_i = m_new
     row = (b * H + h) * NSPLIT + sp  # [BH]
     has = l_i > 0
@@ -98,7 +101,8 @@ def _heads_per_program(heads: int) -> int:
 
 def mla_decode(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor,
                page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, scale: float,
-               num_splits: int, out: torch.Tensor | None = None) -> torch.Tensor:
+               num_splits: int, out: torch.Tensor | None = None,
+               block_tokens: int = BLOCK_TOKENS, precision: str = PRECISION) -> torch.Tensor:
     """q_lat [B, H, C] f32, q_rope [B, H, R] f32, cache [slots, C + R] (bf16/f16/f32),
     page_table [B, P] int32, seq_lens [B] int32 -> out [B, H, C] f32."""
     b, h, c = q_lat.shape
@@ -111,7 +115,8 @@ def mla_decode(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor,
     bh = _heads_per_program(h)
     _split_kernel[(b, triton.cdiv(h, bh), num_splits)](
         q_lat, q_rope, cache, page_table, seq_lens, o_part, lse, h, page_table.shape[1],
-        page_size, scale, num_splits, C=c, R=r, BH=bh, BS=BLOCK_TOKENS, num_warps=8)
+        page_size, scale, num_splits, C=c, R=r, BH=bh, BS=block_tokens, PREC=precision,
+        num_warps=8)
     out = out if out is not None else torch.empty(b, h, c, dtype=torch.float32,
                                                   device=q_lat.device)
     _merge_kernel[(b * h,)](o_part, lse, out, num_splits, C=c, num_warps=4)

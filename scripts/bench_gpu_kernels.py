@@ -4,7 +4,8 @@ device's copy bandwidth measured in the same run, and the paged MLA decode atten
     python scripts/bench_gpu_kernels.py [--json out.json]
 
 Weights rotate over copies totalling > 3x the L2 cache, so every call reads them from HBM.
-Times are medians of triton.testing.do_bench (CUDA events).
+Calls are timed inside a CUDA graph of 20 calls (as the engine replays them: launching a Triton
+kernel from Python costs more than a small kernel runs), median of triton.testing.do_bench.
 """
 
 from __future__ import annotations
@@ -35,6 +36,21 @@ TYPES = {"Q4_K": 12, "Q6_K": 14, "Q8_0": 8, "Q5_0": 6, "Q2_K": 10, "Q3_K": 11, "
 
 SWEEP = [(8, 1024, 8), (8, 512, 4), (4, 512, 4), (4, 1024, 4), (8, 256, 4), (16, 256, 4),
          (16, 512, 8), (2, 512, 2), (32, 256, 8)]
+
+
+def graph_ms(fn, calls: int = 20) -> float:
+    """Milliseconds per call of fn() (each call may differ), replayed as one CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    return triton.testing.do_bench(g.replay, return_mode="median") / calls
 
 
 def copy_bandwidth() -> float:
@@ -68,11 +84,12 @@ def bench_product(ws: list, m: int, tiles: tuple[int, int, int] | None = None) -
     def call():
         i[0] = (i[0] + 1) % copies
         qmatmul(x, ws[i[0]], out=out, tiles=tiles)
-    ms = triton.testing.do_bench(call, return_mode="median")
+    ms = graph_ms(call)
     return {"ms": ms, "GB_s": one.nbytes / ms / 1e6}
 
 
-def bench_attention(batch: int, heads: int, length: int) -> dict:
+def bench_attention(batch: int, heads: int, length: int, block: int | None = None,
+                    precision: str | None = None) -> dict:
     page, c, r = 64, 512, 64
     pages = batch * (length // page + 1)
     cache = torch.randn(pages * page + 1, c + r, device="cuda").bfloat16()
@@ -81,8 +98,8 @@ def bench_attention(batch: int, heads: int, length: int) -> dict:
     qr = torch.randn(batch, heads, r, device="cuda") * 0.1
     lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
     splits = choose_splits(batch, heads, length)
-    ms = triton.testing.do_bench(
-        lambda: mla_decode(q, qr, cache, table, lens, page, 0.07, splits), return_mode="median")
+    kw = {k: v for k, v in (("block_tokens", block), ("precision", precision)) if v}
+    ms = graph_ms(lambda: mla_decode(q, qr, cache, table, lens, page, 0.07, splits, **kw))
     read = batch * length * (c + r) * 2
     return {"us": ms * 1e3, "GB_s": read / ms / 1e6, "splits": splits}
 
@@ -116,6 +133,16 @@ def main() -> int:
                 print(f"{tname:5} {name:18} m={m:2}: {res['ms'] * 1e3:7.1f} us "
                       f"{res['GB_s']:6.0f} GB/s ({res['GB_s'] / copy:.0%} of copy)", flush=True)
     att = []
+    if args.sweep:
+        for b, h, length in ((1, 16, 4096), (1, 128, 4096), (8, 128, 2048)):
+            line = []
+            for block in (16, 32):
+                for prec in ("tf32", "tf32x3", "ieee"):
+                    res = bench_attention(b, h, length, block, prec)
+                    att.append({"batch": b, "heads": h, "len": length, "block": block,
+                                "precision": prec, **res})
+                    line.append(f"{block}/{prec}: {res['us']:.1f}us")
+            print(f"sweep mla B={b} H={h} len={length}: " + "  ".join(line), flush=True)
     for b, h, length in ((1, 16, 1024), (1, 16, 8192), (8, 16, 2048), (1, 128, 4096),
                          (16, 128, 2048)):
         res = bench_attention(b, h, length)

@@ -31,7 +31,7 @@ def test_mla_decode(heads, c, r, page, lens, splits, device) -> None:
     out = mla_decode(q, qr, cache, table, seq, page, 0.07, n)
     ref = mla_decode_ref(q, qr, cache, table, seq, page, 0.07)
     assert torch.isfinite(out).all()
-    assert rel_err(out, ref) < 2e-3
+    assert rel_err(out, ref) < 3e-3  # tf32 products
     for i, length in enumerate(lens):
         if length == 0:
             assert (out[i] == 0).all()
