@@ -62,14 +62,14 @@ def variants() -> Iterator[Variant]:
         sig = _sig(names, ["*fp32", "*fp32", *planes, *ints.split()])
         for m in (1, 8, 16, 64):
             bm, dot = qmatmul._tiles(m)
-            bn, step, warps = qmatmul._product_tiles(qtype, bm, dot, None)
+            bn, step, warps, stages = qmatmul._product_tiles(qtype, bm, dot, None)
             nc = qdot.chunks_per_step(qtype, 2048, max(1, step // qdot.CHUNK[qtype]))
             yield Variant(f"qmatmul {qt.name(qtype)} M={m}", qmatmul._qmm_kernel,
-                          {**sig, **dict.fromkeys(["QT", "BM", "BN", "NC", "STEP", "L", "DOT"],
-                                                  "constexpr")},
+                          {**sig, **dict.fromkeys(["QT", "BM", "BN", "NC", "STEP", "L", "DOT",
+                                                   "STAGES"], "constexpr")},
                           {"QT": qtype, "BM": bm, "BN": bn, "NC": nc,
                            "STEP": nc * qdot.CHUNK[qtype], "L": nc * qdot.PART[qtype],
-                           "DOT": dot}, warps)
+                           "DOT": dot, "STAGES": stages}, warps)
             yield Variant(f"qmatmul_t {qt.name(qtype)} M={m}", qmatmul._qmm_t_kernel,
                           {**sig, **dict.fromkeys(["QT", "BM", "BN", "BK", "DOT"], "constexpr")},
                           {"QT": qtype, "BM": bm, "BN": 32 if dot else 16, "BK": 64,

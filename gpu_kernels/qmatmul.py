@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gpu_kernels import qtypes as qt
 from gpu_kernels.dequant_ref import dequantize
 from gpu_kernels.dequant_tile import dequant_tile, plane_args
 from gpu_kernels.qdot import CHUNK, PART, chunks_per_step, qdot_step
@@ -32,7 +33,8 @@ DOT_MIN_TOKENS = 9  # from this many tokens on, tiles go through tensor cores
 @triton.jit(do_not_specialize=["M"])
 def _qmm_kernel(x_ptr, y_ptr, p0, p1, p2, p3, p4, p5, M, N, K, row0, gstride,
                 sxm, sxg, sym, syg, QT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                NC: tl.constexpr, STEP: tl.constexpr, L: tl.constexpr, DOT: tl.constexpr):
+                NC: tl.constexpr, STEP: tl.constexpr, L: tl.constexpr, DOT: tl.constexpr,
+                STAGES: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     g = tl.program_id(2)
@@ -46,7 +48,7 @@ def _qmm_kernel(x_ptr, y_ptr, p0, p1, p2, p3, p4, p5, M, N, K, row0, gstride,
         acc = tl.zeros((BM, BN), dtype=tl.float32)
     else:
         acc = tl.zeros((BM, BN, L), dtype=tl.float32)  # products, summed after the loop
-    for k0 in range(0, K, STEP):
+    for k0 in tl.range(0, K, STEP, num_stages=STAGES):
         acc = qdot_step(QT, acc, x_row, mmask, p0, p1, p2, p3, p4, p5, r,
                         nmask[:, None, None], K, k0, NC, DOT)
     if not DOT:
@@ -110,9 +112,9 @@ def _tiles(m: int) -> tuple[int, bool]:
 
 def qmatmul(x: torch.Tensor, w: GpuQuant, out_rows: int | None = None, row0: int = 0,
             gstride: int = 0, out: torch.Tensor | None = None,
-            tiles: tuple[int, int, int] | None = None) -> torch.Tensor:
+            tiles: tuple[int, ...] | None = None) -> torch.Tensor:
     """x: [M, K] or [M, G, K] -> [M, N] or [M, G, N] fp32, N = out_rows (default all rows).
-    `tiles` (rows per program, weights per K step, warps) overrides the defaults (tuning)."""
+    `tiles` (rows per program, weights per K step, warps[, stages]) overrides the defaults."""
     n_rows = w.rows - row0 if out_rows is None else out_rows
     x = _check(x, w, w.cols)
     x3 = _as_3d(x)
@@ -121,33 +123,36 @@ def qmatmul(x: torch.Tensor, w: GpuQuant, out_rows: int | None = None, row0: int
                                                  device=x.device)
     y3 = y.reshape(m, g, n_rows)
     bm, dot = _tiles(m)
-    bn, step, warps = _product_tiles(w.qtype, bm, dot, tiles)
+    bn, step, warps, stages = _product_tiles(w.qtype, bm, dot, tiles)
     nc = chunks_per_step(w.qtype, w.cols, max(1, step // CHUNK[w.qtype]))
     grid = (triton.cdiv(n_rows, bn), triton.cdiv(m, bm), g)
     _qmm_kernel[grid](x3, y3, *plane_args(w.planes), m, n_rows, w.cols, row0, gstride,
                       x3.stride(0), x3.stride(1), y3.stride(0), y3.stride(1),
                       QT=w.qtype, BM=bm, BN=bn, NC=nc, STEP=nc * CHUNK[w.qtype],
-                      L=nc * PART[w.qtype], DOT=dot, num_warps=warps)
+                      L=nc * PART[w.qtype], DOT=dot, STAGES=stages, num_warps=warps)
     return y
 
 
-# (rows per program, weights per K step, warps). Decode is bound by memory latency: a step of
-# 8 rows x 1024 weights is 16 bytes of Q4_K codes per thread, one wide load each, and the
-# products stay in registers until the end (BM tokens take a step 1/BM as long). Tensor-core
-# tiles take more rows and shorter steps.
-DECODE_TILES = (8, 1024, 8)
-DOT_TILES = (32, 64, 8)
+# (rows per program, weights per K step, warps, pipeline stages). Decode is bound by memory
+# latency: many small programs, the products kept in registers until the end of the K loop
+# (BM tokens take a step 1/BM as long). Measured on the H100 (scripts/bench_gpu_kernels.py
+# --sweep, inside CUDA graphs): 4 x 512 within 10% of the best of 9 shapes for Q4_K and Q6_K
+# on V2-Lite and V3 products; Q6_K alone prefers 2 x 512. Tensor-core tiles take more rows.
+DECODE_TILES = {None: (4, 512, 4, 1), qt.Q6_K: (2, 512, 2, 1)}
+DOT_TILES = (32, 64, 8, 1)
 
 
-def _product_tiles(qtype: int, bm: int, dot: bool, tiles: tuple[int, int, int] | None
-                   ) -> tuple[int, int, int]:
-    bn, step, warps = tiles or (DOT_TILES if dot else DECODE_TILES)
+def _product_tiles(qtype: int, bm: int, dot: bool, tiles: tuple[int, ...] | None
+                   ) -> tuple[int, int, int, int]:
+    if tiles is None:
+        tiles = DOT_TILES if dot else DECODE_TILES.get(qtype, DECODE_TILES[None])
+    bn, step, warps, stages = (*tiles, 1)[:4]
     if not dot:
         step = step // bm
     if dot:
         # tl.dot's smallest tile is 16; types whose step is 128 wide take 16 rows (no spills)
         bn = 16 if CHUNK[qtype] > step else max(bn, 16)
-    return bn, max(step, CHUNK[qtype]), warps
+    return bn, max(step, CHUNK[qtype]), warps, stages
 
 
 def qmatmul_t(x: torch.Tensor, w: GpuQuant, in_rows: int, row0: int = 0, gstride: int = 0,

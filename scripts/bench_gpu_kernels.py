@@ -34,8 +34,8 @@ TYPES = {"Q4_K": 12, "Q6_K": 14, "Q8_0": 8, "Q5_0": 6, "Q2_K": 10, "Q3_K": 11, "
          "Q4_0": 2, "BF16": 30}
 
 
-SWEEP = [(8, 1024, 8), (8, 512, 4), (4, 512, 4), (4, 1024, 4), (8, 256, 4), (16, 256, 4),
-         (16, 512, 8), (2, 512, 2), (32, 256, 8)]
+SWEEP = [(4, 512, 4, 1), (4, 512, 4, 3), (2, 512, 2, 1), (2, 512, 2, 3), (4, 1024, 4, 1),
+         (8, 1024, 8, 2), (4, 256, 4, 4), (2, 1024, 2, 1)]
 
 
 def graph_ms(fn, calls: int = 20) -> float:
@@ -74,7 +74,7 @@ def rotating_weights(qtype: int, rows: int, cols: int) -> list:
     return weights(qtype, rows, cols, max(2, int(3 * 50e6 / one.nbytes) + 1))
 
 
-def bench_product(ws: list, m: int, tiles: tuple[int, int, int] | None = None) -> dict:
+def bench_product(ws: list, m: int, tiles: tuple[int, ...] | None = None) -> dict:
     one, copies = ws[0], len(ws)
     rows, cols = one.rows, one.cols
     x = torch.randn(m, cols, device="cuda")

@@ -92,9 +92,13 @@ class ExpertsOp(nn.Module):
     def run_host(self, x: np.ndarray, ids: np.ndarray, weights: np.ndarray,
                  out: np.ndarray) -> None:
         """x: [N, H] f32  ids: [N, K] int64  weights: [N, K] f32 -> out [N, H] (host arrays,
-        e.g. pinned buffers); on the pool when there is one. Needs `runs_on_host`."""
+        e.g. pinned buffers); on the pool's kernel threads when there is a pool (driven from
+        this thread where the pool allows it: the caller waits anyway). Needs `runs_on_host`."""
         if self.pool is not None:
-            self.pool.submit(x, ids, weights, self.placed, out).wait()
+            if self.pool.can_run_inline:
+                self.pool.run_inline(x, ids, weights, self.placed, out)
+            else:
+                self.pool.submit(x, ids, weights, self.placed, out).wait()
             return
         from cpu_kernels.moe import moe_forward
 

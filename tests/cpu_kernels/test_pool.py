@@ -47,6 +47,26 @@ def test_submit_wait_equals_moe_forward_with_jobs_in_flight(mode: str) -> None:
         assert all(job.done() for job in jobs)
 
 
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+def test_run_inline_equals_moe_forward(mode: str) -> None:
+    """The engine's path: the caller's thread drives the kernels, same results, same stamps."""
+    rng = np.random.default_rng(4)
+    experts = random_experts(rng, 6, 512, 256, qt.Q4_K, qt.Q4_K, qt.Q6_K)
+    with MoEPool(threads=2) as pool:
+        assert pool.can_run_inline
+        placed = pool.place(experts, mode)
+        for t, k in [(1, 4), (9, 6)]:
+            c = _call(rng, t, k, 6, 512)
+            out, stamps = np.full_like(c[0], np.nan), np.zeros(2, np.int64)
+            assert pool.run_inline(*c, placed, out, stamps) is out
+            np.testing.assert_array_equal(out, _sync(*c, experts, mode))
+            assert stamps[1] >= stamps[0] > 0
+    with MoEPool(threads=2, numa_nodes=2) as pool:
+        assert not pool.can_run_inline
+        with pytest.raises(ValueError, match="one unpinned group"):
+            pool.run_inline(*c, pool.place(experts, mode), out)
+
+
 @pytest.mark.parametrize("mix", MIXES, ids=lambda m: f"{qt.type_name(m[0])}-{qt.type_name(m[1])}")
 @pytest.mark.parametrize("mode", ["exact", "fast"])
 def test_two_simulated_numa_nodes_equal_one(mix: tuple[int, int, int, int], mode: str) -> None:
