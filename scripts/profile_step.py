@@ -2,7 +2,8 @@
 
     python scripts/profile_step.py --gguf-path P --optimize-rules R [--preset v2-lite]
 
-Without --gguf-path it writes a synthetic model of --preset. Each operator's forward is timed
+Without --gguf-path it writes a synthetic model of --preset. Steps run eagerly (no CUDA graphs;
+scripts/bench_e2e.py times the real thing). Each operator's forward is timed
 with a device synchronize before and after (so the sum is honest, the total a little slower
 than without the probes); nested operators are counted in their parent only.
 """
@@ -50,6 +51,13 @@ def attach_timers(model: torch.nn.Module) -> collections.Counter:
 
         module.register_forward_pre_hook(pre)
         module.register_forward_hook(post)
+        if hasattr(module, "step"):  # attention's engine path is a method, not forward()
+            def step(*args, _mod=module, _orig=module.step, _pre=pre, _post=post, **kw):
+                _pre(_mod, args)
+                out = _orig(*args, **kw)
+                _post(_mod, args, out)
+                return out
+            module.step = step
     return spent
 
 
@@ -70,7 +78,8 @@ def main() -> int:
         path = str(make_model(MakeModelOptions(preset, "q4_k_m", "legacy", 0, 1, "small"),
                               get_vocab("small", preset.vocab_size),
                               Path(tempfile.mkdtemp()) / "m.gguf")[0])
-    llm = LLM(path, args.optimize_rules, engine_config=EngineConfig())
+    # eager steps: a replayed CUDA graph runs no Python, so nothing could be timed per operator
+    llm = LLM(path, args.optimize_rules, engine_config=EngineConfig(cuda_graphs=False))
     params = SamplingParams(temperature=0, max_tokens=10_000, ignore_eos=True)
     llm.generate(prompt_token_ids=[[1, 2, 3]], sampling_params=SamplingParams(max_tokens=3))
     spent = attach_timers(llm.loaded.model)

@@ -1,5 +1,6 @@
-"""Acceptance: every bundled rule file, with GPU devices mapped to the CPU, gives the
-foundation model's logits (relative L2 <= 1e-5); operators land where the plan says."""
+"""Acceptance: every bundled rule file, with GPU devices mapped to the CPU and its CPU experts in
+exact mode (the GPU files serve in fast mode), gives the foundation model's logits (relative
+L2 <= 1e-5); operators land where the plan says."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from cpu_kernels import qtypes
 from hybrid.engine.llm import LLM
 from hybrid.engine.sampling_params import SamplingParams
 from hybrid.model.loader import load_model
-from hybrid.rules.engine import plan_model
+from hybrid.rules.engine import plan_model, with_experts_mode
 from hybrid.rules.inject import inject
 
 from .oracles import rel_l2
@@ -29,10 +30,12 @@ CASES = [
 
 
 @pytest.mark.parametrize("preset,rules,quant,layout", CASES)
-def test_bundled_rules_equal_the_foundation_model(models, preset, rules, quant, layout) -> None:
+def test_bundled_rules_equal_the_foundation_model(models, preset, rules, quant, layout,
+                                                  tmp_path) -> None:
     path = str(models.path(preset, quant, layout))
     reference = load_model(path).model
-    planned = plan_model(path, rules, device_map={"cuda": "cpu"}, announce=False)
+    exact = str(with_experts_mode(rules, "exact", tmp_path))
+    planned = plan_model(path, exact, device_map={"cuda": "cpu"}, announce=False)
     model = inject(planned)
     with torch.inference_mode():
         expected = reference(input_ids=torch.tensor([PROMPT])).logits[0].numpy()
@@ -69,6 +72,23 @@ def test_experts_stay_in_gguf_blocks_on_cpu(models, quant: str, types: tuple[str
     w = experts.cpu_weights
     assert (qtypes.type_name(gate.qtype), qtypes.type_name(w.down.qtype)) == types
     assert gate.blocks.nbytes == planned.gguf.tensor("blk.1.ffn_gate_exps.weight").nbytes
+
+
+def test_gpu_rule_files_serve_fast_experts(tmp_path) -> None:
+    """The bundled GPU layouts run their CPU experts in fast mode; the derived copy in exact."""
+    import yaml
+
+    from hybrid.rules.engine import find_rules
+
+    for name in ("DeepSeek-V3", "DeepSeek-V2-Lite", "DeepSeek-V3-multi-gpu",
+                 "DeepSeek-V3-gpu-experts"):
+        for mode, path in (("fast", find_rules(name)),
+                           ("exact", with_experts_mode(name, "exact", tmp_path))):
+            rules = yaml.safe_load(path.read_text())
+            modes = {r["replace"]["kwargs"].get("mode") for r in rules
+                     if r["replace"]["class"] == "experts"
+                     and r["replace"]["kwargs"].get("backend") == "cpu"}
+            assert modes == {mode}, (name, modes)
 
 
 @pytest.mark.parametrize("numa_nodes", [None, 2])

@@ -68,7 +68,8 @@ _SPECS = [
     OperatorSpec("mla_attention", "MLA attention, absorbed form over a latent KV cache",
                  ("Attention",), {
                      **_devices(), **_weights(),
-                     "backend": Option(str, "torch", ("torch",), "attention kernels"),
+                     "backend": Option(str, "torch", ("torch",),
+                                         "attention kernels (on CUDA: gpu_kernels' Triton)"),
                      "kv_cache_dtype": Option(str, "bf16", ("bf16", "f16", "f32"),
                                               "latent KV cache element type"),
                  }),

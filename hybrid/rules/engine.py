@@ -45,6 +45,22 @@ def default_rules_name(spec: ModelSpec) -> str:
     return "DeepSeek-V3.yaml" if spec.is_v3 else "DeepSeek-V2-Lite.yaml"
 
 
+def with_experts_mode(rules: str, mode: str, folder: Path) -> Path:
+    """A copy of rule file `rules` (bundled name or path), written into `folder`, whose CPU
+    experts rules run in `mode` ("exact" for comparisons with the reference, "fast")."""
+    import yaml
+
+    data = yaml.safe_load(find_rules(rules).read_text())
+    for rule in data:
+        replace = rule.get("replace", {})
+        kwargs = replace.setdefault("kwargs", {}) if replace.get("class") == "experts" else None
+        if kwargs is not None and kwargs.get("backend", "cpu") == "cpu":
+            kwargs["mode"] = mode
+    path = Path(folder) / f"{Path(find_rules(rules)).stem}-{mode}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
 @dataclass
 class PlannedModel:
     gguf: GGUFModelFile
