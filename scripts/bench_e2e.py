@@ -34,12 +34,12 @@ from hybrid.engine.sampling_params import SamplingParams
 from hybrid.ops.experts import ExpertsOp
 
 
-def build_model(preset: str, out: Path) -> str:
+def build_model(preset: str, out: Path, layers: int | None = None) -> str:
     from hybrid.synth.make_model import MakeModelOptions, make_model
     from hybrid.synth.presets import get_preset
     from hybrid.synth.vocab import get_vocab
 
-    p = get_preset(preset)
+    p = get_preset(preset, layers)
     t = time.perf_counter()
     (path,) = make_model(MakeModelOptions(p, "q4_k_m", "legacy", vocab="deepseek"),
                          get_vocab("deepseek", p.vocab_size), out / f"{preset}-q4_k_m.gguf")
@@ -149,6 +149,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gguf-path")
     ap.add_argument("--preset", default="v2-lite")
+    ap.add_argument("--layers", type=int, default=None, help="layers of the synthetic model")
     ap.add_argument("--optimize-rules", default="DeepSeek-V2-Lite")
     ap.add_argument("--mode", choices=["fast", "exact"], default=None)
     ap.add_argument("--llama-bench", default=None, help="a llama-bench binary (CUDA build)")
@@ -158,7 +159,7 @@ def main() -> int:
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    path = args.gguf_path or build_model(args.preset, Path(tempfile.mkdtemp()))
+    path = args.gguf_path or build_model(args.preset, Path(tempfile.mkdtemp()), args.layers)
     prompts = [int(n) for n in args.prefill.split(",")]
     streams = [int(n) for n in args.streams.split(",")]
     result: dict = {"model": Path(path).name, "rules": args.optimize_rules, "mode": args.mode}
