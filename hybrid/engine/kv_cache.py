@@ -20,8 +20,8 @@ class PagedLatentCache:
         """attention_ops: each layer's MLAAttentionOp (device, kv_dtype, kv_lora, rope)."""
         self.num_slots = num_slots
         # torch.empty: the OS commits memory as pages are first written. Reads only ever touch
-        # slots written earlier (padding repeats a sequence's own first slot), so the
-        # uninitialized rows are never read.
+        # slots written earlier (the torch path pads with a sequence's own first slot; the
+        # decode kernel masks past each length), so the uninitialized rows are never read.
         try:
             self.layers = [torch.empty(num_slots + 1, op.kv_lora + op.rope, dtype=op.kv_dtype,
                                        device=op.device) for op in attention_ops]

@@ -67,6 +67,7 @@ def _decode_torch(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor
     pages = fb.page_table[:b, torch.clamp(t // fb.page_size, max=fb.page_table.shape[1] - 1)]
     slots = pages * fb.page_size + t % fb.page_size  # [B, S]
     valid = t[None, :] < fb.seq_lens[:b, None]  # [B, S]
-    slots = torch.where(valid, slots, torch.zeros_like(slots))
+    # padding reads each sequence's own first slot: written, so finite (masked out anyway)
+    slots = torch.where(valid, slots, slots[:, :1])
     kv = cache[slots].float()  # [B, S, c + r]
     return attend(q_lat[:, None], q_rope[:, None], kv, valid[:, None, :], scale)[:, 0]

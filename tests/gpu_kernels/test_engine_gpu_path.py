@@ -1,0 +1,40 @@
+"""The serving engine's GPU path end to end without a GPU: the bundled GPU rule files (devices
+mapped to the CPU, experts exact) with every operator on gpu_kernels in Triton's interpreter
+(HYBRID_GPU_KERNELS_ON_CPU=1) give cpu.yaml's greedy tokens, for a batch of requests of
+different lengths (decodes and prefill chunks sharing steps)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpu_kernels import qmatmul
+from hybrid.engine.config import EngineConfig
+from hybrid.engine.llm import LLM
+from hybrid.engine.sampling_params import SamplingParams
+from hybrid.rules.engine import with_experts_mode
+
+PROMPTS = [[0, 42, 574, 81, 2058, 3, 223, 804, 853, 13], [5, 6]]
+
+
+def greedy(path: str, rules: str, gpu_kernels: bool, monkeypatch) -> list[list[int]]:
+    if gpu_kernels:
+        monkeypatch.setenv("HYBRID_GPU_KERNELS_ON_CPU", "1")
+        # the interpreter pays per program, not per byte: few wide programs
+        monkeypatch.setattr(qmatmul, "DECODE_TILES", {None: (64, 1024, 1, 1)})
+    else:
+        monkeypatch.delenv("HYBRID_GPU_KERNELS_ON_CPU", raising=False)
+    config = EngineConfig(max_batch_size=4, chunk_size=8, cache_lens=256, page_size=16)
+    llm = LLM(path, rules, device_map={"cuda": "cpu"}, engine_config=config)
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    out = llm.generate(prompt_token_ids=PROMPTS, sampling_params=params)
+    return [o.outputs[0].token_ids for o in out]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="scripts/device_rules_check.py on GPUs")
+@pytest.mark.parametrize("preset,rules,layout", [("tiny-v3", "DeepSeek-V3", "legacy"),
+                                                  ("tiny-v2-lite", "DeepSeek-V2-Lite", "mla")])
+def test_gpu_path_equals_cpu_rules(models, preset, rules, layout, tmp_path, monkeypatch):
+    path = str(models.path(preset, "q4_k_m", layout))
+    exact = str(with_experts_mode(rules, "exact", tmp_path))
+    assert greedy(path, exact, True, monkeypatch) == greedy(path, "cpu", False, monkeypatch)
