@@ -1,0 +1,173 @@
+"""Where a decode step's time goes with CUDA graphs: the CPU experts, the GPU's pieces, and the
+hand-overs between them (GPU machine).
+
+    python scripts/profile_decode.py [--gguf-path P | --preset v2-lite [--layers N]]
+        [--optimize-rules R] [--mode fast] [--batch 1] [--steps 64] [--json out.json]
+
+Rows, per decode step of --batch streams (medians where repeated):
+- step: the engine's step (scheduler, graphs, sampling) as bench_e2e.py times it;
+- experts: the CPU experts' calls inside it;
+- step, experts skipped: the same step with every experts call returning at once: what the
+  GPU, the launches and the hand-overs cost on their own;
+- device pieces back to back: every captured piece replayed without the host pieces between
+  (the GPU's work plus its launch gaps when the GPU is kept busy);
+- each kind of piece alone (attention .. router and copies / shared expert / head);
+- kernels: the GPU time of each kernel in eager steps (torch.profiler), per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench_e2e import ExpertClock, build_model, rules_with_mode
+
+from hybrid.engine.config import EngineConfig
+from hybrid.engine.llm import LLM
+from hybrid.engine.sampling_params import SamplingParams
+from hybrid.ops.experts import ExpertsOp
+
+
+def start(llm: LLM, batch: int, gen: int) -> list:
+    params = SamplingParams(temperature=0, max_tokens=gen, ignore_eos=True)
+    reqs = [llm._submit([1000 + 7 * i + j for j in range(32)], params, lambda e: None)
+            for i in range(batch)]
+    while any(r.num_output_tokens == 0 for r in reqs):
+        llm.worker.step()
+    return reqs
+
+
+def time_steps(llm: LLM, steps: int) -> float:
+    """Median seconds of one engine step over `steps` decode steps."""
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        llm.worker.step()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def time_graphs(graphs: list, repeats: int) -> float:
+    """Median seconds of replaying `graphs` back to back, GPU-timed."""
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for g in graphs:
+            g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e-3)
+    return statistics.median(times)
+
+
+def kernel_table(llm: LLM, steps: int) -> list[tuple[str, float, int]]:
+    """(kernel, GPU us per step, launches per step) of eager decode steps, largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    runner = llm.engine.runner
+    graphs, runner.graphs = runner.graphs, None
+    try:
+        llm.worker.step()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                llm.worker.step()
+            torch.cuda.synchronize()
+    finally:
+        runner.graphs = graphs
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0)
+        if t > 0:
+            rows.append((e.key[:70], t / steps, e.count // steps))
+    return sorted(rows, key=lambda r: -r[1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gguf-path")
+    ap.add_argument("--preset", default="v2-lite")
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--optimize-rules", default="DeepSeek-V2-Lite")
+    ap.add_argument("--mode", choices=["fast", "exact"], default="fast")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    path = args.gguf_path or build_model(args.preset, Path(tempfile.mkdtemp()), args.layers)
+    config = EngineConfig(max_batch_size=max(args.batch, 1), chunk_size=256, cache_lens=4096)
+    llm = LLM(path, rules_with_mode(args.optimize_rules, args.mode), engine_config=config)
+    graphs = llm.engine.runner.graphs
+    if graphs is None:
+        print("no CUDA graphs for this model and rules: nothing to profile")
+        return 1
+    r: dict = {"model": Path(path).name, "batch": args.batch}
+    start(llm, args.batch, 10 * args.steps + 100)
+    time_steps(llm, 8)
+    clock = ExpertClock()
+    r["step_us"] = time_steps(llm, args.steps) * 1e6
+    r["experts_us"] = clock.seconds / args.steps * 1e6
+    r["experts_calls"] = len(clock.calls) // args.steps
+    r.update({f"experts_{k}": v for k, v in clock.medians_us().items()})
+    clock.close()
+    orig = ExpertsOp.run_host
+    ExpertsOp.run_host = lambda *a, **k: None
+    try:
+        r["step_no_experts_us"] = time_steps(llm, args.steps) * 1e6
+    finally:
+        ExpertsOp.run_host = orig
+    size = next(s for s in graphs.sizes if s >= args.batch)
+    cap = graphs._captured[size]
+    device = [g for g in cap.graphs if g is not None]
+    r["device_chain_us"] = time_graphs(device, args.steps) * 1e6
+    pieces = [time_graphs([g], args.steps) * 1e6 for g in device]
+    moe = r["experts_calls"]
+    # device pieces: [embed .. router], then per MoE layer [shared], [receive .. router],
+    # the last one ending in the head
+    r["first_piece_us"], r["head_piece_us"] = pieces[0], pieces[-1]
+    r["shared_piece_us"] = statistics.median(pieces[1::2]) if moe else 0.0
+    r["layer_piece_us"] = statistics.median(pieces[2:-1:2]) if moe > 1 else 0.0
+    r["kernels"] = kernel_table(llm, 8)
+    print(json.dumps({k: v for k, v in r.items() if k != "kernels"}, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(r, indent=1))
+    print_table(r, moe)
+    return 0
+
+
+def print_table(r: dict, moe: int) -> None:
+    print(f"\n{r['model']}, batch {r['batch']}, {moe} MoE layers")
+    print("| part | us per step | us per MoE layer |")
+    print("|---|---|---|")
+    rest = r["step_us"] - r["experts_us"]
+    for name, v in (("step", r["step_us"]), ("experts (calls)", r["experts_us"]),
+                    ("step - experts", rest),
+                    ("step, experts skipped", r["step_no_experts_us"]),
+                    ("device pieces back to back", r["device_chain_us"]),
+                    ("hand-overs (skipped - back to back)",
+                     r["step_no_experts_us"] - r["device_chain_us"])):
+        print(f"| {name} | {v:.0f} | {v / max(moe, 1):.1f} |")
+    print(f"| piece alone: attention .. router | | {r['layer_piece_us']:.1f} |")
+    print(f"| piece alone: shared expert | | {r['shared_piece_us']:.1f} |")
+    print(f"| piece alone: first / last (head) | {r['first_piece_us']:.0f} / "
+          f"{r['head_piece_us']:.0f} | |")
+    print(f"experts call / kernel us: {r.get('experts_call_us', 0):.0f} / "
+          f"{r.get('experts_kernel_us', 0):.0f}")
+    print("\n| kernel (eager steps) | us per step | launches |")
+    print("|---|---|---|")
+    for name, us, n in r["kernels"][:18]:
+        print(f"| {name} | {us:.0f} | {n} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
