@@ -53,7 +53,7 @@ def _sig(names: str, types: list[str] | str) -> dict[str, str]:
 
 def variants() -> Iterator[Variant]:
     """Every kernel variant the engine launches (each type; decode and tensor-core tiles)."""
-    from gpu_kernels import embedding, fused, mla_decode, qdot, qmatmul, router
+    from gpu_kernels import embedding, fused, handshake, mla_decode, qdot, qmatmul, router
 
     ints = "i32 " * 9
     for qtype in qt.SUPPORTED:
@@ -115,6 +115,11 @@ def variants() -> Iterator[Variant]:
                       {"SIGMOID": groups > 1, "HAS_BIAS": groups > 1, "NORM": groups > 1,
                        "K": k, "KP": 8, "G": groups, "TOPK_G": 4 if groups > 1 else 1,
                        "BE": be, "PER": be // groups})
+    yield Variant("handshake signal", handshake._signal_kernel,
+                  _sig("flags_ptr index seq_ptr", "*i64 i32 *i64"), {}, 1)
+    yield Variant("handshake wait", handshake._wait_kernel,
+                  _sig("flags_ptr index seq_ptr error_ptr max_spins", "*i64 i32 *i64 *i32 i32"),
+                  {}, 1)
 
 
 def compile_variant(v: Variant, arch: int = 90) -> dict:

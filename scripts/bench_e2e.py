@@ -59,15 +59,25 @@ def rules_with_mode(rules: str, mode: str | None) -> str:
 class ExpertClock:
     """Times every CPU experts call (ExpertsOp.run_host) while installed: wall time from the
     call to its return, and the kernels' own time between their cycle stamps (the rest is the
-    pool's wake-up and hand-back)."""
+    pool's wake-up and hand-back). Steps captured whole drive all layers from one call
+    (HostExperts): there only the kernels' stamps count."""
 
     def __init__(self) -> None:
         from cpu_kernels.clock import cycles_per_us
+        from hybrid.engine.host_experts import HostExperts
 
         self.calls: list[float] = []
         self.kernels: list[float] = []
         self._orig = ExpertsOp.run_host
+        self._orig_host = HostExperts.run
         rate = cycles_per_us()
+
+        def host_run(host, seq, n):
+            self._orig_host(host, seq, n)
+            if host.one_call:
+                d = (host.stamps[:, 1] - host.stamps[:, 0]) / rate * 1e-6
+                self.kernels += d.tolist()
+        HostExperts.run = host_run
 
         def timed(op, x, ids, w, out):
             t = time.perf_counter()
@@ -87,7 +97,7 @@ class ExpertClock:
 
     @property
     def seconds(self) -> float:
-        return sum(self.calls)
+        return sum(self.calls) or sum(self.kernels)
 
     def medians_us(self) -> dict:
         import statistics
@@ -98,7 +108,10 @@ class ExpertClock:
         return out
 
     def close(self) -> None:
+        from hybrid.engine.host_experts import HostExperts
+
         ExpertsOp.run_host = self._orig
+        HostExperts.run = self._orig_host
 
 
 def decode(llm: LLM, streams: int, prompt_len: int, gen: int) -> dict:
@@ -154,6 +167,8 @@ def main() -> int:
     ap.add_argument("--mode", choices=["fast", "exact"], default=None)
     ap.add_argument("--llama-bench", default=None, help="a llama-bench binary (CUDA build)")
     ap.add_argument("--threads", type=int, default=None, help="CPU expert threads (both)")
+    ap.add_argument("--decode-graph", choices=["step", "layers"], default="step",
+                    help="CUDA graphs of the decode rows (the other kind is timed at 1 stream)")
     ap.add_argument("--streams", default="1,4,8,16")
     ap.add_argument("--prefill", default="128,512,2048")
     ap.add_argument("--gen", type=int, default=64)
@@ -169,18 +184,23 @@ def main() -> int:
         print("llama.cpp:", result["llama"], flush=True)
     t = time.perf_counter()
     config = EngineConfig(max_batch_size=max(streams), chunk_size=max(prompts),
-                          cache_lens=max(16 * 1024, max(prompts) * 2), cpu_threads=args.threads)
+                          cache_lens=max(16 * 1024, max(prompts) * 2), cpu_threads=args.threads,
+                          decode_graph=args.decode_graph)
     llm = LLM(path, rules_with_mode(args.optimize_rules, args.mode), engine_config=config,
               status=lambda m: print("start-up:", m, flush=True))
     result["load_s"] = time.perf_counter() - t
     print(f"loaded in {result['load_s']:.1f} s", flush=True)
     result["prefill"] = [prefill(llm, n) for n in prompts]
     result["decode"] = [decode(llm, s, 32, args.gen) for s in streams]
-    graphs = llm.engine.runner.graphs
+    runner = llm.engine.runner
+    graphs = runner.graphs
     if graphs is not None:
-        llm.engine.runner.graphs = None
+        other = "layers" if config.decode_graph == "step" else "step"
+        runner.graphs = runner.capture_graphs(other)
+        result["decode_other_graph"] = {"decode_graph": other, **decode(llm, 1, 32, args.gen)}
+        runner.graphs = None
         result["decode_eager"] = decode(llm, 1, 32, args.gen)
-        llm.engine.runner.graphs = graphs
+        runner.graphs = graphs
     print(json.dumps(result, indent=1), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
@@ -200,6 +220,11 @@ def print_table(r: dict) -> None:
         print(f"| decode x{d['streams']} | {d['tok_s']:.1f} | {_f(peer)} | "
               f"{_ratio(d['tok_s'], peer)} | {d['step_ms']:.2f} | {d['experts_ms']:.2f} | "
               f"{d['gpu_share']:.0%} | {_calls(d)} |")
+    if "decode_other_graph" in r:
+        d = r["decode_other_graph"]
+        print(f"| decode x1, decode_graph={d['decode_graph']} | {d['tok_s']:.1f} | | | "
+              f"{d['step_ms']:.2f} | {d['experts_ms']:.2f} | {d['gpu_share']:.0%} | "
+              f"{_calls(d)} |")
     if "decode_eager" in r:
         d = r["decode_eager"]
         print(f"| decode x1, no CUDA graphs | {d['tok_s']:.1f} | | | {d['step_ms']:.2f} | "

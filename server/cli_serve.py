@@ -11,7 +11,7 @@ from dataclasses import fields
 SERVE_SETTINGS = ("gguf_path", "optimize_rules", "max_batch_size", "chunk_size", "cache_lens",
                   "page_size", "cpu_threads", "host", "port", "max_new_tokens", "api_key",
                   "served_model_name", "max_request_bytes", "log_level", "force_think",
-                  "cuda_graphs")
+                  "cuda_graphs", "decode_graph")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -24,7 +24,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:
-    from hybrid.engine.config import EngineConfig
+    from hybrid.engine.config import DECODE_GRAPHS, EngineConfig
     from server.config import LOG_LEVELS, ServerConfig
 
     e = {f.name: f.default for f in fields(EngineConfig)}
@@ -54,6 +54,10 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                    default=e["cuda_graphs"],
                    help="run decode steps eagerly instead of replaying CUDA graphs captured at "
                         "start-up (one set per batch size up to --max-batch-size)")
+    p.add_argument("--decode-graph", choices=list(DECODE_GRAPHS), default=e["decode_graph"],
+                   help="step: a decode step is one CUDA graph, the GPU waiting on flags the "
+                        "CPU experts raise; layers: one graph per stretch between two MoE "
+                        "layers' CPU experts, replayed by the host")
     p.add_argument("--api-key", default=d["api_key"],
                    help="require 'Authorization: Bearer KEY' on every route but /health")
     p.add_argument("--served-model-name", default=d["served_model_name"],

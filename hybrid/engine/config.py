@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from hybrid.errors import HybridError
 
+DECODE_GRAPHS = ("step", "layers")
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -18,7 +20,10 @@ class EngineConfig:
     by every request; a request is admitted only once pages for its prompt plus its
     `max_tokens` are free. `cpu_threads` None lets the CPU expert kernels pick (physical cores
     minus one, at least one). `cuda_graphs` replays decode steps of up to `max_batch_size`
-    requests as CUDA graphs captured at start-up (where the model runs on one CUDA device).
+    requests as CUDA graphs captured at start-up (where the model runs on one CUDA device):
+    `decode_graph` "step" captures a whole step as one graph, the GPU waiting on flags the CPU
+    experts raise; "layers" captures the pieces between two MoE layers' CPU experts and the host
+    replays them one by one.
     """
 
     gguf_path: str | None = None  # None: the built-in demo model
@@ -29,6 +34,7 @@ class EngineConfig:
     page_size: int = 64
     cpu_threads: int | None = None
     cuda_graphs: bool = True  # replay decode steps as CUDA graphs (captured at start-up)
+    decode_graph: str = "step"  # "step": one graph per step; "layers": one per piece
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_batch_size <= 256:
@@ -40,6 +46,9 @@ class EngineConfig:
         if self.cache_lens < self.page_size:
             raise HybridError(f"cache_lens ({self.cache_lens}) must hold at least one page "
                               f"of page_size {self.page_size} tokens")
+        if self.decode_graph not in DECODE_GRAPHS:
+            raise HybridError(f"decode_graph must be one of {', '.join(DECODE_GRAPHS)}, got "
+                              f"{self.decode_graph!r}")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise HybridError(f"cpu_threads must be at least 1, got {self.cpu_threads}")
 

@@ -9,6 +9,12 @@ holds; the kernel reads the real lengths from the input buffer.
 
 All buckets share one memory pool, captured largest first; within a bucket the pieces replay
 in their capture order, so memory one piece frees and a later one reuses is never live twice.
+
+`whole_step`: each bucket is one graph of the whole step (DecoderProgram.run_on_device: the GPU
+raises a flag when a MoE layer's rows are in pinned memory and waits for the flag of the
+experts' answer); the host launches it and then drives every layer's CPU experts from one call
+(HostExperts) while it runs. Nothing is launched per layer and no host code runs between two
+layers' experts but a spin on a flag.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import torch
 from hybrid.engine.decoder import DecoderProgram, StepState
 from hybrid.engine.forward_batch import ForwardBatch, StepLayout
 from hybrid.engine.kv_cache import PagedLatentCache
+from hybrid.errors import HybridError
 
 log = logging.getLogger("hybrid.engine")
 
@@ -42,16 +49,23 @@ class _Captured:
     inputs: torch.Tensor  # [layout.size] int64 on the device: the static index buffer
     staging: torch.Tensor  # the same, pinned on the host
     state: StepState
-    graphs: list[torch.cuda.CUDAGraph | None]  # per piece; None for host pieces
+    graphs: list[torch.cuda.CUDAGraph | None]  # per piece, None for host pieces; or [whole]
 
 
 class DecodeGraphs:
     def __init__(self, program: DecoderProgram, cache: PagedLatentCache, page_size: int,
                  max_pages: int, max_batch_size: int, device: torch.device,
                  num_splits: Callable[[int], int],
-                 progress: Callable[[str], None] | None = None) -> None:
+                 progress: Callable[[str], None] | None = None, whole_step: bool = False
+                 ) -> None:
         self.program, self.cache, self.page_size = program, cache, page_size
         self.max_pages, self.device = max_pages, device
+        self.host = None
+        if whole_step:
+            from hybrid.engine.host_experts import HostExperts
+
+            program.bridge.use_flags(len(program.moe_layers))
+            self.host = HostExperts(program.moe_layers, program.bridge)
         self.sizes = bucket_sizes(max_batch_size)
         self.pool = torch.cuda.graph_pool_handle()
         self._captured: dict[int, _Captured] = {}
@@ -78,6 +92,17 @@ class DecodeGraphs:
         layout, inputs, state = self._state(b, num_splits)
         self.program.run(state)  # warm-up: compiles every kernel of this shape
         torch.cuda.synchronize(self.device)
+        if self.host is not None:
+            # flags and seq are all 0: the waits pass at once (this compiles the hand-over
+            # kernels outside the capture)
+            self.program.run_on_device(state)
+            torch.cuda.synchronize(self.device)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self.pool):
+                self.program.run_on_device(state)
+            torch.cuda.synchronize(self.device)
+            staging = torch.empty(layout.size, dtype=torch.int64, pin_memory=True)
+            return _Captured(layout, inputs, staging, state, [g])
         graphs: list[torch.cuda.CUDAGraph | None] = []
         for piece in self.program.pieces:
             if not piece.on_device:
@@ -103,9 +128,21 @@ class DecodeGraphs:
         cap.staging.numpy()[:] = packed
         cap.inputs.copy_(cap.staging, non_blocking=True)
         cap.state.num_real = b
+        if self.host is not None:
+            self._run_whole(cap, b)
+            return cap.state.logits[:b]
         for piece, graph in zip(self.program.pieces, cap.graphs):
             if graph is not None:
                 graph.replay()
             else:
                 piece.run(cap.state)
         return cap.state.logits[:b]
+
+    def _run_whole(self, cap: _Captured, b: int) -> None:
+        bridge = self.program.bridge
+        if bridge.error[0]:
+            raise HybridError("a CUDA graph stopped waiting for the CPU experts (see the log "
+                              "for the failure before it); restart the server")
+        seq = bridge.next_seq()  # before the replay, on its stream
+        cap.graphs[0].replay()
+        self.host.run(seq, b)

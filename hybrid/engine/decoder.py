@@ -11,7 +11,9 @@ work between (the CPU experts of each MoE layer).
 
 Eagerly the pieces simply run in order (any batch: prefill chunks and decodes); for decode
 batches each device piece is captured as a CUDA graph and replayed (cuda_graphs.py), the host
-pieces run between. The hidden state stays on the device for the whole step; each layer's
+pieces run between; or the whole step is one graph (`run_on_device`): each host piece has a
+device twin (raise the layer's ready flag / wait for its done flag) and the host runs every
+layer's experts from one call meanwhile (host_experts.py). The hidden state stays on the device for the whole step; each layer's
 residual add is fused into the next RMSNorm (RMSNormOp.add_norm).
 
 Layers whose experts do not all run on the CPU (GPU-resident experts) are run in place, as
@@ -51,6 +53,7 @@ class StepState:
 class Piece:
     on_device: bool  # device work (capturable) or host work
     run: Callable[[StepState], None]
+    twin: Callable[[StepState], None] | None = None  # a host piece's device-side stand-in
 
 
 class DecoderProgram:
@@ -58,6 +61,7 @@ class DecoderProgram:
         self.model = model
         self.inner = model.model
         self.bridge = bridge
+        self.moe_layers: list[ExpertsOp] = []  # bridged layers' experts, in order
         self.pieces = self._plan()
         self.can_capture = all(not _is_moe(layer.mlp) or _bridged(layer.mlp)
                                for layer in self.inner.layers)
@@ -67,6 +71,13 @@ class DecoderProgram:
             piece.run(st)
         return st.logits
 
+    def run_on_device(self, st: StepState) -> torch.Tensor:
+        """The step as device work only (to capture whole): host pieces become their twins,
+        so the CPU experts must be driven by someone else (HostExperts) meanwhile."""
+        for piece in self.pieces:
+            (piece.run if piece.on_device else piece.twin)(st)
+        return st.logits
+
     def _plan(self) -> list[Piece]:
         pieces: list[Piece] = []
         steps: list[Callable[[StepState], None]] = [self._embed]
@@ -74,9 +85,13 @@ class DecoderProgram:
             steps.append(partial(self._attention, layer))
             if _is_moe(layer.mlp) and _bridged(layer.mlp):
                 steps.append(partial(self._route_and_send, layer))
-                pieces += [_device(steps), Piece(False, self._mark),
+                i = len(self.moe_layers)
+                self.moe_layers.append(layer.mlp.experts)
+                pieces += [_device(steps),
+                           Piece(False, self._mark, lambda st, i=i: self.bridge.signal(i)),
                            _device([partial(self._shared, layer.mlp)]),
-                           Piece(False, partial(self._experts, layer.mlp.experts))]
+                           Piece(False, partial(self._experts, layer.mlp.experts),
+                                 lambda st, i=i: self.bridge.wait(i))]
                 steps = [self._receive]
             else:
                 steps.append(partial(self._mlp, layer))

@@ -12,6 +12,11 @@ the routed ones. Layers run one after another, so every layer shares one set of 
     receive(n)        GPU work: the experts' sum back to the device      (in a captured piece)
 
 On a CPU placement the buffers are plain host tensors and the event is skipped.
+
+A decode step captured whole (one CUDA graph for all layers) replaces mark/compute with flags in
+mapped pinned memory (gpu_kernels/handshake.py): `signal(l)` after the copies, the host side
+(host_experts.py) waits for it, runs the experts and raises done[l], which `wait(l)` waits for
+on the GPU before `receive`. Flags carry the step's sequence number (`next_seq`).
 """
 
 from __future__ import annotations
@@ -34,6 +39,47 @@ class ExpertsBridge:
         self.routed = torch.zeros(max_tokens, hidden, device=device) if on_gpu else self.out
         self.event = torch.cuda.Event() if on_gpu else None
         self._np = (self.x.numpy(), self.ids.numpy(), self.weights.numpy(), self.out.numpy())
+        self.ready = self.done = self.error = self.seq = self._seq_host = None
+        self.step_seq = 0
+
+    def use_flags(self, num_layers: int) -> None:
+        """Allocate the hand-over flags of `num_layers` MoE layers (a whole-step graph); once:
+        graphs captured earlier keep pointing at them."""
+        if self.ready is not None:
+            if self.ready.numel() != num_layers:
+                raise ValueError(f"flags for {self.ready.numel()} layers, not {num_layers}")
+            return
+        pin = self.device.type == "cuda"  # mapped: the GPU's kernels read and write them
+        self.ready = torch.zeros(num_layers, dtype=torch.int64, pin_memory=pin)  # GPU -> CPU
+        self.done = torch.zeros(num_layers, dtype=torch.int64, pin_memory=pin)  # CPU -> GPU
+        self.error = torch.zeros(1, dtype=torch.int32, pin_memory=pin)  # a wait gave up
+        self.seq = torch.zeros(1, dtype=torch.int64, device=self.device)
+        self._seq_host = torch.zeros(1, dtype=torch.int64, pin_memory=pin)
+
+    def next_seq(self) -> int:
+        """A new step's sequence number, copied to the device on the current stream (before
+        the step's graph replays: the flags of this step are compared with it)."""
+        self.step_seq += 1
+        self._seq_host[0] = self.step_seq
+        self.seq.copy_(self._seq_host, non_blocking=True)
+        return self.step_seq
+
+    def signal(self, layer: int) -> None:
+        """GPU work: raise ready[layer] (after the copies of `send`, in stream order)."""
+        from gpu_kernels.handshake import signal
+
+        signal(self.ready, layer, self.seq)
+
+    def wait(self, layer: int) -> None:
+        """GPU work: hold the stream until the host raised done[layer] for this step."""
+        from gpu_kernels.handshake import wait
+
+        wait(self.done, layer, self.seq, self.error)
+
+    @property
+    def host_arrays(self) -> tuple:
+        """(x [T, H], ids [T, K], weights [T, K], out [T, H]) as numpy views of the buffers."""
+        return self._np
 
     @property
     def max_tokens(self) -> int:

@@ -57,17 +57,23 @@ class ModelRunner:
         self.graphs = None
         if config.cuda_graphs and self.device.type == "cuda" and self.program.can_capture \
                 and _one_device(model, self.device):
-            from gpu_kernels.mla_decode import choose_splits
-            from hybrid.engine.cuda_graphs import DecodeGraphs
-
-            heads = attention[0].heads
-            capacity = self.max_pages * config.page_size
             self.warm_up(progress)
-            self.graphs = DecodeGraphs(self.program, self.cache, config.page_size,
-                                       self.max_pages, config.max_batch_size, self.device,
-                                       lambda b: choose_splits(b, heads, capacity), progress)
+            self.graphs = self.capture_graphs(config.decode_graph, progress)
         elif self.device.type == "cuda":
             self.warm_up(progress)
+
+    def capture_graphs(self, decode_graph: str, progress: Callable[[str], None] | None = None):
+        """-> DecodeGraphs of every batch bucket, `decode_graph` "step" or "layers" (also for
+        benchmarks that compare the two in one process)."""
+        from gpu_kernels.mla_decode import choose_splits
+        from hybrid.engine.cuda_graphs import DecodeGraphs
+
+        heads = self.program.inner.layers[0].self_attn.heads
+        capacity = self.max_pages * self.page_size
+        return DecodeGraphs(self.program, self.cache, self.page_size, self.max_pages,
+                            self.config.max_batch_size, self.device,
+                            lambda b: choose_splits(b, heads, capacity), progress,
+                            whole_step=decode_graph == "step" and bool(self.program.moe_layers))
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> torch.Tensor:

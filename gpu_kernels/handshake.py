@@ -1,0 +1,70 @@
+"""Flags between a CUDA graph and a CPU thread, in mapped pinned memory: the GPU raises one when
+data it copied to the host is complete, and waits for one the CPU raises when its answer is.
+
+With these a whole decode step is one CUDA graph even though each MoE layer's routed experts run
+on the CPU (cpu_kernels/layer_driver.py is the other side): nothing is launched per layer, and
+each hand-over costs a PCIe write and a few polled reads instead of a host wake-up and a launch.
+
+Flags hold a step's sequence number, read from a device int64 (`seq`) the host sets per step, so
+they never need resetting and a flag left from an earlier step never passes for this one.
+
+- signal(flags, index, seq): flags[index] = seq, a system-scope release store. Stream order puts
+  it after the copies before it, which are then complete in host memory.
+- wait(flags, index, seq, error): spin until flags[index] == seq, polling host memory. After
+  `max_spins` polls (~1 us each over PCIe: the default is ~10-20 s) it gives up and sets
+  error[0] = 1, so a host that died never hangs the GPU; the host checks `error` per step.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_SPINS = 10_000_000
+
+
+@triton.jit
+def _signal_kernel(flags_ptr, index, seq_ptr):
+    seq = tl.load(seq_ptr)
+    tl.atomic_xchg(flags_ptr + index, seq, sem="release", scope="sys")
+
+
+@triton.jit
+def _wait_kernel(flags_ptr, index, seq_ptr, error_ptr, max_spins):
+    seq = tl.load(seq_ptr)
+    seen = tl.load(flags_ptr + index, volatile=True)
+    spins = 0
+    while (seen != seq) & (spins < max_spins):
+        seen = tl.load(flags_ptr + index, volatile=True)
+        spins += 1
+    if seen != seq:
+        tl.store(error_ptr, 1)
+
+
+def _check(flags: torch.Tensor, index: int, seq: torch.Tensor) -> None:
+    if flags.dtype != torch.int64 or seq.dtype != torch.int64 or not 0 <= index < flags.numel():
+        raise ValueError(f"flags {flags.dtype}[{flags.numel()}] index {index}, seq {seq.dtype}")
+
+
+def signal(flags: torch.Tensor, index: int, seq: torch.Tensor) -> None:
+    """flags: [L] int64 (mapped pinned)  seq: [1] int64 on the device."""
+    _check(flags, index, seq)
+    _signal_kernel[(1,)](flags, index, seq, num_warps=1)
+
+
+def wait(flags: torch.Tensor, index: int, seq: torch.Tensor, error: torch.Tensor,
+         max_spins: int = MAX_SPINS) -> None:
+    """Block the stream until flags[index] == seq (or set error[0] = 1 after max_spins)."""
+    _check(flags, index, seq)
+    _wait_kernel[(1,)](flags, index, seq, error, max_spins, num_warps=1)
+
+
+def signal_ref(flags: torch.Tensor, index: int, seq: torch.Tensor) -> None:
+    flags[index] = seq.to(flags.device)[0]
+
+
+def wait_ref(flags: torch.Tensor, index: int, seq: torch.Tensor, error: torch.Tensor) -> None:
+    """The reference never spins: a flag not yet equal is the error."""
+    if int(flags[index]) != int(seq[0]):
+        error[0] = 1

@@ -1,0 +1,81 @@
+"""The host's half of a decode step captured whole: every MoE layer's routed experts, in layer
+order, each started when the GPU raises the layer's ready flag and answered with its done flag
+(experts_bridge.py has the buffers and flags, gpu_kernels/handshake.py the GPU's half).
+
+When every layer's experts are packed (fast mode) in one slice of a pool the engine's thread may
+drive (one unpinned worker group), all layers run from one numba call
+(cpu_kernels/layer_driver.py): no Python between two layers' kernels. Otherwise a Python loop
+does the same per layer through ExpertsOp.run_host (exact mode, or NUMA worker groups).
+
+A failure (an exception, or the GPU not raising a flag within the timeout) raises every
+remaining done flag before it propagates, so the graph runs out instead of spinning.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from cpu_kernels.clock import cycles_per_us
+from cpu_kernels.handshake import set_flag, wait_equal
+from cpu_kernels.layer_driver import drive_layers, packed_layers
+from hybrid.engine.experts_bridge import ExpertsBridge
+from hybrid.errors import HybridError
+from hybrid.ops.experts import ExpertsOp
+
+TIMEOUT_S = 60.0  # the GPU reaches the next layer's flag in microseconds; this is a lost GPU
+
+
+class HostExperts:
+    def __init__(self, layers: list[ExpertsOp], bridge: ExpertsBridge) -> None:
+        self.layers, self.bridge = layers, bridge
+        self._ready, self._done = bridge.ready.numpy(), bridge.done.numpy()
+        self._timeout = int(TIMEOUT_S * 1e6 * cycles_per_us())
+        pools = {id(op.pool): op.pool for op in layers}
+        self._pool = next(iter(pools.values())) if len(pools) == 1 else None
+        self._packed = None
+        if self._pool is not None and self._pool.can_run_inline and all(
+                op.placed is not None and op.placed.fast and len(op.placed.slices) == 1
+                and op.placed.slices[0].packed is not None for op in layers):
+            self._packed = packed_layers([op.placed for op in layers])
+        # [L, 2] cycle stamps of each layer's kernel in the last step (one numba call only)
+        self.stamps = np.zeros((len(layers), 2), np.int64)
+
+    @property
+    def one_call(self) -> bool:
+        """All layers run from one numba call (else a Python loop over ExpertsOp.run_host)."""
+        return self._packed is not None
+
+    def run(self, seq: int, n: int) -> None:
+        """Answer step `seq`'s flags for its first n rows, every layer; raises HybridError."""
+        try:
+            if self._packed is not None:
+                threads = self._pool.groups[0].num_threads
+                if numba.get_num_threads() != threads:  # per calling thread
+                    numba.set_num_threads(threads)
+                x, ids, w, out = self.bridge.host_arrays
+                reached = drive_layers(self._ready, self._done, seq, n, x, ids, w, out,
+                                       self._packed, self._timeout, self.stamps)
+            else:
+                reached = self._loop(seq, n)
+        except BaseException:
+            self._release(seq)
+            raise
+        if reached < len(self.layers):
+            self._release(seq)
+            raise HybridError(f"the GPU did not hand over MoE layer {reached}'s rows within "
+                              f"{TIMEOUT_S:.0f} s; the CUDA device may have failed (see the "
+                              f"log), restart the server")
+
+    def _loop(self, seq: int, n: int) -> int:
+        x, ids, w, out = self.bridge.host_arrays
+        for layer, op in enumerate(self.layers):
+            if not wait_equal(self._ready, layer, seq, self._timeout):
+                return layer
+            op.run_host(x[:n], ids[:n], w[:n], out[:n])
+            set_flag(self._done, layer, seq)
+        return len(self.layers)
+
+    def _release(self, seq: int) -> None:
+        for layer in range(len(self.layers)):
+            set_flag(self._done, layer, seq)

@@ -1,0 +1,82 @@
+"""drive_layers against moe_forward, with a second thread in the GPU's place: it writes each
+layer's inputs, raises the ready flag and waits for the done flag before the next layer, as the
+decode step's CUDA graph does through mapped pinned memory."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from cpu_kernels import qtypes as qt
+from cpu_kernels.handshake import set_flag, wait_equal
+from cpu_kernels.layer_driver import drive_layers, packed_layers
+from cpu_kernels.moe import moe_forward
+from cpu_kernels.pool import MoEPool
+from cpu_kernels.random_blocks import random_experts
+
+SECOND = 3_000_000_000  # TSC cycles: ample on any machine
+
+
+@pytest.fixture(scope="module")
+def layers():
+    rng = np.random.default_rng(3)
+    pool = MoEPool(threads=2)
+    experts = [random_experts(rng, 8, 256, 256, qt.Q4_K, qt.Q4_K, qt.Q6_K),
+               random_experts(rng, 8, 256, 256, qt.Q5_0, qt.Q5_0, qt.Q8_0),
+               random_experts(rng, 8, 256, 256, qt.Q8_0, qt.Q8_0, qt.Q8_0)]
+    yield experts, [pool.place(e, mode="fast") for e in experts]
+    pool.close()
+
+
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_two_steps_match_moe_forward(layers, n):
+    experts, placed = layers
+    rng = np.random.default_rng(n)
+    t, h, k = 8, 256, 2
+    x, out = np.zeros((t, h), np.float32), np.zeros((t, h), np.float32)
+    ids, w = np.zeros((t, k), np.int64), np.zeros((t, k), np.float32)
+    ready, done = np.zeros(3, np.int64), np.zeros(3, np.int64)
+    for seq in (1, 2):
+        inputs = [(rng.standard_normal((n, h)).astype(np.float32),
+                   np.stack([rng.choice(8, k, replace=False) for _ in range(n)]),
+                   rng.random((n, k)).astype(np.float32)) for _ in experts]
+        got, errors = [], []
+
+        def gpu(inputs=inputs, seq=seq, got=got, errors=errors):
+            try:
+                for layer, (xi, ii, wi) in enumerate(inputs):
+                    x[:n], ids[:n], w[:n] = xi, ii, wi
+                    set_flag(ready, layer, seq)
+                    assert wait_equal(done, layer, seq, 10 * SECOND)
+                    got.append(out[:n].copy())
+            except BaseException as err:  # noqa: BLE001 - reported below
+                errors.append(err)
+        thread = threading.Thread(target=gpu)
+        thread.start()
+        assert drive_layers(ready, done, seq, n, x, ids, w, out, packed_layers(placed),
+                            10 * SECOND) == 3
+        thread.join()
+        assert not errors
+        for e, (xi, ii, wi), g in zip(experts, inputs, got):
+            want = np.empty_like(xi)
+            moe_forward(xi, ii, wi, e, want, mode="fast")
+            np.testing.assert_array_equal(g, want)
+
+
+def test_timeout_reports_the_waiting_layer(layers):
+    _, placed = layers
+    x, out = np.zeros((1, 256), np.float32), np.zeros((1, 256), np.float32)
+    ids, w = np.zeros((1, 2), np.int64), np.ones((1, 2), np.float32)
+    ready, done = np.array([5, 0, 0], np.int64), np.zeros(3, np.int64)
+    assert drive_layers(ready, done, 5, 1, x, ids, w, out, packed_layers(placed), 1000) == 1
+    assert done.tolist() == [5, 0, 0]
+
+
+def test_needs_packed_layers(layers):
+    experts, _ = layers
+    pool = MoEPool(threads=1)
+    with pytest.raises(ValueError, match="fast-mode"):
+        packed_layers([pool.place(experts[0], mode="exact")])
+    pool.close()

@@ -1,0 +1,42 @@
+"""The GPU side of the CPU-experts hand-over flags, against its reference: signal writes the
+step's sequence number; wait passes on an equal flag and reports a stale one after its spins."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpu_kernels.handshake import signal, signal_ref, wait, wait_ref
+
+
+def _host(n: int) -> torch.Tensor:
+    return torch.zeros(n, dtype=torch.int64, pin_memory=torch.cuda.is_available())
+
+
+@pytest.mark.parametrize("index", [0, 2])
+def test_signal(index: int, device) -> None:
+    flags, ref = _host(3), torch.zeros(3, dtype=torch.int64)
+    seq = torch.tensor([41], device=device)
+    signal(flags, index, seq)
+    signal_ref(ref, index, seq)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    assert flags.tolist() == ref.tolist()
+
+
+@pytest.mark.parametrize("flag,seq", [(7, 7), (6, 7), (8, 7)])
+def test_wait(flag: int, seq: int, device) -> None:
+    flags = _host(2)
+    flags[1] = flag
+    s = torch.tensor([seq], device=device)
+    error, ref = torch.zeros(1, dtype=torch.int32, device=device), torch.zeros(1, dtype=torch.int32)
+    wait(flags, 1, s, error, max_spins=50)
+    wait_ref(flags, 1, s, ref)
+    assert error.tolist() == ref.tolist() == [int(flag != seq)]
+
+
+def test_bad_arguments(device) -> None:
+    with pytest.raises(ValueError, match="index 3"):
+        signal(_host(3), 3, torch.tensor([1], device=device))
+    with pytest.raises(ValueError, match="int32"):
+        signal(_host(3).int(), 0, torch.tensor([1], device=device))

@@ -1,0 +1,63 @@
+"""A decode step captured whole, run without a GPU: DecoderProgram.run_on_device (every operator
+on gpu_kernels in Triton's interpreter, the hand-over flags included) in this thread while
+HostExperts answers the flags from another, as it does beside a replaying CUDA graph. Its
+logits equal the step run piece by piece (DecoderProgram.run), for the one-call numba driver
+(fast experts) and the Python loop (exact experts)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from gpu_kernels import qmatmul
+from hybrid.engine.config import EngineConfig
+from hybrid.engine.decoder import StepState
+from hybrid.engine.forward_batch import ForwardBatch
+from hybrid.engine.host_experts import HostExperts
+from hybrid.engine.llm import LLM
+from hybrid.rules.engine import with_experts_mode
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="scripts/device_rules_check.py on GPUs")
+@pytest.mark.parametrize("mode,one_call", [("fast", True), ("exact", False)])
+def test_whole_step_equals_pieces(models, mode, one_call, tmp_path, monkeypatch):
+    monkeypatch.setenv("HYBRID_GPU_KERNELS_ON_CPU", "1")
+    monkeypatch.setattr(qmatmul, "DECODE_TILES", {None: (64, 1024, 1, 1)})
+    path = str(models.path("tiny-v3", "q4_k_m", "legacy"))
+    rules = str(with_experts_mode("DeepSeek-V3", mode, tmp_path))
+    llm = LLM(path, rules, device_map={"cuda": "cpu"},
+              engine_config=EngineConfig(max_batch_size=2, cache_lens=256, page_size=16))
+    runner = llm.engine.runner
+    program, bridge = runner.program, runner.bridge
+    # two decodes of different lengths, their cache rows written by a prefill first
+    prompts = ([3, 14, 15, 92, 65], [35, 89])
+    for i, p in enumerate(prompts):
+        program.run(StepState(_batch(runner, [(p, [i], 0, True)]), num_real=len(p)))
+    decodes = [([7], [i], len(p), True) for i, p in enumerate(prompts)]
+    want = program.run(StepState(_batch(runner, decodes), num_real=2)).clone()
+
+    bridge.use_flags(len(program.moe_layers))
+    host = HostExperts(program.moe_layers, bridge)
+    assert host.one_call == one_call
+    for _ in range(2):  # a second step: flags left from the first never pass for it
+        seq = bridge.next_seq()
+        errors: list[BaseException] = []
+
+        def answer(seq=seq, errors=errors):
+            try:
+                host.run(seq, 2)
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+        thread = threading.Thread(target=answer)
+        thread.start()
+        got = program.run_on_device(StepState(_batch(runner, decodes), num_real=2))
+        thread.join()
+        assert not errors and int(bridge.error[0]) == 0
+        assert bridge.done.tolist() == [seq] * len(program.moe_layers)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def _batch(runner, chunks) -> ForwardBatch:
+    return ForwardBatch.build(chunks, runner.page_size, runner.cache, runner.device)
