@@ -80,7 +80,8 @@ def variants() -> Iterator[Variant]:
                       {"QT": qtype, "BT": 4, "BK": 64})
     for heads in (16, 128):
         sig = _sig("q_ptr qr_ptr cache_ptr table_ptr lens_ptr o_ptr lse_ptr H P page_size scale "
-                   "NSPLIT", "*fp32 *fp32 *bf16 *i64 *i64 *fp32 *fp32 i32 i32 i32 fp32 i32")
+                   "NSPLIT sqrb sqrh",
+                   "*fp32 *fp32 *bf16 *i64 *i64 *fp32 *fp32 i32 i32 i32 fp32 i32 i32 i32")
         yield Variant(f"mla_decode split H={heads}", mla_decode._split_kernel,
                       {**sig, "C": "constexpr", "R": "constexpr", "BH": "constexpr",
                        "BS": "constexpr", "PREC": "constexpr"},

@@ -26,7 +26,7 @@ PRECISION = "tf32"
 
 @triton.jit(do_not_specialize=["NSPLIT"])
 def _split_kernel(q_ptr, qr_ptr, cache_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr,
-                  H, P, page_size, scale, NSPLIT,
+                  H, P, page_size, scale, NSPLIT, sqrb, sqrh,
                   C: tl.constexpr, R: tl.constexpr, BH: tl.constexpr, BS: tl.constexpr,
                   PREC: tl.constexpr):
     b = tl.program_id(0)
@@ -37,7 +37,8 @@ def _split_kernel(q_ptr, qr_ptr, cache_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr,
     c = tl.arange(0, C)
     rr = tl.arange(0, R)
     q = tl.load(q_ptr + (b * H + h)[:, None] * C + c[None, :], mask=hmask[:, None], other=0.0)
-    qr = tl.load(qr_ptr + (b * H + h)[:, None] * R + rr[None, :], mask=hmask[:, None], other=0.0)
+    qr = tl.load(qr_ptr + b * sqrb + h[:, None] * sqrh + rr[None, :], mask=hmask[:, None],
+                 other=0.0)
     length = tl.load(lens_ptr + b)
     chunk = tl.cdiv(tl.cdiv(length, NSPLIT), BS) * BS
     start = sp * chunk
@@ -103,19 +104,23 @@ def mla_decode(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor,
                page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, scale: float,
                num_splits: int, out: torch.Tensor | None = None,
                block_tokens: int = BLOCK_TOKENS, precision: str = PRECISION) -> torch.Tensor:
-    """q_lat [B, H, C] f32, q_rope [B, H, R] f32, cache [slots, C + R] (bf16/f16/f32),
+    """q_lat [B, H, C] f32, q_rope [B, H, R] f32 (any row strides), cache [slots, C + R] (bf16/f16/f32),
     page_table [B, P] int32, seq_lens [B] int32 -> out [B, H, C] f32."""
     b, h, c = q_lat.shape
     r = q_rope.shape[-1]
     if cache.shape[-1] != c + r or c & (c - 1) or r & (r - 1):
         raise ValueError(f"cache rows of {cache.shape[-1]} for C={c}, R={r} (powers of two)")
-    q_lat, q_rope = q_lat.float().contiguous(), q_rope.float().contiguous()
+    # q_rope may be a view of the queries' rope columns (rows strided): only its last dim
+    # must be dense
+    q_lat, q_rope = q_lat.float().contiguous(), q_rope.float()
+    if q_rope.stride(-1) != 1:
+        q_rope = q_rope.contiguous()
     o_part = torch.empty(b, h, num_splits, c, dtype=torch.float32, device=q_lat.device)
     lse = torch.empty(b, h, num_splits, dtype=torch.float32, device=q_lat.device)
     bh = _heads_per_program(h)
     _split_kernel[(b, triton.cdiv(h, bh), num_splits)](
         q_lat, q_rope, cache, page_table, seq_lens, o_part, lse, h, page_table.shape[1],
-        page_size, scale, num_splits, C=c, R=r, BH=bh, BS=block_tokens, PREC=precision,
+        page_size, scale, num_splits, q_rope.stride(0), q_rope.stride(1), C=c, R=r, BH=bh, BS=block_tokens, PREC=precision,
         num_warps=8)
     out = out if out is not None else torch.empty(b, h, c, dtype=torch.float32,
                                                   device=q_lat.device)

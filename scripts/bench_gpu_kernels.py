@@ -36,6 +36,12 @@ TYPES = {"Q4_K": 12, "Q6_K": 14, "Q8_0": 8, "Q5_0": 6, "Q2_K": 10, "Q3_K": 11, "
 
 SWEEP = [(4, 512, 4, 1), (4, 512, 4, 3), (2, 512, 2, 1), (2, 512, 2, 3), (4, 1024, 4, 1),
          (8, 1024, 8, 2), (4, 256, 4, 4), (2, 1024, 2, 1)]
+# products with many rows (heads, dense MLPs): more rows per program
+LARGE = [("v2l head", 102400, 2048), ("v2l dense gate_up", 21888, 2048),
+         ("v2l dense down", 2048, 10944), ("v3 dense gate_up", 36864, 7168),
+         ("v3 o_proj", 7168, 16384)]
+SWEEP_LARGE = [(2, 1024, 2, 1), (2, 512, 2, 3), (4, 1024, 4, 1), (8, 1024, 4, 1),
+               (8, 512, 4, 2), (16, 512, 8, 1), (16, 256, 4, 3), (32, 256, 8, 2), (8, 256, 4, 4)]
 
 
 def graph_ms(fn, calls: int = 20) -> float:
@@ -110,10 +116,26 @@ def main() -> int:
     ap.add_argument("--types", default="Q4_K,Q6_K,Q8_0")
     ap.add_argument("--sweep", action="store_true",
                     help="decode tile configurations (rows, step, warps) at M=1 first")
+    ap.add_argument("--sweep-large", action="store_true",
+                    help="only the tile sweep of products with many rows, then stop")
     args = ap.parse_args()
     copy = copy_bandwidth()
     print(f"device copy: {copy:.0f} GB/s (read + write)", flush=True)
     rows = []
+    if args.sweep_large:
+        for tname in args.types.split(","):
+            for name, n, k in LARGE:
+                ws = rotating_weights(TYPES[tname], n, k)
+                line = []
+                for tiles in SWEEP_LARGE:
+                    res = bench_product(ws, 1, tiles)
+                    rows.append({"type": tname, "shape": name, "m": 1, "tiles": tiles, **res})
+                    line.append(f"{tiles[:3]}{'p' + str(tiles[3]) if tiles[3] > 1 else ''}: "
+                                f"{res['GB_s']:.0f}")
+                print(f"sweep GB/s {tname:5} {name:17} " + " ".join(line), flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"copy_GB_s": copy, "products": rows}))
+        return 0
     if args.sweep:
         for tname in args.types.split(","):
             for name, n, k in (SHAPES[1], SHAPES[3], SHAPES[5]):

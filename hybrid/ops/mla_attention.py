@@ -121,7 +121,7 @@ class MLAAttentionOp(nn.Module):
         rope_cache(q, kv, fb.positions, fb.slots, self.kv_a_norm, self.inv_freq,
                    self.rope_scale, self.eps, cache, self.nope)  # q's rope dims rotated in place
         q_lat = self._absorb(q[..., :self.nope])  # [N, h, c]
-        o_lat = paged_attention(q_lat, q[..., self.nope:].contiguous(), cache, fb, self.scale,
+        o_lat = paged_attention(q_lat, q[..., self.nope:], cache, fb, self.scale,
                                 num_splits, self.on_gpu)
         o = self._values(o_lat).reshape(n, self.heads * self.v)
         return linear(o, self.o_proj).to(h.device)

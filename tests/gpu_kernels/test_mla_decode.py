@@ -1,5 +1,6 @@
 """Paged MLA decode attention against its float64 reference: mixed lengths (padding rows of
-length 0 included), page sizes, head counts (V2-Lite 16, V3 128), split counts."""
+length 0 included), page sizes, head counts (V2-Lite 16, V3 128), split counts; q_rope a
+strided view."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def test_mla_decode(heads, c, r, page, lens, splits, device) -> None:
     table = torch.randperm(pages * b + 1, generator=g)[: b * pages].reshape(b, pages)
     table = table.int().to(device)
     q = (torch.randn(b, heads, c, generator=g) * 0.1).to(device)
-    qr = (torch.randn(b, heads, r, generator=g) * 0.1).to(device)
+    # q_rope as the engine passes it: the rope columns of the queries [B, H, nope + R]
+    qr = (torch.randn(b, heads, 8 + r, generator=g) * 0.1).to(device)[..., 8:]
     seq = torch.tensor(lens, dtype=torch.int32, device=device)
     n = splits or choose_splits(b, heads, max(lens))
     out = mla_decode(q, qr, cache, table, seq, page, 0.07, n)
