@@ -135,12 +135,13 @@ def qmatmul(x: torch.Tensor, w: GpuQuant, out_rows: int | None = None, row0: int
 
 # (rows per program, weights per K step, warps, pipeline stages). Decode is bound by memory
 # latency: many small programs, the products kept in registers until the end of the K loop
-# (BM tokens take a step 1/BM as long). The best of 8 shapes measured on the H100
-# (scripts/bench_gpu_kernels.py --sweep, inside CUDA graphs, V2-Lite and V3 products): 2 rows
-# x 1024 for 32-blocks (Q5_0) and Q6_K, 2 x 512 in a 3-stage pipeline for Q4_K.
-# Tensor-core tiles take more rows.
-DECODE_TILES = {None: (2, 1024, 2, 1), qt.Q4_K: (2, 512, 2, 3), qt.Q5_K: (2, 512, 2, 3),
-                qt.Q2_K: (2, 512, 2, 1), qt.Q3_K: (2, 512, 2, 1)}
+# (BM tokens take a step 1/BM as long). Measured on the H100 (scripts/bench_gpu_kernels.py
+# --sweep and --sweep-large, inside CUDA graphs, V2-Lite and V3 products): 2 rows x 1024 with
+# 2 warps for 32-blocks (Q5_0, Q8_0); Q4_K 2 rows x 1024 in one warp (~2x the 2-warp 512-wide
+# pipelined tile on V3 o_proj and the dense MLPs: 0.9-1.0 TB/s); Q6_K one row x 1024 in one
+# warp (+5-10% on heads and dense MLPs). Tensor-core tiles take more rows.
+DECODE_TILES = {None: (2, 1024, 2, 1), qt.Q4_K: (2, 1024, 1, 1), qt.Q5_K: (2, 512, 2, 3),
+                qt.Q6_K: (1, 1024, 1, 1), qt.Q2_K: (2, 512, 2, 1), qt.Q3_K: (2, 512, 2, 1)}
 DOT_TILES = (32, 64, 8, 1)
 
 
