@@ -66,6 +66,9 @@ class DecodeGraphs:
 
             program.bridge.use_flags(len(program.moe_layers))
             self.host = HostExperts(program.moe_layers, program.bridge)
+            if progress is not None:
+                progress("compiling the CPU experts' step driver")
+            self.host.warm_up()
         self.sizes = bucket_sizes(max_batch_size)
         self.pool = torch.cuda.graph_pool_handle()
         self._captured: dict[int, _Captured] = {}

@@ -41,6 +41,17 @@ class HostExperts:
         # [L, 2] cycle stamps of each layer's kernel in the last step (one numba call only)
         self.stamps = np.zeros((len(layers), 2), np.int64)
 
+    def warm_up(self) -> None:
+        """Compile the driver (numba; seconds for the one-call driver, which compiles the MoE
+        kernel into itself) so no request pays for it: one pass over flags of its own, already
+        raised, on one row of zeros."""
+        ready, done = np.zeros(len(self.layers), np.int64), np.zeros(len(self.layers), np.int64)
+        wait_equal(ready, 0, 0, self._timeout)
+        set_flag(done, 0, 0)
+        if self._packed is not None:
+            x, ids, w, out = (np.zeros_like(a[:1]) for a in self.bridge.host_arrays)
+            drive_layers(ready, done, 0, 1, x, ids, w, out, self._packed, self._timeout)
+
     @property
     def one_call(self) -> bool:
         """All layers run from one numba call (else a Python loop over ExpertsOp.run_host)."""

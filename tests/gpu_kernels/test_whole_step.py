@@ -41,6 +41,8 @@ def test_whole_step_equals_pieces(models, mode, one_call, tmp_path, monkeypatch)
     bridge.use_flags(len(program.moe_layers))
     host = HostExperts(program.moe_layers, bridge)
     assert host.one_call == one_call
+    host.warm_up()  # flags of its own: the bridge's stay as they were
+    assert bridge.ready.tolist() == bridge.done.tolist() == [0] * len(program.moe_layers)
     for _ in range(2):  # a second step: flags left from the first never pass for it
         seq = bridge.next_seq()
         errors: list[BaseException] = []
