@@ -72,7 +72,7 @@ def variants() -> Iterator[Variant]:
                            "DOT": dot, "STAGES": stages}, warps)
             yield Variant(f"qmatmul_t {qt.name(qtype)} M={m}", qmatmul._qmm_t_kernel,
                           {**sig, **dict.fromkeys(["QT", "BM", "BN", "BK", "DOT"], "constexpr")},
-                          {"QT": qtype, "BM": bm, "BN": 32 if dot else 16, "BK": 64,
+                          {"QT": qtype, "BM": bm, "BN": 32 if dot else qmatmul.T_ROWS, "BK": 64,
                            "DOT": dot}, 8 if dot else 4)
         esig = _sig("ids_ptr y_ptr p0 p1 p2 p3 p4 p5 T K", ["*i64", "*fp32", *planes, "i32", "i32"])
         yield Variant(f"embedding {qt.name(qtype)}", embedding._embedding_kernel,
@@ -92,15 +92,15 @@ def variants() -> Iterator[Variant]:
                    "C": "constexpr"}, {"C": 512})
     for h in (2048, 7168):
         yield Variant(f"add_rmsnorm H={h}", fused._add_rmsnorm_kernel,
-                      {**_sig("x_ptr d_ptr d2_ptr w_ptr y_ptr H eps",
-                              "*fp32 *fp32 *fp32 *fp32 *fp32 i32 fp32"),
+                      {**_sig("x_ptr d_ptr d2_ptr w_ptr y_ptr H eps sx",
+                              "*fp32 *fp32 *fp32 *fp32 *fp32 i32 fp32 i32"),
                        "HAS_D": "constexpr", "HAS_D2": "constexpr", "BH": "constexpr"},
                       {"HAS_D": True, "HAS_D2": True, "BH": 8192 if h > 4096 else 2048},
                       8 if h > 4096 else 4)
     yield Variant("rope_cache", fused._rope_cache_kernel,
                   {**_sig("q_ptr kv_ptr pos_ptr slot_ptr nw_ptr inv_ptr cache_ptr NH q_stride "
-                          "NOPE eps rope_scale",
-                          "*fp32 *fp32 *i64 *i64 *fp32 *fp32 *bf16 i32 i32 i32 fp32 fp32"),
+                          "NOPE eps rope_scale sq skv",
+                          "*fp32 *fp32 *i64 *i64 *fp32 *fp32 *bf16 i32 i32 i32 fp32 fp32 i32 i32"),
                    "C": "constexpr", "R": "constexpr", "BHEADS": "constexpr"},
                   {"C": 512, "R": 64, "BHEADS": 16})
     yield Variant("silu_mul", fused._silu_mul_kernel,

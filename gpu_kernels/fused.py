@@ -20,17 +20,17 @@ from gpu_kernels.reference import add_rmsnorm_ref, rope_cache_ref, silu_mul_ref 
 
 
 @triton.jit
-def _add_rmsnorm_kernel(x_ptr, d_ptr, d2_ptr, w_ptr, y_ptr, H, eps, HAS_D: tl.constexpr,
+def _add_rmsnorm_kernel(x_ptr, d_ptr, d2_ptr, w_ptr, y_ptr, H, eps, sx, HAS_D: tl.constexpr,
                         HAS_D2: tl.constexpr, BH: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BH)
     m = c < H
-    x = tl.load(x_ptr + row * H + c, mask=m, other=0.0)
+    x = tl.load(x_ptr + row * sx + c, mask=m, other=0.0)
     if HAS_D:
         x += tl.load(d_ptr + row * H + c, mask=m, other=0.0)
         if HAS_D2:
             x += tl.load(d2_ptr + row * H + c, mask=m, other=0.0)
-        tl.store(x_ptr + row * H + c, x, mask=m)
+        tl.store(x_ptr + row * sx + c, x, mask=m)
     inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / H + eps)
     w = tl.load(w_ptr + c, mask=m, other=0.0)
     tl.store(y_ptr + row * H + c, w * (x * inv), mask=m)
@@ -39,12 +39,16 @@ def _add_rmsnorm_kernel(x_ptr, d_ptr, d2_ptr, w_ptr, y_ptr, H, eps, HAS_D: tl.co
 def add_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float,
                 delta: torch.Tensor | None = None, delta2: torch.Tensor | None = None,
                 out: torch.Tensor | None = None) -> torch.Tensor:
-    """x: [T, H] f32 (updated in place when deltas are given) -> normed [T, H] f32."""
+    """x: [T, H] f32, rows may be strided (updated in place when deltas are given); deltas
+    [T, H] dense -> normed [T, H] f32."""
     t, h = x.shape
-    out = out if out is not None else torch.empty_like(x)
-    d = delta if delta is not None else x
-    d2 = delta2 if delta2 is not None else d
-    _add_rmsnorm_kernel[(t,)](x, d, d2, weight, out, h, eps, HAS_D=delta is not None,
+    if x.stride(-1) != 1:
+        raise ValueError("add_rmsnorm needs x's rows dense")
+    out = out if out is not None else torch.empty(t, h, dtype=x.dtype, device=x.device)
+    d = delta.contiguous() if delta is not None else x
+    d2 = delta2.contiguous() if delta2 is not None else d
+    _add_rmsnorm_kernel[(t,)](x, d, d2, weight, out, h, eps, x.stride(0),
+                              HAS_D=delta is not None,
                               HAS_D2=delta2 is not None, BH=triton.next_power_of_2(h),
                               num_warps=8 if h > 4096 else 4)
     return out
@@ -64,7 +68,7 @@ def _rotate(v_ptr, pos, inv_ptr, rope_scale, R: tl.constexpr):
 
 @triton.jit
 def _rope_cache_kernel(q_ptr, kv_ptr, pos_ptr, slot_ptr, nw_ptr, inv_ptr, cache_ptr,
-                       NH, q_stride, NOPE, eps, rope_scale,
+                       NH, q_stride, NOPE, eps, rope_scale, sq, skv,
                        C: tl.constexpr, R: tl.constexpr, BHEADS: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.float32)
@@ -72,7 +76,7 @@ def _rope_cache_kernel(q_ptr, kv_ptr, pos_ptr, slot_ptr, nw_ptr, inv_ptr, cache_
     for h0 in range(0, NH, BHEADS):
         hh = h0 + tl.arange(0, BHEADS)
         hm = hh < NH
-        base = q_ptr + t * NH * q_stride + hh[:, None] * q_stride + NOPE  # [BHEADS, 1]
+        base = q_ptr + t * sq + hh[:, None] * q_stride + NOPE  # [BHEADS, 1]
         j = tl.arange(0, R // 2)[None, :]
         ang = pos * tl.load(inv_ptr + j)
         cos = tl.cos(ang) * rope_scale
@@ -85,11 +89,11 @@ def _rope_cache_kernel(q_ptr, kv_ptr, pos_ptr, slot_ptr, nw_ptr, inv_ptr, cache_
     slot = tl.load(slot_ptr + t).to(tl.int64)
     row = cache_ptr + slot * (C + R)
     c = tl.arange(0, C)
-    lat = tl.load(kv_ptr + t * (C + R) + c)
+    lat = tl.load(kv_ptr + t * skv + c)
     inv = 1.0 / tl.sqrt(tl.sum(lat * lat, axis=0) / C + eps)
     lat = tl.load(nw_ptr + c) * (lat * inv)
     tl.store(row + c, lat.to(cache_ptr.dtype.element_ty))
-    k0, k1, jj = _rotate(kv_ptr + t * (C + R) + C, pos, inv_ptr, rope_scale, R)
+    k0, k1, jj = _rotate(kv_ptr + t * skv + C, pos, inv_ptr, rope_scale, R)
     tl.store(row + C + 2 * jj, k0.to(cache_ptr.dtype.element_ty))
     tl.store(row + C + 2 * jj + 1, k1.to(cache_ptr.dtype.element_ty))
 
@@ -98,12 +102,16 @@ def rope_cache(q: torch.Tensor, kv: torch.Tensor, positions: torch.Tensor,
                slots: torch.Tensor, norm_weight: torch.Tensor, inv_freq: torch.Tensor,
                rope_scale: float, eps: float, cache: torch.Tensor, nope: int) -> None:
     """q: [T, NH, nope + R] f32 (rope dims rotated in place); kv: [T, C + R] f32 (kv_a's
-    output); positions, slots: [T] int; cache: [slots, C + R]."""
+    output); positions, slots: [T] int; cache: [slots, C + R]. q's tokens and kv's rows may
+    be strided (both columns of one product's output); within a token q's heads are dense."""
     t, nh, qd = q.shape
     c = norm_weight.shape[0]
     r = kv.shape[1] - c
-    _rope_cache_kernel[(t,)](q, kv.contiguous(), positions, slots, norm_weight, inv_freq, cache,
-                             nh, qd, nope, eps, rope_scale, C=c, R=r, BHEADS=16, num_warps=4)
+    if q.stride(2) != 1 or q.stride(1) != qd or kv.stride(1) != 1:
+        raise ValueError("rope_cache needs each token's q heads and kv row dense")
+    _rope_cache_kernel[(t,)](q, kv, positions, slots, norm_weight, inv_freq, cache, nh, qd,
+                             nope, eps, rope_scale, q.stride(0), kv.stride(0), C=c, R=r,
+                             BHEADS=16, num_warps=4)
 
 
 @triton.jit

@@ -83,6 +83,9 @@ def _qmm_t_kernel(x_ptr, y_ptr, p0, p1, p2, p3, p4, p5, M, N, K, row0, gstride,
     tl.store(y, acc, mask=mmask[:, None])
 
 
+T_ROWS = 32  # rows per step of the transposed product's decode path
+
+
 def _bk(w: GpuQuant) -> int:
     return 64 if w.cols % 64 == 0 else 32
 
@@ -168,7 +171,9 @@ def qmatmul_t(x: torch.Tensor, w: GpuQuant, in_rows: int, row0: int = 0, gstride
                                                  device=x.device)
     y3 = y.reshape(m, g, w.cols)
     bm, dot = _tiles(m)
-    bn = 32 if dot else 16
+    # decode: the rows (a head's nope dims, 128) in 4 steps, not 8: the grid is only
+    # cols / BK x heads programs, each a chain of dependent steps
+    bn = 32 if dot else T_ROWS
     bk = _bk(w)
     grid = (w.cols // bk, triton.cdiv(m, bm), g)
     _qmm_t_kernel[grid](x3, y3, *plane_args(w.planes), m, in_rows, w.cols, row0, gstride,

@@ -61,19 +61,23 @@ def sample_batch(logits: torch.Tensor, rows: Sequence[tuple[SamplingParams, torc
     fast = [i for i, (p, *_) in enumerate(rows) if p.is_greedy and not p.has_penalties]
     out: list[Sampled | None] = [None] * len(rows)
     if fast:
-        x = logits[torch.tensor(fast, device=logits.device)].float()  # [F, V]
+        every = len(fast) == logits.shape[0]  # usually: no index copy to the device
+        x = (logits if every else logits[torch.tensor(fast, device=logits.device)]).float()
         lse = torch.logsumexp(x, dim=-1, keepdim=True)  # [F, 1]
-        ids = x.argmax(dim=-1)  # [F]
-        chosen = (x.gather(1, ids[:, None]) - lse)[:, 0]
+        ids = x.argmax(dim=-1, keepdim=True)  # [F, 1]
         k = max(rows[i][0].logprobs or 0 for i in fast)
-        top = torch.topk(x, k, dim=-1) if k else None
-        ids_h, chosen_h = ids.tolist(), chosen.tolist()
-        top_v = (top.values - lse).tolist() if top is not None else None
-        top_i = top.indices.tolist() if top is not None else None
+        cols = [ids.double(), (x.gather(1, ids) - lse).double()]
+        if k:
+            top = torch.topk(x, k, dim=-1)
+            cols += [top.indices.double(), (top.values - lse).double()]
+        # one transfer (one wait for the device): ids are exact in float64
+        host = torch.cat(cols, dim=1).tolist()  # [F, 2 + 2k]
         for j, i in enumerate(fast):
             n = rows[i][0].logprobs
-            best = tuple(zip(top_i[j][:n], top_v[j][:n])) if n else ()
-            out[i] = Sampled(ids_h[j], chosen_h[j], best)
+            r = host[j]
+            best = tuple((int(t), v) for t, v in zip(r[2:2 + n], r[2 + k:2 + k + n])) if n \
+                else ()
+            out[i] = Sampled(int(r[0]), r[1], best)
     for i, (p, gen, prompt_ids, output_ids) in enumerate(rows):
         if out[i] is None:
             out[i] = sample(logits[i].cpu(), p, gen, prompt_ids, output_ids)

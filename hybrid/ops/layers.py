@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybrid.ops.context import BuildContext
-from hybrid.ops.weights import Weight, uses_gpu_kernels
+from hybrid.ops.weights import Weight, stack_rows, uses_gpu_kernels
 
 
 class EmbeddingOp(nn.Module):
@@ -94,7 +94,7 @@ class MLPOp(nn.Module):
         self.gate = ctx.weight("gate_proj.weight")
         self.up = ctx.weight("up_proj.weight")
         self.down = ctx.weight("down_proj.weight")
-        self.gate_up = _stacked(self.gate, self.up)
+        self.gate_up = stack_rows(self.gate, self.up)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.to(self.device)
@@ -108,23 +108,3 @@ class MLPOp(nn.Module):
             return out.to(x.device, x.dtype)
         h = F.silu(linear(h, self.gate)) * linear(h, self.up)
         return linear(h, self.down).to(x.device, x.dtype)
-
-
-def _stacked(gate: Weight, up: Weight):
-    """gate and up as one GpuQuant [2I, H] (gate rows first), so one launch computes both;
-    None off CUDA or when their types differ. The planes are concatenated, the originals
-    dropped: the same bytes."""
-    if gate.fmt != "gguf" or up.fmt != "gguf":
-        return None  # dense weights would be copied
-    g, u = gate.quant, up.quant
-    if g is None or u is None or len(g) != 1 or len(u) != 1 or g[0].qtype != u[0].qtype:
-        return None
-    from gpu_kernels.qformat import GpuQuant
-
-    planes = tuple(torch.cat([a, b]) for a, b in zip(g[0].planes, u[0].planes))
-    stacked = GpuQuant(g[0].qtype, g[0].rows + u[0].rows, g[0].cols, planes)
-    gate._quant = (GpuQuant(g[0].qtype, g[0].rows, g[0].cols,
-                            tuple(p[:g[0].rows] for p in planes)),)
-    up._quant = (GpuQuant(u[0].qtype, u[0].rows, u[0].cols,
-                          tuple(p[g[0].rows:] for p in planes)),)
-    return stacked

@@ -25,7 +25,7 @@ from hybrid.ops.context import BuildContext
 from hybrid.ops.layers import linear
 from hybrid.ops.mla_paged import attend, causal_mask, paged_attention
 from hybrid.ops.rotary import yarn_inv_freq, yarn_mscale
-from hybrid.ops.weights import uses_gpu_kernels
+from hybrid.ops.weights import stack_rows, uses_gpu_kernels
 
 _KV_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
@@ -74,6 +74,9 @@ class MLAAttentionOp(nn.Module):
         # v_b [h*v, c] are two (only as GGUF blocks: a dense kv_b is the legacy form)
         quant = self.kv_b.quant
         self.split_kv_b = quant is not None and len(quant) == 2
+        # q (or q_a) and kv_a multiply the same rows: one launch for both where types match
+        first = self.q_a if hasattr(self, "q_a") else self.q_proj
+        self.q_kv_a = stack_rows(first, self.kv_a) if self.on_gpu else None
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
@@ -111,8 +114,17 @@ class MLAAttentionOp(nn.Module):
         fb = fb.on(self.device)
         x = h.to(self.device, torch.float32)
         n = x.shape[0]
-        q = self._queries(x).view(n, self.heads, self.nope + self.rope)
-        kv = linear(x, self.kv_a)  # [N, c + r]
+        if self.q_kv_a is not None:
+            from gpu_kernels.qmatmul import qmatmul
+
+            both = qmatmul(x, self.q_kv_a)  # [N, Rq + c + r]: columns of q (or q_a), kv
+            split = both.shape[1] - self.kv_lora - self.rope
+            q = self._queries(x, both[:, :split])
+            kv = both[:, split:]  # [N, c + r], rows strided
+        else:
+            q = self._queries(x)
+            kv = linear(x, self.kv_a)  # [N, c + r]
+        q = q.view(n, self.heads, self.nope + self.rope)
         cache = fb.cache.layer(self.layer_idx)
         if self.on_gpu:
             from gpu_kernels.fused import rope_cache
@@ -126,11 +138,12 @@ class MLAAttentionOp(nn.Module):
         o = self._values(o_lat).reshape(n, self.heads * self.v)
         return linear(o, self.o_proj).to(h.device)
 
-    def _queries(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [N, H] -> q [N, h * (nope + rope)]."""
+    def _queries(self, x: torch.Tensor, first: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [N, H] -> q [N, h * (nope + rope)]; `first`: q_proj's (or q_a's) product of x
+        when already computed."""
         if not hasattr(self, "q_a"):
-            return linear(x, self.q_proj)
-        qa = linear(x, self.q_a)
+            return first if first is not None else linear(x, self.q_proj)
+        qa = first if first is not None else linear(x, self.q_a)
         if self.on_gpu:
             from gpu_kernels.fused import add_rmsnorm
 

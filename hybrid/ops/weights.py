@@ -44,6 +44,7 @@ class Weight:
     def __init__(self, gguf: GGUFModelFile, spec: ModelSpec, hf_name: str, fmt: str,
                  device: str) -> None:
         self.hf_name, self.fmt, self.device = hf_name, fmt, torch.device(device)
+        self._kernels = uses_gpu_kernels(self.device)  # once: `quant` is read every call
         self._dense: torch.Tensor | None = None
         self._raw: list[_Raw] = []
         self._quant = None
@@ -57,7 +58,7 @@ class Weight:
                 self._raw.append(_Raw(data.to(self.device), qt.qtype, qt.shape))
             if not self._raw:  # a bias absent from the file
                 self._dense = load_hf_weight(gguf, spec, hf_name).to(self.device)
-            elif uses_gpu_kernels(self.device):
+            elif self._kernels:
                 self._to_planes()
         else:
             self._dense = load_hf_weight(gguf, spec, hf_name).to(self.device, _DTYPES[fmt])
@@ -73,7 +74,7 @@ class Weight:
     @property
     def quant(self):
         """The weight as gpu_kernels GpuQuant matrices (one per source), or None off CUDA."""
-        if self._quant is None and self._dense is not None and uses_gpu_kernels(self.device):
+        if self._quant is None and self._dense is not None and self._kernels:
             from gpu_kernels.qformat import GpuQuant
             from gpu_kernels.qtypes import BF16, F16, F32
 
@@ -107,3 +108,23 @@ def _rows(shape: tuple[int, ...]) -> int:
     for d in shape[:-1]:
         n *= d
     return n
+
+
+def stack_rows(first: Weight, second: Weight):
+    """Two weights that multiply the same input (gate and up; q and kv_a) as one GpuQuant
+    [R1 + R2, H] (first's rows first), so one launch computes both; None off CUDA or when their
+    types differ. The planes are concatenated and each weight's `quant` becomes a view of its
+    rows: the same bytes."""
+    if first.fmt != "gguf" or second.fmt != "gguf":
+        return None  # dense weights would be copied
+    a, b = first.quant, second.quant
+    if a is None or b is None or len(a) != 1 or len(b) != 1 or a[0].qtype != b[0].qtype \
+            or a[0].cols != b[0].cols:
+        return None
+    from gpu_kernels.qformat import GpuQuant
+
+    a, b = a[0], b[0]
+    planes = tuple(torch.cat([p, q]) for p, q in zip(a.planes, b.planes))
+    first._quant = (GpuQuant(a.qtype, a.rows, a.cols, tuple(p[:a.rows] for p in planes)),)
+    second._quant = (GpuQuant(b.qtype, b.rows, b.cols, tuple(p[a.rows:] for p in planes)),)
+    return GpuQuant(a.qtype, a.rows + b.rows, a.cols, planes)

@@ -26,6 +26,9 @@ def greedy(path: str, rules: str, gpu_kernels: bool, monkeypatch) -> list[list[i
         monkeypatch.delenv("HYBRID_GPU_KERNELS_ON_CPU", raising=False)
     config = EngineConfig(max_batch_size=4, chunk_size=8, cache_lens=256, page_size=16)
     llm = LLM(path, rules, device_map={"cuda": "cpu"}, engine_config=config)
+    if gpu_kernels:  # q (or q_a) and kv_a share one product launch (same types here)
+        assert all(layer.self_attn.q_kv_a is not None
+                   for layer in llm.engine.runner.model.model.layers)
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     out = llm.generate(prompt_token_ids=PROMPTS, sampling_params=params)
     return [o.outputs[0].token_ids for o in out]
