@@ -25,11 +25,16 @@ from cpu_kernels.packed_moe import packed_moe_kernel
 from cpu_kernels.placement import PlacedExperts
 
 
+def is_packed(p: PlacedExperts) -> bool:
+    """Fast-mode experts placed in one slice: what drive_layers runs."""
+    return len(p.slices) == 1 and p.slices[0].packed is not None
+
+
 def packed_layers(layers: list[PlacedExperts]) -> tuple:
-    """The per-layer argument of drive_layers; needs every layer packed in one slice."""
+    """The per-layer argument of drive_layers; needs every layer `is_packed`."""
     out = []
     for p in layers:
-        if len(p.slices) != 1 or p.slices[0].packed is None:
+        if not is_packed(p):
             raise ValueError("drive_layers needs fast-mode experts placed in one slice")
         pk = p.slices[0].packed
         out.append((pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data, pk.down.qtype,

@@ -199,16 +199,23 @@ class MoEPool:
         group's thread count: for a caller that would only wait for the job, it saves the two
         thread hand-offs of submit() and wait() (~40 us each). Needs `can_run_inline` and no
         job in flight. stamps: [2] int64, the kernel's cycle stamps (optional)."""
-        if not self.can_run_inline or len(experts.slices) != 1:
+        self.use_inline_threads()
+        if len(experts.slices) != 1:
             raise ValueError("run_inline needs a pool of one unpinned group")
         check_inputs(x, topk_ids, topk_weights, experts.experts, out)
-        group = self._threads[0].group
-        if numba.get_num_threads() != group.num_threads:  # per calling thread
-            numba.set_num_threads(group.num_threads)
         sl = experts.slices[0]
         run_moe(x, topk_ids, topk_weights, experts.experts, sl.packed, sl.i_lo, out,
                 experts.fast, np.empty(2, np.int64) if stamps is None else stamps, sl.i_hi)
         return out
+
+    def use_inline_threads(self) -> None:
+        """Give the calling thread the group's numba thread count (numba keeps one per thread),
+        so kernels it calls itself run as the group's would. Needs `can_run_inline`."""
+        if not self.can_run_inline:
+            raise ValueError("run_inline needs a pool of one unpinned group")
+        threads = self._threads[0].group.num_threads
+        if numba.get_num_threads() != threads:
+            numba.set_num_threads(threads)
 
     def close(self) -> None:
         """Stop the threads after the jobs already submitted."""

@@ -104,8 +104,8 @@ def mla_decode(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor,
                page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, scale: float,
                num_splits: int, out: torch.Tensor | None = None,
                block_tokens: int = BLOCK_TOKENS, precision: str = PRECISION) -> torch.Tensor:
-    """q_lat [B, H, C] f32, q_rope [B, H, R] f32 (any row strides), cache [slots, C + R] (bf16/f16/f32),
-    page_table [B, P] int32, seq_lens [B] int32 -> out [B, H, C] f32."""
+    """q_lat [B, H, C] f32, q_rope [B, H, R] f32 (any row strides), cache [slots, C + R]
+    (bf16/f16/f32), page_table [B, P] int32, seq_lens [B] int32 -> out [B, H, C] f32."""
     b, h, c = q_lat.shape
     r = q_rope.shape[-1]
     if cache.shape[-1] != c + r or c & (c - 1) or r & (r - 1):
@@ -120,8 +120,8 @@ def mla_decode(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor,
     bh = _heads_per_program(h)
     _split_kernel[(b, triton.cdiv(h, bh), num_splits)](
         q_lat, q_rope, cache, page_table, seq_lens, o_part, lse, h, page_table.shape[1],
-        page_size, scale, num_splits, q_rope.stride(0), q_rope.stride(1), C=c, R=r, BH=bh, BS=block_tokens, PREC=precision,
-        num_warps=8)
+        page_size, scale, num_splits, q_rope.stride(0), q_rope.stride(1), C=c, R=r, BH=bh,
+        BS=block_tokens, PREC=precision, num_warps=8)
     out = out if out is not None else torch.empty(b, h, c, dtype=torch.float32,
                                                   device=q_lat.device)
     _merge_kernel[(b * h,)](o_part, lse, out, num_splits, C=c, num_warps=4)

@@ -105,9 +105,10 @@ def skip_experts(graphs) -> Callable[[], None]:
     orig, orig_host = ExpertsOp.run_host, HostExperts.run
 
     def answer(host, seq, n):
+        ready, done = host.bridge.ready.numpy(), host.bridge.done.numpy()
         for layer in range(len(host.layers)):
-            wait_equal(host._ready, layer, seq, 1 << 40)
-            set_flag(host._done, layer, seq)
+            wait_equal(ready, layer, seq, 1 << 40)
+            set_flag(done, layer, seq)
     ExpertsOp.run_host = lambda *a, **k: None
     HostExperts.run = answer
 

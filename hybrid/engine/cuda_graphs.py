@@ -100,24 +100,20 @@ class DecodeGraphs:
             # kernels outside the capture)
             self.program.run_on_device(state)
             torch.cuda.synchronize(self.device)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self.pool):
-                self.program.run_on_device(state)
-            torch.cuda.synchronize(self.device)
-            staging = torch.empty(layout.size, dtype=torch.int64, pin_memory=True)
-            return _Captured(layout, inputs, staging, state, [g])
-        graphs: list[torch.cuda.CUDAGraph | None] = []
-        for piece in self.program.pieces:
-            if not piece.on_device:
-                graphs.append(None)  # host work is never captured
-                continue
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self.pool):
-                piece.run(state)
-            graphs.append(g)
+            graphs = [self._graph(self.program.run_on_device, state)]
+        else:  # host work is never captured
+            graphs = [self._graph(piece.run, state) if piece.on_device else None
+                      for piece in self.program.pieces]
         torch.cuda.synchronize(self.device)
         staging = torch.empty(layout.size, dtype=torch.int64, pin_memory=True)
         return _Captured(layout, inputs, staging, state, graphs)
+
+    def _graph(self, work: Callable[[StepState], object], state: StepState
+               ) -> torch.cuda.CUDAGraph:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=self.pool):
+            work(state)
+        return g
 
     def run(self, chunks: list[tuple[list[int], list[int], int, bool]]) -> torch.Tensor:
         """chunks: one decode (token, pages, position, True) per request -> logits [B, V]."""
@@ -143,7 +139,7 @@ class DecodeGraphs:
 
     def _run_whole(self, cap: _Captured, b: int) -> None:
         bridge = self.program.bridge
-        if bridge.error[0]:
+        if bridge.gave_up:
             raise HybridError("a CUDA graph stopped waiting for the CPU experts (see the log "
                               "for the failure before it); restart the server")
         seq = bridge.next_seq()  # before the replay, on its stream

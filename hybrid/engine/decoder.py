@@ -13,8 +13,9 @@ Eagerly the pieces simply run in order (any batch: prefill chunks and decodes); 
 batches each device piece is captured as a CUDA graph and replayed (cuda_graphs.py), the host
 pieces run between; or the whole step is one graph (`run_on_device`): each host piece has a
 device twin (raise the layer's ready flag / wait for its done flag) and the host runs every
-layer's experts from one call meanwhile (host_experts.py). The hidden state stays on the device for the whole step; each layer's
-residual add is fused into the next RMSNorm (RMSNormOp.add_norm).
+layer's experts from one call meanwhile (host_experts.py). The hidden state stays on the
+device for the whole step; each layer's residual add is fused into the next RMSNorm
+(RMSNormOp.add_norm).
 
 Layers whose experts do not all run on the CPU (GPU-resident experts) are run in place, as
 transformers' MoE block; they keep the step eager (`can_capture` is false).

@@ -39,7 +39,8 @@ class ExpertsBridge:
         self.routed = torch.zeros(max_tokens, hidden, device=device) if on_gpu else self.out
         self.event = torch.cuda.Event() if on_gpu else None
         self._np = (self.x.numpy(), self.ids.numpy(), self.weights.numpy(), self.out.numpy())
-        self.ready = self.done = self.error = self.seq = self._seq_host = None
+        self.ready = self.done = self.error = self.seq = None
+        self._seq_host = self._seq_np = self._error_np = None
         self.step_seq = 0
 
     def use_flags(self, num_layers: int) -> None:
@@ -54,13 +55,20 @@ class ExpertsBridge:
         self.done = torch.zeros(num_layers, dtype=torch.int64, pin_memory=pin)  # CPU -> GPU
         self.error = torch.zeros(1, dtype=torch.int32, pin_memory=pin)  # a wait gave up
         self.seq = torch.zeros(1, dtype=torch.int64, device=self.device)
+        # numpy views: per step, a torch element read or write costs microseconds
         self._seq_host = torch.zeros(1, dtype=torch.int64, pin_memory=pin)
+        self._seq_np, self._error_np = self._seq_host.numpy(), self.error.numpy()
+
+    @property
+    def gave_up(self) -> bool:
+        """A GPU wait stopped polling before its flag came (set by the device, read here)."""
+        return bool(self._error_np[0])
 
     def next_seq(self) -> int:
         """A new step's sequence number, copied to the device on the current stream (before
         the step's graph replays: the flags of this step are compared with it)."""
         self.step_seq += 1
-        self._seq_host[0] = self.step_seq
+        self._seq_np[0] = self.step_seq
         self.seq.copy_(self._seq_host, non_blocking=True)
         return self.step_seq
 

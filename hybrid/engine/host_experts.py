@@ -13,12 +13,11 @@ remaining done flag before it propagates, so the graph runs out instead of spinn
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
 from cpu_kernels.clock import cycles_per_us
 from cpu_kernels.handshake import set_flag, wait_equal
-from cpu_kernels.layer_driver import drive_layers, packed_layers
+from cpu_kernels.layer_driver import drive_layers, is_packed, packed_layers
 from hybrid.engine.experts_bridge import ExpertsBridge
 from hybrid.errors import HybridError
 from hybrid.ops.experts import ExpertsOp
@@ -35,8 +34,7 @@ class HostExperts:
         self._pool = next(iter(pools.values())) if len(pools) == 1 else None
         self._packed = None
         if self._pool is not None and self._pool.can_run_inline and all(
-                op.placed is not None and op.placed.fast and len(op.placed.slices) == 1
-                and op.placed.slices[0].packed is not None for op in layers):
+                op.placed is not None and is_packed(op.placed) for op in layers):
             self._packed = packed_layers([op.placed for op in layers])
         # [L, 2] cycle stamps of each layer's kernel in the last step (one numba call only)
         self.stamps = np.zeros((len(layers), 2), np.int64)
@@ -61,9 +59,7 @@ class HostExperts:
         """Answer step `seq`'s flags for its first n rows, every layer; raises HybridError."""
         try:
             if self._packed is not None:
-                threads = self._pool.groups[0].num_threads
-                if numba.get_num_threads() != threads:  # per calling thread
-                    numba.set_num_threads(threads)
+                self._pool.use_inline_threads()
                 x, ids, w, out = self.bridge.host_arrays
                 reached = drive_layers(self._ready, self._done, seq, n, x, ids, w, out,
                                        self._packed, self._timeout, self.stamps)

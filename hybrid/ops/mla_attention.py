@@ -76,7 +76,7 @@ class MLAAttentionOp(nn.Module):
         self.split_kv_b = quant is not None and len(quant) == 2
         # q (or q_a) and kv_a multiply the same rows: one launch for both where types match
         first = self.q_a if hasattr(self, "q_a") else self.q_proj
-        self.q_kv_a = stack_rows(first, self.kv_a) if self.on_gpu else None
+        self.q_kv_a = stack_rows(first, self.kv_a)  # None off the GPU kernels
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
