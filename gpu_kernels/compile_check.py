@@ -60,20 +60,26 @@ def variants() -> Iterator[Variant]:
         planes = _plane_types(qtype)
         names = "x_ptr y_ptr p0 p1 p2 p3 p4 p5 M N K row0 gstride sxm sxg sym syg"
         sig = _sig(names, ["*fp32", "*fp32", *planes, *ints.split()])
-        for m in (1, 8, 16, 64):
+        shapes = [(m, 2048) for m in (1, 8, 16, 64)]
+        if qtype in qmatmul.SHORT_ROW_TILES:
+            shapes.append((1, 128))
+        for m, cols in shapes:
             bm, dot = qmatmul._tiles(m)
-            bn, step, warps, stages = qmatmul._product_tiles(qtype, bm, dot, None)
-            nc = qdot.chunks_per_step(qtype, 2048, max(1, step // qdot.CHUNK[qtype]))
-            yield Variant(f"qmatmul {qt.name(qtype)} M={m}", qmatmul._qmm_kernel,
+            bn, step, warps, stages = qmatmul._product_tiles(qtype, bm, dot, None, cols)
+            nc = qdot.chunks_per_step(qtype, cols, max(1, step // qdot.CHUNK[qtype]))
+            rows = "" if cols == 2048 else f" cols={cols}"
+            yield Variant(f"qmatmul {qt.name(qtype)} M={m}{rows}", qmatmul._qmm_kernel,
                           {**sig, **dict.fromkeys(["QT", "BM", "BN", "NC", "STEP", "L", "DOT",
                                                    "STAGES"], "constexpr")},
                           {"QT": qtype, "BM": bm, "BN": bn, "NC": nc,
                            "STEP": nc * qdot.CHUNK[qtype], "L": nc * qdot.PART[qtype],
                            "DOT": dot, "STAGES": stages}, warps)
-            yield Variant(f"qmatmul_t {qt.name(qtype)} M={m}", qmatmul._qmm_t_kernel,
-                          {**sig, **dict.fromkeys(["QT", "BM", "BN", "BK", "DOT"], "constexpr")},
-                          {"QT": qtype, "BM": bm, "BN": 32 if dot else qmatmul.T_ROWS, "BK": 64,
-                           "DOT": dot}, 8 if dot else 4)
+            if cols == 2048:
+                yield Variant(f"qmatmul_t {qt.name(qtype)} M={m}", qmatmul._qmm_t_kernel,
+                              {**sig, **dict.fromkeys(["QT", "BM", "BN", "BK", "DOT"],
+                                                      "constexpr")},
+                              {"QT": qtype, "BM": bm, "BN": 32 if dot else qmatmul.T_ROWS,
+                               "BK": 64, "DOT": dot}, 8 if dot else 4)
         esig = _sig("ids_ptr y_ptr p0 p1 p2 p3 p4 p5 T K", ["*i64", "*fp32", *planes, "i32", "i32"])
         yield Variant(f"embedding {qt.name(qtype)}", embedding._embedding_kernel,
                       {**esig, "QT": "constexpr", "BT": "constexpr", "BK": "constexpr"},

@@ -126,7 +126,7 @@ def qmatmul(x: torch.Tensor, w: GpuQuant, out_rows: int | None = None, row0: int
                                                  device=x.device)
     y3 = y.reshape(m, g, n_rows)
     bm, dot = _tiles(m)
-    bn, step, warps, stages = _product_tiles(w.qtype, bm, dot, tiles)
+    bn, step, warps, stages = _product_tiles(w.qtype, bm, dot, tiles, w.cols)
     nc = chunks_per_step(w.qtype, w.cols, max(1, step // CHUNK[w.qtype]))
     grid = (triton.cdiv(n_rows, bn), triton.cdiv(m, bm), g)
     _qmm_kernel[grid](x3, y3, *plane_args(w.planes), m, n_rows, w.cols, row0, gstride,
@@ -142,14 +142,22 @@ def qmatmul(x: torch.Tensor, w: GpuQuant, out_rows: int | None = None, row0: int
 # --sweep and --sweep-large, inside CUDA graphs, V2-Lite and V3 products): 2 rows x 1024 with
 # 2 warps for 32-blocks (Q5_0, Q8_0); Q4_K 2 rows x 1024 in one warp (~2x the 2-warp 512-wide
 # pipelined tile on V3 o_proj and the dense MLPs: 0.9-1.0 TB/s); Q6_K one row x 1024 in one
-# warp (+5-10% on heads and dense MLPs). Tensor-core tiles take more rows.
+# warp (+5-10% on heads and dense MLPs). At one token (--sweep-v3), Q8_0 takes one row x 512
+# in one warp (V3 o_proj 1.98 against 1.10 TB/s, q_b 1.79 against 1.43, q_a+kv_a 1.25 against
+# 0.91), and rows of at most 256 columns (the split layout's k_b: 128) 8 rows x 256 in 2 warps
+# (Q8_0 k_b absorption 0.78 against 0.42 TB/s). Tensor-core tiles take more rows.
 DECODE_TILES = {None: (2, 1024, 2, 1), qt.Q4_K: (2, 1024, 1, 1), qt.Q5_K: (2, 512, 2, 3),
                 qt.Q6_K: (1, 1024, 1, 1), qt.Q2_K: (2, 512, 2, 1), qt.Q3_K: (2, 512, 2, 1)}
+ONE_TOKEN_TILES = {qt.Q8_0: (1, 512, 1, 1)}
+SHORT_ROW_TILES = {qt.Q8_0: (8, 256, 2, 1)}
+SHORT_ROW = 256  # columns
 DOT_TILES = (32, 64, 8, 1)
 
 
-def _product_tiles(qtype: int, bm: int, dot: bool, tiles: tuple[int, ...] | None
-                   ) -> tuple[int, int, int, int]:
+def _product_tiles(qtype: int, bm: int, dot: bool, tiles: tuple[int, ...] | None,
+                   cols: int = 1 << 30) -> tuple[int, int, int, int]:
+    if tiles is None and bm == 1:
+        tiles = (SHORT_ROW_TILES if cols <= SHORT_ROW else ONE_TOKEN_TILES).get(qtype)
     if tiles is None:
         tiles = DOT_TILES if dot else DECODE_TILES.get(qtype, DECODE_TILES[None])
     bn, step, warps, stages = (*tiles, 1)[:4]
@@ -162,8 +170,10 @@ def _product_tiles(qtype: int, bm: int, dot: bool, tiles: tuple[int, ...] | None
 
 
 def qmatmul_t(x: torch.Tensor, w: GpuQuant, in_rows: int, row0: int = 0, gstride: int = 0,
-              out: torch.Tensor | None = None) -> torch.Tensor:
-    """x: [M, G, in_rows] -> [M, G, K] fp32 (x times rows row0 + g * gstride + [0, in_rows))."""
+              out: torch.Tensor | None = None,
+              tiles: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """x: [M, G, in_rows] -> [M, G, K] fp32 (x times rows row0 + g * gstride + [0, in_rows)).
+    `tiles` (rows per step, columns per program, warps) overrides the defaults."""
     x = _check(x, w, in_rows)
     x3 = _as_3d(x)
     m, g, _ = x3.shape
@@ -173,12 +183,12 @@ def qmatmul_t(x: torch.Tensor, w: GpuQuant, in_rows: int, row0: int = 0, gstride
     bm, dot = _tiles(m)
     # decode: the rows (a head's nope dims, 128) in 4 steps, not 8: the grid is only
     # cols / BK x heads programs, each a chain of dependent steps
-    bn = 32 if dot else T_ROWS
-    bk = _bk(w)
+    bn, bk, warps = tiles if tiles is not None else (32 if dot else T_ROWS, _bk(w),
+                                                      8 if dot else 4)
     grid = (w.cols // bk, triton.cdiv(m, bm), g)
     _qmm_t_kernel[grid](x3, y3, *plane_args(w.planes), m, in_rows, w.cols, row0, gstride,
                         x3.stride(0), x3.stride(1), y3.stride(0), y3.stride(1),
-                        QT=w.qtype, BM=bm, BN=bn, BK=bk, DOT=dot, num_warps=8 if dot else 4)
+                        QT=w.qtype, BM=bm, BN=bn, BK=bk, DOT=dot, num_warps=warps)
     return y
 
 

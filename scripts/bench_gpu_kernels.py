@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpu_kernels.mla_decode import choose_splits, mla_decode
 from gpu_kernels.qformat import to_planes
-from gpu_kernels.qmatmul import qmatmul
+from gpu_kernels.qmatmul import qmatmul, qmatmul_t
+from gpu_kernels.qtypes import block_size
 from hybrid.synth.random_blocks import random_rows
 
 SHAPES = [  # name, rows, cols: V3's and V2-Lite's decode products
@@ -41,6 +42,21 @@ LARGE = [("v2l head", 102400, 2048), ("v2l dense gate_up", 21888, 2048),
          ("v3 dense gate_up", 36864, 7168), ("v3 o_proj", 7168, 16384)]
 SWEEP_LARGE = [(2, 1024, 2, 1), (1, 1024, 1, 1), (1, 2048, 2, 1), (2, 2048, 2, 1),
                (2, 1024, 4, 1), (2, 1024, 1, 1), (1, 512, 1, 3), (2, 2048, 4, 2)]
+
+
+# V3's attention products at one token: (name, rows, cols, groups, rows per group, row0,
+# group stride); legacy kv_b's key half goes through qmatmul_t (the "t" entry)
+V3_ATTENTION = [("v3 q_b", 24576, 1536, 1, 24576, 0, 0),
+                ("v3 q_a+kv_a", 2112, 7168, 1, 2112, 0, 0),
+                ("v3 o_proj", 7168, 16384, 1, 7168, 0, 0),
+                ("v3 k_b absorb", 65536, 128, 128, 512, 0, 512),
+                ("v3 v_b", 16384, 512, 128, 128, 0, 128),
+                ("v3 legacy kv_b v", 32768, 512, 128, 128, 128, 256)]
+SWEEP_V3 = [(2, 1024, 1, 1), (2, 512, 1, 1), (1, 512, 1, 1), (4, 512, 2, 1), (4, 1024, 2, 1),
+            (8, 512, 4, 1), (4, 256, 1, 1), (8, 256, 2, 1), (2, 512, 2, 1), (16, 128, 4, 1)]
+# qmatmul_t (legacy kv_b's absorption): rows per step, columns per program, warps
+SWEEP_T = [(32, 64, 4), (16, 64, 4), (64, 64, 4), (128, 64, 4), (32, 32, 4), (32, 128, 4),
+           (32, 64, 2), (64, 32, 2), (128, 32, 4), (32, 64, 8), (128, 64, 8), (64, 128, 8)]
 
 
 def graph_ms(fn, calls: int = 20) -> float:
@@ -93,6 +109,50 @@ def bench_product(ws: list, m: int, tiles: tuple[int, ...] | None = None) -> dic
     return {"ms": ms, "GB_s": one.nbytes / ms / 1e6}
 
 
+def bench_grouped(ws: list, spec: tuple, tiles: tuple[int, ...] | None = None,
+                  transposed: bool = False) -> dict:
+    """One token through a grouped product (MLA's per-head matrices), as bench_product."""
+    _, _, cols, groups, n, row0, gstride = spec
+    one, copies = ws[0], len(ws)
+    x = torch.randn(1, groups, 128 if transposed else cols, device="cuda")
+    i = [0]
+
+    def call():
+        i[0] = (i[0] + 1) % copies
+        if transposed:
+            qmatmul_t(x, ws[i[0]], in_rows=128, gstride=256, tiles=tiles)
+        else:
+            qmatmul(x, ws[i[0]], out_rows=n, row0=row0, gstride=gstride, tiles=tiles)
+    ms = graph_ms(call)
+    read = one.nbytes * (0.5 if transposed or row0 else 1)  # legacy: half of kv_b's rows
+    return {"ms": ms, "GB_s": read / ms / 1e6}
+
+
+def sweep_v3(tname: str) -> list[dict]:
+    """Tile sweeps of V3's attention products at one token (GB/s of the weights read)."""
+    rows = []
+    for spec in V3_ATTENTION:
+        name, n_rows, cols = spec[:3]
+        if cols % block_size(TYPES[tname]):
+            continue  # a file stores such rows in a type with smaller blocks
+        ws = rotating_weights(TYPES[tname], n_rows, cols)
+        line = []
+        for tiles in SWEEP_V3:
+            res = bench_grouped(ws, spec, tiles)
+            rows.append({"type": tname, "shape": name, "tiles": tiles, **res})
+            line.append(f"{tiles[:3]}: {res['GB_s']:.0f}")
+        print(f"sweep GB/s {tname:5} {name:17} " + " ".join(line), flush=True)
+        if name == "v3 legacy kv_b v":
+            line = []
+            for tiles in SWEEP_T:
+                res = bench_grouped(ws, spec, tiles, transposed=True)
+                rows.append({"type": tname, "shape": "v3 legacy kv_b absorb (t)", "tiles": tiles,
+                             **res})
+                line.append(f"{tiles}: {res['GB_s']:.0f}")
+            print(f"sweep GB/s {tname:5} legacy absorb (t) " + " ".join(line), flush=True)
+    return rows
+
+
 def bench_attention(batch: int, heads: int, length: int, block: int | None = None,
                     precision: str | None = None) -> dict:
     page, c, r = 64, 512, 64
@@ -115,12 +175,20 @@ def main() -> int:
     ap.add_argument("--types", default="Q4_K,Q6_K,Q8_0")
     ap.add_argument("--sweep", action="store_true",
                     help="decode tile configurations (rows, step, warps) at M=1 first")
+    ap.add_argument("--sweep-v3", action="store_true",
+                    help="only the tile sweep of V3's attention products, then stop")
     ap.add_argument("--sweep-large", action="store_true",
                     help="only the tile sweep of products with many rows, then stop")
     args = ap.parse_args()
     copy = copy_bandwidth()
     print(f"device copy: {copy:.0f} GB/s (read + write)", flush=True)
     rows = []
+    if args.sweep_v3:
+        for tname in args.types.split(","):
+            rows += sweep_v3(tname)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"copy_GB_s": copy, "products": rows}))
+        return 0
     if args.sweep_large:
         for tname in args.types.split(","):
             for name, n, k in LARGE:
