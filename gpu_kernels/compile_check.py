@@ -60,7 +60,7 @@ def variants() -> Iterator[Variant]:
         planes = _plane_types(qtype)
         names = "x_ptr y_ptr p0 p1 p2 p3 p4 p5 M N K row0 gstride sxm sxg sym syg"
         sig = _sig(names, ["*fp32", "*fp32", *planes, *ints.split()])
-        shapes = [(m, 2048) for m in (1, 8, 16, 64)]
+        shapes = [(m, 2048) for m in (1, 2, 4, 8, 16, 64)]
         if qtype in qmatmul.SHORT_ROW_TILES:
             shapes.append((1, 128))
         for m, cols in shapes:
