@@ -67,8 +67,8 @@ def variants() -> Iterator[Variant]:
             bm, dot = qmatmul._tiles(m)
             bn, step, warps, stages = qmatmul._product_tiles(qtype, bm, dot, None, cols)
             nc = qdot.chunks_per_step(qtype, cols, max(1, step // qdot.CHUNK[qtype]))
-            rows = "" if cols == 2048 else f" cols={cols}"
-            yield Variant(f"qmatmul {qt.name(qtype)} M={m}{rows}", qmatmul._qmm_kernel,
+            short = "" if cols == 2048 else f" cols={cols}"
+            yield Variant(f"qmatmul {qt.name(qtype)} M={m}{short}", qmatmul._qmm_kernel,
                           {**sig, **dict.fromkeys(["QT", "BM", "BN", "NC", "STEP", "L", "DOT",
                                                    "STAGES"], "constexpr")},
                           {"QT": qtype, "BM": bm, "BN": bn, "NC": nc,

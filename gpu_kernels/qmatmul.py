@@ -148,28 +148,29 @@ def qmatmul(x: torch.Tensor, w: GpuQuant, out_rows: int | None = None, row0: int
 # (Q8_0 k_b absorption 0.78 against 0.42 TB/s). Tensor-core tiles take more rows.
 DECODE_TILES = {None: (2, 1024, 2, 1), qt.Q4_K: (2, 1024, 1, 1), qt.Q5_K: (2, 512, 2, 3),
                 qt.Q6_K: (1, 1024, 1, 1), qt.Q2_K: (2, 512, 2, 1), qt.Q3_K: (2, 512, 2, 1)}
-ONE_TOKEN_TILES = {qt.Q8_0: (1, 512, 1, 1)}
-# 2-8 tokens: more rows per program, so each weight's dequantization serves more products
-# (H100, V3 o_proj + V2-Lite shared gate_up + q_proj, us summed, same run: Q4_K at 8 tokens 409
-# against 809 for the 1-token tile, at 4 tokens 270 against 309; Q8_0 296 against 814 and 165
-# against 299; Q6_K 503 against 533 and 286 against 546)
-MULTI_TOKEN_TILES = {(qt.Q4_K, 2): (4, 1024, 4, 1), (qt.Q4_K, 4): (4, 1024, 4, 1),
-                     (qt.Q4_K, 8): (4, 512, 2, 1), (qt.Q8_0, 2): (4, 1024, 4, 1),
-                     (qt.Q8_0, 4): (8, 1024, 4, 1), (qt.Q8_0, 8): (16, 1024, 8, 1),
-                     (qt.Q6_K, 4): (4, 512, 2, 1), (qt.Q6_K, 8): (4, 512, 2, 1)}
-SHORT_ROW_TILES = {qt.Q8_0: (8, 256, 2, 1)}
+# Per token count (BM), where measured better than DECODE_TILES. 2-8 tokens take more rows
+# per program, so each weight's dequantization serves more products (H100, V3 o_proj + V2-Lite
+# shared gate_up + q_proj, us summed, same run: Q4_K at 8 tokens 409 against 809 for the
+# 1-token tile, at 4 tokens 270 against 309; Q8_0 296 against 814 and 165 against 299; Q6_K
+# 503 against 533 and 286 against 546).
+TOKEN_TILES = {(qt.Q8_0, 1): (1, 512, 1, 1), (qt.Q8_0, 2): (4, 1024, 4, 1),
+               (qt.Q8_0, 4): (8, 1024, 4, 1), (qt.Q8_0, 8): (16, 1024, 8, 1),
+               (qt.Q4_K, 2): (4, 1024, 4, 1), (qt.Q4_K, 4): (4, 1024, 4, 1),
+               (qt.Q4_K, 8): (4, 512, 2, 1), (qt.Q6_K, 4): (4, 512, 2, 1),
+               (qt.Q6_K, 8): (4, 512, 2, 1)}
+SHORT_ROW_TILES = {qt.Q8_0: (8, 256, 2, 1)}  # one token, rows of <= SHORT_ROW columns
 SHORT_ROW = 256  # columns
 DOT_TILES = (32, 64, 8, 1)
 
 
 def _product_tiles(qtype: int, bm: int, dot: bool, tiles: tuple[int, ...] | None,
-                   cols: int = 1 << 30) -> tuple[int, int, int, int]:
-    if tiles is None and bm == 1:
-        tiles = (SHORT_ROW_TILES if cols <= SHORT_ROW else ONE_TOKEN_TILES).get(qtype)
-    elif tiles is None and not dot:
-        tiles = MULTI_TOKEN_TILES.get((qtype, bm))
+                   cols: int) -> tuple[int, int, int, int]:
+    if tiles is None and not dot:
+        short = SHORT_ROW_TILES.get(qtype) if bm == 1 and cols <= SHORT_ROW else None
+        tiles = short or TOKEN_TILES.get((qtype, bm)) or DECODE_TILES.get(
+            qtype, DECODE_TILES[None])
     if tiles is None:
-        tiles = DOT_TILES if dot else DECODE_TILES.get(qtype, DECODE_TILES[None])
+        tiles = DOT_TILES
     bn, step, warps, stages = (*tiles, 1)[:4]
     if not dot:
         step = step // bm

@@ -112,19 +112,19 @@ def bench_product(ws: list, m: int, tiles: tuple[int, ...] | None = None) -> dic
 def bench_grouped(ws: list, spec: tuple, tiles: tuple[int, ...] | None = None,
                   transposed: bool = False) -> dict:
     """One token through a grouped product (MLA's per-head matrices), as bench_product."""
-    _, _, cols, groups, n, row0, gstride = spec
+    _, n_rows, cols, groups, n, row0, gstride = spec
     one, copies = ws[0], len(ws)
-    x = torch.randn(1, groups, 128 if transposed else cols, device="cuda")
+    x = torch.randn(1, groups, n if transposed else cols, device="cuda")
     i = [0]
 
     def call():
         i[0] = (i[0] + 1) % copies
-        if transposed:
-            qmatmul_t(x, ws[i[0]], in_rows=128, gstride=256, tiles=tiles)
+        if transposed:  # the other half of each group's rows: rows [0, n)
+            qmatmul_t(x, ws[i[0]], in_rows=n, gstride=gstride, tiles=tiles)
         else:
             qmatmul(x, ws[i[0]], out_rows=n, row0=row0, gstride=gstride, tiles=tiles)
     ms = graph_ms(call)
-    read = one.nbytes * (0.5 if transposed or row0 else 1)  # legacy: half of kv_b's rows
+    read = one.nbytes * groups * n / n_rows  # the rows the groups read
     return {"ms": ms, "GB_s": read / ms / 1e6}
 
 
