@@ -1,0 +1,78 @@
+"""Q4_K decode products on integer activations against qmatmul's fp32 ones (GPU machine).
+
+    python scripts/probe_int_products.py [--json out.json]
+
+For V3's and V2-Lite's products at 1 and 8 tokens: qmatmul (fp32 x) with its default tiles,
+then qdot_i8.qmatmul_i8 on x quantized to int16 (dp2a) and int8 (dp4a) over a tile sweep
+(rows per program, 64-chunks per K step, warps); GB/s of the weights' bytes, timed as
+bench_gpu_kernels.py (CUDA graphs over rotating copies larger than L2). quantize_x is timed
+apart (it runs once per input, shared by the products that read it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench_gpu_kernels import bench_product, copy_bandwidth, graph_ms, rotating_weights
+
+from gpu_kernels import qtypes as qt
+from gpu_kernels.qdot_i8 import qmatmul_i8, quantize_x
+
+SHAPES = [("v3 o_proj", 7168, 16384), ("v3 q_b", 24576, 1536), ("v3 q_a+kv_a", 2112, 7168),
+          ("v3 shexp gate_up", 4096, 7168), ("v2l q_proj", 3072, 2048),
+          ("v2l shexp gate_up", 5632, 2048)]
+TILES = [(4, 4, 1), (4, 8, 1), (8, 4, 1), (2, 8, 1), (8, 8, 2), (16, 4, 2), (4, 16, 2),
+         (8, 8, 4), (16, 8, 4), (1, 16, 1), (2, 4, 1), (4, 2, 1)]
+
+
+def bench_i8(ws: list, m: int, bits: int, tiles: tuple[int, int, int]) -> float:
+    one = ws[0]
+    xq = quantize_x(torch.randn(m, one.cols, device="cuda"), bits)
+    out = torch.empty(m, one.rows, device="cuda")
+    i = [0]
+
+    def call():
+        i[0] = (i[0] + 1) % len(ws)
+        qmatmul_i8(xq, ws[i[0]], out=out, tiles=tiles)
+    return one.nbytes / graph_ms(call) / 1e6
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--tokens", default="1,8")
+    args = ap.parse_args()
+    copy = copy_bandwidth()
+    print(f"device copy: {copy:.0f} GB/s (read + write)", flush=True)
+    rows = []
+    for name, n, k in SHAPES:
+        ws = rotating_weights(qt.Q4_K, n, k)
+        for m in (int(t) for t in args.tokens.split(",")):
+            fp32 = bench_product(ws, m)["GB_s"]
+            x = torch.randn(m, k, device="cuda")
+            q_us = 1e3 * graph_ms(lambda x=x: quantize_x(x, 16))
+            rows.append({"shape": name, "m": m, "kind": "fp32", "GB_s": fp32, "quant_us": q_us})
+            print(f"{name:18} m={m} fp32 {fp32:.0f} GB/s  quantize_x {q_us:.1f} us", flush=True)
+            for bits in (16, 8):
+                line = []
+                for tiles in TILES:
+                    gbs = bench_i8(ws, m, bits, tiles)
+                    rows.append({"shape": name, "m": m, "kind": f"x{bits}", "tiles": tiles,
+                                 "GB_s": gbs})
+                    line.append(f"{tiles}: {gbs:.0f}")
+                print(f"{name:18} m={m} x{bits:<2} " + "  ".join(line), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"copy_GB_s": copy, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
