@@ -53,7 +53,7 @@ def _sig(names: str, types: list[str] | str) -> dict[str, str]:
 
 def variants() -> Iterator[Variant]:
     """Every kernel variant the engine launches (each type; decode and tensor-core tiles)."""
-    from gpu_kernels import embedding, fused, handshake, mla_decode, qdot, qmatmul, router
+    from gpu_kernels import embedding, fused, handshake, mla_decode, qdot, qdot_i8, qmatmul, router
 
     ints = "i32 " * 9
     for qtype in qt.SUPPORTED:
@@ -84,6 +84,19 @@ def variants() -> Iterator[Variant]:
         yield Variant(f"embedding {qt.name(qtype)}", embedding._embedding_kernel,
                       {**esig, "QT": "constexpr", "BT": "constexpr", "BK": "constexpr"},
                       {"QT": qtype, "BT": 4, "BK": 64})
+    i8sig = _sig("xq_p xd_p xs_p y_p qs_p sc_p mn_p d_p dm_p M N G row0 gstride KW KX KS KD "
+                 "sym syg", "*i32 *fp32 *fp32 *fp32 *i32 *u8 *u8 *fp16 *fp16" + " i32" * 11)
+    for bits in (16, 8):
+        for bn, nc, warps in (qdot_i8.LONG_TILES, qdot_i8.SHORT_TILES):
+            yield Variant(f"qmatmul_i8 x{bits} {bn}x{nc}", qdot_i8._q4k_i8_kernel,
+                          {**i8sig, **dict.fromkeys(["BM", "BN", "NC", "X16", "ASM"],
+                                                    "constexpr")},
+                          {"BM": 1, "BN": bn, "NC": nc, "X16": bits == 16, "ASM": True}, warps)
+        yield Variant(f"quantize_x x{bits}", qdot_i8._quant_x_kernel,
+                      {**_sig("x_ptr q_ptr d_ptr s_ptr K G sxm sxg",
+                              f"*fp32 *i{bits} *fp32 *fp32 i32 i32 i32 i32"),
+                       **dict.fromkeys(["NB", "QMAX", "PAIRS"], "constexpr")},
+                      {"NB": 16, "QMAX": qdot_i8._QMAX[bits], "PAIRS": bits == 16}, 1)
     for heads in (16, 128):
         sig = _sig("q_ptr qr_ptr cache_ptr table_ptr lens_ptr o_ptr lse_ptr H P page_size scale "
                    "NSPLIT sqrb sqrh",

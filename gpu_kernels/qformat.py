@@ -38,6 +38,9 @@ class GpuQuant:
     rows: int
     cols: int
     planes: tuple[torch.Tensor, ...]
+    # 16 or 8: one-token products quantize x to this many bits per 32 columns and take
+    # integer dot products where the type has them (qdot_i8.I8_TYPES); 0: fp32 x throughout
+    x_bits: int = 0
 
     @property
     def device(self) -> torch.device:
@@ -49,7 +52,7 @@ class GpuQuant:
 
     def to(self, device: torch.device | str) -> GpuQuant:
         return GpuQuant(self.qtype, self.rows, self.cols,
-                        tuple(p.to(device) for p in self.planes))
+                        tuple(p.to(device) for p in self.planes), self.x_bits)
 
 
 def _f16(b: torch.Tensor, at: int) -> torch.Tensor:

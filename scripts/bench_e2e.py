@@ -47,13 +47,16 @@ def build_model(preset: str, out: Path, layers: int | None = None) -> str:
     return str(path)
 
 
-def rules_with_mode(rules: str, mode: str | None) -> str:
-    """A copy of the rule file whose CPU experts run `mode` (None: unchanged)."""
-    if mode is None:
-        return rules
-    from hybrid.rules.engine import with_experts_mode
+def rules_with_mode(rules: str, mode: str | None, activations: str | None = None) -> str:
+    """A copy of the rule file whose CPU experts run `mode` and whose GPU products take x in
+    `activations` (None: unchanged)."""
+    from hybrid.rules.engine import with_activations, with_experts_mode
 
-    return str(with_experts_mode(rules, mode, Path(tempfile.mkdtemp())))
+    if mode is not None:
+        rules = str(with_experts_mode(rules, mode, Path(tempfile.mkdtemp())))
+    if activations is not None:
+        rules = str(with_activations(rules, activations, Path(tempfile.mkdtemp())))
+    return rules
 
 
 class ExpertClock:

@@ -152,6 +152,8 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--optimize-rules", default="DeepSeek-V2-Lite")
     ap.add_argument("--mode", choices=["fast", "exact"], default="fast")
+    ap.add_argument("--activations", choices=["int16", "int8", "fp32"], default=None,
+                    help="x of the GPU's one-token Q4_K products (default: the rules')")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--json", default=None)
@@ -160,7 +162,7 @@ def main() -> int:
     gen = 6 * args.steps + 100  # every timed step decodes
     config = EngineConfig(max_batch_size=max(args.batch, 1), chunk_size=256,
                           cache_lens=max(args.batch, 1) * (gen + 64), cuda_graphs=False)
-    llm = LLM(path, rules_with_mode(args.optimize_rules, args.mode), engine_config=config)
+    llm = LLM(path, rules_with_mode(args.optimize_rules, args.mode, args.activations), engine_config=config)
     runner = llm.engine.runner
     if not runner.program.can_capture or runner.device.type != "cuda":
         print("no CUDA graphs for this model and rules: nothing to profile")

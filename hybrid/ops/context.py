@@ -32,4 +32,7 @@ class BuildContext:
     def weight(self, leaf: str, fmt: str | None = None) -> Weight:
         """The parameter `<path>.<leaf>` in this operator's format, on its device."""
         name = f"{self.path}.{leaf}" if self.path else leaf
-        return Weight(self.gguf, self.spec, name, fmt or self.weight_format, str(self.device))
+        from hybrid.ops.registry import ACTIVATIONS
+
+        return Weight(self.gguf, self.spec, name, fmt or self.weight_format, str(self.device),
+                      ACTIVATIONS[self.options.get("activations", "fp32")])

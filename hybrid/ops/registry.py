@@ -54,6 +54,16 @@ def _weights(default: str = "gguf") -> dict[str, Option]:
                                     "gguf keeps the file's quant blocks; bf16/f16/f32 dequantize")}
 
 
+ACTIVATIONS = {"int16": 16, "int8": 8, "fp32": 0}  # x's bits in one-token products
+
+
+def _activations() -> dict[str, Option]:
+    return {"activations": Option(
+        str, "int16", tuple(ACTIVATIONS),
+        "x of one-token products on Q4_K blocks (GPU): int16 or int8 per 32 columns with "
+        "integer dot products (relative error ~3e-5 / ~1e-2), or fp32 (exact to rounding)")}
+
+
 _SPECS = [
     OperatorSpec("default", "transformers' own module, moved to a device", (), _devices(),
                  default_weight_format="f32"),
@@ -62,19 +72,19 @@ _SPECS = [
     OperatorSpec("rotary", "YaRN rotary embedding tables", ("RotaryEmbedding",), _devices(),
                  default_weight_format="f32"),
     OperatorSpec("linear", "a linear layer on dequantized or quantized weights", ("Linear",),
-                 {**_devices(), **_weights()}),
+                 {**_devices(), **_weights(), **_activations()}),
     OperatorSpec("lm_head", "the output projection to the vocabulary", ("Linear",),
-                 {**_devices(), **_weights()}),
+                 {**_devices(), **_weights(), **_activations()}),
     OperatorSpec("mla_attention", "MLA attention, absorbed form over a latent KV cache",
                  ("Attention",), {
-                     **_devices(), **_weights(),
+                     **_devices(), **_weights(), **_activations(),
                      "backend": Option(str, "torch", ("torch",),
                                          "attention kernels (on CUDA: gpu_kernels' Triton)"),
                      "kv_cache_dtype": Option(str, "bf16", ("bf16", "f16", "f32"),
                                               "latent KV cache element type"),
                  }),
     OperatorSpec("mlp", "dense MLP or shared experts: down(silu(gate x) * up x)", ("MLP",),
-                 {**_devices(), **_weights()}),
+                 {**_devices(), **_weights(), **_activations()}),
     OperatorSpec("gate", "MoE router: V2 softmax greedy, V3 sigmoid + bias + groups",
                  ("TopkRouter",), _devices(), default_weight_format="f32"),
     OperatorSpec("experts", "routed experts on CPU kernels or torch, per-expert placement",

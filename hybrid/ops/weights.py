@@ -9,6 +9,7 @@ one float plane. Elsewhere the blocks stay raw and `get()` dequantizes them on u
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 
 import torch
 
@@ -42,8 +43,10 @@ class Weight:
     `quant` holds it as GpuQuant matrices, one per GGUF source tensor ([rows, last dim])."""
 
     def __init__(self, gguf: GGUFModelFile, spec: ModelSpec, hf_name: str, fmt: str,
-                 device: str) -> None:
+                 device: str, x_bits: int = 0) -> None:
+        """x_bits: GpuQuant.x_bits of its quantized matrices (the op's `activations`)."""
         self.hf_name, self.fmt, self.device = hf_name, fmt, torch.device(device)
+        self.x_bits = x_bits
         self._kernels = uses_gpu_kernels(self.device)  # once: `quant` is read every call
         self._dense: torch.Tensor | None = None
         self._raw: list[_Raw] = []
@@ -66,8 +69,8 @@ class Weight:
     def _to_planes(self) -> None:
         from gpu_kernels.qformat import to_planes
 
-        self._quant = tuple(to_planes(r.data, r.qtype, _rows(r.shape), r.shape[-1])
-                            for r in self._raw)
+        self._quant = tuple(replace(to_planes(r.data, r.qtype, _rows(r.shape), r.shape[-1]),
+                                    x_bits=self.x_bits) for r in self._raw)
         self._shapes = [r.shape for r in self._raw]
         self._raw = []  # the planes are the only copy on the device
 
@@ -125,6 +128,8 @@ def stack_rows(first: Weight, second: Weight):
 
     a, b = a[0], b[0]
     planes = tuple(torch.cat([p, q]) for p, q in zip(a.planes, b.planes))
-    first._quant = (GpuQuant(a.qtype, a.rows, a.cols, tuple(p[:a.rows] for p in planes)),)
-    second._quant = (GpuQuant(b.qtype, b.rows, b.cols, tuple(p[a.rows:] for p in planes)),)
-    return GpuQuant(a.qtype, a.rows + b.rows, a.cols, planes)
+    first._quant = (GpuQuant(a.qtype, a.rows, a.cols, tuple(p[:a.rows] for p in planes),
+                             a.x_bits),)
+    second._quant = (GpuQuant(b.qtype, b.rows, b.cols, tuple(p[a.rows:] for p in planes),
+                              b.x_bits),)
+    return GpuQuant(a.qtype, a.rows + b.rows, a.cols, planes, a.x_bits)

@@ -48,15 +48,34 @@ def default_rules_name(spec: ModelSpec) -> str:
 def with_experts_mode(rules: str, mode: str, folder: Path) -> Path:
     """A copy of rule file `rules` (bundled name or path), written into `folder`, whose CPU
     experts rules run in `mode` ("exact" for comparisons with the reference, "fast")."""
+    def edit(cls: str, kwargs: dict) -> None:
+        if cls == "experts" and kwargs.get("backend", "cpu") == "cpu":
+            kwargs["mode"] = mode
+    return _rewritten(rules, folder, mode, edit)
+
+
+def with_activations(rules: str, activations: str, folder: Path) -> Path:
+    """A copy of rule file `rules` whose operators with quantized GPU products take x in
+    `activations` (registry.ACTIVATIONS: "int16", "int8", "fp32")."""
+    from hybrid.ops.registry import OPERATORS
+
+    takes = {s.name for s in OPERATORS.values() if "activations" in s.options}
+
+    def edit(cls: str, kwargs: dict) -> None:
+        if cls in takes:
+            kwargs["activations"] = activations
+    return _rewritten(rules, folder, activations, edit)
+
+
+def _rewritten(rules: str, folder: Path, suffix: str, edit) -> Path:
     import yaml
 
-    data = yaml.safe_load(find_rules(rules).read_text())
+    source = find_rules(rules)
+    data = yaml.safe_load(source.read_text())
     for rule in data:
         replace = rule.get("replace", {})
-        kwargs = replace.setdefault("kwargs", {}) if replace.get("class") == "experts" else None
-        if kwargs is not None and kwargs.get("backend", "cpu") == "cpu":
-            kwargs["mode"] = mode
-    path = Path(folder) / f"{Path(find_rules(rules)).stem}-{mode}.yaml"
+        edit(replace.get("class"), replace.setdefault("kwargs", {}))
+    path = Path(folder) / f"{source.stem}-{suffix}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
