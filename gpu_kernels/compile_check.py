@@ -110,21 +110,27 @@ def variants() -> Iterator[Variant]:
                   {**_sig("o_ptr lse_ptr out_ptr NSPLIT", "*fp32 *fp32 *fp32 i32"),
                    "C": "constexpr"}, {"C": 512})
     for h in (2048, 7168):
-        yield Variant(f"add_rmsnorm H={h}", fused._add_rmsnorm_kernel,
-                      {**_sig("x_ptr d_ptr d2_ptr w_ptr y_ptr H eps sx",
-                              "*fp32 *fp32 *fp32 *fp32 *fp32 i32 fp32 i32"),
-                       "HAS_D": "constexpr", "HAS_D2": "constexpr", "BH": "constexpr"},
-                      {"HAS_D": True, "HAS_D2": True, "BH": 8192 if h > 4096 else 2048},
-                      8 if h > 4096 else 4)
+        for qmax, qtype in ((0.0, "*fp32"), (32767.0, "*i16")):
+            yield Variant(f"add_rmsnorm H={h}{' +int16 x' if qmax else ''}",
+                          fused._add_rmsnorm_kernel,
+                          {**_sig("x_ptr d_ptr d2_ptr w_ptr y_ptr q_ptr qd_ptr qs_ptr H eps sx",
+                                  f"*fp32 *fp32 *fp32 *fp32 *fp32 {qtype} *fp32 *fp32 i32 fp32 "
+                                  "i32"),
+                           "HAS_D": "constexpr", "HAS_D2": "constexpr", "BH": "constexpr",
+                           "QMAX": "constexpr"},
+                          {"HAS_D": True, "HAS_D2": True, "BH": 8192 if h > 4096 else 2048,
+                           "QMAX": qmax}, 8 if h > 4096 else 4)
     yield Variant("rope_cache", fused._rope_cache_kernel,
                   {**_sig("q_ptr kv_ptr pos_ptr slot_ptr nw_ptr inv_ptr cache_ptr NH q_stride "
                           "NOPE eps rope_scale sq skv",
                           "*fp32 *fp32 *i64 *i64 *fp32 *fp32 *bf16 i32 i32 i32 fp32 fp32 i32 i32"),
                    "C": "constexpr", "R": "constexpr", "BHEADS": "constexpr"},
                   {"C": 512, "R": 64, "BHEADS": 16})
-    yield Variant("silu_mul", fused._silu_mul_kernel,
-                  {**_sig("gu_ptr y_ptr N I", "*fp32 *fp32 i32 i32"), "BI": "constexpr"},
-                  {"BI": 1024})
+    for qmax, qtype in ((0.0, "*fp32"), (32767.0, "*i16")):
+        yield Variant(f"silu_mul{' +int16 x' if qmax else ''}", fused._silu_mul_kernel,
+                      {**_sig("gu_ptr y_ptr q_ptr qd_ptr qs_ptr N I",
+                              f"*fp32 *fp32 {qtype} *fp32 *fp32 i32 i32"),
+                       "BI": "constexpr", "QMAX": "constexpr"}, {"BI": 1024, "QMAX": qmax})
     for e, k, groups in ((64, 6, 1), (256, 8, 8), (384, 8, 1)):
         be = 1 << (e - 1).bit_length()
         yield Variant(f"route E={e}", router._route_kernel,

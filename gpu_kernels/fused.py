@@ -5,6 +5,9 @@
                    rotated shared key written to the paged cache rows of their tokens
     silu_mul       silu(gate) * up
 
+add_rmsnorm and silu_mul also write their output quantized for the next product's integer
+path when given `xq` (qdot_i8.quantize_x's result, in the same launch).
+
 RoPE rotates adjacent pairs (x0, x1), (x2, x3), ... (the GGUF DeepSeek convention) by angle
 pos * inv_freq[j], times `rope_scale` on cos and sin (YaRN's cos/sin factor). Each op has a
 torch reference (`*_ref`) computing the same fp32 arithmetic.
@@ -16,12 +19,14 @@ import torch
 import triton
 import triton.language as tl
 
+from gpu_kernels.qdot_i8 import _QMAX, XQ, quant_store
 from gpu_kernels.reference import add_rmsnorm_ref, rope_cache_ref, silu_mul_ref  # noqa: F401
 
 
 @triton.jit
-def _add_rmsnorm_kernel(x_ptr, d_ptr, d2_ptr, w_ptr, y_ptr, H, eps, sx, HAS_D: tl.constexpr,
-                        HAS_D2: tl.constexpr, BH: tl.constexpr):
+def _add_rmsnorm_kernel(x_ptr, d_ptr, d2_ptr, w_ptr, y_ptr, q_ptr, qd_ptr, qs_ptr, H, eps, sx,
+                        HAS_D: tl.constexpr, HAS_D2: tl.constexpr, BH: tl.constexpr,
+                        QMAX: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BH)
     m = c < H
@@ -33,25 +38,40 @@ def _add_rmsnorm_kernel(x_ptr, d_ptr, d2_ptr, w_ptr, y_ptr, H, eps, sx, HAS_D: t
         tl.store(x_ptr + row * sx + c, x, mask=m)
     inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / H + eps)
     w = tl.load(w_ptr + c, mask=m, other=0.0)
-    tl.store(y_ptr + row * H + c, w * (x * inv), mask=m)
+    y = w * (x * inv)
+    tl.store(y_ptr + row * H + c, y, mask=m)
+    if QMAX > 0:
+        b = tl.arange(0, BH // 32)
+        quant_store(tl.reshape(y, (BH // 32, 32)), b, b < H // 32, q_ptr + row * H,
+                    qd_ptr + row * (H // 32), qs_ptr + row * (H // 32), QMAX, QMAX > 127)
 
 
 def add_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float,
                 delta: torch.Tensor | None = None, delta2: torch.Tensor | None = None,
-                out: torch.Tensor | None = None) -> torch.Tensor:
+                out: torch.Tensor | None = None, xq: XQ | None = None) -> torch.Tensor:
     """x: [T, H] f32, rows may be strided (updated in place when deltas are given); deltas
-    [T, H] dense -> normed [T, H] f32."""
+    [T, H] dense -> normed [T, H] f32 (also into xq, [T, H] quantized, when given)."""
     t, h = x.shape
     if x.stride(-1) != 1:
         raise ValueError("add_rmsnorm needs x's rows dense")
     out = out if out is not None else torch.empty(t, h, dtype=x.dtype, device=x.device)
     d = delta.contiguous() if delta is not None else x
     d2 = delta2.contiguous() if delta2 is not None else d
-    _add_rmsnorm_kernel[(t,)](x, d, d2, weight, out, h, eps, x.stride(0),
+    q = xq or (out, out, out)
+    _add_rmsnorm_kernel[(t,)](x, d, d2, weight, out, *q, h, eps, x.stride(0),
                               HAS_D=delta is not None,
                               HAS_D2=delta2 is not None, BH=triton.next_power_of_2(h),
-                              num_warps=8 if h > 4096 else 4)
+                              QMAX=_qmax(xq, h), num_warps=8 if h > 4096 else 4)
     return out
+
+
+def _qmax(xq: XQ | None, width: int) -> float:
+    """The quantized output's code range (0: none); its rows must hold `width` columns."""
+    if xq is None:
+        return 0.0
+    if xq.q.shape[-1] != width or not xq.q.is_contiguous():
+        raise ValueError(f"xq rows of {xq.q.shape[-1]} columns for an output of {width}")
+    return _QMAX[xq.q.element_size() * 8]
 
 
 @triton.jit
@@ -115,20 +135,30 @@ def rope_cache(q: torch.Tensor, kv: torch.Tensor, positions: torch.Tensor,
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, y_ptr, N, I, BI: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, y_ptr, q_ptr, qd_ptr, qs_ptr, N, I, BI: tl.constexpr,
+                     QMAX: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     i = tl.program_id(1) * BI + tl.arange(0, BI)
     m = i < I
     g = tl.load(gu_ptr + t * 2 * I + i, mask=m, other=0.0)
     u = tl.load(gu_ptr + t * 2 * I + I + i, mask=m, other=0.0)
-    tl.store(y_ptr + t * I + i, g / (1.0 + tl.exp(-g)) * u, mask=m)
+    y = g / (1.0 + tl.exp(-g)) * u
+    tl.store(y_ptr + t * I + i, y, mask=m)
+    if QMAX > 0:
+        b = tl.program_id(1) * (BI // 32) + tl.arange(0, BI // 32)
+        quant_store(tl.reshape(y, (BI // 32, 32)), b, b < I // 32, q_ptr + t * I,
+                    qd_ptr + t * (I // 32), qs_ptr + t * (I // 32), QMAX, QMAX > 127)
 
 
-def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """gate_up: [T, 2I] f32 (gate first) -> [T, I] f32."""
+def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None,
+             xq: XQ | None = None) -> torch.Tensor:
+    """gate_up: [T, 2I] f32 (gate first) -> [T, I] f32 (also into xq, [T, I] quantized,
+    when given)."""
     t, two_i = gate_up.shape
     i = two_i // 2
     out = out if out is not None else torch.empty(t, i, dtype=torch.float32,
                                                   device=gate_up.device)
-    _silu_mul_kernel[(t, triton.cdiv(i, 1024))](gate_up, out, t, i, BI=1024, num_warps=4)
+    q = xq or (out, out, out)
+    _silu_mul_kernel[(t, triton.cdiv(i, 1024))](gate_up, out, *q, t, i, BI=1024,
+                                                QMAX=_qmax(xq, i), num_warps=4)
     return out

@@ -50,15 +50,11 @@ def _asm() -> bool:
 
 
 @triton.jit
-def _quant_x_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, G, sxm, sxg, NB: tl.constexpr,
-                    QMAX: tl.constexpr, PAIRS: tl.constexpr):
-    """One program: NB blocks of 32 columns of row m = (token, group) of x [M, G, K]."""
-    m = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(0) * NB + tl.arange(0, NB)  # [NB] block
+def quant_store(x, b, bmask, q_row, d_row, s_row, QMAX: tl.constexpr, PAIRS: tl.constexpr):
+    """Quantize x [NB, 32] (blocks b [NB] of one row, bmask: blocks in the row) and store the
+    codes at q_row (the row's first element; pair order when PAIRS), scales at d_row, sums at
+    s_row. Fused kernels call it on the rows they produce."""
     e = tl.arange(0, 32)[None, :]  # [1, 32] column in the block
-    col = b[:, None] * 32 + e  # [NB, 32]
-    bmask = b < K // 32
-    x = tl.load(x_ptr + (m // G) * sxm + (m % G) * sxg + col, mask=bmask[:, None], other=0.0)
     amax = tl.max(tl.abs(x), axis=1)  # [NB]
     inv = tl.where(amax > 0, QMAX / tl.maximum(amax, 1e-30), 0.0)
     v = x * inv[:, None]
@@ -66,14 +62,35 @@ def _quant_x_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, G, sxm, sxg, NB: tl.constexpr
     if PAIRS:  # see pair_order
         at = b[:, None] * 32 + (e // 16) * 16 + ((e % 4) // 2) * 8 + ((e // 4) % 4) * 2 + e % 2
     else:
-        at = col
-    tl.store(q_ptr + m * K + at, q.to(q_ptr.dtype.element_ty), mask=bmask[:, None])
-    tl.store(d_ptr + m * (K // 32) + b, amax / QMAX, mask=bmask)
-    tl.store(s_ptr + m * (K // 32) + b, tl.sum(x, axis=1), mask=bmask)
+        at = b[:, None] * 32 + e
+    tl.store(q_row + at, q.to(q_row.dtype.element_ty), mask=bmask[:, None])
+    tl.store(d_row + b, amax / QMAX, mask=bmask)
+    tl.store(s_row + b, tl.sum(x, axis=1), mask=bmask)
+
+
+@triton.jit
+def _quant_x_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, G, sxm, sxg, NB: tl.constexpr,
+                    QMAX: tl.constexpr, PAIRS: tl.constexpr):
+    """One program: NB blocks of 32 columns of row m = (token, group) of x [M, G, K]."""
+    m = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(0) * NB + tl.arange(0, NB)  # [NB] block
+    bmask = b < K // 32
+    col = b[:, None] * 32 + tl.arange(0, 32)[None, :]  # [NB, 32]
+    x = tl.load(x_ptr + (m // G) * sxm + (m % G) * sxg + col, mask=bmask[:, None], other=0.0)
+    quant_store(x, b, bmask, q_ptr + m * K, d_ptr + m * (K // 32), s_ptr + m * (K // 32),
+                QMAX, PAIRS)
 
 
 _QMAX = {8: 127.0, 16: 32767.0}
 _QDTYPE = {8: torch.int8, 16: torch.int16}
+
+
+def empty_xq(rows: int, k: int, bits: int, device: torch.device) -> XQ:
+    if k % QBLOCK:
+        raise ValueError(f"x has {k} columns: integer products need a multiple of {QBLOCK}")
+    return XQ(torch.empty(rows, k, dtype=_QDTYPE[bits], device=device),
+              torch.empty(rows, k // QBLOCK, dtype=torch.float32, device=device),
+              torch.empty(rows, k // QBLOCK, dtype=torch.float32, device=device))
 
 
 def pair_order(k: int) -> torch.Tensor:
@@ -90,11 +107,7 @@ def quantize_x(x: torch.Tensor, bits: int = 16) -> XQ:
     16 in pair_order) with M * G rows (token-major)."""
     x3 = x if x.dim() == 3 else x.reshape(x.shape[0], 1, x.shape[-1])
     m, g, k = x3.shape
-    if k % QBLOCK:
-        raise ValueError(f"x has {k} columns: integer products need a multiple of {QBLOCK}")
-    xq = XQ(torch.empty(m * g, k, dtype=_QDTYPE[bits], device=x.device),
-            torch.empty(m * g, k // QBLOCK, dtype=torch.float32, device=x.device),
-            torch.empty(m * g, k // QBLOCK, dtype=torch.float32, device=x.device))
+    xq = empty_xq(m * g, k, bits, x.device)
     nb = 16
     _quant_x_kernel[(triton.cdiv(k // QBLOCK, nb), m * g)](
         x3, xq.q, xq.d, xq.s, k, g, x3.stride(0), x3.stride(1), NB=nb, QMAX=_QMAX[bits],

@@ -27,7 +27,7 @@ from gpu_kernels import qtypes as qt
 from gpu_kernels.dequant_ref import dequantize
 from gpu_kernels.dequant_tile import dequant_tile, plane_args
 from gpu_kernels.qdot import CHUNK, PART, chunks_per_step, qdot_step
-from gpu_kernels.qdot_i8 import I8_TYPES, qmatmul_i8, quantize_x
+from gpu_kernels.qdot_i8 import I8_TYPES, XQ, qmatmul_i8, quantize_x
 from gpu_kernels.qformat import GpuQuant
 
 DOT_MIN_TOKENS = 9  # from this many tokens on, tiles go through tensor cores
@@ -118,9 +118,11 @@ def _tiles(m: int) -> tuple[int, bool]:
 
 def qmatmul(x: torch.Tensor, w: GpuQuant, out_rows: int | None = None, row0: int = 0,
             gstride: int = 0, out: torch.Tensor | None = None,
-            tiles: tuple[int, ...] | None = None) -> torch.Tensor:
+            tiles: tuple[int, ...] | None = None, xq: XQ | None = None) -> torch.Tensor:
     """x: [M, K] or [M, G, K] -> [M, N] or [M, G, N] fp32, N = out_rows (default all rows).
-    `tiles` (rows per program, weights per K step, warps[, stages]) overrides the defaults."""
+    `tiles` (rows per program, weights per K step, warps[, stages]) overrides the defaults.
+    `xq`: x already quantized to w.x_bits by its producer (fused.add_rmsnorm, silu_mul),
+    taken when the integer path applies (see uses_int_path)."""
     n_rows = w.rows - row0 if out_rows is None else out_rows
     x = _check(x, w, w.cols)
     x3 = _as_3d(x)
@@ -129,8 +131,10 @@ def qmatmul(x: torch.Tensor, w: GpuQuant, out_rows: int | None = None, row0: int
                                                  device=x.device)
     y3 = y.reshape(m, g, n_rows)
     bm, dot = _tiles(m)
-    if bm == 1 and tiles is None and w.x_bits and w.qtype in I8_TYPES:
-        qmatmul_i8(quantize_x(x3, w.x_bits), w, n_rows, row0, gstride, g, out=y3)
+    if tiles is None and uses_int_path(w, m):
+        if xq is None or xq.q.element_size() * 8 != w.x_bits:
+            xq = quantize_x(x3, w.x_bits)
+        qmatmul_i8(xq, w, n_rows, row0, gstride, g, out=y3)
         return y
     bn, step, warps, stages = _product_tiles(w.qtype, bm, dot, tiles, w.cols)
     nc = chunks_per_step(w.qtype, w.cols, max(1, step // CHUNK[w.qtype]))
@@ -140,6 +144,11 @@ def qmatmul(x: torch.Tensor, w: GpuQuant, out_rows: int | None = None, row0: int
                       QT=w.qtype, BM=bm, BN=bn, NC=nc, STEP=nc * CHUNK[w.qtype],
                       L=nc * PART[w.qtype], DOT=dot, STAGES=stages, num_warps=warps)
     return y
+
+
+def uses_int_path(w: GpuQuant, tokens: int) -> bool:
+    """Whether a product of `tokens` rows of x with w takes integer activations."""
+    return tokens == 1 and w.x_bits > 0 and w.qtype in I8_TYPES
 
 
 # (rows per program, weights per K step, warps, pipeline stages). Decode is bound by memory

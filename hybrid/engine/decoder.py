@@ -46,6 +46,7 @@ class StepState:
     num_splits: int | None = None  # the decode attention's split count, fixed when captured
     x: torch.Tensor | None = None  # [N, H] f32 residual stream
     h: torch.Tensor | None = None  # [N, H] the normalized rows the MoE layer works on
+    hq: tuple | None = None  # h quantized for the shared expert's integer path (XQ), or None
     pending: list[torch.Tensor] = field(default_factory=list)
     logits: torch.Tensor | None = None  # [R, V]
 
@@ -106,35 +107,41 @@ class DecoderProgram:
         st.x = self.inner.embed_tokens(st.fb.input_ids).float()  # [N, H]
         st.pending = []
 
-    def _norm(self, norm: nn.Module, st: StepState) -> torch.Tensor:
+    def _norm(self, norm: nn.Module, st: StepState, consumer: nn.Module | None = None):
+        """-> (normed rows, the same quantized for `consumer`'s first product or None)."""
         device = getattr(norm, "device", st.x.device)
         if st.x.device != device:  # a layer on another GPU: the residual stream moves once
             st.x = st.x.to(device)
+        bits = _input_bits(consumer, st.x.shape[0], device)
         if isinstance(norm, RMSNormOp):
-            h = norm.add_norm(st.x, *st.pending)
+            h, hq = norm.add_norm(st.x, *st.pending, x_bits=bits)
         else:
             for d in st.pending:
                 st.x += d.to(st.x.device)
-            h = norm(st.x)
+            h, hq = norm(st.x), None
         st.pending = []
-        return h
+        return h, hq
 
     def _attention(self, layer: nn.Module, st: StepState) -> None:
-        h = self._norm(layer.input_layernorm, st)
-        st.pending = [layer.self_attn.step(h, st.fb, st.num_splits)]
+        h, hq = self._norm(layer.input_layernorm, st, layer.self_attn)
+        st.pending = [layer.self_attn.step(h, st.fb, st.num_splits, hq)]
 
     def _mlp(self, layer: nn.Module, st: StepState) -> None:
-        h = self._norm(layer.post_attention_layernorm, st)
-        st.pending = [layer.mlp(h)]
+        h, hq = self._norm(layer.post_attention_layernorm, st, layer.mlp)
+        st.pending = [layer.mlp(h) if hq is None else layer.mlp(h, hq)]
 
     def _route_and_send(self, layer: nn.Module, st: StepState) -> None:
-        st.h = self._norm(layer.post_attention_layernorm, st)
+        shared = getattr(layer.mlp, "shared_experts", None)
+        st.h, st.hq = self._norm(layer.post_attention_layernorm, st, shared)
         _, weights, ids = layer.mlp.gate.route(st.h.to(layer.mlp.gate.device))
         self.bridge.send(st.h, ids, weights)
 
     def _shared(self, mlp: nn.Module, st: StepState) -> None:
         shared = getattr(mlp, "shared_experts", None)
-        st.pending = [shared(st.h)] if shared is not None else []
+        if shared is None:
+            st.pending = []
+        else:
+            st.pending = [shared(st.h) if st.hq is None else shared(st.h, st.hq)]
 
     def _receive(self, st: StepState) -> None:
         st.pending.append(self.bridge.receive(st.x.shape[0]))
@@ -148,7 +155,7 @@ class DecoderProgram:
         for d in st.pending:
             x += d.to(x.device)[rows]
         h = self.inner.norm(x) if not isinstance(self.inner.norm, RMSNormOp) \
-            else self.inner.norm.add_norm(x)
+            else self.inner.norm.add_norm(x)[0]
         st.logits = self.model.lm_head(h)  # [R, V]
 
     # -- host work --------------------------------------------------------------------------
@@ -165,6 +172,15 @@ def _device(steps: list[Callable[[StepState], None]]) -> Piece:
         for step in steps:
             step(st)
     return Piece(True, run)
+
+
+def _input_bits(consumer: nn.Module | None, tokens: int, device: torch.device) -> int:
+    """The bits `consumer` (an operator with `input_bits`, on the norm's device) takes its
+    input quantized to for `tokens` rows: the norm then writes them in the same launch."""
+    if consumer is None or not hasattr(consumer, "input_bits") \
+            or getattr(consumer, "device", None) != device:
+        return 0
+    return consumer.input_bits(tokens)
 
 
 def _is_moe(mlp: nn.Module) -> bool:

@@ -53,25 +53,40 @@ class RMSNormOp(nn.Module):
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return (self.weight * h).to(x.device, x.dtype)
 
-    def add_norm(self, x: torch.Tensor, *deltas: torch.Tensor) -> torch.Tensor:
-        """x += sum(deltas), in place (x: [N, D] f32 on this op's device); -> RMSNorm(x)."""
+    def add_norm(self, x: torch.Tensor, *deltas: torch.Tensor, x_bits: int = 0):
+        """x += sum(deltas), in place (x: [N, D] f32 on this op's device); -> (RMSNorm(x),
+        the same quantized to x_bits for the next product's integer path, or None)."""
         if self.kernels and len(deltas) <= 2:
             from gpu_kernels.fused import add_rmsnorm
+            from gpu_kernels.qdot_i8 import empty_xq
 
-            return add_rmsnorm(x, self.weight, self.eps, *[d.to(x.device) for d in deltas])
+            xq = empty_xq(*x.shape, x_bits, x.device) if x_bits else None
+            h = add_rmsnorm(x, self.weight, self.eps, *[d.to(x.device) for d in deltas], xq=xq)
+            return h, xq
         for d in deltas:
             x += d.to(x.device)
-        return self(x)
+        return self(x), None
 
 
-def linear(x: torch.Tensor, weight: Weight) -> torch.Tensor:
-    """x: [..., in] -> [..., out] in fp32 (weights upcast, or quantized products on CUDA)."""
+def input_bits(w, tokens: int) -> int:
+    """The bits a product of `tokens` rows with GpuQuant w (or None) takes x quantized to
+    (qmatmul's integer path), 0 for fp32 x: what a fused producer of x should write."""
+    if w is None:
+        return 0
+    from gpu_kernels.qmatmul import uses_int_path
+
+    return w.x_bits if uses_int_path(w, tokens) else 0
+
+
+def linear(x: torch.Tensor, weight: Weight, xq=None) -> torch.Tensor:
+    """x: [..., in] -> [..., out] in fp32 (weights upcast, or quantized products on CUDA);
+    xq: x quantized by its producer (qmatmul's `xq`)."""
     quant = weight.quant
     if quant is not None and len(quant) == 1 and x.device == weight.device:
         from gpu_kernels.qmatmul import qmatmul
 
         q = quant[0]
-        return qmatmul(x.reshape(-1, q.cols), q).reshape(*x.shape[:-1], q.rows)
+        return qmatmul(x.reshape(-1, q.cols), q, xq=xq).reshape(*x.shape[:-1], q.rows)
     return F.linear(x.float(), weight.get().float())
 
 
@@ -96,15 +111,24 @@ class MLPOp(nn.Module):
         self.down = ctx.weight("down_proj.weight")
         self.gate_up = stack_rows(self.gate, self.up)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def input_bits(self, tokens: int) -> int:
+        """What forward's `xq` should be quantized to for `tokens` rows (0: none)."""
+        return input_bits(self.gate_up, tokens)
+
+    def forward(self, x: torch.Tensor, xq=None) -> torch.Tensor:
+        """x [..., H]; xq: x quantized to input_bits (fused.add_rmsnorm), or None."""
         h = x.to(self.device)
         if self.gate_up is not None:
             from gpu_kernels.fused import silu_mul
+            from gpu_kernels.qdot_i8 import empty_xq
             from gpu_kernels.qmatmul import qmatmul
 
             flat = h.reshape(-1, h.shape[-1]).float()
-            mid = silu_mul(qmatmul(flat, self.gate_up))  # [N, I]
-            out = qmatmul(mid, self.down.quant[0]).reshape(*h.shape[:-1], -1)
+            down = self.down.quant[0]
+            bits = input_bits(down, flat.shape[0])
+            mid_q = empty_xq(flat.shape[0], down.cols, bits, h.device) if bits else None
+            mid = silu_mul(qmatmul(flat, self.gate_up, xq=xq), xq=mid_q)  # [N, I]
+            out = qmatmul(mid, down, xq=mid_q).reshape(*h.shape[:-1], -1)
             return out.to(x.device, x.dtype)
         h = F.silu(linear(h, self.gate)) * linear(h, self.up)
         return linear(h, self.down).to(x.device, x.dtype)

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from hybrid.ops.context import BuildContext
-from hybrid.ops.layers import linear
+from hybrid.ops.layers import input_bits, linear
 from hybrid.ops.mla_paged import attend, causal_mask, paged_attention
 from hybrid.ops.rotary import yarn_inv_freq, yarn_mscale
 from hybrid.ops.weights import stack_rows, uses_gpu_kernels
@@ -107,17 +107,22 @@ class MLAAttentionOp(nn.Module):
         out = linear(out, self.o_proj)
         return out.to(hidden_states.device, hidden_states.dtype), None
 
-    def step(self, h: torch.Tensor, fb, num_splits: int | None = None) -> torch.Tensor:
+    def input_bits(self, tokens: int) -> int:
+        """What step's `hq` should be quantized to for `tokens` rows (0: none)."""
+        return input_bits(self.q_kv_a, tokens)
+
+    def step(self, h: torch.Tensor, fb, num_splits: int | None = None,
+             hq=None) -> torch.Tensor:
         """The serving engine's path. h: [N, H] f32 normed rows of a step (decodes first);
         fb: its ForwardBatch -> attention output [N, H] f32. Writes the step's latents into
-        this layer's rows of the paged cache."""
+        this layer's rows of the paged cache. hq: h quantized to input_bits, or None."""
         fb = fb.on(self.device)
         x = h.to(self.device, torch.float32)
         n = x.shape[0]
         if self.q_kv_a is not None:
             from gpu_kernels.qmatmul import qmatmul
 
-            both = qmatmul(x, self.q_kv_a)  # [N, Rq + c + r]: columns of q (or q_a), kv
+            both = qmatmul(x, self.q_kv_a, xq=hq)  # [N, Rq + c + r]: columns of q (or q_a), kv
             split = both.shape[1] - self.kv_lora - self.rope
             q = self._queries(x, both[:, :split])
             kv = both[:, split:]  # [N, c + r], rows strided
@@ -146,8 +151,12 @@ class MLAAttentionOp(nn.Module):
         qa = first if first is not None else linear(x, self.q_a)
         if self.on_gpu:
             from gpu_kernels.fused import add_rmsnorm
+            from gpu_kernels.qdot_i8 import empty_xq
 
-            return linear(add_rmsnorm(qa, self.q_a_norm, self.eps), self.q_b)
+            q_b = self.q_b.quant[0] if self.q_b.quant is not None else None
+            bits = input_bits(q_b, qa.shape[0])
+            xq = empty_xq(*qa.shape, bits, qa.device) if bits else None
+            return linear(add_rmsnorm(qa, self.q_a_norm, self.eps, xq=xq), self.q_b, xq)
         return linear(self._rms(qa, self.q_a_norm), self.q_b)
 
     def _absorb(self, q_nope: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ from gpu_kernels.fused import (
     silu_mul,
     silu_mul_ref,
 )
+from gpu_kernels.qdot_i8 import empty_xq, quantize_x_ref
 from gpu_kernels.router import route, route_ref
 from tests.gpu_kernels.conftest import rel_err
 
@@ -28,6 +29,33 @@ def test_add_rmsnorm(h: int, deltas: int, device) -> None:
     y = add_rmsnorm(x1, w, 1e-6, *args)
     y_ref = add_rmsnorm_ref(x2, w, 1e-6, *args)
     assert rel_err(y, y_ref) < 1e-6 and rel_err(x1, x2) < 1e-7
+
+
+def _same_codes(xq, y: torch.Tensor, bits: int) -> None:
+    """xq (written by a fused kernel) is quantize_x of its output y."""
+    ref = quantize_x_ref(y.cpu(), bits)
+    assert (xq.q.cpu().int() - ref.q.int()).abs().max() <= 1  # rounding at exact halves
+    assert torch.allclose(xq.d.cpu(), ref.d) and torch.allclose(xq.s.cpu(), ref.s, atol=1e-4)
+
+
+@pytest.mark.parametrize("bits", [16, 8])
+@pytest.mark.parametrize("h", [64, 2048, 7168])
+def test_add_rmsnorm_writes_quantized_rows(h: int, bits: int, device) -> None:
+    g = torch.Generator().manual_seed(h)
+    x, d = (torch.randn(2, h, generator=g).to(device) for _ in range(2))
+    w = torch.rand(h, generator=g).to(device)
+    xq = empty_xq(2, h, bits, device)
+    y = add_rmsnorm(x, w, 1e-6, d, xq=xq)
+    _same_codes(xq, y, bits)
+    with pytest.raises(ValueError, match="columns"):
+        add_rmsnorm(x, w, 1e-6, xq=empty_xq(2, h + 32, bits, device))
+
+
+@pytest.mark.parametrize("i", [96, 2816])
+def test_silu_mul_writes_quantized_rows(i: int, device) -> None:
+    gu = torch.randn(3, 2 * i, generator=torch.Generator().manual_seed(i)).to(device)
+    xq = empty_xq(3, i, 16, device)
+    _same_codes(xq, silu_mul(gu, xq=xq), 16)
 
 
 @pytest.mark.parametrize("heads,nope,r,c", [(5, 16, 8, 32), (16, 128, 64, 512)])

@@ -112,3 +112,22 @@ def test_bad_input(device: torch.device) -> None:
         qmatmul_i8(xq, weight(Q.Q8_0, 4, 256, seed=1, device=device))
     with pytest.raises(ValueError, match="features"):
         qmatmul_i8(xq, weight(Q.Q4_K, 4, 512, seed=1, device=device))
+
+
+def test_fused_producers_give_the_same_product(device: torch.device) -> None:
+    """x quantized by the norm (or SiLU) that wrote it = x quantized by qmatmul itself."""
+    from gpu_kernels.fused import add_rmsnorm, silu_mul
+    from gpu_kernels.qdot_i8 import empty_xq
+
+    w = replace(weight(Q.Q4_K, 40, 512, seed=4, device=device), x_bits=16)
+    g = torch.Generator().manual_seed(4)
+    x, norm_w = torch.randn(1, 512, generator=g).to(device), torch.rand(512, generator=g)
+    xq = empty_xq(1, 512, 16, device)
+    h = add_rmsnorm(x, norm_w.to(device), 1e-6, xq=xq)
+    assert torch.equal(qmatmul(h, w, xq=xq), qmatmul(h, w))
+    gu = torch.randn(1, 1024, generator=g).to(device)
+    mid_q = empty_xq(1, 512, 16, device)
+    mid = silu_mul(gu, xq=mid_q)
+    assert torch.equal(qmatmul(mid, w, xq=mid_q), qmatmul(mid, w))
+    w8 = replace(w, x_bits=8)  # codes of other bits than the weight takes: quantized again
+    assert torch.equal(qmatmul(mid, w8, xq=mid_q), qmatmul(mid, w8))
