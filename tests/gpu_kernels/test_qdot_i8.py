@@ -115,7 +115,8 @@ def test_bad_input(device: torch.device) -> None:
 
 
 def test_fused_producers_give_the_same_product(device: torch.device) -> None:
-    """x quantized by the norm (or SiLU) that wrote it = x quantized by qmatmul itself."""
+    """x quantized by the norm (or SiLU) that wrote it = x quantized by qmatmul itself, to
+    rounding: the blocks' fp32 sums may add in another order (on the H100: ~1e-7)."""
     from gpu_kernels.fused import add_rmsnorm, silu_mul
     from gpu_kernels.qdot_i8 import empty_xq
 
@@ -124,10 +125,13 @@ def test_fused_producers_give_the_same_product(device: torch.device) -> None:
     x, norm_w = torch.randn(1, 512, generator=g).to(device), torch.rand(512, generator=g)
     xq = empty_xq(1, 512, 16, device)
     h = add_rmsnorm(x, norm_w.to(device), 1e-6, xq=xq)
-    assert torch.equal(qmatmul(h, w, xq=xq), qmatmul(h, w))
+    alone = quantize_x(h)
+    assert (xq.q.int() - alone.q.int()).abs().max() <= 1 and torch.allclose(xq.d, alone.d)
+    assert rel_err(qmatmul(h, w, xq=xq), qmatmul(h, w)) < 1e-6
     gu = torch.randn(1, 1024, generator=g).to(device)
     mid_q = empty_xq(1, 512, 16, device)
     mid = silu_mul(gu, xq=mid_q)
-    assert torch.equal(qmatmul(mid, w, xq=mid_q), qmatmul(mid, w))
+    assert (mid_q.q.int() - quantize_x(mid).q.int()).abs().max() <= 1
+    assert rel_err(qmatmul(mid, w, xq=mid_q), qmatmul(mid, w)) < 1e-6
     w8 = replace(w, x_bits=8)  # codes of other bits than the weight takes: quantized again
     assert torch.equal(qmatmul(mid, w8, xq=mid_q), qmatmul(mid, w8))
