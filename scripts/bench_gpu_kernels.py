@@ -74,6 +74,23 @@ def graph_ms(fn, calls: int = 20) -> float:
     return triton.testing.do_bench(g.replay, return_mode="median") / calls
 
 
+def tile_sweep(label: str, tiles: list, measure, rows: list, **row) -> None:
+    """GB/s of measure(t) for each tile t: a row each (with `row`'s fields), one printed line."""
+    line = []
+    for t in tiles:
+        gbs = measure(t)
+        rows.append({**row, "tiles": t, "GB_s": gbs})
+        line.append(f"{t}: {gbs:.0f}")
+    print(f"{label} " + "  ".join(line), flush=True)
+
+
+def report_copy_bandwidth() -> float:
+    """copy_bandwidth(), printed: the line every sweep's GB/s compare against."""
+    copy = copy_bandwidth()
+    print(f"device copy: {copy:.0f} GB/s (read + write)", flush=True)
+    return copy
+
+
 def copy_bandwidth() -> float:
     """GB/s of a device-to-device copy, bytes read plus written."""
     a = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -25,7 +26,13 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_gpu_kernels import bench_product, copy_bandwidth, graph_ms, rotating_weights
+from bench_gpu_kernels import (
+    bench_product,
+    graph_ms,
+    report_copy_bandwidth,
+    rotating_weights,
+    tile_sweep,
+)
 
 from gpu_kernels import qtypes as qt
 
@@ -80,8 +87,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    copy = copy_bandwidth()
-    print(f"device copy: {copy:.0f} GB/s (read + write)", flush=True)
+    copy = report_copy_bandwidth()
     rows = []
     for name, n, k in SHAPES:
         ws = rotating_weights(qt.Q4_K, n, k)
@@ -89,12 +95,8 @@ def main() -> int:
         rows.append({"shape": name, "probe": "full", "GB_s": full_gbs})
         print(f"{name:17} full (qmatmul): {full_gbs:.0f} GB/s", flush=True)
         for mode in ("read", "x32", "x16"):
-            line = []
-            for tiles in TILES:
-                gbs = probe(ws, mode, tiles)
-                rows.append({"shape": name, "probe": mode, "tiles": tiles, "GB_s": gbs})
-                line.append(f"{tiles}: {gbs:.0f}")
-            print(f"{name:17} {mode:4} " + "  ".join(line), flush=True)
+            tile_sweep(f"{name:17} {mode:4}", TILES, partial(probe, ws, mode),
+                       rows, shape=name, probe=mode)
     if args.json:
         Path(args.json).write_text(json.dumps({"copy_GB_s": copy, "rows": rows}, indent=1))
     return 0

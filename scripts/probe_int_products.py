@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -21,7 +22,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_gpu_kernels import bench_product, copy_bandwidth, graph_ms, rotating_weights
+from bench_gpu_kernels import (
+    bench_product,
+    graph_ms,
+    report_copy_bandwidth,
+    rotating_weights,
+    tile_sweep,
+)
 
 from gpu_kernels import qtypes as qt
 from gpu_kernels.qdot_i8 import qmatmul_i8, quantize_x
@@ -50,8 +57,7 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--tokens", default="1,8")
     args = ap.parse_args()
-    copy = copy_bandwidth()
-    print(f"device copy: {copy:.0f} GB/s (read + write)", flush=True)
+    copy = report_copy_bandwidth()
     rows = []
     for name, n, k in SHAPES:
         ws = rotating_weights(qt.Q4_K, n, k)
@@ -62,13 +68,9 @@ def main() -> int:
             rows.append({"shape": name, "m": m, "kind": "fp32", "GB_s": fp32, "quant_us": q_us})
             print(f"{name:18} m={m} fp32 {fp32:.0f} GB/s  quantize_x {q_us:.1f} us", flush=True)
             for bits in (16, 8):
-                line = []
-                for tiles in TILES:
-                    gbs = bench_i8(ws, m, bits, tiles)
-                    rows.append({"shape": name, "m": m, "kind": f"x{bits}", "tiles": tiles,
-                                 "GB_s": gbs})
-                    line.append(f"{tiles}: {gbs:.0f}")
-                print(f"{name:18} m={m} x{bits:<2} " + "  ".join(line), flush=True)
+                tile_sweep(f"{name:18} m={m} x{bits:<2}", TILES,
+                           partial(bench_i8, ws, m, bits), rows,
+                           shape=name, m=m, kind=f"x{bits}")
     if args.json:
         Path(args.json).write_text(json.dumps({"copy_GB_s": copy, "rows": rows}, indent=1))
     return 0
