@@ -91,6 +91,19 @@ def test_gpu_rule_files_serve_fast_experts(tmp_path) -> None:
             assert modes == {mode}, (name, modes)
 
 
+def test_with_activations_sets_every_operator_that_takes_it(tmp_path) -> None:
+    """A/B runs rewrite the products' activations; operators without the option keep theirs."""
+    import yaml
+
+    from hybrid.rules.engine import with_activations
+
+    rules = yaml.safe_load(with_activations("DeepSeek-V3", "fp32", tmp_path).read_text())
+    got = {r["replace"]["class"]: r["replace"].get("kwargs", {}).get("activations")
+           for r in rules}
+    assert got["mla_attention"] == got["mlp"] == got["lm_head"] == "fp32"
+    assert got["experts"] is None and got["rmsnorm"] is None
+
+
 @pytest.mark.parametrize("numa_nodes", [None, 2])
 def test_experts_on_a_cpu_pool_equal_the_synchronous_kernels(models, numa_nodes) -> None:
     from cpu_kernels.pool import MoEPool

@@ -39,6 +39,8 @@ INVALID = {
                          "rule 1: kwargs.gpu_experts must be a list, got 3"),
     "bad choice": ("- match: {name: x}\n  replace: {class: experts, kwargs: {mode: turbo}}\n",
                    "rule 1: kwargs.mode is 'turbo'; choose one of exact, fast"),
+    "bad activations": ("- match: {name: x}\n  replace: {class: mlp, kwargs: {activations: fp16}}\n",
+                        "rule 1: kwargs.activations is 'fp16'; choose one of int16, int8, fp32"),
     "bad device": ("- match: {name: x}\n  replace: {class: default, kwargs: {generate_device: gpu}}\n",
                    "rule 1: kwargs.generate_device: device 'gpu' is not cpu, cuda or cuda:N"),
     "device not a string": ("- match: {name: x}\n  replace: {class: default, kwargs: {generate_device: 0}}\n",
