@@ -53,7 +53,17 @@ def _sig(names: str, types: list[str] | str) -> dict[str, str]:
 
 def variants() -> Iterator[Variant]:
     """Every kernel variant the engine launches (each type; decode and tensor-core tiles)."""
-    from gpu_kernels import embedding, fused, handshake, mla_decode, qdot, qdot_i8, qmatmul, router
+    from gpu_kernels import (
+        embedding,
+        fused,
+        handshake,
+        mla_decode,
+        mla_prefill,
+        qdot,
+        qdot_i8,
+        qmatmul,
+        router,
+    )
 
     ints = "i32 " * 9
     for qtype in qt.SUPPORTED:
@@ -106,6 +116,15 @@ def variants() -> Iterator[Variant]:
                        "BS": "constexpr", "PREC": "constexpr"},
                       {"C": 512, "R": 64, "BH": 16, "BS": mla_decode.BLOCK_TOKENS,
                        "PREC": mla_decode.PRECISION}, 8)
+    for heads in (4, 16, 128):
+        bh = mla_prefill._heads_per_program(heads)
+        yield Variant(f"mla_prefill H={heads}", mla_prefill._prefill_kernel,
+                      {**_sig("q_ptr qr_ptr cache_ptr meta_ptr slots_ptr o_ptr H scale sqn sqh "
+                              "sqrn sqrh",
+                              "*fp32 *fp32 *bf16 *i64 *i64 *fp32 i32 fp32 i32 i32 i32 i32"),
+                       **dict.fromkeys(["C", "R", "BQ", "BH", "BS", "PREC"], "constexpr")},
+                      {"C": 512, "R": 64, "BQ": max(1, mla_prefill.ROWS // bh), "BH": bh,
+                       "BS": mla_prefill.BLOCK_KEYS, "PREC": mla_decode.PRECISION}, 8)
     yield Variant("mla_decode merge", mla_decode._merge_kernel,
                   {**_sig("o_ptr lse_ptr out_ptr NSPLIT", "*fp32 *fp32 *fp32 i32"),
                    "C": "constexpr"}, {"C": 512})

@@ -2,6 +2,7 @@
 device's copy bandwidth measured in the same run, and the paged MLA decode attention.
 
     python scripts/bench_gpu_kernels.py [--json out.json]
+    python scripts/bench_gpu_kernels.py --prefill    # MLA prefill attention against torch
 
 Weights rotate over copies totalling > 3x the L2 cache, so every call reads them from HBM.
 Calls are timed inside a CUDA graph of 20 calls (as the engine replays them: launching a Triton
@@ -186,6 +187,31 @@ def bench_attention(batch: int, heads: int, length: int, block: int | None = Non
     return {"us": ms * 1e3, "GB_s": read / ms / 1e6, "splits": splits}
 
 
+PREFILL = [(16, 512, 512), (16, 512, 2048), (16, 512, 8192), (128, 512, 2048),
+           (128, 256, 8192)]  # heads, chunk tokens, keys (the chunk's prefix + its own)
+
+
+def bench_prefill(heads: int, q_len: int, kv_len: int) -> dict:
+    """One chunk's attention: mla_prefill against the torch path the engine ran before it
+    (mla_paged.attend on the gathered keys), same inputs."""
+    from gpu_kernels.mla_prefill import mla_prefill
+    from hybrid.ops.mla_paged import attend, causal_mask
+
+    c, r = 512, 64
+    cache = torch.randn(kv_len + 64, c + r, device="cuda").bfloat16()
+    slots = torch.randperm(kv_len + 64, device="cuda")[:kv_len]
+    q = torch.randn(q_len, heads, c, device="cuda") * 0.1
+    qr = torch.randn(q_len, heads, r, device="cuda") * 0.1
+    meta = torch.tensor([[0, q_len, kv_len, 0]], device="cuda")
+    out = torch.empty_like(q)
+    ms = graph_ms(lambda: mla_prefill(q, qr, cache, meta, slots, 0.07, q_len, out), calls=3)
+    mask = causal_mask(q_len, kv_len, q.device)
+    torch_ms = triton.testing.do_bench(
+        lambda: attend(q, qr, cache[slots].float(), mask, 0.07), return_mode="median")
+    flops = 2 * heads * q_len * (kv_len - q_len / 2) * (2 * c + r)  # causal
+    return {"us": ms * 1e3, "torch_us": torch_ms * 1e3, "TFLOPS": flops / ms / 1e9}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None)
@@ -196,10 +222,22 @@ def main() -> int:
                     help="only the tile sweep of V3's attention products, then stop")
     ap.add_argument("--sweep-large", action="store_true",
                     help="only the tile sweep of products with many rows, then stop")
+    ap.add_argument("--prefill", action="store_true",
+                    help="only MLA prefill attention (mla_prefill against torch), then stop")
     args = ap.parse_args()
     copy = copy_bandwidth()
     print(f"device copy: {copy:.0f} GB/s (read + write)", flush=True)
     rows = []
+    if args.prefill:
+        for heads, q_len, kv_len in PREFILL:
+            res = bench_prefill(heads, q_len, kv_len)
+            rows.append({"heads": heads, "q_len": q_len, "kv_len": kv_len, **res})
+            print(f"mla_prefill H={heads:3} chunk={q_len} keys={kv_len:5}: {res['us']:8.1f} us "
+                  f"({res['TFLOPS']:.0f} TFLOPS); torch {res['torch_us']:8.1f} us "
+                  f"({res['torch_us'] / res['us']:.1f}x)", flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"prefill": rows}, indent=1))
+        return 0
     if args.sweep_v3:
         for tname in args.types.split(","):
             rows += sweep_v3(tname)

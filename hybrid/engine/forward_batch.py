@@ -138,6 +138,22 @@ class ForwardBatch:
         dev = torch.from_numpy(packed).to(device)
         return cls.from_device(dev, layout, spans, max_len, page_size, cache)
 
+    def prefill_index(self) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The prefill chunks for one attention launch, on this batch's device (built once a
+        step): meta [S, 4] int64 (first row, q_len, kv_len, offset into slots), slots
+        [sum kv_len] int64 (each chunk's cache rows of positions 0..kv_len-1), the longest
+        q_len."""
+        if "prefill_index" not in self._moved:
+            offsets = np.cumsum([0] + [s.kv_len for s in self.prefill_spans])[:-1]
+            meta = torch.tensor([[s.q_start, s.q_len, s.kv_len, int(o)]
+                                 for s, o in zip(self.prefill_spans, offsets)],
+                                dtype=torch.int64).reshape(-1, 4).to(self.positions.device)
+            slots = torch.cat([s.kv_slots for s in self.prefill_spans]) if self.prefill_spans \
+                else self.positions.new_empty(0)
+            longest = max((s.q_len for s in self.prefill_spans), default=0)
+            self._moved["prefill_index"] = (meta, slots, longest)
+        return self._moved["prefill_index"]
+
     def on(self, device: torch.device) -> ForwardBatch:
         """This batch with its index tensors on `device` (moved once per step and device)."""
         if self.positions.device == device:

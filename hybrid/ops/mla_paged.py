@@ -2,8 +2,9 @@
 chunks; see hybrid/engine/forward_batch.py).
 
 Decode rows: one launch of gpu_kernels.mla_decode on CUDA (every sequence, any length, one
-launch per layer), the same arithmetic in torch elsewhere. Prefill chunks: torch, causal, one
-chunk at a time, reading their keys back from the cache.
+launch per layer), the same arithmetic in torch elsewhere. Prefill chunks: one launch of
+gpu_kernels.mla_prefill for all of them (flash attention, causal, reading their keys from the
+cache); elsewhere torch, one chunk at a time.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def paged_attention(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tens
     already written; fb: the step's ForwardBatch on this device -> o_c [N, h, c] fp32.
     `num_splits` fixes the decode kernel's split count (a CUDA graph's, sized for the longest
     sequence the cache can hold); by default it follows this step's longest sequence.
-    `kernels`: decode rows through gpu_kernels.mla_decode (else torch)."""
+    `kernels`: decode rows through gpu_kernels.mla_decode, prefill chunks through
+    gpu_kernels.mla_prefill (else torch)."""
     n, h, c = q_lat.shape
     b = fb.num_decodes
     out = torch.empty(n, h, c, dtype=torch.float32, device=q_lat.device)
@@ -50,6 +52,12 @@ def paged_attention(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tens
                        scale, splits, out=out[:b])
         else:
             out[:b] = _decode_torch(q_lat[:b], q_rope[:b], cache, fb, scale)
+    if kernels and fb.prefill_spans:
+        from gpu_kernels.mla_prefill import mla_prefill
+
+        meta, slots, longest = fb.prefill_index()
+        mla_prefill(q_lat, q_rope, cache, meta, slots, scale, longest, out)
+        return out
     for span in fb.prefill_spans:
         rows = slice(span.q_start, span.q_start + span.q_len)
         kv = cache[span.kv_slots].float()  # [S, c + r]
