@@ -24,6 +24,19 @@ BLOCK_TOKENS = 16
 PRECISION = "tf32"
 
 
+@triton.jit
+def softmax_step(s, kv, m_i, l_i, acc, PREC: tl.constexpr):
+    """One block of keys into a running softmax (flash attention): s [rows, BS] scaled scores
+    (-inf where a key is not seen; every row must see a key of its first block), kv [BS, C]
+    values; m_i, l_i [rows] the running max and sum, acc [rows, C] -> the three updated."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    p = tl.exp(s - m_new[:, None])
+    alpha = tl.exp(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p, kv, input_precision=PREC)
+    return m_new, l_i, acc
+
+
 @triton.jit(do_not_specialize=["NSPLIT"])
 def _split_kernel(q_ptr, qr_ptr, cache_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr,
                   H, P, page_size, scale, NSPLIT, sqrb, sqrh,
@@ -57,12 +70,7 @@ def _split_kernel(q_ptr, qr_ptr, cache_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr,
         s = tl.dot(q, tl.trans(kv), input_precision=PREC)
         s += tl.dot(qr, tl.trans(kr.to(tl.float32)), input_precision=PREC)
         s = tl.where(tmask[None, :], s * scale, float("-inf"))  # [BH, BS]
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p, kv, input_precision=PREC)
-        m_i = m_new
+        m_i, l_i, acc = softmax_step(s, kv, m_i, l_i, acc, PREC)
     row = (b * H + h) * NSPLIT + sp  # [BH]
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gpu_kernels.mla_decode import PRECISION
+from gpu_kernels.mla_decode import PRECISION, softmax_step
 
 ROWS = 32  # query rows (tokens x heads) of a program's tiles
 BLOCK_KEYS = 16
@@ -66,14 +66,8 @@ def _prefill_kernel(q_ptr, qr_ptr, cache_ptr, meta_ptr, slots_ptr, o_ptr, H, sca
         s += tl.dot(qr, tl.trans(kr.to(tl.float32)), input_precision=PREC)
         seen = tmask[None, :] & (t[None, :] <= pos_rows[:, None])  # [rows, BS]
         s = tl.where(seen, s * scale, float("-inf"))
-        # every row sees key 0 in the first block (padding rows too: their pos >= 0), so
-        # m_new is finite from the first block on
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p, kv, input_precision=PREC)
-        m_i = m_new
+        # every row sees key 0 in the first block (padding rows too: their pos >= 0)
+        m_i, l_i, acc = softmax_step(s, kv, m_i, l_i, acc, PREC)
     out = tl.reshape(acc / tl.maximum(l_i, 1e-30)[:, None], (BQ, BH, C))
     tl.store(o_ptr + (row * H + h[None, :, None]) * C + c[None, None, :], out,
              mask=m2[:, :, None])

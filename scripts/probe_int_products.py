@@ -22,13 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_gpu_kernels import (
-    bench_product,
-    graph_ms,
-    report_copy_bandwidth,
-    rotating_weights,
-    tile_sweep,
-)
+import bench_gpu_kernels as bench
 
 from gpu_kernels import qtypes as qt
 from gpu_kernels.qdot_i8 import qmatmul_i8, quantize_x
@@ -49,7 +43,7 @@ def bench_i8(ws: list, m: int, bits: int, tiles: tuple[int, int, int]) -> float:
     def call():
         i[0] = (i[0] + 1) % len(ws)
         qmatmul_i8(xq, ws[i[0]], out=out, tiles=tiles)
-    return one.nbytes / graph_ms(call) / 1e6
+    return one.nbytes / bench.graph_ms(call) / 1e6
 
 
 def main() -> int:
@@ -57,18 +51,18 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--tokens", default="1,8")
     args = ap.parse_args()
-    copy = report_copy_bandwidth()
+    copy = bench.report_copy_bandwidth()
     rows = []
     for name, n, k in SHAPES:
-        ws = rotating_weights(qt.Q4_K, n, k)
+        ws = bench.rotating_weights(qt.Q4_K, n, k)
         for m in (int(t) for t in args.tokens.split(",")):
-            fp32 = bench_product(ws, m)["GB_s"]
+            fp32 = bench.bench_product(ws, m)["GB_s"]
             x = torch.randn(m, k, device="cuda")
-            q_us = 1e3 * graph_ms(lambda x=x: quantize_x(x, 16))
+            q_us = 1e3 * bench.graph_ms(lambda x=x: quantize_x(x, 16))
             rows.append({"shape": name, "m": m, "kind": "fp32", "GB_s": fp32, "quant_us": q_us})
             print(f"{name:18} m={m} fp32 {fp32:.0f} GB/s  quantize_x {q_us:.1f} us", flush=True)
             for bits in (16, 8):
-                tile_sweep(f"{name:18} m={m} x{bits:<2}", TILES,
+                bench.tile_sweep(f"{name:18} m={m} x{bits:<2}", TILES,
                            partial(bench_i8, ws, m, bits), rows,
                            shape=name, m=m, kind=f"x{bits}")
     if args.json:
