@@ -31,6 +31,7 @@ import triton.language as tl
 
 from gpu_kernels import qtypes as qt
 from gpu_kernels.dequant_ref import dequantize
+from gpu_kernels.qdot import chunks_per_step
 from gpu_kernels.qformat import GpuQuant
 
 QBLOCK = 32  # columns per x scale
@@ -38,15 +39,16 @@ I8_TYPES = (qt.Q4_K,)  # weight types with an integer-activation product
 
 
 class XQ(NamedTuple):
-    """x quantized per 32 columns: q int8 [M, K], d fp32 [M, K/32], s fp32 [M, K/32]."""
+    """x quantized per 32 columns: q int16 (pair order) or int8 [M, K], d fp32 [M, K/32]
+    (scales), s fp32 [M, K/32] (exact sums)."""
 
     q: torch.Tensor
     d: torch.Tensor
     s: torch.Tensor
 
 
-def _asm() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") != "1"
+# Triton's interpreter runs no PTX; it is chosen before kernel modules are imported
+_ASM = os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 
 @triton.jit
@@ -85,7 +87,10 @@ _QMAX = {8: 127.0, 16: 32767.0}
 _QDTYPE = {8: torch.int8, 16: torch.int16}
 
 
-def empty_xq(rows: int, k: int, bits: int, device: torch.device) -> XQ:
+def empty_xq(rows: int, k: int, bits: int, device: torch.device) -> XQ | None:
+    """Buffers for `rows` rows of x quantized to `bits`; None for bits 0 (fp32 x)."""
+    if not bits:
+        return None
     if k % QBLOCK:
         raise ValueError(f"x has {k} columns: integer products need a multiple of {QBLOCK}")
     return XQ(torch.empty(rows, k, dtype=_QDTYPE[bits], device=device),
@@ -244,16 +249,15 @@ def qmatmul_i8(xq: XQ, w: GpuQuant, out_rows: int | None = None, row0: int = 0,
     y = out if out is not None else torch.empty(m, groups, n, dtype=torch.float32,
                                                  device=xq.q.device)
     y3 = y.reshape(m, groups, n)
-    bn, nc, warps = tiles or (LONG_TILES if k >= 1024 and (k // 64) % 16 == 0 else SHORT_TILES)
-    while (k // 64) % nc:
-        nc //= 2
+    bn, nc, warps = tiles or (LONG_TILES if (k // 64) % 16 == 0 else SHORT_TILES)
+    nc = chunks_per_step(qt.Q4_K, k, nc)
     bm = max(1, triton.next_power_of_2(m))
     qs, sc, mn, d, dmin = w.planes
     _q4k_i8_kernel[(triton.cdiv(n, bn), triton.cdiv(m, bm), groups)](
         xq.q.view(torch.int32), xq.d, xq.s, y3, qs.view(torch.int32), sc, mn, d, dmin,
         m, n, groups, row0, gstride, k // 8, k * xq.q.element_size() // 4, k // 32, k // 256,
         y3.stride(0), y3.stride(1), BM=bm, BN=bn, NC=nc, X16=xq.q.dtype == torch.int16,
-        ASM=_asm(), num_warps=warps)
+        ASM=_ASM, num_warps=warps)
     return y if out is not None or groups > 1 else y.reshape(m, n)
 
 

@@ -73,6 +73,10 @@ class ForwardBatch:
     sample_rows: torch.Tensor  # [R] rows whose logits are sampled
     prefill_spans: list[SequenceSpan]
     cache: PagedLatentCache
+    # the spans for one attention launch: [S, 4] (q_start, q_len, kv_len, offset into
+    # prefill_slots) and every span's kv_slots end to end; views of the step's one copy
+    prefill_meta: torch.Tensor | None = None
+    prefill_slots: torch.Tensor | None = None
     _moved: dict = field(default_factory=dict, repr=False)  # per-step memo of on()
 
     @staticmethod
@@ -81,7 +85,8 @@ class ForwardBatch:
              ) -> tuple[np.ndarray, StepLayout, list[tuple[int, int, int]], int]:
         """chunks: (token ids, page ids, start position, samples) per sequence, decodes first.
         -> (packed int64 indices, their layout, prefill spans (q_start, q_len, kv_len) whose
-        kv slots follow the layout's fields in the array, longest decode sequence).
+        kv slots follow the layout's fields in the array, then a row (q_start, q_len, kv_len,
+        offset of its slots) per span; longest decode sequence).
         `layout` (a CUDA graph's static one) may be larger than the batch: padding decode rows
         get token 0, length 0 and the cache's scratch slot."""
         n = sum(len(t) for t, _, _, _ in chunks)
@@ -112,7 +117,9 @@ class ForwardBatch:
             if samples_here:
                 ends.append(row - 1)
         host["sample_rows"][:len(ends)] = ends
-        packed = np.concatenate([buf, *kv_parts]) if kv_parts else buf
+        offsets = np.cumsum([0] + [kv for _, _, kv in spans])[:-1]
+        meta = [np.array([*span, off], np.int64) for span, off in zip(spans, offsets)]
+        packed = np.concatenate([buf, *kv_parts, *meta]) if kv_parts else buf
         max_len = int(max((c[2] + 1 for c in chunks[:b]), default=0))
         return packed, layout, spans, max_len
 
@@ -128,7 +135,8 @@ class ForwardBatch:
             at += kv_len
         return cls(layout.num_tokens, layout.num_decodes, max_decode_len, page_size,
                    t["input_ids"], t["positions"], t["slots"], t["seq_lens"], t["page_table"],
-                   t["sample_rows"], prefill, cache)
+                   t["sample_rows"], prefill, cache,
+                   dev[at:at + 4 * len(spans)].reshape(-1, 4), dev[layout.size:at])
 
     @classmethod
     def build(cls, chunks: list[tuple[list[int], list[int], int, bool]], page_size: int,
@@ -139,20 +147,10 @@ class ForwardBatch:
         return cls.from_device(dev, layout, spans, max_len, page_size, cache)
 
     def prefill_index(self) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """The prefill chunks for one attention launch, on this batch's device (built once a
-        step): meta [S, 4] int64 (first row, q_len, kv_len, offset into slots), slots
-        [sum kv_len] int64 (each chunk's cache rows of positions 0..kv_len-1), the longest
-        q_len."""
-        if "prefill_index" not in self._moved:
-            offsets = np.cumsum([0] + [s.kv_len for s in self.prefill_spans])[:-1]
-            meta = torch.tensor([[s.q_start, s.q_len, s.kv_len, int(o)]
-                                 for s, o in zip(self.prefill_spans, offsets)],
-                                dtype=torch.int64).reshape(-1, 4).to(self.positions.device)
-            slots = torch.cat([s.kv_slots for s in self.prefill_spans]) if self.prefill_spans \
-                else self.positions.new_empty(0)
-            longest = max((s.q_len for s in self.prefill_spans), default=0)
-            self._moved["prefill_index"] = (meta, slots, longest)
-        return self._moved["prefill_index"]
+        """The prefill chunks for one attention launch: prefill_meta, prefill_slots and the
+        longest q_len."""
+        return (self.prefill_meta, self.prefill_slots,
+                max((sp.q_len for sp in self.prefill_spans), default=0))
 
     def on(self, device: torch.device) -> ForwardBatch:
         """This batch with its index tensors on `device` (moved once per step and device)."""
@@ -160,8 +158,10 @@ class ForwardBatch:
             return self
         key = str(device)
         if key not in self._moved:
-            names = ("input_ids", "positions", "slots", "seq_lens", "page_table", "sample_rows")
-            moved = {k: getattr(self, k).to(device) for k in names}
+            names = ("input_ids", "positions", "slots", "seq_lens", "page_table", "sample_rows",
+                     "prefill_meta", "prefill_slots")
+            moved = {k: getattr(self, k).to(device) for k in names
+                     if getattr(self, k) is not None}
             spans = [SequenceSpan(s.q_start, s.q_len, s.kv_len, s.kv_slots.to(device))
                      for s in self.prefill_spans]
             self._moved[key] = ForwardBatch(self.num_tokens, self.num_decodes, self.max_decode_len,

@@ -60,7 +60,7 @@ class RMSNormOp(nn.Module):
             from gpu_kernels.fused import add_rmsnorm
             from gpu_kernels.qdot_i8 import empty_xq
 
-            xq = empty_xq(*x.shape, x_bits, x.device) if x_bits else None
+            xq = empty_xq(*x.shape, x_bits, x.device)
             h = add_rmsnorm(x, self.weight, self.eps, *[d.to(x.device) for d in deltas], xq=xq)
             return h, xq
         for d in deltas:
@@ -125,8 +125,7 @@ class MLPOp(nn.Module):
 
             flat = h.reshape(-1, h.shape[-1]).float()
             down = self.down.quant[0]
-            bits = input_bits(down, flat.shape[0])
-            mid_q = empty_xq(flat.shape[0], down.cols, bits, h.device) if bits else None
+            mid_q = empty_xq(flat.shape[0], down.cols, input_bits(down, flat.shape[0]), h.device)
             mid = silu_mul(qmatmul(flat, self.gate_up, xq=xq), xq=mid_q)  # [N, I]
             out = qmatmul(mid, down, xq=mid_q).reshape(*h.shape[:-1], -1)
             return out.to(x.device, x.dtype)

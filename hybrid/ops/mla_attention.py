@@ -154,8 +154,7 @@ class MLAAttentionOp(nn.Module):
             from gpu_kernels.qdot_i8 import empty_xq
 
             q_b = self.q_b.quant[0] if self.q_b.quant is not None else None
-            bits = input_bits(q_b, qa.shape[0])
-            xq = empty_xq(*qa.shape, bits, qa.device) if bits else None
+            xq = empty_xq(*qa.shape, input_bits(q_b, qa.shape[0]), qa.device)
             return linear(add_rmsnorm(qa, self.q_a_norm, self.eps, xq=xq), self.q_b, xq)
         return linear(self._rms(qa, self.q_a_norm), self.q_b)
 

@@ -1,0 +1,33 @@
+"""A step's indices, packed on the host and copied once: the prefill chunks' attention index
+(one row per chunk, their slots end to end) comes with the same copy and agrees with the spans."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from hybrid.engine.forward_batch import ForwardBatch
+
+
+def test_prefill_index_agrees_with_the_spans() -> None:
+    page = 4
+    chunks = [([5], [0, 1], 6, True),  # a decode at position 6
+              ([1, 2, 3], [2, 3], 4, False),  # a chunk after a prefix of 4
+              ([7, 8], [4], 0, True)]  # a chunk from the start
+    fb = ForwardBatch.build(chunks, page, SimpleNamespace(scratch_slot=99), torch.device("cpu"))
+    meta, slots, longest = fb.prefill_index()
+    assert longest == 3
+    assert meta.tolist() == [[1, 3, 7, 0], [4, 2, 2, 7]]
+    for span, (q_start, q_len, kv_len, off) in zip(fb.prefill_spans, meta.tolist()):
+        assert (span.q_start, span.q_len, span.kv_len) == (q_start, q_len, kv_len)
+        assert torch.equal(slots[off:off + kv_len], span.kv_slots)
+    assert slots.tolist() == [8, 9, 10, 11, 12, 13, 14, 16, 17]  # pages 2, 3, then 4
+    assert fb.on(torch.device("meta")).prefill_meta.device.type == "meta"
+
+
+def test_decode_only_steps_have_no_prefill_index() -> None:
+    fb = ForwardBatch.build([([5], [0], 2, True)], 4, SimpleNamespace(scratch_slot=99),
+                            torch.device("cpu"))
+    meta, slots, longest = fb.prefill_index()
+    assert meta.shape == (0, 4) and slots.numel() == 0 and longest == 0
