@@ -31,3 +31,15 @@ def test_decode_only_steps_have_no_prefill_index() -> None:
                             torch.device("cpu"))
     meta, slots, longest = fb.prefill_index()
     assert meta.shape == (0, 4) and slots.numel() == 0 and longest == 0
+
+
+def test_warm_up_steps_carry_a_prefill_index_onto_the_scratch_slot() -> None:
+    """The model runner's warm-up step goes through the same prefill attention launch as a
+    real chunk, so it needs the same index; every slot it names is the scratch slot."""
+    fb = ForwardBatch.scratch_prefill(5, 4, SimpleNamespace(scratch_slot=99), torch.device("cpu"))
+    meta, slots, longest = fb.prefill_index()
+    assert meta.tolist() == [[0, 5, 5, 0]] and longest == 5
+    assert slots.tolist() == [99] * 5 and fb.slots.tolist() == [99] * 5
+    assert fb.positions.tolist() == list(range(5)) and fb.sample_rows.tolist() == [4]
+    span = fb.prefill_spans[0]
+    assert (span.q_start, span.q_len, span.kv_len) == (0, 5, 5)

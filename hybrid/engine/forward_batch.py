@@ -146,6 +146,19 @@ class ForwardBatch:
         dev = torch.from_numpy(packed).to(device)
         return cls.from_device(dev, layout, spans, max_len, page_size, cache)
 
+    @classmethod
+    def scratch_prefill(cls, n: int, page_size: int, cache: PagedLatentCache,
+                        device: torch.device) -> ForwardBatch:
+        """One prefill chunk of n tokens (ids 0, positions 0..n-1) whose latents are all
+        written to, and read from, the cache's scratch slot: a step of n tokens' shapes that
+        touches no request's pages (kernel warm-up)."""
+        scratch = torch.full((n,), cache.scratch_slot, dtype=torch.long, device=device)
+        meta = torch.tensor([[0, n, n, 0]], dtype=torch.long, device=device)
+        return cls(n, 0, 0, page_size, torch.zeros_like(scratch),
+                   torch.arange(n, device=device), scratch, scratch[:0],
+                   scratch[:0].view(0, 1), scratch[-1:] * 0 + n - 1,
+                   [SequenceSpan(0, n, n, scratch)], cache, meta, scratch)
+
     def prefill_index(self) -> tuple[torch.Tensor, torch.Tensor, int]:
         """The prefill chunks for one attention launch: prefill_meta, prefill_slots and the
         longest q_len."""

@@ -23,7 +23,7 @@ from torch import nn
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.decoder import DecoderProgram, StepState
 from hybrid.engine.experts_bridge import ExpertsBridge
-from hybrid.engine.forward_batch import ForwardBatch, SequenceSpan
+from hybrid.engine.forward_batch import ForwardBatch
 from hybrid.engine.kv_cache import PagedLatentCache
 from hybrid.engine.scheduler import ScheduledBatch
 from hybrid.errors import HybridError
@@ -93,12 +93,7 @@ class ModelRunner:
         for i, n in enumerate(counts):
             if progress is not None:
                 progress(f"compiling kernels: a step of {n} tokens ({i + 1}/{len(counts)})")
-            scratch = torch.full((n,), self.cache.scratch_slot, dtype=torch.long,
-                                 device=self.device)
-            fb = ForwardBatch(n, 0, 0, self.page_size, torch.zeros_like(scratch),
-                              torch.arange(n, device=self.device), scratch,
-                              scratch[:0], scratch[:0].view(0, 1), scratch[-1:] * 0 + n - 1,
-                              [SequenceSpan(0, n, n, scratch)], self.cache)
+            fb = ForwardBatch.scratch_prefill(n, self.page_size, self.cache, self.device)
             self.program.run(StepState(fb, num_real=n))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
