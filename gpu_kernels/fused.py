@@ -135,7 +135,7 @@ def rope_cache(q: torch.Tensor, kv: torch.Tensor, positions: torch.Tensor,
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, y_ptr, q_ptr, qd_ptr, qs_ptr, N, I, BI: tl.constexpr,
+def _silu_mul_kernel(gu_ptr, y_ptr, q_ptr, qd_ptr, qs_ptr, I, BI: tl.constexpr,
                      QMAX: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     i = tl.program_id(1) * BI + tl.arange(0, BI)
@@ -159,6 +159,6 @@ def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None,
     out = out if out is not None else torch.empty(t, i, dtype=torch.float32,
                                                   device=gate_up.device)
     q = xq or (out, out, out)
-    _silu_mul_kernel[(t, triton.cdiv(i, 1024))](gate_up, out, *q, t, i, BI=1024,
+    _silu_mul_kernel[(t, triton.cdiv(i, 1024))](gate_up, out, *q, i, BI=1024,
                                                 QMAX=_qmax(xq, i), num_warps=4)
     return out

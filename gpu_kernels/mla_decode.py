@@ -37,7 +37,7 @@ def softmax_step(s, kv, m_i, l_i, acc, PREC: tl.constexpr):
     return m_new, l_i, acc
 
 
-@triton.jit(do_not_specialize=["NSPLIT"])
+@triton.jit(do_not_specialize=["P", "NSPLIT"])  # P: page-table width, per eager step
 def _split_kernel(q_ptr, qr_ptr, cache_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr,
                   H, P, page_size, scale, NSPLIT, sqrb, sqrh,
                   C: tl.constexpr, R: tl.constexpr, BH: tl.constexpr, BS: tl.constexpr,

@@ -109,6 +109,11 @@ def _as_3d(x: torch.Tensor) -> torch.Tensor:
     return x if x.dim() == 3 else x.reshape(-1, 1, x.shape[-1])
 
 
+# One token count per tile class of _tiles: a step of each compiles every product variant a
+# step can need (the model runner's start-up warm-up runs them).
+TOKEN_CLASSES = (1, 2, 4, 8, 16, 32, 64)
+
+
 def _tiles(m: int) -> tuple[int, bool]:
     """(BM, uses tensor cores) for m tokens."""
     if m < DOT_MIN_TOKENS:

@@ -4,7 +4,8 @@ Per tiny preset and layout: the transformers-interface forward's logits against 
 reference model, and the serving engine's greedy tokens with CUDA rules (whole-step CUDA
 graphs, per-layer graphs and none; 4 concurrent requests, so decodes share a graph of batch 4)
 against cpu.yaml's, in exact mode; and fast mode's greedy tokens, whole-step graphs against
-per-layer ones. Run on the GPU machine (see scripts/device_rules_check.sh). Writes
+per-layer ones; and that serving them compiled no Triton kernel variant that start-up had not
+(odd prompt lengths, mixed steps, batch 1 and 4). Run on the GPU machine (see scripts/device_rules_check.sh). Writes
 $OUT/rules_check.json and prints a short table last.
 """
 
@@ -20,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from gpu_kernels.jit_cache import compiled_variants, new_variants
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.llm import LLM
 from hybrid.engine.sampling_params import SamplingParams
@@ -52,16 +54,22 @@ PROMPTS = [PROMPT, PROMPT[:5], [0, 9, 99, 999], PROMPT[3:] * 3]
 
 
 def greedy(path: str, rules: str, graphs: bool = True, decode_graph: str = "step",
-           alone: bool = False) -> list[list[int]]:
+           alone: bool = False, late: dict | None = None) -> list[list[int]]:
     """Greedy tokens of PROMPTS, decoded together (a batch of 4) or each alone (batch 1: the
-    one-token products, int16 x on Q4_K)."""
+    one-token products, int16 x on Q4_K). `late` gathers the Triton variants compiled after
+    start-up (odd prompt lengths, mixed steps: there should be none)."""
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     llm = LLM(path, rules, engine_config=EngineConfig(cuda_graphs=graphs, max_batch_size=8,
                                                       chunk_size=64, cache_lens=4096,
                                                       decode_graph=decode_graph))
+    before = compiled_variants()
     batches = [[p] for p in PROMPTS] if alone else [PROMPTS]
-    return [o.outputs[0].token_ids for b in batches
-            for o in llm.generate(prompt_token_ids=b, sampling_params=params)]
+    out = [o.outputs[0].token_ids for b in batches
+           for o in llm.generate(prompt_token_ids=b, sampling_params=params)]
+    if late is not None:
+        for k, n in new_variants(before, compiled_variants()).items():
+            late[k] = late.get(k, 0) + n
+    return out
 
 
 def check_equal(path: str, rules: str) -> dict:
@@ -76,19 +84,21 @@ def check_equal(path: str, rules: str) -> dict:
         err = rel_l2(model(input_ids=ids).logits[0].cpu(), ref(input_ids=ids).logits[0])
     del model, ref
     cpu = greedy(path, "cpu")
-    gpu = greedy(path, rules)
-    alone = greedy(path, rules, alone=True)
-    eager = greedy(path, rules, graphs=False)
-    layers = greedy(path, rules, decode_graph="layers")
+    late: dict[str, int] = {}
+    gpu = greedy(path, rules, late=late)
+    alone = greedy(path, rules, alone=True, late=late)
+    eager = greedy(path, rules, graphs=False, late=late)
+    layers = greedy(path, rules, decode_graph="layers", late=late)
     # fast experts: the whole step's one-call driver runs the kernels run_inline runs
-    fast_step, fast_layers = greedy(path, fast), greedy(path, fast, decode_graph="layers")
+    fast_step = greedy(path, fast, late=late)
+    fast_layers = greedy(path, fast, decode_graph="layers", late=late)
     same = [a == b for a, b in zip(gpu, cpu)]
     same_alone = [a == b for a, b in zip(alone, cpu)]
     return {"model": Path(path).name, "rules": Path(rules).stem, "rel_l2": err,
             "greedy_equal": f"{sum(same)}/{len(same)}",
             "batch1_greedy_equal": f"{sum(same_alone)}/{len(same_alone)}",
             "graphs_equal_eager": gpu == eager == layers, "fast_step_equal_layers":
-            fast_step == fast_layers, "devices": devices}
+            fast_step == fast_layers, "compiled_after_start": late, "devices": devices}
 
 
 def main() -> None:
@@ -102,12 +112,12 @@ def main() -> None:
     (OUT / "rules_check.json").write_text(json.dumps({"equal": rows}, indent=2))
     print("\n| model | rules | rel L2 vs CPU reference | greedy equal to cpu.yaml | "
           "same, batch 1 (int16 x) | step graph == layer graphs == eager | "
-          "fast: step == layers |")
-    print("|---|---|---|---|---|---|---|")
+          "fast: step == layers | Triton variants compiled after start-up |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['model']} | {r['rules']} | {r['rel_l2']:.2e} | {r['greedy_equal']} | "
               f"{r['batch1_greedy_equal']} | {r['graphs_equal_eager']} | "
-              f"{r['fast_step_equal_layers']} |")
+              f"{r['fast_step_equal_layers']} | {r['compiled_after_start'] or 'none'} |")
 
 
 if __name__ == "__main__":

@@ -43,3 +43,17 @@ def test_warm_up_steps_carry_a_prefill_index_onto_the_scratch_slot() -> None:
     assert fb.positions.tolist() == list(range(5)) and fb.sample_rows.tolist() == [4]
     span = fb.prefill_spans[0]
     assert (span.q_start, span.q_len, span.kv_len) == (0, 5, 5)
+
+
+def test_every_field_starts_16_byte_aligned_for_odd_lengths() -> None:
+    """Triton compiles a kernel anew for a pointer off 16-byte alignment: every field of the
+    packed array, the prefill slots and their index start on an even int64 element."""
+    chunks = [([5], [0, 1, 2], 6, True), ([1, 2, 3], [3, 4], 4, False), ([7] * 5, [5, 6], 0, True)]
+    fb = ForwardBatch.build(chunks, 4, SimpleNamespace(scratch_slot=99), torch.device("cpu"))
+    base = fb.input_ids.data_ptr()
+    for name in ("positions", "slots", "seq_lens", "page_table", "sample_rows", "prefill_meta",
+                 "prefill_slots"):
+        assert (getattr(fb, name).data_ptr() - base) % 16 == 0, name
+    assert fb.prefill_meta.tolist() == [[1, 3, 7, 0], [4, 5, 5, 7]]  # the padding moved nothing else
+    assert fb.positions.tolist() == [6, 4, 5, 6, 0, 1, 2, 3, 4]
+    assert fb.sample_rows.tolist() == [0, 8]

@@ -83,12 +83,7 @@ class DecodeGraphs:
 
     def _state(self, b: int, num_splits: int) -> tuple[StepLayout, torch.Tensor, StepState]:
         layout = StepLayout(b, b, self.max_pages, b)
-        packed, _, _, _ = ForwardBatch.pack([], self.page_size, self.cache.scratch_slot, layout)
-        at = layout.fields["sample_rows"][0]
-        packed[at:at + b] = np.arange(b)  # every row samples; padding rows are discarded
-        inputs = torch.from_numpy(packed).to(self.device)
-        fb = ForwardBatch.from_device(inputs, layout, [], self.max_pages * self.page_size,
-                                      self.page_size, self.cache)
+        inputs, fb = ForwardBatch.scratch_decode(layout, self.page_size, self.cache, self.device)
         return layout, inputs, StepState(fb, num_real=b, num_splits=num_splits)
 
     def _capture(self, b: int, num_splits: int) -> _Captured:

@@ -9,7 +9,10 @@ the new ones included.
 
 Every index is built on the host into one int64 array and copied to the device once per step
 (`StepLayout` says where each field sits, so a captured CUDA graph can read the same fields
-from a static buffer of the same layout).
+from a static buffer of the same layout). Every field a kernel reads starts 16 bytes into the
+array's alignment (ALIGN elements): Triton compiles a kernel anew for a pointer that is not
+16-byte aligned, so an unaligned field would make a prompt of odd length pay a compilation
+that the start-up warm-up did not.
 """
 
 from __future__ import annotations
@@ -20,6 +23,12 @@ import numpy as np
 import torch
 
 from hybrid.engine.kv_cache import PagedLatentCache
+
+ALIGN = 2  # int64 elements: 16 bytes, the pointer alignment Triton specializes on
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
 
 
 @dataclass(frozen=True)
@@ -47,12 +56,12 @@ class StepLayout:
         out, at = {}, 0
         for name, shape in shapes.items():
             out[name] = (at, shape)
-            at += int(np.prod(shape))
+            at += _aligned(int(np.prod(shape)))
         return out
 
     @property
     def size(self) -> int:
-        return sum(int(np.prod(s)) for _, s in self.fields.values())
+        return sum(_aligned(int(np.prod(s))) for _, s in self.fields.values())
 
     def views(self, buf):
         """Each field of `buf` (a packed int64 array or tensor) in its shape."""
@@ -118,8 +127,10 @@ class ForwardBatch:
                 ends.append(row - 1)
         host["sample_rows"][:len(ends)] = ends
         offsets = np.cumsum([0] + [kv for _, _, kv in spans])[:-1]
+        kv_total = sum(kv for _, _, kv in spans)
+        pad = np.zeros(_aligned(kv_total) - kv_total, np.int64)  # meta starts aligned
         meta = [np.array([*span, off], np.int64) for span, off in zip(spans, offsets)]
-        packed = np.concatenate([buf, *kv_parts, *meta]) if kv_parts else buf
+        packed = np.concatenate([buf, *kv_parts, pad, *meta]) if kv_parts else buf
         max_len = int(max((c[2] + 1 for c in chunks[:b]), default=0))
         return packed, layout, spans, max_len
 
@@ -133,10 +144,11 @@ class ForwardBatch:
         for (q_start, q_len, kv_len) in spans:
             prefill.append(SequenceSpan(q_start, q_len, kv_len, dev[at:at + kv_len]))
             at += kv_len
+        meta_at = layout.size + _aligned(at - layout.size)
         return cls(layout.num_tokens, layout.num_decodes, max_decode_len, page_size,
                    t["input_ids"], t["positions"], t["slots"], t["seq_lens"], t["page_table"],
                    t["sample_rows"], prefill, cache,
-                   dev[at:at + 4 * len(spans)].reshape(-1, 4), dev[layout.size:at])
+                   dev[meta_at:meta_at + 4 * len(spans)].reshape(-1, 4), dev[layout.size:at])
 
     @classmethod
     def build(cls, chunks: list[tuple[list[int], list[int], int, bool]], page_size: int,
@@ -148,16 +160,30 @@ class ForwardBatch:
 
     @classmethod
     def scratch_prefill(cls, n: int, page_size: int, cache: PagedLatentCache,
-                        device: torch.device) -> ForwardBatch:
+                        device: torch.device, samples: int = 1) -> ForwardBatch:
         """One prefill chunk of n tokens (ids 0, positions 0..n-1) whose latents are all
-        written to, and read from, the cache's scratch slot: a step of n tokens' shapes that
-        touches no request's pages (kernel warm-up)."""
+        written to, and read from, the cache's scratch slot, its last `samples` rows sampling:
+        a step of n tokens' shapes that touches no request's pages (kernel warm-up)."""
         scratch = torch.full((n,), cache.scratch_slot, dtype=torch.long, device=device)
         meta = torch.tensor([[0, n, n, 0]], dtype=torch.long, device=device)
         return cls(n, 0, 0, page_size, torch.zeros_like(scratch),
                    torch.arange(n, device=device), scratch, scratch[:0],
-                   scratch[:0].view(0, 1), scratch[-1:] * 0 + n - 1,
+                   scratch[:0].view(0, 1), torch.arange(n - samples, n, device=device),
                    [SequenceSpan(0, n, n, scratch)], cache, meta, scratch)
+
+    @classmethod
+    def scratch_decode(cls, layout: StepLayout, page_size: int, cache: PagedLatentCache,
+                       device: torch.device) -> tuple[torch.Tensor, ForwardBatch]:
+        """A decode step of layout.num_decodes padding rows (token 0, length 0, the scratch
+        slot), every row sampling -> (its packed index array on `device`, the batch over it).
+        A CUDA graph captures it and replays it with real rows copied into the array."""
+        b = layout.num_decodes
+        packed, _, _, _ = cls.pack([], page_size, cache.scratch_slot, layout)
+        at = layout.fields["sample_rows"][0]
+        packed[at:at + b] = np.arange(b)
+        inputs = torch.from_numpy(packed).to(device)
+        return inputs, cls.from_device(inputs, layout, [], layout.max_pages * page_size,
+                                       page_size, cache)
 
     def prefill_index(self) -> tuple[torch.Tensor, torch.Tensor, int]:
         """The prefill chunks for one attention launch: prefill_meta, prefill_slots and the

@@ -23,7 +23,7 @@ from torch import nn
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.decoder import DecoderProgram, StepState
 from hybrid.engine.experts_bridge import ExpertsBridge
-from hybrid.engine.forward_batch import ForwardBatch
+from hybrid.engine.forward_batch import ForwardBatch, StepLayout
 from hybrid.engine.kv_cache import PagedLatentCache
 from hybrid.engine.scheduler import ScheduledBatch
 from hybrid.errors import HybridError
@@ -60,7 +60,7 @@ class ModelRunner:
             self.warm_up(progress)
             self.graphs = self.capture_graphs(config.decode_graph, progress)
         elif self.device.type == "cuda":
-            self.warm_up(progress)
+            self.warm_up(progress, decode=True)
 
     def capture_graphs(self, decode_graph: str, progress: Callable[[str], None] | None = None):
         """-> DecodeGraphs of every batch bucket, `decode_graph` "step" or "layers" (also for
@@ -86,15 +86,28 @@ class ModelRunner:
         return self.program.run(StepState(fb, num_real=fb.num_tokens))
 
     @torch.inference_mode()
-    def warm_up(self, progress: Callable[[str], None] | None = None) -> None:
-        """Run prefill-shaped steps of every token-count class a step can have (the kernels'
-        tile sizes: 16, 32, 64 and chunk_size rows), writing only the cache's scratch slot."""
-        counts = sorted({min(n, self.max_tokens) for n in (16, 32, 64, self.config.chunk_size)})
+    def warm_up(self, progress: Callable[[str], None] | None = None,
+                decode: bool = False) -> None:
+        """Compile every kernel variant a step can need before the first request: a
+        prefill-shaped step of each token-count class of the product kernels' tiles (and of
+        chunk_size), every row sampling up to the largest class (the head's products take
+        those counts too), and with `decode` a decode-shaped step (without CUDA graphs, whose
+        capture does that). Writes only the cache's scratch slot."""
+        from gpu_kernels.qmatmul import TOKEN_CLASSES
+
+        largest = TOKEN_CLASSES[-1]
+        counts = sorted({min(n, self.max_tokens) for n in (*TOKEN_CLASSES,
+                                                           self.config.chunk_size)})
         for i, n in enumerate(counts):
             if progress is not None:
                 progress(f"compiling kernels: a step of {n} tokens ({i + 1}/{len(counts)})")
-            fb = ForwardBatch.scratch_prefill(n, self.page_size, self.cache, self.device)
+            fb = ForwardBatch.scratch_prefill(n, self.page_size, self.cache, self.device,
+                                              samples=n if n <= largest else 1)
             self.program.run(StepState(fb, num_real=n))
+        if decode:
+            _, fb = ForwardBatch.scratch_decode(StepLayout(1, 1, self.max_pages, 1),
+                                                self.page_size, self.cache, self.device)
+            self.program.run(StepState(fb, num_real=1))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
