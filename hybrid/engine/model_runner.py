@@ -27,6 +27,7 @@ from hybrid.engine.forward_batch import ForwardBatch, StepLayout
 from hybrid.engine.kv_cache import PagedLatentCache
 from hybrid.engine.scheduler import ScheduledBatch
 from hybrid.errors import HybridError
+from hybrid.ops.experts import ExpertsOp
 from hybrid.ops.mla_attention import MLAAttentionOp
 
 log = logging.getLogger("hybrid.engine")
@@ -104,6 +105,9 @@ class ModelRunner:
             fb = ForwardBatch.scratch_prefill(n, self.page_size, self.cache, self.device,
                                               samples=n if n <= largest else 1)
             self.program.run(StepState(fb, num_real=n))
+        for op in self.model.modules():
+            if isinstance(op, ExpertsOp):  # on-device experts: block sizes no step picks
+                op.warm_up()
         if decode:
             _, fb = ForwardBatch.scratch_decode(StepLayout(1, 1, self.max_pages, 1),
                                                 self.page_size, self.cache, self.device)
@@ -114,8 +118,6 @@ class ModelRunner:
 
 def _one_device(model: nn.Module, device: torch.device) -> bool:
     """Every operator but the CPU experts on `device` (a CUDA graph captures one device)."""
-    from hybrid.ops.experts import ExpertsOp
-
     for module in model.modules():
         if not type(module).__module__.startswith("hybrid.ops") or isinstance(module, ExpertsOp):
             continue

@@ -32,11 +32,25 @@ def _quant_matrix(ctx: BuildContext, gguf_name: str, rows: slice | None = None):
     return QuantMatrix.from_raw(qt.qtype, shape, raw)
 
 
+def _expert_types(ctx: BuildContext, prefix: str) -> list[int]:
+    names = [n for n in ctx.gguf.tensor_names if n.startswith(prefix) and "_exps." in n]
+    return [int(ctx.gguf.tensor_infos[n][0].qtype) for n in names]
+
+
 def _cpu_kernels_cover(ctx: BuildContext, prefix: str) -> bool:
     from cpu_kernels.qtypes import is_supported
 
-    names = [n for n in ctx.gguf.tensor_names if n.startswith(prefix) and "_exps." in n]
-    return all(is_supported(ctx.gguf.tensor_infos[n][0].qtype) for n in names)
+    return all(is_supported(t) for t in _expert_types(ctx, prefix))
+
+
+def _gpu_kernels_cover(ctx: BuildContext, prefix: str, device: torch.device) -> bool:
+    from hybrid.ops.weights import uses_gpu_kernels
+
+    if not uses_gpu_kernels(device):
+        return False
+    from gpu_kernels.qtypes import is_supported
+
+    return all(is_supported(t) for t in _expert_types(ctx, prefix))
 
 
 class ExpertsOp(nn.Module):
@@ -46,6 +60,7 @@ class ExpertsOp(nn.Module):
         self.backend, self.mode = opts["backend"], opts["mode"]
         self.device = ctx.device
         self.num_experts = spec.num_experts
+        self.hidden_size, self.top_k = spec.hidden_size, spec.num_experts_per_tok
         gpu_ids = sorted(set(opts.get("gpu_experts") or []))
         layer = int(ctx.path.split(".")[2])
         p = f"blk.{layer}."
@@ -55,6 +70,7 @@ class ExpertsOp(nn.Module):
             self.backend = "torch"
             ctx = BuildContext(ctx.gguf, ctx.spec, ctx.path, {**opts, "weight_format": "f32"},
                                ctx.module)
+        self.on_device = None  # backend torch on gpu_kernels: _GpuExperts of every expert
         if self.backend == "cpu":
             from cpu_kernels.weights import ExpertWeights
 
@@ -68,15 +84,25 @@ class ExpertsOp(nn.Module):
                 # fast mode reads a load-time repack (<= 1.1x the GGUF bytes): build it now, not
                 # on the first forward.
                 self.cpu_weights.pack()
+        elif _gpu_kernels_cover(ctx, p, self.device):
+            # every expert's blocks on the device, all tokens in grouped launches
+            self.on_device = _GpuExperts(ctx, p, list(range(spec.num_experts)), self.device)
         else:
             self.gate_up = ctx.weight("gate_up_proj").get()  # [E, 2I, H]
             self.down = ctx.weight("down_proj").get()  # [E, H, I]
         mask = torch.zeros(spec.num_experts, dtype=torch.bool)
         mask[gpu_ids] = True
         self.on_gpu = mask
-        self.gpu_experts = _GpuExperts(ctx, p, gpu_ids) if gpu_ids else None
+        self.gpu_experts = _GpuExperts(ctx, p, gpu_ids, torch.device(opts["gpu_device"])) \
+            if gpu_ids else None
         self.pool = None  # a cpu_kernels MoEPool, set by use_pool
         self.placed = None  # cpu_weights as placed on the pool's worker groups
+
+    def warm_up(self) -> None:
+        """Compile the on-device experts' kernel variants (the model runner's start-up)."""
+        for part in (self.on_device, self.gpu_experts):
+            if part is not None:
+                part.warm_up(self.hidden_size, self.top_k)
 
     def use_pool(self, pool) -> None:
         """Run the CPU experts as jobs of `pool` (cpu_kernels.pool.MoEPool); no-op for torch."""
@@ -133,6 +159,9 @@ class ExpertsOp(nn.Module):
                 return lambda: torch.from_numpy(job.wait()).to(hidden.device)
             moe_forward(x, ids_cpu, w_cpu, self.cpu_weights, out, mode=self.mode)
             return lambda: torch.from_numpy(out).to(hidden.device)
+        if self.on_device is not None:
+            res = self.on_device(hidden, ids, weights).to(hidden.device)
+            return lambda: res
         res = _torch_experts(hidden.to(self.device), ids.to(self.device), weights.to(self.device),
                              self.gate_up, self.down).to(hidden.device)
         return lambda: res
@@ -149,26 +178,62 @@ def use_cpu_pool(model: nn.Module, pool) -> int:
 
 
 class _GpuExperts:
-    """The GGUF blocks of the chosen experts only, on gpu_device, dequantized on use."""
+    """The GGUF blocks of the chosen experts only, on `device`. With gpu_kernels (CUDA): all
+    their tokens in grouped launches on the blocks (gpu_kernels.moe_grouped), no host sync;
+    elsewhere each expert dequantized on use, looped in torch."""
 
-    def __init__(self, ctx: BuildContext, prefix: str, expert_ids: list[int]) -> None:
-        self.device = torch.device(ctx.options["gpu_device"])
+    def __init__(self, ctx: BuildContext, prefix: str, expert_ids: list[int],
+                 device: torch.device) -> None:
+        self.device = device
+        self.kernels = _gpu_kernels_cover(ctx, prefix, device)
         self.slot = {e: j for j, e in enumerate(expert_ids)}
-        names = (["ffn_gate_up_exps"] if ctx.spec.fused_gate_up_experts
+        self.local = torch.full((ctx.spec.num_experts,), -1, dtype=torch.long,
+                                device=self.device)  # global expert id -> row block here
+        self.local[expert_ids] = torch.arange(len(expert_ids), device=self.device)
+        self.fused = ctx.spec.fused_gate_up_experts
+        names = (["ffn_gate_up_exps"] if self.fused
                  else ["ffn_gate_exps", "ffn_up_exps"]) + ["ffn_down_exps"]
         self.parts = []
         for name in names:
             qt = ctx.gguf.tensor(f"{prefix}{name}.weight")
             rows = np.ascontiguousarray(qt.data.reshape(qt.shape[0], -1)[expert_ids])
-            self.parts.append((torch.from_numpy(rows).to(self.device), qt.qtype, qt.shape[1:]))
+            raw = torch.from_numpy(rows).to(self.device)
+            if self.kernels:
+                from gpu_kernels.qformat import to_planes
+
+                _, r, c = qt.shape
+                self.parts.append(to_planes(raw, int(qt.qtype), len(expert_ids) * r, c))
+            else:
+                self.parts.append((raw, qt.qtype, qt.shape[1:]))
+
+    def warm_up(self, hidden_size: int, top_k: int) -> None:
+        """Compile the grouped launches' every block size (they follow the pairs per expert,
+        which no warm-up step can choose), one token each."""
+        if not self.kernels:
+            return
+        from gpu_kernels.qmatmul import TOKEN_CLASSES
+
+        x = torch.zeros(1, hidden_size, device=self.device)
+        ids = torch.full((1, top_k), next(iter(self.slot)), dtype=torch.long, device=self.device)
+        for bm in TOKEN_CLASSES:
+            self(x, ids, torch.zeros(1, top_k, device=self.device), bm=bm)
 
     def weights(self, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
         j = self.slot[expert]
         mats = [dequantize(raw[j], qtype, shape) for raw, qtype, shape in self.parts]
         return torch.cat(mats[:-1], dim=0), mats[-1]  # [2I, H], [H, I]
 
-    def __call__(self, hidden: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def __call__(self, hidden: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+                 bm: int | None = None) -> torch.Tensor:
         x, ids, weights = (t.to(self.device) for t in (hidden, ids, weights))
+        if self.kernels:
+            from gpu_kernels import moe_grouped
+
+            x, held = x.float().contiguous(), self.local[ids.long()]  # [N, H], [N, K]
+            n = len(self.slot)
+            if self.fused:
+                return moe_grouped.moe_experts_fused(x, held, weights, *self.parts, n, bm=bm)
+            return moe_grouped.moe_experts(x, held, weights, *self.parts, n, bm=bm)
         out = torch.zeros(x.shape, dtype=torch.float32, device=self.device)
         for e in self.slot:
             tok, k = torch.where(ids == e)

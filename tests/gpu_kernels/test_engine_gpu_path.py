@@ -35,8 +35,10 @@ def greedy(path: str, rules: str, gpu_kernels: bool, monkeypatch) -> list[list[i
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="scripts/device_rules_check.py on GPUs")
-@pytest.mark.parametrize("preset,rules,layout", [("tiny-v3", "DeepSeek-V3", "legacy"),
-                                                  ("tiny-v2-lite", "DeepSeek-V2-Lite", "mla")])
+@pytest.mark.parametrize("preset,rules,layout", [
+    ("tiny-v3", "DeepSeek-V3", "legacy"), ("tiny-v2-lite", "DeepSeek-V2-Lite", "mla"),
+    # experts on the device (grouped launches): whole layers, and 8 hot experts per layer
+    ("tiny-v3", "DeepSeek-V3-gpu-experts", "mla")])
 def test_gpu_path_equals_cpu_rules(models, preset, rules, layout, tmp_path, monkeypatch):
     path = str(models.path(preset, "q4_k_m", layout))
     exact = str(with_experts_mode(rules, "exact", tmp_path))

@@ -1,0 +1,100 @@
+"""Routed experts on the GPU (gpu_kernels.moe_grouped) for one MoE layer, beside the time to
+copy that layer's expert blocks over PCIe: the numbers that decide, per layer and chunk, whether
+streaming a layer's experts to the GPU beats running them on the CPU (issue 16).
+
+    python scripts/bench_gpu_experts.py [--shapes v2-lite,v3] [--tokens 1,64,512,2048]
+
+Per shape and token count: the grouped launches' time (median of do_bench, routing uniform at
+random, top-k distinct), TFLOP/s of the products, and GB/s of the expert bytes the tokens touch;
+then the layer's blocks copied from pinned host memory (GB/s, ms). Weights are random blocks of
+a few experts repeated to the layer's count on the device (the values do not change the time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gpu_kernels import qtypes as qt
+from gpu_kernels.moe_grouped import moe_experts
+from gpu_kernels.qformat import GpuQuant, to_planes
+from hybrid.synth.random_blocks import random_rows
+
+# name: (experts, top-k, hidden, intermediate, gate/up type, down type) at Q4_K_M (V2-Lite's
+# down rows of 1408 are not whole Q6_K blocks: llama.cpp falls back to Q8_0)
+SHAPES = {"v2-lite": (64, 6, 2048, 1408, qt.Q4_K, qt.Q8_0),
+          "v3": (256, 8, 7168, 2048, qt.Q4_K, qt.Q6_K)}
+DISTINCT = 4  # experts of random blocks, repeated to the layer's count
+
+
+def expert_tensor(qtype: int, experts: int, rows: int, cols: int, seed: int) -> GpuQuant:
+    raw = random_rows(np.random.default_rng(seed), qtype, DISTINCT * rows, cols, 0.02)
+    one = to_planes(torch.from_numpy(raw.copy()).cuda(), qtype, DISTINCT * rows, cols)
+    reps = -(-experts // DISTINCT)
+    planes = tuple(p.repeat(reps, *([1] * (p.dim() - 1)))[:experts * rows].contiguous()
+                   for p in one.planes)
+    return GpuQuant(qtype, experts * rows, cols, planes)
+
+
+def routing(tokens: int, k: int, experts: int) -> torch.Tensor:
+    return torch.rand(tokens, experts, device="cuda").topk(k, dim=1).indices
+
+
+def bench_shape(name: str, token_counts: list[int]) -> list[dict]:
+    e, k, h, inter, gate_t, down_t = SHAPES[name]
+    gate = expert_tensor(gate_t, e, inter, h, 1)
+    up = expert_tensor(gate_t, e, inter, h, 2)
+    down = expert_tensor(down_t, e, h, inter, 3)
+    layer_bytes = gate.nbytes + up.nbytes + down.nbytes
+    rows = []
+    for t in token_counts:
+        ids = routing(t, k, e)
+        w = torch.rand(t, k, device="cuda")
+        x = torch.randn(t, h, device="cuda")
+        ms = triton.testing.do_bench(
+            lambda x=x, ids=ids, w=w: moe_experts(x, ids, w, gate, up, down, e),
+            return_mode="median")
+        touched = torch.unique(ids).numel()
+        flops = 2 * t * k * 3 * h * inter
+        rows.append({"shape": name, "tokens": t, "ms": ms, "TFLOPS": flops / ms / 1e9,
+                     "GB_s": layer_bytes * touched / e / ms / 1e6,
+                     "experts_touched": touched})
+        print(f"{name:8} {t:5} tokens: {ms:8.3f} ms  {flops / ms / 1e9:6.1f} TFLOP/s  "
+              f"{rows[-1]['GB_s']:6.0f} GB/s of touched experts ({touched}/{e})", flush=True)
+    host = torch.empty(layer_bytes, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(layer_bytes, dtype=torch.uint8, device="cuda")
+    copy_ms = triton.testing.do_bench(lambda: dev.copy_(host, non_blocking=True),
+                                      return_mode="median")
+    rows.append({"shape": name, "copy_ms": copy_ms, "layer_GB": layer_bytes / 1e9,
+                 "pcie_GB_s": layer_bytes / copy_ms / 1e6})
+    print(f"{name:8} layer {layer_bytes / 1e9:.2f} GB over PCIe from pinned memory: "
+          f"{copy_ms:.1f} ms ({layer_bytes / copy_ms / 1e6:.1f} GB/s)", flush=True)
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="v2-lite,v3")
+    ap.add_argument("--tokens", default="1,8,64,512,2048")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    counts = [int(t) for t in args.tokens.split(",")]
+    rows = []
+    for shape in args.shapes.split(","):
+        rows += bench_shape(shape, counts)
+        torch.cuda.empty_cache()  # the last layer's blocks
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
