@@ -59,6 +59,14 @@ def _grouped_kernel(x_ptr, y_ptr, slots_ptr, bexp_ptr, p0, p1, p2, p3, p4, p5, R
         tl.store(y, acc, mask=mmask[:, None] & nmask[None, :])
 
 
+# Tensor-core tiles of the grouped launches (rows per program, weights per K step, warps,
+# stages): H100, one MoE layer at Q4_K_M (scripts/bench_gpu_experts.py --sweep), tf32x3 /
+# fp16 ms: V3 2048 tokens 74.6 / 38.4 against 130.8 / 61.9 for qmatmul's DOT_TILES
+# (32, 64, 8, 1), 512 tokens 51.8 / 30.5 against 105.8 / 54.9; V2-Lite 2048 tokens 9.2 / 5.3
+# against 17.0 / 10.5. Wider tiles (128 rows or 128-weight steps) measured slower.
+DOT_TILES = (64, 64, 4, 1)
+
+
 def block_rows(pairs: int, experts: int) -> int:
     """BM for `pairs` (token, choice) pairs over `experts`: the product tile class of the
     pairs an expert gets on average (routing is skewed: a hot expert gets many more)."""
@@ -93,42 +101,47 @@ def align(ids: torch.Tensor, num_experts: int, bm: int) -> tuple[torch.Tensor, t
 
 
 def grouped_matmul(x: torch.Tensor, w: GpuQuant, rows: int, slots: torch.Tensor,
-                   block_expert: torch.Tensor, bm: int, x_div: int, out: torch.Tensor
-                   ) -> torch.Tensor:
+                   block_expert: torch.Tensor, bm: int, x_div: int, out: torch.Tensor,
+                   tiles: tuple[int, ...] | None = None, fp16: bool = False) -> torch.Tensor:
     """out[p, :rows] = x[p // x_div] @ W_e^T for every pair p in `slots` (e its block's
     expert, W_e rows e * rows + [0, rows) of w). x [*, K] f32 rows dense; out [NK, >= rows]
-    (a column slice is fine: its rows are strided). Other rows of out are untouched."""
+    (a column slice is fine: its rows are strided). Other rows of out are untouched.
+    `tiles` (rows per program, weights per K step, warps[, stages]) overrides the defaults;
+    `fp16`: tensor-core tiles in fp16 instead of tf32x3 (qdot._mac)."""
     if x.stride(-1) != 1 or out.stride(-1) != 1:
         raise ValueError("grouped_matmul needs x's and out's last dims dense")
     if x.shape[-1] != w.cols or w.rows % rows:
         raise ValueError(f"x of {x.shape[-1]} features and {w.rows} weight rows for "
                          f"experts of {rows} rows x {w.cols}")
     dot = bm > 8
-    bn, step, warps, stages = _product_tiles(w.qtype, bm, dot, None, w.cols)
+    bn, step, warps, stages = _product_tiles(w.qtype, bm, dot,
+                                             tiles or (DOT_TILES if dot else None), w.cols)
     nc = chunks_per_step(w.qtype, w.cols, max(1, step // CHUNK[w.qtype]))
     grid = (triton.cdiv(rows, bn), block_expert.shape[0])
     _grouped_kernel[grid](x, out, slots, block_expert, *plane_args(w.planes), rows, w.cols,
                           x_div, x.stride(0), out.stride(0), QT=w.qtype, BM=bm, BN=bn, NC=nc,
-                          STEP=nc * CHUNK[w.qtype], L=nc * PART[w.qtype], DOT=dot,
-                          STAGES=stages, num_warps=warps)
+                          STEP=nc * CHUNK[w.qtype], L=nc * PART[w.qtype],
+                          DOT=2 if dot and fp16 else dot, STAGES=stages, num_warps=warps)
     return out
 
 
 def moe_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate: GpuQuant,
                 up: GpuQuant, down: GpuQuant, num_experts: int,
-                out: torch.Tensor | None = None, bm: int | None = None) -> torch.Tensor:
+                out: torch.Tensor | None = None, bm: int | None = None,
+                **tiling) -> torch.Tensor:
     """x [N, H] f32, ids [N, K] (negative: not held here), weights [N, K] -> [N, H] f32.
     gate, up: [E * I, H] rows; down: [E * H, I] (moe_experts_fused: gate and up as one).
     `bm` (pairs per block, a qmatmul.TOKEN_CLASSES value) overrides block_rows: a warm-up
-    compiles every variant with one token."""
+    compiles every variant with one token. `tiling`: grouped_matmul's tiles and fp16."""
     n, k = ids.shape
     inter = gate.rows // num_experts
     bm = bm or block_rows(n * k, num_experts)
     slots, block_expert = align(ids, num_experts, bm)
     gu = torch.empty(n * k, 2 * inter, dtype=torch.float32, device=x.device)
-    grouped_matmul(x, gate, inter, slots, block_expert, bm, k, gu[:, :inter])
-    grouped_matmul(x, up, inter, slots, block_expert, bm, k, gu[:, inter:])
-    return _down(silu_mul(gu), ids, weights, down, num_experts, slots, block_expert, bm, out)
+    grouped_matmul(x, gate, inter, slots, block_expert, bm, k, gu[:, :inter], **tiling)
+    grouped_matmul(x, up, inter, slots, block_expert, bm, k, gu[:, inter:], **tiling)
+    return _down(silu_mul(gu), ids, weights, down, num_experts, slots, block_expert, bm, out,
+                 **tiling)
 
 
 def moe_experts_fused(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
@@ -145,11 +158,11 @@ def moe_experts_fused(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
 
 def _down(act: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, down: GpuQuant,
           num_experts: int, slots: torch.Tensor, block_expert: torch.Tensor, bm: int,
-          out: torch.Tensor | None) -> torch.Tensor:
+          out: torch.Tensor | None, **tiling) -> torch.Tensor:
     n, k = ids.shape
     h = down.rows // num_experts
     y = torch.zeros(n * k, h, dtype=torch.float32, device=act.device)  # left-out pairs: 0
-    grouped_matmul(act, down, h, slots, block_expert, bm, 1, y)
+    grouped_matmul(act, down, h, slots, block_expert, bm, 1, y, **tiling)
     w = torch.where(ids >= 0, weights.float(), 0.0)  # [N, K]
     res = torch.einsum("nkh,nk->nh", y.view(n, k, h), w)
     if out is None:

@@ -14,6 +14,8 @@ the reference dequantization; only the summation order of the products differs.
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
@@ -24,6 +26,7 @@ _Q4_0, _Q4_1, _Q5_0 = tl.constexpr(qt.Q4_0), tl.constexpr(qt.Q4_1), tl.constexpr
 _Q5_1, _Q8_0, _Q2_K = tl.constexpr(qt.Q5_1), tl.constexpr(qt.Q8_0), tl.constexpr(qt.Q2_K)
 _Q3_K, _Q4_K, _Q5_K = tl.constexpr(qt.Q3_K), tl.constexpr(qt.Q4_K), tl.constexpr(qt.Q5_K)
 _Q6_K = tl.constexpr(qt.Q6_K)
+_NATIVE_FP16 = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
 
 # weights per chunk, per type (the launcher's step is NC chunks)
 CHUNK = {qt.F32: 32, qt.F16: 32, qt.BF16: 32, qt.Q8_0: 32, qt.Q4_0: 32, qt.Q4_1: 32,
@@ -39,12 +42,20 @@ PART = {qt.F32: 32, qt.F16: 32, qt.BF16: 32, qt.Q8_0: 32, qt.Q4_0: 16, qt.Q4_1: 
 def _mac(acc, w, x_row, xcol, mmask, NC: tl.constexpr, S: tl.constexpr, DOT: tl.constexpr):
     """acc += x[:, xcol] * w. w: [BN, NC, S] f32; xcol: [NC, S] int32 columns of x.
 
-    DOT: acc [BM, BN] += x @ w^T on tensor cores. Otherwise acc [BM, BN, NC * S] gathers the
+    DOT: acc [BM, BN] += x @ w^T on tensor cores, in tf32x3 (fp32 accuracy) or, DOT == 2, in
+    fp16 (x and the dequantized w rounded to fp16, fp32 sums: ~5e-4 relative through a whole
+    expert, against ~2e-2 for bf16's 8-bit mantissa; x must stay below 65504). Otherwise acc [BM, BN, NC * S] gathers the
     products elementwise and the kernel sums them once after its K loop: a reduction across
     threads in every step would put a barrier in every step."""
     w2 = tl.reshape(w, (w.shape[0], NC * S))
     x = tl.load(x_row + tl.reshape(xcol, (1, NC * S)), mask=mmask[:, None], other=0.0)
-    if DOT:
+    if DOT == 2:
+        if _NATIVE_FP16:
+            acc += tl.dot(x.to(tl.float16), tl.trans(w2.to(tl.float16)))
+        else:  # the interpreter's half-precision dot is wrong (triton 3.9): the same rounding in fp32
+            acc += tl.dot(x.to(tl.float16).to(tl.float32),
+                          tl.trans(w2.to(tl.float16).to(tl.float32)), input_precision="ieee")
+    elif DOT:
         acc += tl.dot(x, tl.trans(w2), input_precision="tf32x3")
     else:
         acc += x[:, None, :] * w2[None, :, :]

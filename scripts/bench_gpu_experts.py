@@ -80,13 +80,48 @@ def bench_shape(name: str, token_counts: list[int]) -> list[dict]:
     return rows
 
 
+# grouped_matmul tilings for many tokens: (rows per program, weights per K step, warps,
+# stages), each in tf32x3 and in fp16
+SWEEP = [None, (64, 64, 4, 1), (64, 128, 8, 1), (128, 64, 8, 1), (128, 128, 8, 1),
+         (64, 128, 4, 2)]
+
+
+def sweep(name: str, token_counts: list[int]) -> list[dict]:
+    e, k, h, inter, gate_t, down_t = SHAPES[name]
+    gate = expert_tensor(gate_t, e, inter, h, 1)
+    up = expert_tensor(gate_t, e, inter, h, 2)
+    down = expert_tensor(down_t, e, h, inter, 3)
+    rows = []
+    for t in token_counts:
+        ids, w = routing(t, k, e), torch.rand(t, k, device="cuda")
+        x = torch.randn(t, h, device="cuda")
+        line = []
+        for tiles in SWEEP:
+            for fp16 in (False, True):
+                ms = triton.testing.do_bench(
+                    lambda x=x, ids=ids, w=w, tiles=tiles, fp16=fp16: moe_experts(
+                        x, ids, w, gate, up, down, e, tiles=tiles, fp16=fp16),
+                    return_mode="median")
+                rows.append({"shape": name, "tokens": t, "tiles": tiles, "fp16": fp16,
+                             "ms": ms})
+                line.append(f"{tiles or 'default'}{' fp16' if fp16 else ''}: {ms:.1f}")
+        print(f"sweep {name} {t} tokens (ms): " + "  ".join(line), flush=True)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="v2-lite,v3")
     ap.add_argument("--tokens", default="1,8,64,512,2048")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--sweep", action="store_true", help="only the tiling sweep, then stop")
     args = ap.parse_args()
     counts = [int(t) for t in args.tokens.split(",")]
+    if args.sweep:
+        rows = [r for shape in args.shapes.split(",") for r in sweep(shape, counts)]
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+        return 0
     rows = []
     for shape in args.shapes.split(","):
         rows += bench_shape(shape, counts)

@@ -109,3 +109,18 @@ def test_block_rows_follow_the_pairs_per_expert() -> None:
     assert block_rows(6, 64) == 1  # one decode token
     assert block_rows(8 * 512, 256) == 16  # 512 tokens over V3's experts
     assert block_rows(6 * 2048, 64) == 64
+
+
+@pytest.mark.parametrize("tiles", [None, (64, 128, 4, 1)], ids=["default", "wide"])
+def test_fp16_tensor_cores_and_other_tiles(tiles, device: torch.device) -> None:
+    """The prefill form: fp16 tiles on the tensor cores, any tiling."""
+    experts, k, n = 4, 2, 24
+    gate = stacked(Q.Q4_K, experts, INTER, H, 1, device)
+    up = stacked(Q.Q4_K, experts, INTER, H, 2, device)
+    down = stacked(Q.Q8_0, experts, H, INTER, 3, device)
+    ids, w = routing(n, k, experts, seed=4)
+    x = torch.randn(n, H).to(device)
+    ids, w = ids.to(device), w.to(device)
+    ref = moe_experts_ref(x, ids, w, gate, up, down, experts)
+    y = moe_experts(x, ids, w, gate, up, down, experts, tiles=tiles, fp16=True)
+    assert 1e-5 < rel_err(y, ref) < 2e-3  # rounded, and not by much (5e-4 seen)
