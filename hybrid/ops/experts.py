@@ -132,6 +132,9 @@ class ExpertsOp(nn.Module):
 
     def forward(self, hidden: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """hidden: [N, H]  ids: [N, K]  weights: [N, K] -> [N, H]"""
+        if self.on_device is not None and self.gpu_experts is None:
+            # the whole layer on the device: no split by expert, nothing waits for the host
+            return self.on_device(hidden, ids, weights).to(hidden.device, hidden.dtype)
         gpu_mask = self.on_gpu[ids.cpu()]  # [N, K]
         cpu_w = weights.masked_fill(gpu_mask.to(weights.device), 0.0)
         finish = self._start(hidden, ids, cpu_w)  # with a pool, the CPU experts run meanwhile
