@@ -1,6 +1,6 @@
 """Routed experts on the GPU for many tokens at once, every expert in one launch per product.
 
-    moe_experts(x, ids, weights, gate, up, down)[t] =
+    moe_experts(x, ids, weights, (gate, up), down)[t] =
         sum_k weights[t, k] * down_e(silu(gate_e x_t) * up_e x_t),   e = ids[t, k]
 
 An expert tensor is the GGUF's [E, R, K] as one GpuQuant of E * R rows (expert e's row n is
@@ -125,50 +125,29 @@ def grouped_matmul(x: torch.Tensor, w: GpuQuant, rows: int, slots: torch.Tensor,
     return out
 
 
-def moe_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate: GpuQuant,
-                up: GpuQuant, down: GpuQuant, num_experts: int,
-                out: torch.Tensor | None = None, bm: int | None = None,
-                **tiling) -> torch.Tensor:
+def moe_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+                gate_up: tuple[GpuQuant, ...], down: GpuQuant, num_experts: int,
+                bm: int | None = None, **tiling) -> torch.Tensor:
     """x [N, H] f32, ids [N, K] (negative: not held here), weights [N, K] -> [N, H] f32.
-    gate, up: [E * I, H] rows; down: [E * H, I] (moe_experts_fused: gate and up as one).
+    gate_up: (gate, up), each [E * I, H] rows, or the fused GGUF layout's one [E * 2I, H]
+    tensor (each expert's gate rows, then its up rows); down: [E * H, I].
     `bm` (pairs per block, a qmatmul.TOKEN_CLASSES value) overrides block_rows: a warm-up
     compiles every variant with one token. `tiling`: grouped_matmul's tiles and fp16."""
     n, k = ids.shape
-    inter = gate.rows // num_experts
     bm = bm or block_rows(n * k, num_experts)
     slots, block_expert = align(ids, num_experts, bm)
-    gu = torch.empty(n * k, 2 * inter, dtype=torch.float32, device=x.device)
-    grouped_matmul(x, gate, inter, slots, block_expert, bm, k, gu[:, :inter], **tiling)
-    grouped_matmul(x, up, inter, slots, block_expert, bm, k, gu[:, inter:], **tiling)
-    return _down(silu_mul(gu), ids, weights, down, num_experts, slots, block_expert, bm, out,
-                 **tiling)
-
-
-def moe_experts_fused(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-                      gate_up: GpuQuant, down: GpuQuant, num_experts: int,
-                      out: torch.Tensor | None = None, bm: int | None = None) -> torch.Tensor:
-    """The same with gate and up as one tensor of [E * 2I, H] rows (gate rows first)."""
-    n, k = ids.shape
-    bm = bm or block_rows(n * k, num_experts)
-    slots, block_expert = align(ids, num_experts, bm)
-    gu = torch.empty(n * k, gate_up.rows // num_experts, dtype=torch.float32, device=x.device)
-    grouped_matmul(x, gate_up, gu.shape[1], slots, block_expert, bm, k, gu)
-    return _down(silu_mul(gu), ids, weights, down, num_experts, slots, block_expert, bm, out)
-
-
-def _down(act: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, down: GpuQuant,
-          num_experts: int, slots: torch.Tensor, block_expert: torch.Tensor, bm: int,
-          out: torch.Tensor | None, **tiling) -> torch.Tensor:
-    n, k = ids.shape
+    widths = [w.rows // num_experts for w in gate_up]
+    gu = torch.empty(n * k, sum(widths), dtype=torch.float32, device=x.device)  # [NK, 2I]
+    col = 0
+    for w, width in zip(gate_up, widths):
+        grouped_matmul(x, w, width, slots, block_expert, bm, k, gu[:, col:col + width],
+                       **tiling)
+        col += width
     h = down.rows // num_experts
-    y = torch.zeros(n * k, h, dtype=torch.float32, device=act.device)  # left-out pairs: 0
-    grouped_matmul(act, down, h, slots, block_expert, bm, 1, y, **tiling)
-    w = torch.where(ids >= 0, weights.float(), 0.0)  # [N, K]
-    res = torch.einsum("nkh,nk->nh", y.view(n, k, h), w)
-    if out is None:
-        return res
-    out.copy_(res)
-    return out
+    y = torch.zeros(n * k, h, dtype=torch.float32, device=x.device)  # left-out pairs: 0
+    grouped_matmul(silu_mul(gu), down, h, slots, block_expert, bm, 1, y, **tiling)
+    held = torch.where(ids >= 0, weights.float(), 0.0)  # [N, K]
+    return torch.einsum("nkh,nk->nh", y.view(n, k, h), held)
 
 
 def moe_experts_ref(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,

@@ -44,15 +44,16 @@ def _mac(acc, w, x_row, xcol, mmask, NC: tl.constexpr, S: tl.constexpr, DOT: tl.
 
     DOT: acc [BM, BN] += x @ w^T on tensor cores, in tf32x3 (fp32 accuracy) or, DOT == 2, in
     fp16 (x and the dequantized w rounded to fp16, fp32 sums: ~5e-4 relative through a whole
-    expert, against ~2e-2 for bf16's 8-bit mantissa; x must stay below 65504). Otherwise acc [BM, BN, NC * S] gathers the
-    products elementwise and the kernel sums them once after its K loop: a reduction across
+    expert, against ~2e-2 for bf16's 8-bit mantissa; x must stay below 65504).
+    Otherwise acc [BM, BN, NC * S] gathers the products elementwise and the kernel sums them once after its K loop: a reduction across
     threads in every step would put a barrier in every step."""
     w2 = tl.reshape(w, (w.shape[0], NC * S))
     x = tl.load(x_row + tl.reshape(xcol, (1, NC * S)), mask=mmask[:, None], other=0.0)
     if DOT == 2:
         if _NATIVE_FP16:
             acc += tl.dot(x.to(tl.float16), tl.trans(w2.to(tl.float16)))
-        else:  # the interpreter's half-precision dot is wrong (triton 3.9): the same rounding in fp32
+        else:  # the interpreter's half-precision dot is wrong (triton 3.9): fp16 rounding,
+            # fp32 products
             acc += tl.dot(x.to(tl.float16).to(tl.float32),
                           tl.trans(w2.to(tl.float16).to(tl.float32)), input_precision="ieee")
     elif DOT:

@@ -60,7 +60,7 @@ def bench_shape(name: str, token_counts: list[int]) -> list[dict]:
         w = torch.rand(t, k, device="cuda")
         x = torch.randn(t, h, device="cuda")
         ms = triton.testing.do_bench(
-            lambda x=x, ids=ids, w=w: moe_experts(x, ids, w, gate, up, down, e),
+            lambda x=x, ids=ids, w=w: moe_experts(x, ids, w, (gate, up), down, e),
             return_mode="median")
         touched = torch.unique(ids).numel()
         flops = 2 * t * k * 3 * h * inter
@@ -100,7 +100,7 @@ def sweep(name: str, token_counts: list[int]) -> list[dict]:
             for fp16 in (False, True):
                 ms = triton.testing.do_bench(
                     lambda x=x, ids=ids, w=w, tiles=tiles, fp16=fp16: moe_experts(
-                        x, ids, w, gate, up, down, e, tiles=tiles, fp16=fp16),
+                        x, ids, w, (gate, up), down, e, tiles=tiles, fp16=fp16),
                     return_mode="median")
                 rows.append({"shape": name, "tokens": t, "tiles": tiles, "fp16": fp16,
                              "ms": ms})

@@ -61,7 +61,8 @@ class StepLayout:
 
     @property
     def size(self) -> int:
-        return sum(_aligned(int(np.prod(s))) for _, s in self.fields.values())
+        at, shape = list(self.fields.values())[-1]
+        return at + _aligned(int(np.prod(shape)))
 
     def views(self, buf):
         """Each field of `buf` (a packed int64 array or tensor) in its shape."""

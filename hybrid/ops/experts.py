@@ -60,7 +60,6 @@ class ExpertsOp(nn.Module):
         self.backend, self.mode = opts["backend"], opts["mode"]
         self.device = ctx.device
         self.num_experts = spec.num_experts
-        self.hidden_size, self.top_k = spec.hidden_size, spec.num_experts_per_tok
         gpu_ids = sorted(set(opts.get("gpu_experts") or []))
         layer = int(ctx.path.split(".")[2])
         p = f"blk.{layer}."
@@ -102,7 +101,7 @@ class ExpertsOp(nn.Module):
         """Compile the on-device experts' kernel variants (the model runner's start-up)."""
         for part in (self.on_device, self.gpu_experts):
             if part is not None:
-                part.warm_up(self.hidden_size, self.top_k)
+                part.warm_up()
 
     def use_pool(self, pool) -> None:
         """Run the CPU experts as jobs of `pool` (cpu_kernels.pool.MoEPool); no-op for torch."""
@@ -193,8 +192,8 @@ class _GpuExperts:
         self.local = torch.full((ctx.spec.num_experts,), -1, dtype=torch.long,
                                 device=self.device)  # global expert id -> row block here
         self.local[expert_ids] = torch.arange(len(expert_ids), device=self.device)
-        self.fused = ctx.spec.fused_gate_up_experts
-        names = (["ffn_gate_up_exps"] if self.fused
+        self.hidden_size, self.top_k = ctx.spec.hidden_size, ctx.spec.num_experts_per_tok
+        names = (["ffn_gate_up_exps"] if ctx.spec.fused_gate_up_experts
                  else ["ffn_gate_exps", "ffn_up_exps"]) + ["ffn_down_exps"]
         self.parts = []
         for name in names:
@@ -209,17 +208,18 @@ class _GpuExperts:
             else:
                 self.parts.append((raw, qt.qtype, qt.shape[1:]))
 
-    def warm_up(self, hidden_size: int, top_k: int) -> None:
+    def warm_up(self) -> None:
         """Compile the grouped launches' every block size (they follow the pairs per expert,
         which no warm-up step can choose), one token each."""
         if not self.kernels:
             return
         from gpu_kernels.qmatmul import TOKEN_CLASSES
 
-        x = torch.zeros(1, hidden_size, device=self.device)
-        ids = torch.full((1, top_k), next(iter(self.slot)), dtype=torch.long, device=self.device)
+        x = torch.zeros(1, self.hidden_size, device=self.device)
+        ids = torch.full((1, self.top_k), next(iter(self.slot)), dtype=torch.long,
+                         device=self.device)
         for bm in TOKEN_CLASSES:
-            self(x, ids, torch.zeros(1, top_k, device=self.device), bm=bm)
+            self(x, ids, torch.zeros(1, self.top_k, device=self.device), bm=bm)
 
     def weights(self, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
         j = self.slot[expert]
@@ -233,10 +233,8 @@ class _GpuExperts:
             from gpu_kernels import moe_grouped
 
             x, held = x.float().contiguous(), self.local[ids.long()]  # [N, H], [N, K]
-            n = len(self.slot)
-            if self.fused:
-                return moe_grouped.moe_experts_fused(x, held, weights, *self.parts, n, bm=bm)
-            return moe_grouped.moe_experts(x, held, weights, *self.parts, n, bm=bm)
+            return moe_grouped.moe_experts(x, held, weights, tuple(self.parts[:-1]),
+                                           self.parts[-1], len(self.slot), bm=bm)
         out = torch.zeros(x.shape, dtype=torch.float32, device=self.device)
         for e in self.slot:
             tok, k = torch.where(ids == e)

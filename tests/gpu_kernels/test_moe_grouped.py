@@ -13,7 +13,6 @@ from gpu_kernels.moe_grouped import (
     align,
     block_rows,
     moe_experts,
-    moe_experts_fused,
     moe_experts_ref,
 )
 from gpu_kernels.qformat import GpuQuant, to_planes
@@ -57,7 +56,7 @@ def test_matches_reference(gate_type: Q, down_type: Q, n: int, device: torch.dev
     ids, w = routing(n, k, experts, seed=n, skew=n == 48)
     x = torch.randn(n, H, generator=torch.Generator().manual_seed(5))
     ids, w, x = ids.to(device), w.to(device), x.to(device)
-    y = moe_experts(x, ids, w, gate, up, down, experts)
+    y = moe_experts(x, ids, w, (gate, up), down, experts)
     assert rel_err(y, moe_experts_ref(x, ids, w, gate, up, down, experts)) < 2e-5
 
 
@@ -76,8 +75,8 @@ def test_fused_gate_up_and_left_out_experts(device: torch.device) -> None:
     x = torch.randn(n, H).to(device)
     ids, w = ids.to(device), w.to(device)
     ref = moe_experts_ref(x, ids, w, gate, up, down, experts)
-    assert rel_err(moe_experts_fused(x, ids, w, gate_up, down, experts), ref) < 2e-5
-    assert rel_err(moe_experts(x, ids, w, gate, up, down, experts), ref) < 2e-5
+    assert rel_err(moe_experts(x, ids, w, (gate_up,), down, experts), ref) < 2e-5
+    assert rel_err(moe_experts(x, ids, w, (gate, up), down, experts), ref) < 2e-5
 
 
 @pytest.mark.parametrize("bm", [1, 4, 16])
@@ -122,5 +121,5 @@ def test_fp16_tensor_cores_and_other_tiles(tiles, device: torch.device) -> None:
     x = torch.randn(n, H).to(device)
     ids, w = ids.to(device), w.to(device)
     ref = moe_experts_ref(x, ids, w, gate, up, down, experts)
-    y = moe_experts(x, ids, w, gate, up, down, experts, tiles=tiles, fp16=True)
+    y = moe_experts(x, ids, w, (gate, up), down, experts, tiles=tiles, fp16=True)
     assert 1e-5 < rel_err(y, ref) < 2e-3  # rounded, and not by much (5e-4 seen)
