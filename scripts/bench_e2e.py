@@ -7,7 +7,11 @@ Without --gguf-path it writes a synthetic model of --preset (Q4_K_M recipe, lega
 DeepSeek vocabulary). Rows:
 - decode tok/s at 1 stream (with and without CUDA graphs) and aggregate at 4, 8, 16 streams;
   per step, the time the CPU experts took and the rest (the GPU's share);
-- prefill tok/s of one prompt of 128, 512, 2048 tokens (time to its first token);
+- prefill tok/s of one prompt of 128, 512, 2048 tokens (time to its first token), as
+  `--prefill-experts` chooses (default auto: streamed to the GPU or on the CPU per layer, by the
+  cost model measured at start-up) and again with the CPU experts only;
+- `--itl-prompt N`: a running stream's inter-token latency while a prompt of N tokens
+  prefills, against its idle value;
 - with --llama-bench, llama.cpp's `llama-bench -ngl 99 -ot exps=CPU -fa 1` on the same file
   (tg = decode, pp = prefill), and ours over theirs.
 `--mode fast|exact` rewrites the rule file's experts mode (fast: int8/bf16 CPU experts).
@@ -30,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.llm import LLM
+from hybrid.engine.prefill_costs import ExpertPlacement
 from hybrid.engine.sampling_params import SamplingParams
 from hybrid.ops.experts import ExpertsOp
 
@@ -149,6 +154,48 @@ def prefill(llm: LLM, n: int) -> dict:
     return {"tokens": n, "tok_s": n / dt, "ttft_s": dt}
 
 
+def itl_during_prefill(llm: LLM, n: int, gen: int) -> dict:
+    """One stream decoding; its inter-token gaps idle, then while a prompt of n tokens
+    prefills (every step to that prompt's first token)."""
+    # enough tokens to outlast the prompt's steps; the stream is cancelled after them
+    params = SamplingParams(temperature=0, max_tokens=2 * gen + 256, ignore_eos=True)
+    stream = llm._submit([1000 + j for j in range(32)], params, lambda e: None)
+    stamps: list[float] = []
+
+    def step() -> None:
+        before = stream.num_output_tokens
+        llm.worker.step()
+        if stream.num_output_tokens > before:
+            stamps.append(time.perf_counter())
+    while len(stamps) < gen:
+        step()
+    idle = np.diff(stamps[-gen // 2:])
+    stamps.clear()
+    prompt = llm._submit([2000 + (j * 37) % 90000 for j in range(n)],
+                         SamplingParams(temperature=0, max_tokens=1, ignore_eos=True),
+                         lambda e: None)
+    t = time.perf_counter()
+    stamps.append(t)
+    while not prompt.is_finished:
+        step()
+    ttft = time.perf_counter() - t
+    stream.cancel()
+    while llm.engine.has_work:
+        llm.worker.step()
+    busy = np.diff(stamps)
+    return {"prompt": n, "idle_itl_ms": float(np.median(idle) * 1e3),
+            "max_itl_ms": float(busy.max() * 1e3), "median_itl_ms": float(np.median(busy) * 1e3),
+            "ttft_s": ttft}
+
+
+def _variants(before: dict | None = None) -> dict:
+    """Triton's compiled variants of gpu_kernels now, or those new since `before`."""
+    from gpu_kernels.jit_cache import compiled_variants, new_variants
+
+    now = compiled_variants()
+    return now if before is None else new_variants(before, now)
+
+
 def llama_bench(binary: str, path: str, threads: int, prompts: list[int], gen: int) -> dict:
     cmd = [binary, "-m", path, "-ngl", "99", "-ot", "exps=CPU", "-fa", "1", "-t", str(threads),
            "-p", ",".join(map(str, prompts)), "-n", str(gen), "-r", "3", "-o", "json"]
@@ -175,6 +222,9 @@ def main() -> int:
     ap.add_argument("--streams", default="1,4,8,16")
     ap.add_argument("--prefill", default="128,512,2048")
     ap.add_argument("--gen", type=int, default=64)
+    ap.add_argument("--prefill-experts", choices=["auto", "cpu", "stream"], default="auto")
+    ap.add_argument("--itl-prompt", type=int, default=None,
+                    help="also time a stream's inter-token latency while N tokens prefill")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     path = args.gguf_path or build_model(args.preset, Path(tempfile.mkdtemp()), args.layers)
@@ -186,16 +236,35 @@ def main() -> int:
         result["llama"] = llama_bench(args.llama_bench, path, threads, prompts, args.gen)
         print("llama.cpp:", result["llama"], flush=True)
     t = time.perf_counter()
-    config = EngineConfig(max_batch_size=max(streams), chunk_size=max(prompts),
+    # one more request than the decode rows' streams: the ITL row runs a stream and a prompt
+    config = EngineConfig(max_batch_size=max(streams) + bool(args.itl_prompt),
+                          chunk_size=max(prompts),
                           cache_lens=max(16 * 1024, max(prompts) * 2), cpu_threads=args.threads,
-                          decode_graph=args.decode_graph)
+                          decode_graph=args.decode_graph, prefill_experts=args.prefill_experts)
     llm = LLM(path, rules_with_mode(args.optimize_rules, args.mode), engine_config=config,
               status=lambda m: print("start-up:", m, flush=True))
     result["load_s"] = time.perf_counter() - t
     print(f"loaded in {result['load_s']:.1f} s", flush=True)
-    result["prefill"] = [prefill(llm, n) for n in prompts]
-    result["decode"] = [decode(llm, s, 32, args.gen) for s in streams]
     runner = llm.engine.runner
+    costs = runner.placement.costs
+    result["stream"] = None if runner.stream is None else {
+        "pinned": runner.stream.pinned, "experts_per_unit": runner.stream.experts_per_unit,
+        "crossover_tokens": costs.crossover() if costs else None,
+        "stream_ms": costs.stream_ms if costs else None, "cpu_ms": costs.cpu_ms if costs else None}
+    print("streamed experts:", result["stream"], flush=True)
+    compiled = _variants()
+    result["prefill"] = [prefill(llm, n) for n in prompts]
+    if args.itl_prompt:
+        result["itl"] = itl_during_prefill(llm, args.itl_prompt, args.gen)
+    if runner.stream is not None and args.prefill_experts != "cpu":
+        placement, runner.placement = runner.placement, ExpertPlacement("cpu", ())
+        result["prefill_cpu"] = [prefill(llm, n) for n in prompts]
+        if args.itl_prompt:
+            result["itl_cpu"] = itl_during_prefill(llm, args.itl_prompt, args.gen)
+        runner.placement = placement
+    result["expert_layers"] = dict(runner.expert_layer_counts)
+    result["compiled_while_timing"] = _variants(compiled)
+    result["decode"] = [decode(llm, s, 32, args.gen) for s in streams]
     graphs = runner.graphs
     if graphs is not None:
         other = "layers" if config.decode_graph == "step" else "step"
@@ -232,10 +301,23 @@ def print_table(r: dict) -> None:
         d = r["decode_eager"]
         print(f"| decode x1, no CUDA graphs | {d['tok_s']:.1f} | | | {d['step_ms']:.2f} | "
               f"{d['experts_ms']:.2f} | {d['gpu_share']:.0%} | {_calls(d)} |")
+    cpu_rows = {p["tokens"]: p for p in r.get("prefill_cpu", [])}
     for p in r["prefill"]:
         peer = llama.get(f"pp{p['tokens']}")
-        print(f"| prefill {p['tokens']} | {p['tok_s']:.0f} | {_f(peer)} | "
-              f"{_ratio(p['tok_s'], peer)} | | | | |")
+        print(f"| prefill {p['tokens']} (TTFT {p['ttft_s']:.2f} s) | {p['tok_s']:.0f} | "
+              f"{_f(peer)} | {_ratio(p['tok_s'], peer)} | | | | |")
+        if p["tokens"] in cpu_rows:
+            c = cpu_rows[p["tokens"]]
+            print(f"| prefill {c['tokens']}, CPU experts only | {c['tok_s']:.0f} | {_f(peer)} "
+                  f"| {_ratio(c['tok_s'], peer)} | | | | |")
+    print(f"Triton variants compiled after start-up (prefill and ITL rows): "
+          f"{r.get('compiled_while_timing') or 'none'}")
+    for key in ("itl", "itl_cpu"):
+        if key in r:
+            d = r[key]
+            print(f"| decode ITL while {d['prompt']} tokens prefill{', CPU experts' if key == 'itl_cpu' else ''} "
+                  f"| idle {d['idle_itl_ms']:.1f} ms, median {d['median_itl_ms']:.1f}, max "
+                  f"{d['max_itl_ms']:.1f} (TTFT {d['ttft_s']:.2f} s) | | | | | | |")
 
 
 def _calls(d: dict) -> str:

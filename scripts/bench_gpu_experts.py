@@ -8,6 +8,14 @@ Per shape and token count: the grouped launches' time (median of do_bench, routi
 random, top-k distinct), TFLOP/s of the products, and GB/s of the expert bytes the tokens touch;
 then the layer's blocks copied from pinned host memory (GB/s, ms). Weights are random blocks of
 a few experts repeated to the layer's count on the device (the values do not change the time).
+
+    python scripts/bench_gpu_experts.py --stream [--shapes v3] [--tokens 512,2048,8192]
+        [--stream-memory-gib 24,4]
+
+times the streamed path as a prefill step runs it (hybrid/engine/expert_stream.py): the layer's
+blocks in (page-locked) host memory, copied unit by unit while the previous ones compute, fp16
+products; per layer in steady state (a layer streamed STREAM_REPEATS times in a row, timed
+between the first and last one's end), beside the plain copy of the same bytes.
 """
 
 from __future__ import annotations
@@ -109,14 +117,87 @@ def sweep(name: str, token_counts: list[int]) -> list[dict]:
     return rows
 
 
+STREAM_REPEATS = 5
+
+
+def host_layer(name: str) -> tuple:
+    """The layer's expert tensors in host memory as QuantMatrix stacks (DISTINCT experts' random
+    blocks tiled to the layer's count)."""
+    from cpu_kernels.weights import QuantMatrix
+
+    e, _, h, inter, gate_t, down_t = SHAPES[name]
+
+    def stack(qtype: int, rows: int, cols: int, seed: int) -> QuantMatrix:
+        raw = random_rows(np.random.default_rng(seed), qtype, DISTINCT * rows, cols, 0.02)
+        reps = -(-e // DISTINCT)
+        full = np.tile(raw.reshape(DISTINCT, -1), (reps, 1))[:e]
+        return QuantMatrix.from_raw(qtype, (e, rows, cols), full)
+
+    return stack(gate_t, inter, h, 1), stack(gate_t, inter, h, 2), stack(down_t, h, inter, 3)
+
+
+def stream_rows(name: str, token_counts: list[int], budgets_gib: list[float]) -> list[dict]:
+    from hybrid.engine.expert_stream import ExpertStream
+
+    e, k, h, *_ = SHAPES[name]
+    parts = host_layer(name)
+    layer_bytes = sum(m.nbytes for m in parts)
+    rows = []
+    for gib in budgets_gib:
+        stream = ExpertStream([parts], torch.device("cuda"), int(gib * 2**30), fp16=True)
+        dev = torch.empty(layer_bytes, dtype=torch.uint8, device="cuda")
+        src = [torch.from_numpy(m.blocks.reshape(-1)) for m in parts]
+
+        def copy(dev=dev, src=src):
+            at = 0
+            for t in src:
+                dev[at:at + t.numel()].copy_(t, non_blocking=True)
+                at += t.numel()
+        copy_ms = triton.testing.do_bench(copy, return_mode="median")
+        for t in token_counts:
+            ids, w = routing(t, k, e), torch.rand(t, k, device="cuda")
+            x = torch.randn(t, h, device="cuda")
+            per_layer = []
+            for _ in range(3):
+                ends = [torch.cuda.Event(enable_timing=True) for _ in range(STREAM_REPEATS)]
+                stream.begin([0] * STREAM_REPEATS)
+                for end in ends:
+                    stream.run(0, x, ids, w)
+                    end.record()
+                ends[-1].synchronize()
+                per_layer.append(ends[0].elapsed_time(ends[-1]) / (STREAM_REPEATS - 1))
+            ms = float(np.median(per_layer))
+            rows.append({"shape": name, "stream_memory_gib": gib, "tokens": t,
+                         "stream_ms": ms, "copy_ms": copy_ms, "vs_copy": ms / copy_ms,
+                         "pinned": stream.pinned, "units": -(-e // stream.experts_per_unit),
+                         "layer_GB": layer_bytes / 1e9})
+            print(f"{name:8} streamed, {gib:g} GiB ({rows[-1]['units']} units a layer, "
+                  f"{'page-locked' if stream.pinned else 'pageable'}), {t:5} tokens: "
+                  f"{ms:7.1f} ms a layer = {ms / copy_ms:.2f}x its copy ({copy_ms:.1f} ms, "
+                  f"{layer_bytes / copy_ms / 1e6:.1f} GB/s)", flush=True)
+        stream.registration.release()
+        del stream, dev
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="v2-lite,v3")
     ap.add_argument("--tokens", default="1,8,64,512,2048")
     ap.add_argument("--json", default=None)
     ap.add_argument("--sweep", action="store_true", help="only the tiling sweep, then stop")
+    ap.add_argument("--stream", action="store_true", help="only the streamed rows, then stop")
+    ap.add_argument("--stream-memory-gib", default="24,4",
+                    help="GPU memory budgets of the streamed rows (GiB, comma-separated)")
     args = ap.parse_args()
     counts = [int(t) for t in args.tokens.split(",")]
+    if args.stream:
+        budgets = [float(g) for g in args.stream_memory_gib.split(",")]
+        rows = [r for shape in args.shapes.split(",") for r in stream_rows(shape, counts, budgets)]
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+        return 0
     if args.sweep:
         rows = [r for shape in args.shapes.split(",") for r in sweep(shape, counts)]
         if args.json:

@@ -11,7 +11,7 @@ from dataclasses import fields
 SERVE_SETTINGS = ("gguf_path", "optimize_rules", "max_batch_size", "chunk_size", "cache_lens",
                   "page_size", "cpu_threads", "host", "port", "max_new_tokens", "api_key",
                   "served_model_name", "max_request_bytes", "log_level", "force_think",
-                  "cuda_graphs", "decode_graph")
+                  "cuda_graphs", "decode_graph", "prefill_experts", "stream_memory_gib")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -25,6 +25,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     from hybrid.engine.config import DECODE_GRAPHS, EngineConfig
+    from hybrid.engine.prefill_costs import PREFILL_EXPERTS
     from server.config import LOG_LEVELS, ServerConfig
 
     e = {f.name: f.default for f in fields(EngineConfig)}
@@ -58,6 +59,15 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="step: a decode step is one CUDA graph, the GPU waiting on flags the "
                         "CPU experts raise; layers: one graph per stretch between two MoE "
                         "layers' CPU experts, replayed by the host")
+    p.add_argument("--prefill-experts", choices=list(PREFILL_EXPERTS),
+                   default=e["prefill_experts"],
+                   help="where prompt steps run the CPU-placed routed experts: auto streams a "
+                        "layer's experts to the GPU over PCIe when the cost model measured at "
+                        "start-up says that beats the CPU for the step's tokens; cpu never; "
+                        "stream always")
+    p.add_argument("--stream-memory-gib", type=float, default=e["stream_memory_gib"],
+                   help="GPU memory for streamed experts (default: a whole layer's worth, "
+                        "within half the memory free after start-up)")
     p.add_argument("--api-key", default=d["api_key"],
                    help="require 'Authorization: Bearer KEY' on every route but /health")
     p.add_argument("--served-model-name", default=d["served_model_name"],

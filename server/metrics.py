@@ -42,6 +42,10 @@ ENGINE_COUNTERS = (
     ("hybrid_requests_cancelled_total", "num_cancelled",
      "Requests cancelled (client gone), queued or running."),
     ("hybrid_requests_failed_total", "num_failed", "Requests ended by an engine error."),
+    ("hybrid_expert_layers_streamed_total", "num_expert_layers_streamed",
+     "MoE layer-steps whose routed experts were streamed to the GPU (long prompts)."),
+    ("hybrid_expert_layers_cpu_total", "num_expert_layers_cpu",
+     "MoE layer-steps whose routed experts ran on the CPU."),
 )
 TOKENS_PER_S = "hybrid_generation_tokens_per_second"
 TTFT = "hybrid_time_to_first_token_seconds"

@@ -23,6 +23,7 @@ class FakeEngine:
                                    context_length)
         self.fail_on = fail_on
         self.batches: list[ScheduledBatch] = []
+        self.expert_layer_counts = {"stream": 0, "cpu": 0}
 
     @property
     def has_work(self) -> bool:

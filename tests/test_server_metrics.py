@@ -44,7 +44,7 @@ class FakeClock:
 STATS = SimpleNamespace(num_waiting=1, num_running=2, kv_pages_used=3, kv_pages_total=512,
                         kv_page_size=64, max_batch_requests=2, num_generated_tokens=7,
                         num_prompt_tokens=9, num_submitted=4, num_finished=1, num_cancelled=1,
-                        num_failed=0)
+                        num_failed=0, num_expert_layers_streamed=5, num_expert_layers_cpu=6)
 
 
 def test_histograms_and_token_rate_with_a_fake_clock() -> None:
@@ -67,13 +67,14 @@ def test_histograms_and_token_rate_with_a_fake_clock() -> None:
     assert metrics.tokens_per_second() == 0
     assert v["hybrid_requests_waiting"] == 1 and v["hybrid_kv_pages_total"] == 512
     assert v["hybrid_generation_tokens_total"] == 7
+    assert v["hybrid_expert_layers_streamed_total"] == 5
 
 
 def test_docs_list_every_metric_the_endpoint_serves() -> None:
     documented = dict(re.findall(r"^\| `(hybrid_\w+)` \| (\w+) \|", DOC.read_text(), re.MULTILINE))
     types, _ = parse(ServerMetrics().render(STATS))
     assert documented == types
-    assert len(types) == 15
+    assert len(types) == 17
 
 
 def test_live_metrics_follow_requests(live_server) -> None:  # noqa: F811

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hybrid.engine.prefill_costs import PREFILL_EXPERTS
 from hybrid.errors import HybridError
 
 DECODE_GRAPHS = ("step", "layers")
@@ -23,7 +24,12 @@ class EngineConfig:
     requests as CUDA graphs captured at start-up (where the model runs on one CUDA device):
     `decode_graph` "step" captures a whole step as one graph, the GPU waiting on flags the CPU
     experts raise; "layers" captures the pieces between two MoE layers' CPU experts and the host
-    replays them one by one.
+    replays them one by one. `prefill_experts` says where a step with prompt tokens runs each
+    MoE layer's routed experts when they live on the CPU: "auto" streams a layer's experts to
+    the GPU when the cost model measured at start-up says that beats the CPU for the step's
+    token count, "cpu" never streams, "stream" always does; `stream_memory_gib` bounds the GPU
+    memory the streaming buffers take (None: a whole layer's worth, within half the memory
+    free after start-up).
     """
 
     gguf_path: str | None = None  # None: the built-in demo model
@@ -35,6 +41,8 @@ class EngineConfig:
     cpu_threads: int | None = None
     cuda_graphs: bool = True  # replay decode steps as CUDA graphs (captured at start-up)
     decode_graph: str = "step"  # "step": one graph per step; "layers": one per piece
+    prefill_experts: str = "auto"  # "auto" | "cpu" | "stream" (prefill_costs.py)
+    stream_memory_gib: float | None = None  # GPU memory for streamed experts (None: auto)
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_batch_size <= 256:
@@ -49,6 +57,11 @@ class EngineConfig:
         if self.decode_graph not in DECODE_GRAPHS:
             raise HybridError(f"decode_graph must be one of {', '.join(DECODE_GRAPHS)}, got "
                               f"{self.decode_graph!r}")
+        if self.prefill_experts not in PREFILL_EXPERTS:
+            raise HybridError(f"prefill_experts must be one of {', '.join(PREFILL_EXPERTS)}, "
+                              f"got {self.prefill_experts!r}")
+        if self.stream_memory_gib is not None and not self.stream_memory_gib > 0:
+            raise HybridError(f"stream_memory_gib must be positive, got {self.stream_memory_gib}")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise HybridError(f"cpu_threads must be at least 1, got {self.cpu_threads}")
 

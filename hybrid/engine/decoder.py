@@ -17,6 +17,10 @@ layer's experts from one call meanwhile (host_experts.py). The hidden state stay
 device for the whole step; each layer's residual add is fused into the next RMSNorm
 (RMSNormOp.add_norm).
 
+A long prompt's step may stream some bridged layers' experts to the device instead
+(`StepState.streamed`, expert_stream.py): their rows never leave the device and their host
+pieces do nothing.
+
 Layers whose experts do not all run on the CPU (GPU-resident experts) are run in place, as
 transformers' MoE block; they keep the step eager (`can_capture` is false).
 """
@@ -49,6 +53,10 @@ class StepState:
     hq: tuple | None = None  # h quantized for the shared expert's integer path (XQ), or None
     pending: list[torch.Tensor] = field(default_factory=list)
     logits: torch.Tensor | None = None  # [R, V]
+    # MoE layers (indices into DecoderProgram.moe_layers) whose experts this step streams to
+    # the device (expert_stream.py; eager steps only), and the current one's output [N, H]
+    streamed: frozenset[int] = frozenset()
+    routed: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,7 @@ class DecoderProgram:
         self.inner = model.model
         self.bridge = bridge
         self.moe_layers: list[ExpertsOp] = []  # bridged layers' experts, in order
+        self.stream = None  # an ExpertStream over moe_layers (set by the model runner)
         self.pieces = self._plan()
         self.can_capture = all(not _is_moe(layer.mlp) or _bridged(layer.mlp)
                                for layer in self.inner.layers)
@@ -86,15 +95,16 @@ class DecoderProgram:
         for layer in self.inner.layers:
             steps.append(partial(self._attention, layer))
             if _is_moe(layer.mlp) and _bridged(layer.mlp):
-                steps.append(partial(self._route_and_send, layer))
                 i = len(self.moe_layers)
+                steps.append(partial(self._route_and_send, layer, i))
                 self.moe_layers.append(layer.mlp.experts)
                 pieces += [_device(steps),
-                           Piece(False, self._mark, lambda st, i=i: self.bridge.signal(i)),
+                           Piece(False, partial(self._mark, i),
+                                 lambda st, i=i: self.bridge.signal(i)),
                            _device([partial(self._shared, layer.mlp)]),
-                           Piece(False, partial(self._experts, layer.mlp.experts),
+                           Piece(False, partial(self._experts, layer.mlp.experts, i),
                                  lambda st, i=i: self.bridge.wait(i))]
-                steps = [self._receive]
+                steps = [partial(self._receive, i)]
             else:
                 steps.append(partial(self._mlp, layer))
         steps.append(self._head)
@@ -130,11 +140,14 @@ class DecoderProgram:
         h, hq = self._norm(layer.post_attention_layernorm, st, layer.mlp)
         st.pending = [layer.mlp(h) if hq is None else layer.mlp(h, hq)]
 
-    def _route_and_send(self, layer: nn.Module, st: StepState) -> None:
+    def _route_and_send(self, layer: nn.Module, i: int, st: StepState) -> None:
         shared = getattr(layer.mlp, "shared_experts", None)
         st.h, st.hq = self._norm(layer.post_attention_layernorm, st, shared)
         _, weights, ids = layer.mlp.gate.route(st.h.to(layer.mlp.gate.device))
-        self.bridge.send(st.h, ids, weights)
+        if i in st.streamed:  # the experts come to the rows: nothing crosses to the host
+            st.routed = self.stream.run(i, st.h, ids, weights)
+        else:
+            self.bridge.send(st.h, ids, weights)
 
     def _shared(self, mlp: nn.Module, st: StepState) -> None:
         shared = getattr(mlp, "shared_experts", None)
@@ -143,8 +156,10 @@ class DecoderProgram:
         else:
             st.pending = [shared(st.h) if st.hq is None else shared(st.h, st.hq)]
 
-    def _receive(self, st: StepState) -> None:
-        st.pending.append(self.bridge.receive(st.x.shape[0]))
+    def _receive(self, i: int, st: StepState) -> None:
+        routed = st.routed if i in st.streamed else self.bridge.receive(st.x.shape[0])
+        st.pending.append(routed)
+        st.routed = None
 
     def _head(self, st: StepState) -> None:
         rows = st.fb.sample_rows.to(st.x.device)
@@ -160,11 +175,13 @@ class DecoderProgram:
 
     # -- host work --------------------------------------------------------------------------
 
-    def _mark(self, st: StepState) -> None:
-        self.bridge.mark()
+    def _mark(self, i: int, st: StepState) -> None:
+        if i not in st.streamed:
+            self.bridge.mark()
 
-    def _experts(self, experts: ExpertsOp, st: StepState) -> None:
-        self.bridge.compute(experts, st.num_real)
+    def _experts(self, experts: ExpertsOp, i: int, st: StepState) -> None:
+        if i not in st.streamed:
+            self.bridge.compute(experts, st.num_real)
 
 
 def _device(steps: list[Callable[[StepState], None]]) -> Piece:

@@ -57,6 +57,12 @@ class Engine:
         self._outputs: dict[int, _OutputState] = {}  # id(request) -> its output state
 
     @property
+    def expert_layer_counts(self) -> dict[str, int]:
+        """MoE layer-steps so far whose routed experts were streamed ("stream") or ran on the
+        CPU ("cpu")."""
+        return self.runner.expert_layer_counts
+
+    @property
     def has_work(self) -> bool:
         return self.scheduler.has_work
 

@@ -8,7 +8,9 @@ most of the head's cost saved during prefill.
 
 Decode-only steps replay CUDA graphs (cuda_graphs.py) when the model runs on one CUDA device
 with every MoE layer's routed experts on the CPU, unless `cuda_graphs` is off; everything else
-runs the same DecoderProgram eagerly. Start-up runs every shape a step can take once
+runs the same DecoderProgram eagerly. A step with prompt tokens may stream some MoE layers'
+routed experts to the GPU instead of handing its rows to the CPU (`--prefill-experts`,
+expert_stream.py, the choice per layer from prefill_costs.py). Start-up runs every shape a step can take once
 (`warm_up`), so no request pays for compiling a kernel.
 """
 
@@ -20,6 +22,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from hybrid.engine import prefill_setup
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.decoder import DecoderProgram, StepState
 from hybrid.engine.experts_bridge import ExpertsBridge
@@ -56,12 +59,20 @@ class ModelRunner:
         self.program = DecoderProgram(model, self.bridge)
         self.max_pages = -(-max_request_tokens // config.page_size)
         self.graphs = None
+        self.stream = prefill_setup.build_stream(self.program.moe_layers, config, self.device)
+        self.program.stream = self.stream
+        # MoE layer-steps whose routed experts were streamed / ran on the CPU (for /metrics)
+        self.expert_layer_counts = {"stream": 0, "cpu": 0}
         if config.cuda_graphs and self.device.type == "cuda" and self.program.can_capture \
                 and _one_device(model, self.device):
             self.warm_up(progress)
             self.graphs = self.capture_graphs(config.decode_graph, progress)
         elif self.device.type == "cuda":
             self.warm_up(progress, decode=True)
+        if self.stream is not None:
+            prefill_setup.warm_up(self.stream, self.program.moe_layers[0], hf.hidden_size)
+        self.placement = prefill_setup.placement(self.stream, self.program.moe_layers, config,
+                                                 hf.hidden_size, progress)
 
     def capture_graphs(self, decode_graph: str, progress: Callable[[str], None] | None = None):
         """-> DecodeGraphs of every batch bucket, `decode_graph` "step" or "layers" (also for
@@ -82,9 +93,18 @@ class ModelRunner:
         chunks = [(c.token_ids, c.request.page_ids, c.start, c.samples) for c in batch.chunks]
         if self.graphs is not None and len(chunks) <= self.graphs.max_batch \
                 and all(len(c[0]) == 1 for c in chunks):
+            self.expert_layer_counts["cpu"] += len(self.program.moe_layers)
             return self.graphs.run(chunks)
         fb = ForwardBatch.build(chunks, self.page_size, self.cache, self.device)
-        return self.program.run(StepState(fb, num_real=fb.num_tokens))
+        streamed = self.placement.streamed(fb.num_tokens, any(len(c[0]) > 1 for c in chunks))
+        if streamed:
+            self.stream.begin(streamed)
+            log.debug("step of %d tokens streams %d of %d MoE layers' experts", fb.num_tokens,
+                      len(streamed), len(self.program.moe_layers))
+        self.expert_layer_counts["stream"] += len(streamed)
+        self.expert_layer_counts["cpu"] += len(self.program.moe_layers) - len(streamed)
+        return self.program.run(StepState(fb, num_real=fb.num_tokens,
+                                          streamed=frozenset(streamed)))
 
     @torch.inference_mode()
     def warm_up(self, progress: Callable[[str], None] | None = None,

@@ -45,6 +45,9 @@ class EngineStats:
     kv_pages_used: int = 0  # pages held by live (admitted, unfinished) requests
     kv_pages_total: int = 0
     kv_page_size: int = 0
+    # MoE layer-steps whose routed experts were streamed to the GPU / ran on the CPU
+    num_expert_layers_streamed: int = 0
+    num_expert_layers_cpu: int = 0
 
 
 _COUNTERS = ("submitted", "finished", "cancelled", "cancelled_waiting", "failed", "tokens",
@@ -96,11 +99,12 @@ class EngineWorker:
     def stats(self) -> EngineStats:
         with self._lock:
             c, s = self._counts, self.engine.scheduler
+            layers = self.engine.expert_layer_counts
             return EngineStats(
                 len(s.waiting), len(s.running), c["submitted"], c["finished"], c["cancelled"],
                 c["cancelled_waiting"], c["failed"], c["tokens"], c["steps"], c["max_running"],
                 c["max_batch_requests"], c["prompt_tokens"], s.pages.num_used,
-                s.pages.num_pages, s.pages.page_size)
+                s.pages.num_pages, s.pages.page_size, layers["stream"], layers["cpu"])
 
     @property
     def has_work(self) -> bool:

@@ -59,7 +59,7 @@ class ExpertsOp(nn.Module):
         spec, opts = ctx.spec, ctx.options
         self.backend, self.mode = opts["backend"], opts["mode"]
         self.device = ctx.device
-        self.num_experts = spec.num_experts
+        self.num_experts, self.top_k = spec.num_experts, spec.num_experts_per_tok
         gpu_ids = sorted(set(opts.get("gpu_experts") or []))
         layer = int(ctx.path.split(".")[2])
         p = f"blk.{layer}."
@@ -70,6 +70,7 @@ class ExpertsOp(nn.Module):
             ctx = BuildContext(ctx.gguf, ctx.spec, ctx.path, {**opts, "weight_format": "f32"},
                                ctx.module)
         self.on_device = None  # backend torch on gpu_kernels: _GpuExperts of every expert
+        self.stream_parts = None  # backend cpu: the expert tensors a step may stream
         if self.backend == "cpu":
             from cpu_kernels.weights import ExpertWeights
 
@@ -78,7 +79,12 @@ class ExpertsOp(nn.Module):
                 gate, up = _quant_matrix(ctx, fused, slice(0, i)), _quant_matrix(ctx, fused, slice(i, 2 * i))
             else:
                 gate, up = _quant_matrix(ctx, p + "ffn_gate_exps.weight"), _quant_matrix(ctx, p + "ffn_up_exps.weight")
-            self.cpu_weights = ExpertWeights(gate, up, _quant_matrix(ctx, p + "ffn_down_exps.weight"))
+            down = _quant_matrix(ctx, p + "ffn_down_exps.weight")
+            self.cpu_weights = ExpertWeights(gate, up, down)
+            # the GGUF's tensors whole, as a long prompt's step may stream them to the GPU
+            # (engine/expert_stream.py): the fused layout stays one tensor there
+            self.stream_parts = ((_quant_matrix(ctx, fused),) if spec.fused_gate_up_experts
+                                 else (gate, up)) + (down,)
             if self.mode == "fast":
                 # fast mode reads a load-time repack (<= 1.1x the GGUF bytes): build it now, not
                 # on the first forward.

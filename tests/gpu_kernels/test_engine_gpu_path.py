@@ -17,20 +17,26 @@ from hybrid.rules.engine import with_experts_mode
 PROMPTS = [[0, 42, 574, 81, 2058, 3, 223, 804, 853, 13], [5, 6]]
 
 
-def greedy(path: str, rules: str, gpu_kernels: bool, monkeypatch) -> list[list[int]]:
+def greedy(path: str, rules: str, gpu_kernels: bool, monkeypatch,
+           prefill_experts: str = "auto") -> list[list[int]]:
     if gpu_kernels:
         monkeypatch.setenv("HYBRID_GPU_KERNELS_ON_CPU", "1")
         # the interpreter pays per program, not per byte: few wide programs
         monkeypatch.setattr(qmatmul, "DECODE_TILES", {None: (64, 1024, 1, 1)})
     else:
         monkeypatch.delenv("HYBRID_GPU_KERNELS_ON_CPU", raising=False)
-    config = EngineConfig(max_batch_size=4, chunk_size=8, cache_lens=256, page_size=16)
+    config = EngineConfig(max_batch_size=4, chunk_size=8, cache_lens=256, page_size=16,
+                          prefill_experts=prefill_experts)
     llm = LLM(path, rules, device_map={"cuda": "cpu"}, engine_config=config)
+    runner = llm.engine.runner
     if gpu_kernels:  # q (or q_a) and kv_a share one product launch (same types here)
-        assert all(layer.self_attn.q_kv_a is not None
-                   for layer in llm.engine.runner.model.model.layers)
+        assert all(layer.self_attn.q_kv_a is not None for layer in runner.model.model.layers)
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     out = llm.generate(prompt_token_ids=PROMPTS, sampling_params=params)
+    if prefill_experts == "stream":  # the prompt steps streamed every layer, decodes did not
+        layers = len(runner.program.moe_layers)
+        assert runner.expert_layer_counts["stream"] >= 2 * layers
+        assert runner.expert_layer_counts["cpu"] >= 2 * layers
     return [o.outputs[0].token_ids for o in out]
 
 
@@ -43,3 +49,13 @@ def test_gpu_path_equals_cpu_rules(models, preset, rules, layout, tmp_path, monk
     path = str(models.path(preset, "q4_k_m", layout))
     exact = str(with_experts_mode(rules, "exact", tmp_path))
     assert greedy(path, exact, True, monkeypatch) == greedy(path, "cpu", False, monkeypatch)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="scripts/device_rules_check.py on GPUs")
+def test_streamed_experts_equal_cpu_rules(models, tmp_path, monkeypatch):
+    """Prompt steps with every MoE layer's routed experts streamed to the device (the GGUF's
+    bytes copied, split into planes, grouped launches) give the CPU experts' greedy tokens."""
+    path = str(models.path("tiny-v3", "q4_k_m", "legacy"))
+    exact = str(with_experts_mode("DeepSeek-V3", "exact", tmp_path))
+    assert greedy(path, exact, True, monkeypatch, prefill_experts="stream") == \
+        greedy(path, "cpu", False, monkeypatch)

@@ -1,0 +1,164 @@
+"""Start-up of the streamed-experts path: build the ExpertStream over the bridged MoE layers,
+compile its kernel variants, and measure the cost model `--prefill-experts auto` follows.
+
+Calibration (CUDA only; a few hundred ms for V2-Lite shapes, a few seconds for V3's):
+- streamed: the first layer streamed STREAM_REPEATS times in a row at each token count of
+  STREAM_TOKENS, timed between the first and last run's end (steady state: each copy overlaps
+  the previous run's kernels), random routing;
+- CPU: the same layer's `run_host` at each count of CPU_TOKENS (best of two after one run).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from hybrid.engine.config import EngineConfig
+from hybrid.engine.expert_stream import BYTES_PER_UNIT_BYTE, ExpertStream
+from hybrid.engine.prefill_costs import ExpertPlacement, PrefillCosts
+from hybrid.errors import HybridError
+from hybrid.ops.experts import ExpertsOp
+
+log = logging.getLogger("hybrid.engine")
+
+STREAM_TOKENS = (128, 512, 2048)
+STREAM_REPEATS = 4
+CPU_TOKENS = (16, 64, 256)
+
+
+def build_stream(layers: list[ExpertsOp], config: EngineConfig, device: torch.device
+                 ) -> ExpertStream | None:
+    """The stream over `layers` (the decoder's bridged MoE layers), or None: with no such
+    layer, `--prefill-experts cpu`, auto without CUDA, or where it cannot run (no gpu_kernels
+    on `device`, types they lack; `--prefill-experts stream` then is an error)."""
+    from hybrid.ops.weights import uses_gpu_kernels
+
+    if not layers or config.prefill_experts == "cpu" or (config.prefill_experts == "auto"
+                                                         and device.type != "cuda"):
+        return None  # auto needs a PCIe copy to measure; the interpreter is for tests
+    why = _why_not(layers, device, uses_gpu_kernels(device)) or _host_memory_short(layers, device)
+    if why is None:
+        parts = [op.stream_parts for op in layers]
+        layer_bytes = max(sum(m.nbytes for m in p) for p in parts)
+        if config.stream_memory_gib is not None:
+            memory = int(config.stream_memory_gib * 2**30)
+        else:
+            memory = int(BYTES_PER_UNIT_BYTE * layer_bytes)
+            if device.type == "cuda":
+                memory = min(memory, torch.cuda.mem_get_info(device)[0] // 2)
+        try:
+            return ExpertStream(parts, device, memory, fp16=layers[0].mode == "fast")
+        except ValueError as e:
+            why = str(e)
+    if config.prefill_experts == "stream":
+        raise HybridError(f"--prefill-experts stream: {why}; use --prefill-experts auto or cpu")
+    log.info("prompt steps run the routed experts on the CPU only: %s", why)
+    return None
+
+
+def _why_not(layers: list[ExpertsOp], device: torch.device, kernels: bool) -> str | None:
+    if not kernels:
+        return f"the model runs on {device}, not a CUDA device"
+    from gpu_kernels.qtypes import is_supported
+
+    for op in layers:
+        if op.stream_parts is None or not all(is_supported(m.qtype) for m in op.stream_parts):
+            return "the GPU kernels lack a type of the experts"
+    if len({p.num_experts for op in layers for p in op.stream_parts}) != 1:
+        return "MoE layers have different expert counts"
+    return None
+
+
+def _host_memory_short(layers: list[ExpertsOp], device: torch.device) -> str | None:
+    """Streaming reads (and page-locks) the GGUF's expert bytes. In exact mode the CPU kernels
+    read the same bytes, so that adds nothing; in fast mode they read a packed copy, and the
+    GGUF's pages would be locked beside it: allowed only while the machine keeps a tenth of
+    its memory free after that."""
+    if device.type != "cuda" or all(op.cpu_weights.packed is None for op in layers):
+        return None
+    import psutil
+
+    pinned = sum(m.nbytes for op in layers for m in op.stream_parts)
+    mem = psutil.virtual_memory()
+    if mem.available - pinned >= mem.total // 10:
+        return None
+    return (f"fast mode's packed experts are resident and page-locking the GGUF's "
+            f"{pinned / 2**30:.0f} GiB of experts beside them would leave "
+            f"{max(0, mem.available - pinned) / 2**30:.0f} of {mem.total / 2**30:.0f} GiB "
+            f"free; run the experts in exact mode to stream from the same bytes")
+
+
+def warm_up(stream: ExpertStream, layer: ExpertsOp, hidden: int) -> None:
+    """Compile the grouped launches' every block size for each mix of types the layers have
+    (Q4_K_M files vary the down projection's type by layer): one token each, one layer of each
+    mix streamed once per size."""
+    from gpu_kernels.qmatmul import TOKEN_CLASSES
+
+    x, ids, weights = _routing(1, hidden, layer.num_experts, layer.top_k, stream.device)
+    mixes = {tuple(m.qtype for m in parts): i for i, parts in enumerate(stream.layers)}
+    for i in mixes.values():
+        stream.begin([i] * len(TOKEN_CLASSES))
+        for bm in TOKEN_CLASSES:
+            stream.run(i, x, ids, weights, bm=bm)
+
+
+def placement(stream: ExpertStream | None, layers: list[ExpertsOp], config: EngineConfig,
+              hidden: int, progress: Callable[[str], None] | None = None) -> ExpertPlacement:
+    """The step-by-step choice, calibrated where it is "auto" on CUDA."""
+    if stream is None:
+        return ExpertPlacement("cpu", ())
+    nbytes = tuple(stream.layer_nbytes)
+    if config.prefill_experts != "auto":
+        return ExpertPlacement(config.prefill_experts, nbytes)
+    if progress is not None:
+        progress("measuring streamed against CPU experts")
+    costs = calibrate(stream, layers[0], hidden)
+    cross = costs.crossover()
+    log.info("streamed experts (%s, %d of %d experts a copy): a layer %s; from %s tokens a "
+             "step streams", "page-locked" if stream.pinned else "pageable",
+             stream.experts_per_unit, stream.num_experts,
+             ", ".join(f"{n} tokens {s:.1f} ms streamed / {c:.1f} ms CPU"
+                       for n in (*CPU_TOKENS, *STREAM_TOKENS)
+                       for s, c in [costs.costs(n, costs.layer_nbytes)]),
+             cross if cross is not None else "no count measured")
+    return ExpertPlacement("auto", nbytes, costs)
+
+
+def calibrate(stream: ExpertStream, layer: ExpertsOp, hidden: int) -> PrefillCosts:
+    dev, k = stream.device, layer.top_k
+    stream_ms = []
+    for n in STREAM_TOKENS:
+        x, ids, weights = _routing(n, hidden, layer.num_experts, k, dev)
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(STREAM_REPEATS)]
+        stream.begin([0] * STREAM_REPEATS)
+        for end in ends:
+            stream.run(0, x, ids, weights)
+            end.record()
+        ends[-1].synchronize()
+        stream_ms.append((n, ends[0].elapsed_time(ends[-1]) / (STREAM_REPEATS - 1)))
+    cpu_ms = []
+    for n in CPU_TOKENS:
+        x, ids, weights = (t.cpu().numpy() for t in _routing(n, hidden, layer.num_experts, k,
+                                                              torch.device("cpu")))
+        out = np.empty_like(x)
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            layer.run_host(x, ids, weights, out)
+            times.append(time.perf_counter() - t0)
+        cpu_ms.append((n, 1e3 * min(times[1:])))
+    return PrefillCosts(stream.layer_nbytes[0], tuple(stream_ms), tuple(cpu_ms))
+
+
+def _routing(n: int, hidden: int, num_experts: int, k: int, device: torch.device):
+    """Rows and uniformly random distinct experts per row: x [n, H] f32, ids [n, k] int64,
+    weights [n, k] f32."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, hidden, generator=g)
+    ids = torch.rand(n, num_experts, generator=g).topk(k, dim=1).indices
+    weights = torch.rand(n, k, generator=g) / k
+    return x.to(device), ids.to(device), weights.to(device)

