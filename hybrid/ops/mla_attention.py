@@ -13,7 +13,10 @@ NOTE: in the serving engine (`step`, paged cache) every token, the current chunk
 is read back as stored in kv_cache_dtype. Without the engine (transformers' own cache, or none)
 the current chunk attends to its own latents at compute precision. On a CUDA device `step`
 runs gpu_kernels (quantized products, fused RoPE and cache write, paged decode attention);
-elsewhere the same arithmetic in torch (mla_paged.py).
+elsewhere the same arithmetic in torch (mla_paged.py). There, prompt chunks take the expanded
+form instead: their keys' latents multiplied out by kv_b once per step, then per-head flash
+attention (gpu_kernels/mla_prefill_expanded.py): with many keys per query that is ~7x fewer
+products than the absorbed form, whose advantage is reading a short cache per decode token.
 """
 
 from __future__ import annotations
@@ -137,11 +140,37 @@ class MLAAttentionOp(nn.Module):
             from gpu_kernels.reference import rope_cache_ref as rope_cache
         rope_cache(q, kv, fb.positions, fb.slots, self.kv_a_norm, self.inv_freq,
                    self.rope_scale, self.eps, cache, self.nope)  # q's rope dims rotated in place
-        q_lat = self._absorb(q[..., :self.nope])  # [N, h, c]
-        o_lat = paged_attention(q_lat, q[..., self.nope:], cache, fb, self.scale,
-                                num_splits, self.on_gpu)
-        o = self._values(o_lat).reshape(n, self.heads * self.v)
-        return linear(o, self.o_proj).to(h.device)
+        if self.on_gpu and fb.prefill_spans:
+            # decodes absorbed, prompt chunks expanded (far fewer products for many keys)
+            b = fb.num_decodes
+            o = torch.empty(n, self.heads, self.v, dtype=torch.float32, device=self.device)
+            if b:
+                o_lat = paged_attention(self._absorb(q[:b, :, :self.nope]), q[:b, :, self.nope:],
+                                        cache, fb, self.scale, num_splits, True, prefill=False)
+                o[:b] = self._values(o_lat)
+            self._expanded_prefill(q, cache, fb, o)
+        else:
+            q_lat = self._absorb(q[..., :self.nope])  # [N, h, c]
+            o_lat = paged_attention(q_lat, q[..., self.nope:], cache, fb, self.scale,
+                                    num_splits, self.on_gpu)
+            o = self._values(o_lat)
+        return linear(o.reshape(n, self.heads * self.v), self.o_proj).to(h.device)
+
+    def _expanded_prefill(self, q: torch.Tensor, cache: torch.Tensor, fb,
+                          out: torch.Tensor) -> None:
+        """The step's prompt chunks in the expanded form (gpu_kernels/mla_prefill_expanded.py):
+        their keys' latents (prefix and own, in the prefill index's order) multiplied out by
+        kv_b into per-head k_nope and v, once per step. q [N, h, nope + r] -> out's chunk rows
+        [., h, v]."""
+        from gpu_kernels.mla_prefill_expanded import mla_prefill_expanded
+
+        meta, slots, longest = fb.prefill_index()
+        rows = cache[slots]  # [S, c + r] the chunks' keys, in the cache's dtype
+        kv = torch.matmul(rows[:, :self.kv_lora].float(),
+                          self.kv_b.get().float().t())  # [S, h * (nope + v)]
+        kv = kv.view(-1, self.heads, self.nope + self.v)
+        mla_prefill_expanded(q, kv[..., :self.nope], rows[:, self.kv_lora:], kv[..., self.nope:],
+                             meta, self.scale, longest, out)
 
     def _queries(self, x: torch.Tensor, first: torch.Tensor | None = None) -> torch.Tensor:
         """x: [N, H] -> q [N, h * (nope + rope)]; `first`: q_proj's (or q_a's) product of x

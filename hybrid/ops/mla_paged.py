@@ -32,14 +32,15 @@ def causal_mask(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
 
 
 def paged_attention(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor, fb,
-                    scale: float, num_splits: int | None = None, kernels: bool = False
-                    ) -> torch.Tensor:
+                    scale: float, num_splits: int | None = None, kernels: bool = False,
+                    prefill: bool = True) -> torch.Tensor:
     """q_lat [N, h, c], q_rope [N, h, r] fp32; cache [slots, c + r] with this step's tokens
     already written; fb: the step's ForwardBatch on this device -> o_c [N, h, c] fp32.
     `num_splits` fixes the decode kernel's split count (a CUDA graph's, sized for the longest
     sequence the cache can hold); by default it follows this step's longest sequence.
     `kernels`: decode rows through gpu_kernels.mla_decode, prefill chunks through
-    gpu_kernels.mla_prefill (else torch)."""
+    gpu_kernels.mla_prefill (else torch). `prefill` False: the decode rows only (q_lat may hold
+    just those; the caller attends to the chunks another way)."""
     n, h, c = q_lat.shape
     b = fb.num_decodes
     out = torch.empty(n, h, c, dtype=torch.float32, device=q_lat.device)
@@ -52,6 +53,8 @@ def paged_attention(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tens
                        scale, splits, out=out[:b])
         else:
             out[:b] = _decode_torch(q_lat[:b], q_rope[:b], cache, fb, scale)
+    if not prefill:
+        return out
     if kernels and fb.prefill_spans:
         from gpu_kernels.mla_prefill import mla_prefill
 
