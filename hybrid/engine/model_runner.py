@@ -61,6 +61,8 @@ class ModelRunner:
         self.graphs = None
         self.stream = prefill_setup.build_stream(self.program.moe_layers, config, self.device)
         self.program.stream = self.stream
+        if self.stream is not None:  # its grouped launches first: warm-up steps stream
+            prefill_setup.warm_up(self.stream, self.program.moe_layers[0], hf.hidden_size)
         # MoE layer-steps whose routed experts were streamed / ran on the CPU (for /metrics)
         self.expert_layer_counts = {"stream": 0, "cpu": 0}
         if config.cuda_graphs and self.device.type == "cuda" and self.program.can_capture \
@@ -69,8 +71,6 @@ class ModelRunner:
             self.graphs = self.capture_graphs(config.decode_graph, progress)
         elif self.device.type == "cuda":
             self.warm_up(progress, decode=True)
-        if self.stream is not None:
-            prefill_setup.warm_up(self.stream, self.program.moe_layers[0], hf.hidden_size)
         self.placement = prefill_setup.placement(self.stream, self.program.moe_layers, config,
                                                  hf.hidden_size, progress)
 
@@ -124,7 +124,13 @@ class ModelRunner:
                 progress(f"compiling kernels: a step of {n} tokens ({i + 1}/{len(counts)})")
             fb = ForwardBatch.scratch_prefill(n, self.page_size, self.cache, self.device,
                                               samples=n if n <= largest else 1)
-            self.program.run(StepState(fb, num_real=n))
+            # steps past the product classes stream where they can (as served: the CPU
+            # experts add no kernel variant, and cost seconds at chunk_size tokens)
+            streamed = frozenset(range(len(self.program.moe_layers))) \
+                if self.stream is not None and n > largest else frozenset()
+            if streamed:
+                self.stream.begin(sorted(streamed))
+            self.program.run(StepState(fb, num_real=n, streamed=streamed))
         for op in self.model.modules():
             if isinstance(op, ExpertsOp):  # on-device experts: block sizes no step picks
                 op.warm_up()
