@@ -23,6 +23,7 @@ def greedy(path: str, rules: str, gpu_kernels: bool, monkeypatch,
         monkeypatch.setenv("HYBRID_GPU_KERNELS_ON_CPU", "1")
         # the interpreter pays per program, not per byte: few wide programs
         monkeypatch.setattr(qmatmul, "DECODE_TILES", {None: (64, 1024, 1, 1)})
+        monkeypatch.setattr(qmatmul, "TOKEN_TILES", {})
     else:
         monkeypatch.delenv("HYBRID_GPU_KERNELS_ON_CPU", raising=False)
     config = EngineConfig(max_batch_size=4, chunk_size=8, cache_lens=256, page_size=16,

@@ -13,6 +13,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from cpu_kernels.weights import QuantMatrix
+from gpu_kernels import qmatmul
 from gpu_kernels.moe_grouped import moe_experts_ref
 from gpu_kernels.qformat import to_planes
 from hybrid.engine.expert_stream import BYTES_PER_UNIT_BYTE, ExpertStream
@@ -21,6 +22,14 @@ from hybrid.synth.random_blocks import random_rows
 from tests.gpu_kernels.conftest import rel_err
 
 E, K, H, INTER = 8, 2, 256, 256
+
+
+@pytest.fixture(autouse=True)
+def wide_tiles(device, monkeypatch):
+    """Triton's interpreter pays per program, not per byte: few wide programs on the CPU."""
+    if device.type == "cpu":
+        monkeypatch.setattr(qmatmul, "DECODE_TILES", {None: (64, 1024, 1, 1)})
+        monkeypatch.setattr(qmatmul, "TOKEN_TILES", {})
 
 
 def stack(qtype: Q, rows: int, cols: int, seed: int) -> QuantMatrix:
@@ -61,10 +70,12 @@ def test_stream_matches_reference(units: int, fused: bool, n: int, device) -> No
     stream = ExpertStream(layers, device, memory, fp16=False)
     assert -(-E // stream.experts_per_unit) == units
     x, ids, w = routing(n, seed=n)
-    stream.begin([1, 0, 1])  # any order, repeats allowed
-    got = [stream.run(i, x.to(device), ids.to(device), w.to(device)) for i in (1, 0, 1)]
-    for i, y in zip((1, 0, 1), got):
-        assert rel_err(y, reference(layers[i], x, ids, w)) < 2e-5
+    order = [1, 0, 1] if units == 3 else [1, 0]  # any order, repeats allowed
+    stream.begin(order)
+    got = [stream.run(i, x.to(device), ids.to(device), w.to(device)) for i in order]
+    refs = {i: reference(layers[i], x, ids, w) for i in set(order)}
+    for i, y in zip(order, got):
+        assert rel_err(y, refs[i]) < 2e-5
 
 
 def test_fp16_products_within_their_error(device) -> None:
