@@ -10,8 +10,8 @@ Decode-only steps replay CUDA graphs (cuda_graphs.py) when the model runs on one
 with every MoE layer's routed experts on the CPU, unless `cuda_graphs` is off; everything else
 runs the same DecoderProgram eagerly. A step with prompt tokens may stream some MoE layers'
 routed experts to the GPU instead of handing its rows to the CPU (`--prefill-experts`,
-expert_stream.py, the choice per layer from prefill_costs.py). Start-up runs every shape a step can take once
-(`warm_up`), so no request pays for compiling a kernel.
+expert_stream.py, the choice per layer from prefill_costs.py). Start-up runs every shape a
+step can take once (`warm_up`), so no request pays for compiling a kernel.
 """
 
 from __future__ import annotations
