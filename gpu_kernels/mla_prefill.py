@@ -114,8 +114,14 @@ def mla_prefill_ref(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tens
         rows = slice(q_start, q_start + q_len)
         s = (torch.einsum("thc,sc->hts", q_lat[rows].double(), kv[:, :c])
              + torch.einsum("thr,sr->hts", q_rope[rows].double(), kv[:, c:])) * scale
-        pos = torch.arange(kv_len - q_len, kv_len, device=s.device)
-        seen = torch.arange(kv_len, device=s.device)[None, :] <= pos[:, None]  # [t, S]
-        p = torch.softmax(s.masked_fill(~seen, float("-inf")), dim=-1)
-        out[rows] = torch.einsum("hts,sc->thc", p, kv[:, :c]).float()
+        out[rows] = torch.einsum("hts,sc->thc", causal_softmax(s, q_len, kv_len),
+                                 kv[:, :c]).float()
     return out
+
+
+def causal_softmax(s: torch.Tensor, q_len: int, kv_len: int) -> torch.Tensor:
+    """s [h, t, S] scores of a span's q_len tokens (the last of kv_len) -> the softmax over the
+    keys each token sees (0 .. its position). The references' shared step."""
+    pos = torch.arange(kv_len - q_len, kv_len, device=s.device)
+    seen = torch.arange(kv_len, device=s.device)[None, :] <= pos[:, None]  # [t, S]
+    return torch.softmax(s.masked_fill(~seen, float("-inf")), dim=-1)

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from gpu_kernels.mla_decode import PRECISION, softmax_step
+from gpu_kernels.mla_prefill import causal_softmax
 
 # tokens x keys per step, warps: sm_90 compiles (python -m gpu_kernels.compile_check) 32 x 32
 # in 8 warps with the fewest spills in tf32 (40 bytes; 64 x 32: 96, 64 x 64: 280)
@@ -106,8 +107,6 @@ def mla_prefill_expanded_ref(q: torch.Tensor, k_nope: torch.Tensor, k_rope: torc
         qs = q[rows].double()
         s = (torch.einsum("thd,shd->hts", qs[..., :nope], k_nope[keys].double())
              + torch.einsum("thr,sr->hts", qs[..., nope:], k_rope[keys].double())) * scale
-        pos = torch.arange(kv_len - q_len, kv_len, device=s.device)
-        seen = torch.arange(kv_len, device=s.device)[None, :] <= pos[:, None]  # [t, S]
-        p = torch.softmax(s.masked_fill(~seen, float("-inf")), dim=-1)
-        out[rows] = torch.einsum("hts,shv->thv", p, v[keys].double()).float()
+        out[rows] = torch.einsum("hts,shv->thv", causal_softmax(s, q_len, kv_len),
+                                 v[keys].double()).float()
     return out

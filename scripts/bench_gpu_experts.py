@@ -14,8 +14,8 @@ a few experts repeated to the layer's count on the device (the values do not cha
 
 times the streamed path as a prefill step runs it (hybrid/engine/expert_stream.py): the layer's
 blocks in (page-locked) host memory, copied unit by unit while the previous ones compute, fp16
-products; per layer in steady state (a layer streamed STREAM_REPEATS times in a row, timed
-between the first and last one's end), beside the plain copy of the same bytes.
+products; per layer in steady state (hybrid.engine.prefill_setup.streamed_layer_ms, median of
+three), beside the plain copy of the same bytes.
 """
 
 from __future__ import annotations
@@ -138,6 +138,7 @@ def host_layer(name: str) -> tuple:
 
 def stream_rows(name: str, token_counts: list[int], budgets_gib: list[float]) -> list[dict]:
     from hybrid.engine.expert_stream import ExpertStream
+    from hybrid.engine.prefill_setup import streamed_layer_ms
 
     e, k, h, *_ = SHAPES[name]
     parts = host_layer(name)
@@ -157,16 +158,8 @@ def stream_rows(name: str, token_counts: list[int], budgets_gib: list[float]) ->
         for t in token_counts:
             ids, w = routing(t, k, e), torch.rand(t, k, device="cuda")
             x = torch.randn(t, h, device="cuda")
-            per_layer = []
-            for _ in range(3):
-                ends = [torch.cuda.Event(enable_timing=True) for _ in range(STREAM_REPEATS)]
-                stream.begin([0] * STREAM_REPEATS)
-                for end in ends:
-                    stream.run(0, x, ids, w)
-                    end.record()
-                ends[-1].synchronize()
-                per_layer.append(ends[0].elapsed_time(ends[-1]) / (STREAM_REPEATS - 1))
-            ms = float(np.median(per_layer))
+            ms = float(np.median([streamed_layer_ms(stream, x, ids, w, STREAM_REPEATS)
+                                  for _ in range(3)]))
             rows.append({"shape": name, "stream_memory_gib": gib, "tokens": t,
                          "stream_ms": ms, "copy_ms": copy_ms, "vs_copy": ms / copy_ms,
                          "pinned": stream.pinned, "units": -(-e // stream.experts_per_unit),

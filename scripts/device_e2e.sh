@@ -9,10 +9,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/models
-(cmake -S .llama -B /tmp/lcb -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF \
-   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-   -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON > "$OUT/llama-build.log" 2>&1 \
- && cmake --build /tmp/lcb --target llama-bench -j 16 >> "$OUT/llama-build.log" 2>&1) &
+bash scripts/build_llama_bench.sh "$OUT/llama-build.log" &
 BUILD=$!
 python3 - <<'PY' &
 import numpy as np

@@ -15,10 +15,7 @@ mkdir -p "$OUT"
 WHAT=${WHAT:-kernels,rules,bench}
 LB=""
 if [[ $WHAT == *llama* ]]; then
-  (cmake -S .llama -B /tmp/lcb -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF \
-     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-     -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON > "$OUT/llama-build.log" 2>&1 \
-   && cmake --build /tmp/lcb --target llama-bench -j 16 >> "$OUT/llama-build.log" 2>&1) &
+  bash scripts/build_llama_bench.sh "$OUT/llama-build.log" &
   BUILD=$!
 fi
 if [[ $WHAT == *kernels* ]]; then

@@ -19,10 +19,7 @@ mkdir -p "$OUT" /tmp/models
 WHAT=${WHAT:-tests,kernels,pinned,layers,e2e}
 LB=""
 if [[ $WHAT == *llama* ]]; then
-  (cmake -S .llama -B /tmp/lcb -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF \
-     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-     -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON > "$OUT/llama-build.log" 2>&1 \
-   && cmake --build /tmp/lcb --target llama-bench -j 16 >> "$OUT/llama-build.log" 2>&1) &
+  bash scripts/build_llama_bench.sh "$OUT/llama-build.log" &
   BUILD=$!
 fi
 if [[ $WHAT == *e2e* ]]; then

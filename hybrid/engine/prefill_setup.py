@@ -2,9 +2,7 @@
 compile its kernel variants, and measure the cost model `--prefill-experts auto` follows.
 
 Calibration (CUDA only; a few hundred ms for V2-Lite shapes, a few seconds for V3's):
-- streamed: the first layer streamed STREAM_REPEATS times in a row at each token count of
-  STREAM_TOKENS, timed between the first and last run's end (steady state: each copy overlaps
-  the previous run's kernels), random routing;
+- streamed: `streamed_layer_ms` at each token count of STREAM_TOKENS, random routing;
 - CPU: the same layer's `run_host` at each count of CPU_TOKENS (best of two after one run).
 """
 
@@ -128,18 +126,24 @@ def placement(stream: ExpertStream | None, layers: list[ExpertsOp], config: Engi
     return ExpertPlacement("auto", nbytes, costs)
 
 
+def streamed_layer_ms(stream: ExpertStream, x: torch.Tensor, ids: torch.Tensor,
+                      weights: torch.Tensor, repeats: int = STREAM_REPEATS) -> float:
+    """Steady-state ms of one streamed layer (CUDA): the stream's first layer streamed
+    `repeats` times in a row, timed between the first and the last one's end, so each copy
+    overlaps the previous layer's kernels as in a step."""
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    stream.begin([0] * repeats)
+    for end in ends:
+        stream.run(0, x, ids, weights)
+        end.record()
+    ends[-1].synchronize()
+    return ends[0].elapsed_time(ends[-1]) / (repeats - 1)
+
+
 def calibrate(stream: ExpertStream, layer: ExpertsOp, hidden: int) -> PrefillCosts:
     dev, k = stream.device, layer.top_k
-    stream_ms = []
-    for n in STREAM_TOKENS:
-        x, ids, weights = _routing(n, hidden, layer.num_experts, k, dev)
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(STREAM_REPEATS)]
-        stream.begin([0] * STREAM_REPEATS)
-        for end in ends:
-            stream.run(0, x, ids, weights)
-            end.record()
-        ends[-1].synchronize()
-        stream_ms.append((n, ends[0].elapsed_time(ends[-1]) / (STREAM_REPEATS - 1)))
+    stream_ms = [(n, streamed_layer_ms(stream, *_routing(n, hidden, layer.num_experts, k, dev)))
+                 for n in STREAM_TOKENS]
     cpu_ms = []
     for n in CPU_TOKENS:
         x, ids, weights = (t.cpu().numpy() for t in _routing(n, hidden, layer.num_experts, k,
