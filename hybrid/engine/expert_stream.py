@@ -5,8 +5,10 @@ before, then every token of the step multiplied at once by the grouped quantized
 this beats the CPU (prefill_costs.py decides per layer).
 
 Units: a streamed layer's experts in ranges of `experts_per_unit` (a whole layer when the
-memory budget allows); each expert tensor ([E, R, row bytes] in the GGUF) holds a range's bytes
-contiguously, so a unit is one host-to-device copy per tensor. GPU memory: two raw slots (the
+memory budget allows); each expert tensor ([E, R, row bytes] in the GGUF, [E, R/8, group bytes]
+packed) holds a range's bytes contiguously, so a unit is one host-to-device copy per tensor.
+The source is the GGUF's map (exact mode: the CPU kernels' own bytes) or fast mode's packed
+copy, turned back into planes on the device (packed_planes.py). GPU memory: two raw slots (the
 next unit lands while this one is split into planes) and this unit's planes.
 
     copy stream:    wait freed[s]; raw[s] <- the unit's host bytes; record copied[s]  (s = u % 2)
@@ -22,10 +24,12 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from cpu_kernels.packed import PackedMatrix
 from cpu_kernels.weights import QuantMatrix
 
 # GPU bytes a unit's expert costs: two raw slots, its planes (<= 1.04x) and to_planes'
@@ -33,14 +37,57 @@ from cpu_kernels.weights import QuantMatrix
 BYTES_PER_UNIT_BYTE = 3.25
 
 
+@dataclass(frozen=True)
+class StreamTensor:
+    """One expert tensor [E, rows, cols] as the stream reads it: host bytes [E, bytes per
+    expert] in the GGUF's blocks, or in cpu_kernels' packed layout (`packed`: fast mode's
+    copy, turned back into planes on the device by packed_planes.py)."""
+
+    qtype: int
+    rows: int
+    cols: int
+    host: np.ndarray  # [E, bytes per expert] uint8
+    packed: bool
+
+    @classmethod
+    def of(cls, m: QuantMatrix | PackedMatrix) -> StreamTensor:
+        e, rows, cols = m.shape
+        data = m.data if isinstance(m, PackedMatrix) else m.blocks
+        return cls(m.qtype, rows, cols, data.reshape(e, -1), isinstance(m, PackedMatrix))
+
+    @property
+    def num_experts(self) -> int:
+        return self.host.shape[0]
+
+    @property
+    def expert_nbytes(self) -> int:
+        return self.host.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.host.nbytes)
+
+    def planes(self, raw: torch.Tensor, experts: int):
+        """raw: `experts` experts' bytes on the device -> their GpuQuant of experts * rows."""
+        if self.packed:
+            from hybrid.engine.packed_planes import planes_from_packed
+
+            return planes_from_packed(raw.view(experts, -1), self.qtype, self.rows, self.cols)
+        from gpu_kernels.qformat import to_planes
+
+        return to_planes(raw, self.qtype, experts * self.rows, self.cols)
+
+
 class ExpertStream:
-    def __init__(self, layers: Sequence[tuple[QuantMatrix, ...]], device: torch.device,
-                 memory_bytes: int, fp16: bool) -> None:
+    def __init__(self, layers: Sequence[tuple[QuantMatrix | PackedMatrix, ...]],
+                 device: torch.device, memory_bytes: int, fp16: bool) -> None:
         """layers: each streamable MoE layer's expert tensors, (gate, up, down) or the fused
-        layout's (gate_up, down), as QuantMatrix stacks on the GGUF's bytes. memory_bytes: the
-        GPU memory the stream may hold. fp16: tensor-core products in fp16 (fast mode's error
+        layout's (gate_up, down), as QuantMatrix stacks on the GGUF's bytes or PackedMatrix
+        stacks (fast mode's copy; planes_from_packed must cover them). memory_bytes: the GPU
+        memory the stream may hold. fp16: tensor-core products in fp16 (fast mode's error
         budget) instead of tf32x3."""
-        self.layers, self.device, self.fp16 = list(layers), device, fp16
+        self.layers = [tuple(StreamTensor.of(m) for m in parts) for parts in layers]
+        self.device, self.fp16 = device, fp16
         self.num_experts = self.layers[0][0].num_experts
         self.expert_nbytes = max(sum(m.expert_nbytes for m in parts) for parts in self.layers)
         fits = int(memory_bytes // (BYTES_PER_UNIT_BYTE * self.expert_nbytes))
@@ -59,7 +106,7 @@ class ExpertStream:
             self.copy_stream = torch.cuda.Stream(device)
             self.copied = [torch.cuda.Event() for _ in range(2)]
             self.freed = [torch.cuda.Event() for _ in range(2)]
-            self.registration = HostRegistration([m.blocks for p in self.layers for m in p])
+            self.registration = HostRegistration([m.host for p in self.layers for m in p])
         # (pass, layer, first expert, end) in order; a pass is one entry of begin's list
         self._units: list[tuple[int, int, int, int]] = []
         self._next = 0  # the next unit to compute; units below _next + 2 are queued
@@ -91,7 +138,6 @@ class ExpertStream:
         routed experts for every row (the next layer `begin` named). `bm` forces the
         grouped launches' block size (warm-up)."""
         from gpu_kernels import moe_grouped
-        from gpu_kernels.qformat import to_planes
 
         n, k = ids.shape
         bm = bm or moe_grouped.block_rows(n * k, self.num_experts)
@@ -109,8 +155,7 @@ class ExpertStream:
             planes, at = [], 0
             for m in self.layers[layer]:
                 size = (e1 - e0) * m.expert_nbytes
-                planes.append(to_planes(self.slots[s][at:at + size], m.qtype,
-                                        (e1 - e0) * m.rows, m.cols))
+                planes.append(m.planes(self.slots[s][at:at + size], e1 - e0))
                 at += size
             if self.cuda:
                 self.freed[s].record()
@@ -139,7 +184,7 @@ class ExpertStream:
     def _copy_bytes(self, layer: int, e0: int, e1: int, slot: torch.Tensor) -> None:
         at = 0
         for m in self.layers[layer]:
-            src = _host_tensor(m.blocks[e0:e1].reshape(-1))
+            src = _host_tensor(m.host[e0:e1].reshape(-1))
             slot[at:at + src.numel()].copy_(src, non_blocking=True)
             at += src.numel()
 

@@ -38,9 +38,11 @@ def build_stream(layers: list[ExpertsOp], config: EngineConfig, device: torch.de
     if not layers or config.prefill_experts == "cpu" or (config.prefill_experts == "auto"
                                                          and device.type != "cuda"):
         return None  # auto needs a PCIe copy to measure; the interpreter is for tests
-    why = _why_not(layers, device, uses_gpu_kernels(device)) or _host_memory_short(layers, device)
+    why = _why_not(layers, device, uses_gpu_kernels(device))
+    parts = [_source(op) for op in layers]
     if why is None:
-        parts = [op.stream_parts for op in layers]
+        why = _host_memory_short(layers, parts, device)
+    if why is None:
         layer_bytes = max(sum(m.nbytes for m in p) for p in parts)
         if config.stream_memory_gib is not None:
             memory = int(config.stream_memory_gib * 2**30)
@@ -71,16 +73,32 @@ def _why_not(layers: list[ExpertsOp], device: torch.device, kernels: bool) -> st
     return None
 
 
-def _host_memory_short(layers: list[ExpertsOp], device: torch.device) -> str | None:
-    """Streaming reads (and page-locks) the GGUF's expert bytes. In exact mode the CPU kernels
-    read the same bytes, so that adds nothing; in fast mode they read a packed copy, and the
+def _source(op: ExpertsOp) -> tuple:
+    """What a layer streams: the bytes its CPU kernels read. Exact mode: the GGUF's blocks;
+    fast mode: the packed copy where packed_planes.py unpacks every tensor, else the GGUF's."""
+    from hybrid.engine.packed_planes import can_unpack
+
+    packed = op.cpu_weights.packed
+    if packed is not None:
+        mats = (packed.gate, packed.up, packed.down)
+        if all(can_unpack(m.qtype, m.shape[1]) for m in mats):
+            return mats
+    return op.stream_parts
+
+
+def _host_memory_short(layers: list[ExpertsOp], parts: list[tuple],
+                       device: torch.device) -> str | None:
+    """Streaming page-locks the bytes it reads. Where a fast-mode layer streams the GGUF's
+    blocks (types packed_planes.py does not unpack), its CPU kernels read a packed copy and the
     GGUF's pages would be locked beside it: allowed only while the machine keeps a tenth of
     its memory free after that."""
-    if device.type != "cuda" or all(op.cpu_weights.packed is None for op in layers):
+    extra = [p for op, p in zip(layers, parts)
+             if op.cpu_weights.packed is not None and p is op.stream_parts]
+    if device.type != "cuda" or not extra:
         return None
     import psutil
 
-    pinned = sum(m.nbytes for op in layers for m in op.stream_parts)
+    pinned = sum(m.nbytes for p in extra for m in p)
     mem = psutil.virtual_memory()
     if mem.available - pinned >= mem.total // 10:
         return None
@@ -97,7 +115,7 @@ def warm_up(stream: ExpertStream, layer: ExpertsOp, hidden: int) -> None:
     from gpu_kernels.qmatmul import TOKEN_CLASSES
 
     x, ids, weights = _routing(1, hidden, layer.num_experts, layer.top_k, stream.device)
-    mixes = {tuple(m.qtype for m in parts): i for i, parts in enumerate(stream.layers)}
+    mixes = {tuple((m.qtype, m.packed) for m in parts): i for i, parts in enumerate(stream.layers)}
     for i in mixes.values():
         stream.begin([i] * len(TOKEN_CLASSES))
         for bm in TOKEN_CLASSES:

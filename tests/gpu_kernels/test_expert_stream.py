@@ -12,6 +12,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
+from cpu_kernels.packed import PackedMatrix
 from cpu_kernels.weights import QuantMatrix
 from gpu_kernels import qmatmul
 from gpu_kernels.moe_grouped import moe_experts_ref
@@ -76,6 +77,24 @@ def test_stream_matches_reference(units: int, fused: bool, n: int, device) -> No
     refs = {i: reference(layers[i], x, ids, w) for i in set(order)}
     for i, y in zip(order, got):
         assert rel_err(y, refs[i]) < 2e-5
+
+
+@pytest.mark.parametrize("types", [(Q.Q4_K, Q.Q8_0, Q.Q6_K), (Q.Q5_0, Q.Q5_0, Q.Q8_0)],
+                         ids=lambda t: "-".join(q.name for q in t))
+def test_packed_source_gives_the_gguf_sources_result(types, device) -> None:
+    """Fast mode streams its packed copy: unpacked on the device into the same planes, so
+    the same products, bit for bit."""
+    gguf = (stack(types[0], INTER, H, 50), stack(types[1], INTER, H, 51),
+            stack(types[2], H, INTER, 52))
+    packed = tuple(PackedMatrix.of(m) for m in gguf)
+    x, ids, w = routing(10, seed=4)
+    x, ids, w = x.to(device), ids.to(device), w.to(device)
+    out = []
+    for parts in (gguf, packed):
+        stream = ExpertStream([parts], device, 1 << 30, fp16=False)
+        stream.begin([0])
+        out.append(stream.run(0, x, ids, w))
+    assert torch.equal(out[0], out[1])
 
 
 def test_fp16_products_within_their_error(device) -> None:
