@@ -136,18 +136,23 @@ def host_layer(name: str) -> tuple:
     return stack(gate_t, inter, h, 1), stack(gate_t, inter, h, 2), stack(down_t, h, inter, 3)
 
 
-def stream_rows(name: str, token_counts: list[int], budgets_gib: list[float]) -> list[dict]:
+def stream_rows(name: str, token_counts: list[int], budgets_gib: list[float],
+                packed: bool = False) -> list[dict]:
     from hybrid.engine.expert_stream import ExpertStream
     from hybrid.engine.prefill_setup import streamed_layer_ms
 
     e, k, h, *_ = SHAPES[name]
     parts = host_layer(name)
+    if packed:  # fast mode's source (packing a V3 layer takes minutes on one core)
+        from cpu_kernels.packed import PackedMatrix
+
+        parts = tuple(PackedMatrix.of(m) for m in parts)
     layer_bytes = sum(m.nbytes for m in parts)
     rows = []
     for gib in budgets_gib:
         stream = ExpertStream([parts], torch.device("cuda"), int(gib * 2**30), fp16=True)
         dev = torch.empty(layer_bytes, dtype=torch.uint8, device="cuda")
-        src = [torch.from_numpy(m.blocks.reshape(-1)) for m in parts]
+        src = [torch.from_numpy((m.data if packed else m.blocks).reshape(-1)) for m in parts]
 
         def copy(dev=dev, src=src):
             at = 0
@@ -160,11 +165,11 @@ def stream_rows(name: str, token_counts: list[int], budgets_gib: list[float]) ->
             x = torch.randn(t, h, device="cuda")
             ms = float(np.median([streamed_layer_ms(stream, x, ids, w, STREAM_REPEATS)
                                   for _ in range(3)]))
-            rows.append({"shape": name, "stream_memory_gib": gib, "tokens": t,
+            rows.append({"shape": name, "packed": packed, "stream_memory_gib": gib, "tokens": t,
                          "stream_ms": ms, "copy_ms": copy_ms, "vs_copy": ms / copy_ms,
                          "pinned": stream.pinned, "units": -(-e // stream.experts_per_unit),
                          "layer_GB": layer_bytes / 1e9})
-            print(f"{name:8} streamed, {gib:g} GiB ({rows[-1]['units']} units a layer, "
+            print(f"{name:8} streamed{' packed' if packed else ''}, {gib:g} GiB ({rows[-1]['units']} units a layer, "
                   f"{'page-locked' if stream.pinned else 'pageable'}), {t:5} tokens: "
                   f"{ms:7.1f} ms a layer = {ms / copy_ms:.2f}x its copy ({copy_ms:.1f} ms, "
                   f"{layer_bytes / copy_ms / 1e6:.1f} GB/s)", flush=True)
@@ -181,13 +186,16 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--sweep", action="store_true", help="only the tiling sweep, then stop")
     ap.add_argument("--stream", action="store_true", help="only the streamed rows, then stop")
+    ap.add_argument("--packed", action="store_true",
+                    help="stream fast mode's packed copy (unpacked on the GPU) instead")
     ap.add_argument("--stream-memory-gib", default="24,4",
                     help="GPU memory budgets of the streamed rows (GiB, comma-separated)")
     args = ap.parse_args()
     counts = [int(t) for t in args.tokens.split(",")]
     if args.stream:
         budgets = [float(g) for g in args.stream_memory_gib.split(",")]
-        rows = [r for shape in args.shapes.split(",") for r in stream_rows(shape, counts, budgets)]
+        rows = [r for shape in args.shapes.split(",")
+                for r in stream_rows(shape, counts, budgets, args.packed)]
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1))
         return 0

@@ -40,6 +40,23 @@ def byte_ranges(arrays: list[np.ndarray]) -> list[tuple[int, int]]:
     return merged
 
 
+def _clear_last_error() -> None:
+    """A failed cudaHostRegister leaves CUDA's per-thread last error set, and torch's next
+    kernel-launch check would raise it (seen: "part or all of the requested memory range is
+    already mapped" surfacing at an unrelated launch). torch binds no cudaGetLastError: call
+    it in the runtime library torch already loaded (found by its soname)."""
+    import ctypes
+    import os
+
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        try:
+            ctypes.CDLL(name, mode=os.RTLD_NOLOAD).cudaGetLastError()
+            return
+        except (OSError, AttributeError):
+            continue
+    log.warning("could not clear CUDA's last error after a failed registration")
+
+
 class HostRegistration:
     """The arrays' pages registered with the CUDA driver until `release` (or the object is
     collected). `ok` is False when the driver refused: copies then go from pageable memory
@@ -60,6 +77,7 @@ class HostRegistration:
                 if err == 0:
                     break
             if err != 0:
+                _clear_last_error()
                 log.warning("could not page-lock %.2f GB of expert weights for streaming "
                             "(cudaHostRegister error %d); streamed copies go through pageable "
                             "memory", (end - start) / 1e9, err)

@@ -33,9 +33,20 @@ def wide_tiles(device, monkeypatch):
         monkeypatch.setattr(qmatmul, "TOKEN_TILES", {})
 
 
+def _own_pages(a: np.ndarray) -> np.ndarray:
+    """A copy on pages of its own: on CUDA the stream page-locks its arrays, and two live
+    streams' arrays on one heap page would register it twice (the driver refuses)."""
+    page = mmap.PAGESIZE
+    buf = np.zeros(-(-a.nbytes // page) * page + page, np.uint8)
+    at = -buf.ctypes.data % page
+    out = buf[at:at + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
 def stack(qtype: Q, rows: int, cols: int, seed: int) -> QuantMatrix:
     raw = random_rows(np.random.default_rng(seed), int(qtype), E * rows, cols, 0.05)
-    return QuantMatrix.from_raw(int(qtype), (E, rows, cols), raw)
+    return QuantMatrix.from_raw(int(qtype), (E, rows, cols), _own_pages(raw))
 
 
 def layer(seed: int, fused: bool = False) -> tuple[QuantMatrix, ...]:
@@ -87,6 +98,7 @@ def test_packed_source_gives_the_gguf_sources_result(types, device) -> None:
     gguf = (stack(types[0], INTER, H, 50), stack(types[1], INTER, H, 51),
             stack(types[2], H, INTER, 52))
     packed = tuple(PackedMatrix.of(m) for m in gguf)
+    packed = tuple(PackedMatrix(p.qtype, p.shape, _own_pages(p.data)) for p in packed)
     x, ids, w = routing(10, seed=4)
     x, ids, w = x.to(device), ids.to(device), w.to(device)
     out = []
@@ -130,3 +142,18 @@ def test_byte_ranges_merge_shared_pages() -> None:
     start = buf.ctypes.data + base
     assert byte_ranges([c, a, b, buf[:0]]) == [(start, start + 2 * page),
                                                (start + 4 * page, start + 5 * page)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA driver registers pages")
+def test_a_refused_registration_leaves_cuda_usable() -> None:
+    """Pages registered twice: the second registration is refused (copies then go from
+    pageable memory) and the error it left does not surface at the next launch."""
+    from hybrid.engine.host_pinning import HostRegistration
+
+    a = _own_pages(np.arange(1 << 16, dtype=np.uint8))
+    first = HostRegistration([a])
+    second = HostRegistration([a])
+    assert first.ok and not second.ok
+    y = torch.from_numpy(a).cuda(non_blocking=True).float().sum()
+    assert float(y) == float(a.astype(np.float64).sum())
+    first.release()
