@@ -18,7 +18,8 @@ from hybrid.synth.random_blocks import random_rows
 @pytest.mark.parametrize("qtype,experts,rows,cols,seed", [
     (Q.Q4_K, 3, 16, 512, 1), (Q.Q4_K, 1, 8, 256, 2), (Q.Q6_K, 2, 24, 512, 3),
     (Q.Q6_K, 1, 8, 256, 4), (Q.Q8_0, 2, 16, 96, 5), (Q.Q8_0, 1, 8, 32, 6),
-    (Q.Q5_0, 2, 16, 64, 7), (Q.Q5_0, 3, 8, 32, 8)], ids=lambda v: getattr(v, "name", str(v)))
+    (Q.Q5_0, 2, 16, 64, 7), (Q.Q5_0, 3, 8, 32, 8), (Q.Q2_K, 2, 16, 512, 9),
+    (Q.Q2_K, 1, 8, 256, 10), (Q.Q3_K, 2, 16, 512, 11), (Q.Q3_K, 1, 8, 256, 12)], ids=lambda v: getattr(v, "name", str(v)))
 def test_equals_to_planes_of_the_gguf_bytes(qtype, experts, rows, cols, seed) -> None:
     raw = random_rows(np.random.default_rng(seed), int(qtype), experts * rows, cols, 0.05)
     m = QuantMatrix.from_raw(int(qtype), (experts, rows, cols), raw)
@@ -32,7 +33,7 @@ def test_equals_to_planes_of_the_gguf_bytes(qtype, experts, rows, cols, seed) ->
 
 
 def test_types_and_shapes_left_to_the_gguf_bytes() -> None:
-    assert not can_unpack(int(Q.Q2_K), 8) and not can_unpack(int(Q.Q3_K), 8)
+    assert not can_unpack(int(Q.Q5_K), 8) and not can_unpack(int(Q.Q4_0), 8)  # never packed
     assert not can_unpack(int(Q.Q4_K), 12)  # rows not whole groups of 8
-    with pytest.raises(ValueError, match="no unpacking of Q2_K"):
-        planes_from_packed(torch.zeros(1, 1, 704, dtype=torch.uint8), int(Q.Q2_K), 8, 256)
+    with pytest.raises(ValueError, match="no unpacking of Q5_K"):
+        planes_from_packed(torch.zeros(1, 1, 1, dtype=torch.uint8), int(Q.Q5_K), 8, 256)

@@ -8,7 +8,7 @@ bit): each plane is recovered exactly, by permutes and bit operations. `planes_f
 equals `to_planes` on the GGUF's bytes (tests/test_packed_planes.py).
 
 Packed bytes per 8 rows x block (cpu_kernels/packed.py): Q4_K 1216, Q6_K 1696, Q8_0 288,
-Q5_0 192. Q2_K and Q3_K are not unpacked here: layers holding them stream the GGUF's bytes.
+Q5_0 192, Q2_K 704, Q3_K 928: every type cpu_kernels packs.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from gpu_kernels.qformat import GpuQuant
 
 ROWS = 8  # rows interleaved per packed group
 # qtype -> (columns per block, packed bytes per 8 rows x block)
-GEOMETRY = {qt.Q4_K: (256, 1216), qt.Q6_K: (256, 1696), qt.Q8_0: (32, 288), qt.Q5_0: (32, 192)}
+GEOMETRY = {qt.Q4_K: (256, 1216), qt.Q6_K: (256, 1696), qt.Q8_0: (32, 288), qt.Q5_0: (32, 192),
+            qt.Q2_K: (256, 704), qt.Q3_K: (256, 928)}
 
 
 def can_unpack(qtype: int, rows: int) -> bool:
@@ -65,8 +66,16 @@ def planes_from_packed(data: torch.Tensor, qtype: int, rows: int, cols: int) -> 
         planes = (qs, _f32_to_f16(p[..., 256:], n))
     elif qtype == qt.Q6_K:
         planes = (*_q6_k_fields(p, n), _f32_to_f16(p[..., 1664:], n))
-    else:  # Q5_0
+    elif qtype == qt.Q5_0:
         planes = (*_q5_0_fields(p, n), _f32_to_f16(p[..., 160:], n))
+    elif qtype == qt.Q2_K:
+        sc = _rows(p[..., 512:640].reshape(*p.shape[:3], 16, ROWS), (0, 1, 4, 2, 3), n)
+        planes = (_low_bytes(p[..., :512], n), sc, _f32_to_f16(p[..., 640:672], n),
+                  _f32_to_f16(p[..., 672:], n))
+    else:  # Q3_K
+        sc = _rows(p[..., 768:896].reshape(*p.shape[:3], 16, ROWS), (0, 1, 4, 2, 3), n)
+        planes = (_q3_k_hmask(p[..., 512:768], n), _low_bytes(p[..., :512], n),
+                  sc.view(torch.int8), _f32_to_f16(p[..., 896:], n))
     return GpuQuant(qtype, n, cols, tuple(t.contiguous() for t in planes))
 
 
@@ -98,3 +107,30 @@ def _q5_0_fields(p: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     weights = torch.tensor([1 << i for i in range(8)], dtype=torch.uint8, device=p.device)
     qh = (bits * weights).sum(-1, dtype=torch.uint8)  # [n, B, 4] little-endian bytes
     return qs.reshape(n, -1), qh.reshape(n, -1).view(torch.int32)
+
+
+def _bits_to_bytes(bits: torch.Tensor, width: int) -> torch.Tensor:
+    """bits [..., F, L] fields of `width` bits -> [..., L] bytes, field f at bit width * f."""
+    out = bits[..., 0, :].clone()
+    for f in range(1, bits.shape[-2]):
+        out |= bits[..., f, :] << (width * f)
+    return out
+
+
+def _low_bytes(t: torch.Tensor, n: int) -> torch.Tensor:
+    """Q2_K/Q3_K's packed 2-bit codes [E, G, B, 512] (step i of sub-block p at bits 2i) -> the
+    GGUF's qs [n, K/4]: element 128 m + 32 j + l at bits 2j of byte 32 m + l."""
+    v = t.reshape(*t.shape[:3], 16, 32)
+    steps = torch.stack([(v >> (2 * i)) & 3 for i in range(4)], dim=4)  # [E, G, B, 16, 4, 32]
+    c = _codes(steps.reshape(*t.shape[:3], 64, 32), n).reshape(n, -1, 2, 4, 32)
+    return _bits_to_bytes(c, 2).reshape(n, -1)  # [n, B, 2, 32] -> 64 bytes a block
+
+
+def _q3_k_hmask(t: torch.Tensor, n: int) -> torch.Tensor:
+    """Q3_K's packed high bits [E, G, B, 256] (per pair of sub-blocks, step i's bit at bit i,
+    odd sub-block + 4) -> the GGUF's hmask [n, K/8]: element 32 i + l at bit i of byte l."""
+    h = t.reshape(*t.shape[:3], 8, 32)
+    nib = torch.stack([h & 15, h >> 4], dim=4)  # [E, G, B, pair, odd, 32]
+    steps = torch.stack([(nib >> i) & 1 for i in range(4)], dim=5)  # [.., pair, odd, i, 32]
+    bits = _codes(steps.reshape(*t.shape[:3], 64, 32), n).reshape(n, -1, 8, 32)
+    return _bits_to_bytes(bits, 1).reshape(n, -1)  # [n, B, 32]

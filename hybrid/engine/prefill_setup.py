@@ -89,9 +89,9 @@ def _source(op: ExpertsOp) -> tuple:
 def _host_memory_short(layers: list[ExpertsOp], parts: list[tuple],
                        device: torch.device) -> str | None:
     """Streaming page-locks the bytes it reads. Where a fast-mode layer streams the GGUF's
-    blocks (types packed_planes.py does not unpack), its CPU kernels read a packed copy and the
-    GGUF's pages would be locked beside it: allowed only while the machine keeps a tenth of
-    its memory free after that."""
+    blocks (a packed copy packed_planes.py cannot unpack: rows not whole groups of 8), its CPU
+    kernels read the packed copy and the GGUF's pages would be locked beside it: allowed only
+    while the machine keeps a tenth of its memory free after that."""
     extra = [p for op, p in zip(layers, parts)
              if op.cpu_weights.packed is not None and p is op.stream_parts]
     if device.type != "cuda" or not extra:
