@@ -90,7 +90,8 @@ def test_stream_matches_reference(units: int, fused: bool, n: int, device) -> No
         assert rel_err(y, refs[i]) < 2e-5
 
 
-@pytest.mark.parametrize("types", [(Q.Q4_K, Q.Q8_0, Q.Q6_K), (Q.Q5_0, Q.Q5_0, Q.Q8_0)],
+@pytest.mark.parametrize("types", [(Q.Q4_K, Q.Q8_0, Q.Q6_K), (Q.Q5_0, Q.Q5_0, Q.Q8_0),
+                                   (Q.Q2_K, Q.Q2_K, Q.Q3_K)],
                          ids=lambda t: "-".join(q.name for q in t))
 def test_packed_source_gives_the_gguf_sources_result(types, device) -> None:
     """Fast mode streams its packed copy: unpacked on the device into the same planes, so
