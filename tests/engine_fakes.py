@@ -39,7 +39,7 @@ class FakeEngine:
         self.batches.append(batch)
         if any(t == self.fail_on for c in batch.chunks for t in c.token_ids):
             raise RuntimeError("boom")
-        self.scheduler.complete(batch)
+        self.scheduler.complete(batch.chunks)
         outs = []
         for c in batch.chunks:
             if not c.samples:
@@ -53,6 +53,9 @@ class FakeEngine:
                                        RequestStatus.FINISHED_LENGTH if done
                                        else RequestStatus.RUNNING))
         return outs
+
+    def abandon_in_flight(self) -> list[Request]:
+        return []
 
     def retire(self, request: Request, status: RequestStatus) -> None:
         self.scheduler.finish(request, status)

@@ -21,7 +21,7 @@ def test_long_prompt_is_chunked_while_decodes_go_on() -> None:
     short, _ = make([1, 2, 3], 10)
     s.add(short)
     b = s.schedule()
-    s.complete(b)
+    s.complete(b.chunks)
     short.append(99)  # the engine samples after a chunk that reaches the newest token
     long, _ = make(list(range(100, 200)), 5)
     s.add(long)
@@ -29,7 +29,7 @@ def test_long_prompt_is_chunked_while_decodes_go_on() -> None:
     for _ in range(4):
         b = s.schedule()
         seen.append(shape(b))
-        s.complete(b)
+        s.complete(b.chunks)
         short.append(99)
     assert [step[0] for step in seen] == [("r1", 3 + i, 1, True) for i in range(4)]
     assert [step[1] for step in seen] == [("r100", 0, 32, False), ("r100", 32, 32, False),
@@ -45,7 +45,7 @@ def test_admission_waits_for_pages_and_frees_them_at_finish() -> None:
     b = s.schedule()
     assert [c.request for c in b.chunks] == reqs[:2] and s.pages.num_free == 0
     assert reqs[2].status is RequestStatus.WAITING
-    s.complete(b)
+    s.complete(b.chunks)
     s.finish(reqs[0], RequestStatus.FINISHED_STOPPED)
     assert s.pages.num_free == 2 and reqs[0].page_ids == []
     b = s.schedule()
@@ -59,7 +59,7 @@ def test_fcfs_head_is_not_overtaken() -> None:
     later, _ = make([3] * 4, 4)  # would fit, but arrived after `big`
     for r in (small, big, later):
         s.add(r)
-    s.complete(s.schedule())
+    s.complete(s.schedule().chunks)
     assert (big.status, later.status) == (RequestStatus.WAITING, RequestStatus.WAITING)
     s.finish(small, RequestStatus.FINISHED_LENGTH)
     s.schedule()
@@ -90,7 +90,7 @@ def test_cancelled_requests_free_pages_whether_queued_or_running() -> None:
     (a, _), (b, _) = make([1] * 5, 5), make([2] * 5, 5)
     s.add(a)
     s.add(b)
-    s.complete(s.schedule())
+    s.complete(s.schedule().chunks)
     a.cancel()
     b.cancel()
     batch = s.schedule()

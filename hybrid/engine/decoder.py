@@ -82,6 +82,18 @@ class DecoderProgram:
             piece.run(st)
         return st.logits
 
+    def run_layers(self, st: StepState, first: int, last: int) -> torch.Tensor | None:
+        """Run the step from MoE layer `first` up to (not including) `last` (indices into
+        moe_layers; layer 0's stretch starts with the embedding): a pass spread over several
+        calls. With last == len(moe_layers) the final norm and head run too: -> logits, else
+        None. Each MoE layer owns four pieces (device, mark, shared, experts)."""
+        for piece in self.pieces[4 * first:4 * last]:
+            piece.run(st)
+        if last < len(self.moe_layers):
+            return None
+        self.pieces[-1].run(st)
+        return st.logits
+
     def run_on_device(self, st: StepState) -> torch.Tensor:
         """The step as device work only (to capture whole): host pieces become their twins,
         so the CPU experts must be driven by someone else (HostExperts) meanwhile."""

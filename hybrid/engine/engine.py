@@ -80,15 +80,23 @@ class Engine:
         batch = self.scheduler.schedule()
         for r in batch.cancelled:
             self._outputs.pop(id(r), None)
+            self.runner.drop_job(r)  # before its freed pages go to anyone else
         return batch
 
     def execute(self, batch: ScheduledBatch) -> list[StepOutput]:
         """Run the batch and sample; requests are not retired here (see `retire`)."""
-        if not batch.chunks:
+        if not batch.chunks and self.runner.job is None:
             return []
         logits = self.runner.run(batch)  # [R, V] on the model's device
-        self.scheduler.complete(batch)
-        samplers = [c.request for c in batch.chunks if c.samples]
+        # a chunk may pass the layers over several steps (layered_prefill.py): it completes,
+        # and samples, in the step its pass ends
+        done = [c for c in batch.chunks if c is not self.runner.deferred]
+        if self.runner.finished is not None:
+            done.append(self.runner.finished)
+        self.scheduler.complete(done)
+        if self.runner.deferred is not None:
+            self.scheduler.defer(self.runner.deferred)
+        samplers = [c.request for c in done if c.samples]
         states = [self._state(r) for r in samplers]
         picks = sample_batch(logits, [(r.params, s.generator, r.prompt_ids, r.output_ids)
                                       for r, s in zip(samplers, states)])
@@ -97,7 +105,14 @@ class Engine:
     def retire(self, request: Request, status: RequestStatus) -> None:
         """Finish a running request and free its pages now."""
         self._outputs.pop(id(request), None)
+        self.runner.drop_job(request)
         self.scheduler.finish(request, status)
+
+    def abandon_in_flight(self) -> list[Request]:
+        """After a failed step: the requests whose chunk was part-way through the layers (their
+        pass is lost with the step's state), for the caller to fail too."""
+        self.runner.drop_job()
+        return [r for r in self.scheduler.running if r.in_flight]
 
     def _state(self, r: Request) -> _OutputState:
         state = self._outputs.get(id(r))

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from hybrid.engine import prefill_setup
+from hybrid.engine import layered_prefill, prefill_setup
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.decoder import DecoderProgram, StepState
 from hybrid.engine.experts_bridge import ExpertsBridge
@@ -65,6 +65,9 @@ class ModelRunner:
             prefill_setup.warm_up(self.stream, self.program.moe_layers[0], hf.hidden_size)
         # MoE layer-steps whose routed experts were streamed / ran on the CPU (for /metrics)
         self.expert_layer_counts = {"stream": 0, "cpu": 0}
+        self.job = None  # a LayeredPrefill in flight
+        self.deferred = self.finished = None  # the last run's layered chunk events
+        self.layered_jobs = 0  # chunks passed over several steps so far
         if config.cuda_graphs and self.device.type == "cuda" and self.program.can_capture \
                 and _one_device(model, self.device):
             self.warm_up(progress)
@@ -89,14 +92,69 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> torch.Tensor:
-        """-> logits [R, V] fp32 on the model's device, one row per sampling chunk, in order."""
-        chunks = [(c.token_ids, c.request.page_ids, c.start, c.samples) for c in batch.chunks]
+        """-> logits [R, V] fp32 on the model's device, one row per sampling chunk of the
+        chunks that completed this step, in order: the batch's, less `deferred` (a chunk taken
+        out to pass the layers over several steps, layered_prefill.py), then `finished` (such a
+        chunk whose pass ended in this step), both set by this call."""
+        self.deferred = self.finished = None
+        chunks = batch.chunks
+        layers = len(self.program.moe_layers)
+        if self.job is None and self.stream is not None \
+                and (c := layered_prefill.candidate(batch, self.placement, layers)) is not None:
+            self._start_job(c)
+            chunks = [x for x in chunks if x is not c]
+        logits = self._run(chunks, may_stream=self.job is None)
+        if self.job is not None:
+            done = self._advance_job(decodes=bool(chunks))
+            if done is not None:
+                logits = torch.cat([logits, done])
+        return logits
+
+    def drop_job(self, request=None) -> None:
+        """Forget the layered chunk (of `request`, or any): its request was cancelled or its
+        step failed. Work already queued on the device finishes before any later step's."""
+        if self.job is not None and (request is None or self.job.chunk.request is request):
+            self.job = None
+
+    def _start_job(self, chunk) -> None:
+        layers = len(self.program.moe_layers)
+        fb = ForwardBatch.build([(chunk.token_ids, chunk.request.page_ids, chunk.start,
+                                  chunk.samples)], self.page_size, self.cache, self.device)
+        self.stream.begin(list(range(layers)))
+        per_step = layered_prefill.layers_per_step(self.placement, len(chunk.token_ids), layers)
+        self.job = layered_prefill.LayeredPrefill(
+            chunk, StepState(fb, num_real=fb.num_tokens, streamed=frozenset(range(layers))),
+            per_step)
+        self.deferred = chunk
+        self.layered_jobs += 1
+        log.debug("a %d-token chunk passes the layers over steps, %d MoE layers a step",
+                  len(chunk.token_ids), per_step)
+
+    def _advance_job(self, decodes: bool) -> torch.Tensor | None:
+        """The layered chunk's next MoE layers (all that remain when no decode waits) ->
+        its logits rows when its pass ended (none if it does not sample), else None."""
+        job, layers = self.job, len(self.program.moe_layers)
+        last = min(layers, job.done + job.layers_per_step) if decodes else layers
+        logits = self.program.run_layers(job.state, job.done, last)
+        self.expert_layer_counts["stream"] += last - job.done
+        job.done = last
+        if logits is None:
+            return None
+        self.job, self.finished = None, job.chunk
+        return logits
+
+    def _run(self, batch_chunks, may_stream: bool) -> torch.Tensor:
+        """One forward over `batch_chunks` (graphs for decode-only steps) -> their logits."""
+        if not batch_chunks:
+            return torch.empty(0, self.model.config.vocab_size, device=self.device)
+        chunks = [(c.token_ids, c.request.page_ids, c.start, c.samples) for c in batch_chunks]
         if self.graphs is not None and len(chunks) <= self.graphs.max_batch \
                 and all(len(c[0]) == 1 for c in chunks):
             self.expert_layer_counts["cpu"] += len(self.program.moe_layers)
             return self.graphs.run(chunks)
         fb = ForwardBatch.build(chunks, self.page_size, self.cache, self.device)
-        streamed = self.placement.streamed(fb.num_tokens, any(len(c[0]) > 1 for c in chunks))
+        streamed = self.placement.streamed(fb.num_tokens, any(len(c[0]) > 1 for c in chunks)) \
+            if may_stream else ()
         if streamed:
             self.stream.begin(streamed)
             log.debug("step of %d tokens streams %d of %d MoE layers' experts", fb.num_tokens,

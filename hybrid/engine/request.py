@@ -69,6 +69,9 @@ class Request:
     page_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     max_tokens: int = 0
+    # a prompt chunk of this request is part-way through the layers, spread over steps (the
+    # model runner's layered prefill): the scheduler gives it nothing more until it is done
+    in_flight: bool = False
     _cancel_requested: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @property

@@ -3,7 +3,8 @@
 Each step carries, in this order:
 1. one decode token for every running request whose prompt is fully prefilled;
 2. prompt chunks of running requests still prefilling, FCFS, then of newly admitted ones,
-   at most `chunk_size` prompt tokens in all;
+   at most `chunk_size` prompt tokens in all (a request whose chunk is still in flight, spread
+   over steps by the model runner, gets none until it completes);
 with at most `max_batch_size` requests running. A waiting request is admitted only when pages
 for its prompt plus its max_tokens are free, so a running request never runs out of cache and
 nothing is ever preempted; admission is strictly FCFS (a large request at the head waits for
@@ -77,7 +78,7 @@ class Scheduler:
                   for r in self.running if not r.is_prefilling]
         budget = self.config.chunk_size
         for r in self.running:
-            if budget and r.is_prefilling:
+            if budget and r.is_prefilling and not r.in_flight:
                 budget -= self._prefill_chunk(r, budget, chunks)
         while (budget and self.waiting
                and len(self.running) < self.config.max_batch_size):
@@ -91,10 +92,17 @@ class Scheduler:
             budget -= self._prefill_chunk(head, budget, chunks)
         return ScheduledBatch(chunks, cancelled)
 
-    def complete(self, batch: ScheduledBatch) -> None:
-        """The batch ran: its tokens' KV is in the cache."""
-        for c in batch.chunks:
+    def complete(self, chunks: list[ScheduledChunk]) -> None:
+        """These chunks ran (all of a step's, or a layered chunk some steps later): their
+        tokens' KV is in the cache."""
+        for c in chunks:
             c.request.num_computed_tokens = c.start + len(c.token_ids)
+            c.request.in_flight = False
+
+    def defer(self, chunk: ScheduledChunk) -> None:
+        """The chunk started but finishes in a later step (`complete` then): its request gets
+        no new chunk meanwhile."""
+        chunk.request.in_flight = True
 
     def finish(self, request: Request, status: RequestStatus) -> None:
         """Take a running request out and free its pages at once."""

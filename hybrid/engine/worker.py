@@ -145,10 +145,11 @@ class EngineWorker:
             outputs = self.engine.execute(batch)
         except Exception as e:  # a failing forward must not take the server down
             log.exception("a step of %d requests failed", len(batch.chunks))
-            for chunk in batch.chunks:
-                self._emit(chunk.request, RequestFailed(
-                    f"generation failed: {type(e).__name__}: {e}"))
-                self._retire(chunk.request, RequestStatus.FINISHED_FAILED)
+            failed = [c.request for c in batch.chunks]
+            failed += [r for r in self.engine.abandon_in_flight() if r not in failed]
+            for request in failed:
+                self._emit(request, RequestFailed(f"generation failed: {type(e).__name__}: {e}"))
+                self._retire(request, RequestStatus.FINISHED_FAILED)
             return 0
         for out in outputs:
             status = out.status

@@ -18,7 +18,7 @@ PROMPTS = [[0, 42, 574, 81, 2058, 3, 223, 804, 853, 13], [5, 6]]
 
 
 def greedy(path: str, rules: str, gpu_kernels: bool, monkeypatch,
-           prefill_experts: str = "auto") -> list[list[int]]:
+           prefill_experts: str = "auto", prompts: list[list[int]] = PROMPTS) -> list[list[int]]:
     if gpu_kernels:
         monkeypatch.setenv("HYBRID_GPU_KERNELS_ON_CPU", "1")
         # the interpreter pays per program, not per byte: few wide programs
@@ -33,11 +33,14 @@ def greedy(path: str, rules: str, gpu_kernels: bool, monkeypatch,
     if gpu_kernels:  # q (or q_a) and kv_a share one product launch (same types here)
         assert all(layer.self_attn.q_kv_a is not None for layer in runner.model.model.layers)
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
-    out = llm.generate(prompt_token_ids=PROMPTS, sampling_params=params)
+    out = llm.generate(prompt_token_ids=prompts, sampling_params=params)
     if prefill_experts == "stream":  # the prompt steps streamed every layer, decodes did not
         layers = len(runner.program.moe_layers)
         assert runner.expert_layer_counts["stream"] >= 2 * layers
         assert runner.expert_layer_counts["cpu"] >= 2 * layers
+        # the long prompt's last chunk came while the short one decoded: its pass through the
+        # layers was spread over steps, one MoE layer a step (nothing measured on the CPU)
+        assert runner.layered_jobs >= 1 and runner.job is None
     return [o.outputs[0].token_ids for o in out]
 
 
@@ -55,8 +58,11 @@ def test_gpu_path_equals_cpu_rules(models, preset, rules, layout, tmp_path, monk
 @pytest.mark.skipif(torch.cuda.is_available(), reason="scripts/device_rules_check.py on GPUs")
 def test_streamed_experts_equal_cpu_rules(models, tmp_path, monkeypatch):
     """Prompt steps with every MoE layer's routed experts streamed to the device (the GGUF's
-    bytes copied, split into planes, grouped launches) give the CPU experts' greedy tokens."""
+    bytes copied, split into planes, grouped launches) give the CPU experts' greedy tokens, a
+    chunk passing the layers over several steps while another request decodes included."""
     path = str(models.path("tiny-v3", "q4_k_m", "legacy"))
     exact = str(with_experts_mode("DeepSeek-V3", "exact", tmp_path))
-    assert greedy(path, exact, True, monkeypatch, prefill_experts="stream") == \
-        greedy(path, "cpu", False, monkeypatch)
+    # the short prompt decodes while the long one's last chunk (4 tokens) passes the layers
+    prompts = PROMPTS[::-1]
+    assert greedy(path, exact, True, monkeypatch, "stream", prompts) == \
+        greedy(path, "cpu", False, monkeypatch, prompts=prompts)

@@ -1,0 +1,59 @@
+"""A prompt chunk passing the layers over several steps: which chunk is chosen, how many layers
+a step, and the scheduler holding its request back until it completes (no torch)."""
+
+from __future__ import annotations
+
+from hybrid.engine.config import EngineConfig
+from hybrid.engine.layered_prefill import candidate, layers_per_step
+from hybrid.engine.prefill_costs import ExpertPlacement, PrefillCosts
+from hybrid.engine.scheduler import Scheduler
+from tests.engine_fakes import make
+
+COSTS = PrefillCosts(1, stream_ms=((128, 7.0), (2048, 7.0), (8192, 20.0)),
+                     cpu_ms=((1, 0.45), (16, 4.9), (256, 21.0)))
+
+
+def step_with_decode_and_prompt(prompt_len: int = 100):
+    s = Scheduler(EngineConfig(chunk_size=64, cache_lens=1024, page_size=16), 4096)
+    short, _ = make([1, 2, 3], 10)
+    s.add(short)
+    s.complete(s.schedule().chunks)
+    short.append(99)
+    long, _ = make(list(range(100, 100 + prompt_len)), 5)
+    s.add(long)
+    return s, short, long, s.schedule()
+
+
+def test_the_only_prompt_chunk_beside_decodes_when_every_layer_streams() -> None:
+    s, short, long, batch = step_with_decode_and_prompt()
+    chunk = candidate(batch, ExpertPlacement("stream", (1, 1, 1)), 3)
+    assert chunk is not None and chunk.request is long
+    assert candidate(batch, ExpertPlacement("cpu", (1, 1, 1)), 3) is None
+    # auto: a 64-token chunk streams by these costs (crossover ~50 tokens); 8 would not
+    assert candidate(batch, ExpertPlacement("auto", (1, 1, 1), COSTS), 3) is chunk
+    _, _, _, small = step_with_decode_and_prompt(8)
+    assert candidate(small, ExpertPlacement("auto", (1, 1, 1), COSTS), 3) is None
+    alone = type(batch)([chunk], [])  # no decode waits: the step runs it whole
+    assert candidate(alone, ExpertPlacement("stream", (1, 1, 1)), 3) is None
+
+
+def test_layers_per_step_keep_a_step_near_two_decode_steps() -> None:
+    # a decode step's CPU experts: 26 x 0.45 = 11.7 ms; a streamed layer 7 ms at 2048 tokens
+    assert layers_per_step(ExpertPlacement("auto", (1,) * 26, COSTS), 2048, 26) == 1
+    assert layers_per_step(ExpertPlacement("auto", (1,) * 60, COSTS), 2048, 60) == 3
+    assert layers_per_step(ExpertPlacement("stream", (1,) * 26), 2048, 26) == 1
+
+
+def test_a_deferred_chunk_holds_its_request_back_until_complete() -> None:
+    s, short, long, batch = step_with_decode_and_prompt()
+    deferred = next(c for c in batch.chunks if c.request is long)
+    s.complete([c for c in batch.chunks if c is not deferred])
+    s.defer(deferred)
+    short.append(99)
+    nxt = s.schedule()
+    assert [c.request for c in nxt.chunks] == [short]  # the decode only
+    assert long.num_computed_tokens == 0 and long.in_flight
+    s.complete([*nxt.chunks, deferred])  # its pass ended in this step
+    short.append(99)
+    assert long.num_computed_tokens == 64 and not long.in_flight
+    assert {c.request.request_id for c in s.schedule().chunks} == {"r1", "r100"}
