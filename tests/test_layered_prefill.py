@@ -25,7 +25,7 @@ def step_with_decode_and_prompt(prompt_len: int = 100):
 
 
 def test_the_only_prompt_chunk_beside_decodes_when_every_layer_streams() -> None:
-    s, short, long, batch = step_with_decode_and_prompt()
+    _, _, long, batch = step_with_decode_and_prompt()
     chunk = candidate(batch, ExpertPlacement("stream", (1, 1, 1)), 3)
     assert chunk is not None and chunk.request is long
     assert candidate(batch, ExpertPlacement("cpu", (1, 1, 1)), 3) is None
