@@ -11,6 +11,7 @@ import torch
 from gpu_kernels import qmatmul
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.llm import LLM
+from hybrid.engine.request import RequestFailed, RequestStatus
 from hybrid.engine.sampling_params import SamplingParams
 from hybrid.rules.engine import with_experts_mode
 
@@ -66,3 +67,48 @@ def test_streamed_experts_equal_cpu_rules(models, tmp_path, monkeypatch):
     prompts = PROMPTS[::-1]
     assert greedy(path, exact, True, monkeypatch, "stream", prompts) == \
         greedy(path, "cpu", False, monkeypatch, prompts=prompts)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="scripts/device_rules_check.py on GPUs")
+def test_cancelling_a_chunk_in_flight_leaves_the_others_whole(models, tmp_path, monkeypatch):
+    """A request cancelled while its chunk is part-way through the layers: its job is dropped
+    before its pages are freed, the decoding request's tokens are those cpu.yaml gives it
+    alone, and every page comes back; a step failing meanwhile fails both requests."""
+    monkeypatch.setenv("HYBRID_GPU_KERNELS_ON_CPU", "1")
+    monkeypatch.setattr(qmatmul, "DECODE_TILES", {None: (64, 1024, 1, 1)})
+    monkeypatch.setattr(qmatmul, "TOKEN_TILES", {})
+    path = str(models.path("tiny-v3", "q4_k_m", "legacy"))
+    exact = str(with_experts_mode("DeepSeek-V3", "exact", tmp_path))
+    config = EngineConfig(max_batch_size=4, chunk_size=8, cache_lens=256, page_size=16,
+                          prefill_experts="stream")
+    llm = LLM(path, exact, device_map={"cuda": "cpu"}, engine_config=config)
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    short = llm._submit([5, 6], params, lambda e: None)
+    long = llm._submit(list(range(20, 32)), params, lambda e: None)  # 6 now, 6 beside a decode
+    runner = llm.engine.runner
+    while runner.job is None:
+        llm.worker.step()
+    assert long.in_flight
+    llm.worker.cancel(long)
+    while llm.engine.has_work:
+        llm.worker.step()
+    assert runner.job is None and long.status.is_finished
+    assert llm.engine.scheduler.pages.num_used == 0
+    short_alone = short.output_ids
+    # a step failing while a chunk is in flight fails that request too, not only the step's
+    events: list = []
+    short = llm._submit([5, 6], params, events.append)
+    long = llm._submit(list(range(20, 32)), params, events.append)
+    while runner.job is None:
+        llm.worker.step()
+
+    def broken(*args):
+        raise RuntimeError("device lost")
+    monkeypatch.setattr(runner.program, "run_layers", broken)
+    llm.worker.step()
+    assert short.status is RequestStatus.FINISHED_FAILED
+    assert long.status is RequestStatus.FINISHED_FAILED and runner.job is None
+    assert sum(isinstance(e, RequestFailed) for e in events) == 2
+    assert not llm.engine.has_work and llm.engine.scheduler.pages.num_used == 0
+    monkeypatch.undo()
+    assert short_alone == greedy(path, "cpu", False, monkeypatch, prompts=[[5, 6]])[0]
