@@ -184,11 +184,11 @@ class ModelRunner:
                                               samples=n if n <= largest else 1)
             # steps past the product classes stream where they can (as served: the CPU
             # experts add no kernel variant, and cost seconds at chunk_size tokens)
-            streamed = frozenset(range(len(self.program.moe_layers))) \
-                if self.stream is not None and n > largest else frozenset()
+            streamed = range(len(self.program.moe_layers)) \
+                if self.stream is not None and n > largest else range(0)
             if streamed:
-                self.stream.begin(sorted(streamed))
-            self.program.run(StepState(fb, num_real=n, streamed=streamed))
+                self.stream.begin(streamed)
+            self.program.run(StepState(fb, num_real=n, streamed=frozenset(streamed)))
         for op in self.model.modules():
             if isinstance(op, ExpertsOp):  # on-device experts: block sizes no step picks
                 op.warm_up()

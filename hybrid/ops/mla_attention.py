@@ -166,8 +166,14 @@ class MLAAttentionOp(nn.Module):
 
         meta, slots, longest = fb.prefill_index()
         rows = cache[slots]  # [S, c + r] the chunks' keys, in the cache's dtype
-        kv = torch.matmul(rows[:, :self.kv_lora].float(),
-                          self.kv_b.get().float().t())  # [S, h * (nope + v)]
+        latent = rows[:, :self.kv_lora].float()  # [S, c]
+        quant = self.kv_b.quant
+        if quant is not None and not self.split_kv_b:  # kv_b [h * (nope + v), c] on its blocks
+            from gpu_kernels.qmatmul import qmatmul
+
+            kv = qmatmul(latent, quant[0])  # [S, h * (nope + v)]
+        else:  # dense kv_b, or the MLA layout's k_b [h * c, nope] (a transposed product)
+            kv = torch.matmul(latent, self.kv_b.get().float().t())
         kv = kv.view(-1, self.heads, self.nope + self.v)
         mla_prefill_expanded(q, kv[..., :self.nope], rows[:, self.kv_lora:], kv[..., self.nope:],
                              meta, self.scale, longest, out)
