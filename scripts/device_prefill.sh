@@ -9,8 +9,12 @@
 #            layer at 512/2048/8192 tokens beside the copy of its bytes (24 and 4 GiB budgets)
 #   e2e      scripts/bench_e2e.py on a V2-Lite-shaped Q4_K_M, fast experts: prefill 512, 2048,
 #            8192 streamed (auto) and CPU-only, decode at 1 stream, ITL while 8192 prefill
-#   llama    builds llama-bench from .llama first and adds its rows to e2e
-# Logs and JSON go to $OUT.
+#   llama    builds llama-bench from .llama first and adds its rows to e2e (alone, without e2e,
+#            runs them by itself into $OUT/llama.json)
+#   model    writes the V2-Lite model only (e2e does too)
+# A warm machine's second call reuses /tmp/models, /tmp/lcb and the JIT caches under /tmp, so a
+# first call with WHAT=tests,llama,model leaves a second one (WHAT=llama,e2e) time for both
+# programs' rows in one run. Logs and JSON go to $OUT.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton NUMBA_CACHE_DIR=/tmp/numba
@@ -22,7 +26,9 @@ if [[ $WHAT == *llama* ]]; then
   bash scripts/build_llama_bench.sh "$OUT/llama-build.log" &
   BUILD=$!
 fi
-if [[ $WHAT == *e2e* ]]; then
+MODEL_PATH=/tmp/models/v2-lite-q4_k_m.gguf
+MODEL=""
+if [[ $WHAT == *e2e* || $WHAT == *model* ]] && [[ ! -f $MODEL_PATH ]]; then
   python3 - <<'PY' &
 import runpy
 from pathlib import Path
@@ -51,10 +57,15 @@ fi
 if [[ $WHAT == *llama* ]]; then
   wait $BUILD && LB="--llama-bench /tmp/lcb/bin/llama-bench" || tail -20 "$OUT/llama-build.log"
 fi
+[[ -n $MODEL ]] && wait $MODEL
+if [[ -n $LB && $WHAT != *e2e* ]]; then
+  timeout 300 /tmp/lcb/bin/llama-bench -m $MODEL_PATH -ngl 99 -ot exps=CPU -fa 1 -t 16 \
+    -p 512,2048,8192 -n 64 -r 3 -o json > "$OUT/llama.json" 2> "$OUT/llama.log"
+  python3 -c "import json,sys; [print(r['n_prompt'], r['n_gen'], round(r['avg_ts'], 1)) for r in json.load(open(sys.argv[1]))]" "$OUT/llama.json"
+fi
 if [[ $WHAT == *e2e* ]]; then
-  wait $MODEL
   timeout ${BENCH_TIMEOUT:-400} python3 scripts/bench_e2e.py \
-    --gguf-path /tmp/models/v2-lite-q4_k_m.gguf --mode fast $LB --streams 1 \
+    --gguf-path $MODEL_PATH --mode fast $LB --streams 1 \
     --prefill 512,2048,8192 --itl-prompt 8192 ${BENCH_ARGS:-} --json "$OUT/e2e.json" \
     > "$OUT/e2e.log" 2>&1
   grep -v '^ \|^{\|^}' "$OUT/e2e.log" | tail -22
