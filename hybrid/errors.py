@@ -18,3 +18,17 @@ class GGUFError(HybridError):
 
 class RequestRejected(HybridError):
     """A request the engine can never run (e.g. longer than the KV cache); the server's 400."""
+
+
+def shown(value: object, limit: int = 64) -> str:
+    """`value` as one short printable line for an error message: bytes that are not UTF-8 and
+    characters that are not printable escaped (`\\xff`, `\\n`), cut to `limit` characters with
+    the full length said, so a corrupt file's bytes never pour into the terminal."""
+    if isinstance(value, bytes | bytearray):
+        text = bytes(value).decode("utf-8", errors="backslashreplace")
+    else:
+        text = str(value)
+    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    if len(out) > limit:
+        return f"{out[:limit]}... ({len(text)} characters)"
+    return out

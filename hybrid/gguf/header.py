@@ -4,6 +4,11 @@ We parse the header ourselves (with gguf-py's constants) rather than through `gg
 so that every defect becomes a one-line `GGUFError` naming the file and the tensor: the reader
 gives up with a bare ValueError on tensor types it does not know (IQ*_K types of ik_llama.cpp,
 say) and on truncation. Only the header is read; tensor data stays on disk until memory-mapped.
+
+A corrupt header (flipped bytes, a blown-up length or count) must fail fast and readably: every
+length and count is bounded by what the format allows (GGUF spec: keys at most 65535 bytes of
+ASCII, tensor names at most 64 bytes, at most 4 dimensions) and by the bytes left in the file
+before anything is allocated, and names reach messages only through `shown` (escaped, cut short).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any
 
 from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUFValueType
 
-from hybrid.errors import GGUFError
+from hybrid.errors import GGUFError, shown
 
 _SCALAR_FORMATS = {
     GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b",
@@ -26,6 +31,15 @@ _SCALAR_FORMATS = {
     GGUFValueType.UINT64: "<Q", GGUFValueType.INT64: "<q",
     GGUFValueType.FLOAT64: "<d",
 }
+MAX_KEY_BYTES = 65535  # GGUF spec: a key is ASCII, at most 2^16 - 1 bytes
+MAX_NAME_BYTES = 64  # ggml's GGML_MAX_NAME
+MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
+# fewest bytes one entry can take: a key/value (key length, type, a 1-byte value), a tensor info
+# (name length, dims, type, offset with no dimensions), an array element of each type
+_MIN_KV_BYTES = 8 + 4 + 1
+_MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8
+_MIN_STRING_BYTES = 8
+_MIN_ARRAY_BYTES = 4 + 8
 
 
 @dataclass(frozen=True)
@@ -66,23 +80,56 @@ class _Cursor:
         self.pos = end
         return out
 
+    def corrupt(self, what: str) -> GGUFError:
+        return GGUFError(f"{self.path}: {what} (header byte {self.pos}); the file is corrupt, "
+                         "download it again")
+
     def scalar(self, fmt: str) -> Any:
         return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
 
+    def count(self, what: str, min_bytes: int) -> int:
+        """A uint64 count of entries of at least `min_bytes` each, bounded by the bytes left."""
+        n = self.scalar("<Q")
+        left = len(self.buf) - self.pos
+        if n * min_bytes > left:
+            raise GGUFError(f"{self.path}: {what} at header byte {self.pos - 8} is {n}, more than "
+                            f"the {left} bytes left in the file can hold: the header is truncated "
+                            "or corrupt; download the file again")
+        return n
+
+    def raw_string(self, limit: int, what: str) -> bytes:
+        n = self.scalar("<Q")
+        if n > limit:
+            raise self.corrupt(f"{what} is {n} bytes long (the format allows at most {limit})")
+        return self.take(n)
+
     def string(self) -> str:
-        raw = self.take(self.scalar("<Q"))
+        raw = self.take(self.count("a string's length", 1))
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError:
             return raw.decode("utf-8", errors="replace")
+
+    def name(self, limit: int, what: str, ascii_only: bool = False) -> str:
+        """A key or tensor name: valid, printable (ASCII if asked) and at most `limit` bytes."""
+        raw = self.raw_string(limit, what)
+        try:
+            text = raw.decode("ascii" if ascii_only else "utf-8")
+        except UnicodeDecodeError:
+            text = None
+        if text is None or not text.isprintable():
+            raise self.corrupt(f"{what} {shown(raw)} is not printable text")
+        return text
 
     def value(self, vtype: int) -> Any:
         if vtype == GGUFValueType.STRING:
             return self.string()
         if vtype == GGUFValueType.ARRAY:
             elem_type = self.scalar("<I")
-            count = self.scalar("<Q")
             fmt = _SCALAR_FORMATS.get(elem_type)
+            least = struct.calcsize(fmt) if fmt else (
+                _MIN_STRING_BYTES if elem_type == GGUFValueType.STRING else _MIN_ARRAY_BYTES)
+            count = self.count("an array's length", least)
             if fmt is not None:  # fast path for numeric arrays
                 size = struct.calcsize(fmt)
                 raw = self.take(size * count)
@@ -90,7 +137,7 @@ class _Cursor:
             return [self.value(elem_type) for _ in range(count)]
         fmt = _SCALAR_FORMATS.get(vtype)
         if fmt is None:
-            raise GGUFError(f"{self.path}: unknown metadata value type {vtype}; the file is corrupt")
+            raise self.corrupt(f"unknown metadata value type {vtype}")
         return self.scalar(fmt)
 
 
@@ -118,27 +165,36 @@ def _parse(cur: _Cursor, path: Path, file_size: int) -> GGUFHeader:
     version = cur.scalar("<I")
     if version not in (2, 3):
         raise GGUFError(f"{path}: GGUF version {version} is not supported (2 and 3 are)")
-    num_tensors = cur.scalar("<Q")
-    num_kv = cur.scalar("<Q")
+    num_tensors = cur.count("the tensor count", _MIN_TENSOR_INFO_BYTES)
+    num_kv = cur.count("the metadata key count", _MIN_KV_BYTES)
     metadata: dict[str, Any] = {}
-    for _ in range(num_kv):
-        key = cur.string()
+    for i in range(num_kv):
+        key = cur.name(MAX_KEY_BYTES, f"metadata key #{i}", ascii_only=True)
         metadata[key] = cur.value(cur.scalar("<I"))
     raw_infos = []
-    for _ in range(num_tensors):
-        name = cur.string()
+    seen: set[str] = set()
+    for i in range(num_tensors):
+        name = cur.name(MAX_NAME_BYTES, f"the name of tensor #{i}")
+        if name in seen:
+            raise cur.corrupt(f"tensor {name} is listed twice")
+        seen.add(name)
         n_dims = cur.scalar("<I")
-        if n_dims > 8:
-            raise GGUFError(f"{path}: tensor {name} has {n_dims} dimensions; the file is corrupt")
+        if n_dims > MAX_DIMS:
+            raise cur.corrupt(f"tensor {name} has {n_dims} dimensions (at most {MAX_DIMS})")
         ne = [cur.scalar("<Q") for _ in range(n_dims)]
         qtype = cur.scalar("<I")
         offset = cur.scalar("<Q")
         raw_infos.append((name, qtype, tuple(reversed(ne)), offset, ne))
-    alignment = int(metadata.get("general.alignment", GGUF_DEFAULT_ALIGNMENT))
+    alignment = metadata.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
+    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise cur.corrupt(f"general.alignment is {shown(alignment)}, not a power of two")
     data_start = (cur.pos + alignment - 1) // alignment * alignment
     tensors = []
     for name, qtype, shape, offset, ne in raw_infos:
         nbytes = -1
+        if offset % alignment:
+            raise GGUFError(f"{path}: tensor {name}'s data offset {offset} is not a multiple of "
+                            f"the alignment {alignment}; the file is corrupt, download it again")
         if qtype in GGML_QUANT_SIZES:
             block_size, type_size = GGML_QUANT_SIZES[qtype]
             if ne and ne[0] % block_size:

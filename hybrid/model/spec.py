@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hybrid.errors import GGUFError
+from hybrid.errors import GGUFError, shown
 from hybrid.gguf.reader import GGUFModelFile
 
 ARCH = "deepseek2"
@@ -112,7 +112,7 @@ def read_spec(gguf: GGUFModelFile) -> ModelSpec:
     arch = md.get("general.architecture")
     if arch != ARCH:
         raise GGUFError(
-            f"{gguf.path}: architecture {arch!r} is not a DeepSeek model; hybrid runs "
+            f"{gguf.path}: architecture '{shown(arch)}' is not a DeepSeek model; hybrid runs "
             f"'{ARCH}' GGUFs (DeepSeek-V2, V2-Lite, V2.5, V3, R1)"
         )
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from hybrid.errors import GGUFError
+from hybrid.errors import GGUFError, shown
 from hybrid.tokenizer.chat_template import ChatTemplate
 
 # llama.cpp's token types.
@@ -52,7 +52,7 @@ class GGUFTokenizer:
         model = metadata.get("tokenizer.ggml.model")
         if model != "gpt2":
             raise GGUFError(
-                f"tokenizer.ggml.model is {model!r}; hybrid reads byte-level BPE ('gpt2') "
+                f"tokenizer.ggml.model is '{shown(model)}'; hybrid reads byte-level BPE ('gpt2') "
                 "tokenizers, which every DeepSeek GGUF uses"
             )
         self.tokens: list[str] = list(metadata["tokenizer.ggml.tokens"])
@@ -163,7 +163,7 @@ def _build(tokens: list[str], merges: list[str], types: list[int], pre: str) -> 
     regexes = PRE_TOKENIZER_REGEXES.get(pre)
     if regexes is None and pre not in GPT2_PRE_TOKENIZERS:
         known = ", ".join([*PRE_TOKENIZER_REGEXES, *GPT2_PRE_TOKENIZERS])
-        raise GGUFError(f"tokenizer.ggml.pre {pre!r} is not a pre-tokenizer hybrid knows ({known})")
+        raise GGUFError(f"tokenizer.ggml.pre '{shown(pre)}' is not a pre-tokenizer hybrid knows ({known})")
     if regexes is None:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     else:
