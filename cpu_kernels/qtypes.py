@@ -16,6 +16,15 @@ Q3_K = 11
 Q4_K = 12
 Q5_K = 13
 Q6_K = 14
+IQ2_XXS = 16
+IQ2_XS = 17
+IQ3_XXS = 18
+IQ1_S = 19
+IQ4_NL = 20
+IQ3_S = 21
+IQ2_S = 22
+IQ4_XS = 23
+IQ1_M = 29
 BF16 = 30
 
 # qtype -> (elements per block, bytes per block)
@@ -30,11 +39,24 @@ BLOCK_GEOMETRY: dict[int, tuple[int, int]] = {
     Q4_K: (256, 144),
     Q5_K: (256, 176),
     Q6_K: (256, 210),
+    IQ2_XXS: (256, 66),
+    IQ2_XS: (256, 74),
+    IQ2_S: (256, 82),
+    IQ3_XXS: (256, 98),
+    IQ3_S: (256, 110),
+    IQ1_S: (256, 50),
+    IQ1_M: (256, 56),
+    IQ4_NL: (32, 18),
+    IQ4_XS: (256, 136),
 }
+# the i-quants: lattice or level-table codes, read through cpu_kernels/iquant_tables.py
+IQUANTS = (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS)
 
 NAMES: dict[int, str] = {
     F32: "F32", F16: "F16", Q4_0: "Q4_0", Q5_0: "Q5_0", Q8_0: "Q8_0", Q2_K: "Q2_K",
-    Q3_K: "Q3_K", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K", BF16: "BF16",
+    Q3_K: "Q3_K", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K", BF16: "BF16", IQ2_XXS: "IQ2_XXS",
+    IQ2_XS: "IQ2_XS", IQ2_S: "IQ2_S", IQ3_XXS: "IQ3_XXS", IQ3_S: "IQ3_S", IQ1_S: "IQ1_S",
+    IQ1_M: "IQ1_M", IQ4_NL: "IQ4_NL", IQ4_XS: "IQ4_XS",
 }
 
 # Rows must be whole groups of 32 elements (for F16/BF16 too): activations are summed and, in

@@ -22,6 +22,15 @@ _F16_FIELDS: dict[int, tuple[tuple[int, ...], float]] = {
     qt.Q4_K: ((0, 2), 1e-3),
     qt.Q5_K: ((0, 2), 5e-4),
     qt.Q6_K: ((208,), 1e-3),
+    # i-quants: d sized so grid * scale lands near 0.01-0.1 like the K-quants
+    qt.IQ2_XXS: ((0,), 3e-4),
+    qt.IQ2_XS: ((0,), 3e-4),
+    qt.IQ2_S: ((0,), 3e-4),
+    qt.IQ3_XXS: ((0,), 1e-4),
+    qt.IQ3_S: ((0,), 2e-4),
+    qt.IQ1_S: ((0,), 3e-3),
+    qt.IQ4_NL: ((0,), 3e-4),
+    qt.IQ4_XS: ((0,), 2e-5),
 }
 
 
@@ -57,6 +66,15 @@ def _centre_q2_k(rng: np.random.Generator, raw: np.ndarray) -> None:
     raw[:, 0:16] = sc | (sc << 4)
 
 
+def _set_iq1_m_d(rng: np.random.Generator, raw: np.ndarray) -> None:
+    """IQ1_M keeps its f16 d in the top nibbles of the 4 scale words at byte 48 (bits 4m..4m+3
+    of d in the top nibble of word m)."""
+    d = (rng.uniform(0.25, 1.0, raw.shape[0]) * 3e-3).astype(np.float16).view(np.uint16)
+    for m in range(4):
+        nib = ((d >> (4 * m)) & 15).astype(np.uint8)
+        raw[:, 49 + 2 * m] = (raw[:, 49 + 2 * m] & 15) | (nib << 4)
+
+
 def random_blocks(rng: np.random.Generator, qtype: int, shape: tuple[int, int, int]) -> np.ndarray:
     """Bytes [E, rows, row_bytes] uint8 of valid random blocks of `qtype` for `shape` (E, R, C)."""
     num_experts, rows, cols = shape
@@ -69,6 +87,9 @@ def random_blocks(rng: np.random.Generator, qtype: int, shape: tuple[int, int, i
     block_size, type_size = qt.BLOCK_GEOMETRY[qtype]
     num_blocks = num_experts * rows * (cols // block_size)
     raw = rng.integers(0, 256, (num_blocks, type_size), dtype=np.uint8)
+    if qtype == qt.IQ1_M:
+        _set_iq1_m_d(rng, raw)
+        return raw.reshape(num_experts, rows, nbytes)
     offsets, scale = _F16_FIELDS[qtype]
     for o in offsets:
         d = (rng.uniform(0.25, 1.0, num_blocks) * scale).astype(np.float16)

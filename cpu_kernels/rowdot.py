@@ -10,6 +10,20 @@ import numpy as np
 from numba import njit, prange
 
 from cpu_kernels import qtypes as qt
+from cpu_kernels.iquant1_dots import dot_iq1_m, dot_iq1_m_q8, dot_iq1_s, dot_iq1_s_q8
+from cpu_kernels.iquant4_dots import dot_iq4_nl, dot_iq4_nl_q8, dot_iq4_xs, dot_iq4_xs_q8
+from cpu_kernels.iquant_grid_dots import (
+    dot_iq2_s,
+    dot_iq2_s_q8,
+    dot_iq2_xs,
+    dot_iq2_xs_q8,
+    dot_iq2_xxs,
+    dot_iq2_xxs_q8,
+    dot_iq3_s,
+    dot_iq3_s_q8,
+    dot_iq3_xxs,
+    dot_iq3_xxs_q8,
+)
 from cpu_kernels.kquant_dots import (
     dot_q4_k,
     dot_q4_k_q8,
@@ -34,6 +48,8 @@ f32 = np.float32
 Q4_K, Q5_K, Q6_K, Q8_0 = qt.Q4_K, qt.Q5_K, qt.Q6_K, qt.Q8_0
 Q4_0, Q5_0, BF16, F16 = qt.Q4_0, qt.Q5_0, qt.BF16, qt.F16
 Q2_K, Q3_K = qt.Q2_K, qt.Q3_K
+IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S = qt.IQ1_S, qt.IQ1_M, qt.IQ2_XXS, qt.IQ2_XS, qt.IQ2_S
+IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS = qt.IQ3_XXS, qt.IQ3_S, qt.IQ4_NL, qt.IQ4_XS
 
 
 @njit(cache=True)
@@ -59,6 +75,53 @@ def row_dot_exact(qtype: int, row: np.ndarray, x: np.ndarray, xs: np.ndarray) ->
         return dot_bf16(row, x, xs)
     if qtype == F16:
         return dot_f16(row, x, xs)
+    return _iquant_exact(qtype, row, x, xs)
+
+
+@njit(cache=True)
+def _iquant_exact(qtype: int, row: np.ndarray, x: np.ndarray, xs: np.ndarray) -> float:
+    if qtype == IQ1_S:
+        return dot_iq1_s(row, x, xs)
+    if qtype == IQ2_XXS:
+        return dot_iq2_xxs(row, x, xs)
+    if qtype == IQ4_XS:
+        return dot_iq4_xs(row, x, xs)
+    if qtype == IQ1_M:
+        return dot_iq1_m(row, x, xs)
+    if qtype == IQ2_XS:
+        return dot_iq2_xs(row, x, xs)
+    if qtype == IQ2_S:
+        return dot_iq2_s(row, x, xs)
+    if qtype == IQ3_XXS:
+        return dot_iq3_xxs(row, x, xs)
+    if qtype == IQ3_S:
+        return dot_iq3_s(row, x, xs)
+    if qtype == IQ4_NL:
+        return dot_iq4_nl(row, x, xs)
+    return np.nan
+
+
+@njit(cache=True)
+def _iquant_fast(qtype: int, row: np.ndarray, xq: np.ndarray, dx: np.ndarray,
+                 xs: np.ndarray) -> float:
+    if qtype == IQ1_S:
+        return dot_iq1_s_q8(row, xq, dx, xs)
+    if qtype == IQ2_XXS:
+        return dot_iq2_xxs_q8(row, xq, dx, xs)
+    if qtype == IQ4_XS:
+        return dot_iq4_xs_q8(row, xq, dx, xs)
+    if qtype == IQ1_M:
+        return dot_iq1_m_q8(row, xq, dx, xs)
+    if qtype == IQ2_XS:
+        return dot_iq2_xs_q8(row, xq, dx, xs)
+    if qtype == IQ2_S:
+        return dot_iq2_s_q8(row, xq, dx, xs)
+    if qtype == IQ3_XXS:
+        return dot_iq3_xxs_q8(row, xq, dx, xs)
+    if qtype == IQ3_S:
+        return dot_iq3_s_q8(row, xq, dx, xs)
+    if qtype == IQ4_NL:
+        return dot_iq4_nl_q8(row, xq, dx, xs)
     return np.nan
 
 
@@ -86,7 +149,7 @@ def row_dot_fast(qtype: int, row: np.ndarray, x: np.ndarray, xq: np.ndarray, dx:
         return dot_bf16(row, x, xs)
     if qtype == F16:
         return dot_f16(row, x, xs)
-    return np.nan
+    return _iquant_fast(qtype, row, xq, dx, xs)
 
 
 @njit(inline="always", cache=True)
