@@ -78,10 +78,11 @@ def test_missing_metadata_key(capsys, good: Path, tmp_path: Path) -> None:
 
 
 def test_unsupported_known_type(capsys, good: Path) -> None:
-    # Q4_K (144 B) -> IQ4_XS (136 B) changes the size: the check names type, not truncation.
-    set_tensor_type(good, "blk.1.ffn_gate_exps.weight", Q.IQ4_XS)
+    # Q4_K (144 B) -> TQ1_0 (54 B) changes the size: the check names type, not truncation.
+    set_tensor_type(good, "blk.1.ffn_gate_exps.weight", Q.TQ1_0)
     line = run_cli(capsys, good)
-    assert "tensor blk.1.ffn_gate_exps.weight has type IQ4_XS, which hybrid cannot read" in line
+    assert "tensor blk.1.ffn_gate_exps.weight has type TQ1_0, which hybrid cannot read" in line
+    assert "llama-quantize --allow-requantize" in line
     assert "supported types: F32, F16, BF16, Q8_0" in line
 
 

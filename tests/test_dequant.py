@@ -15,6 +15,8 @@ BLOCK_TYPES = [t for t in SUPPORTED_TYPES if t not in (Q.F32, Q.F16, Q.BF16)]
 F16_FIELDS = {
     Q.Q8_0: [0], Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q5_0: [0], Q.Q5_1: [0, 2],
     Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208],
+    Q.IQ1_S: [0], Q.IQ2_XXS: [0], Q.IQ2_XS: [0], Q.IQ2_S: [0], Q.IQ3_XXS: [0], Q.IQ3_S: [0],
+    Q.IQ4_NL: [0], Q.IQ4_XS: [0], Q.IQ1_M: [],
 }
 
 
@@ -24,6 +26,10 @@ def random_blocks(rng: np.random.Generator, qtype: int, n: int) -> np.ndarray:
     for off in F16_FIELDS[qtype]:
         scale = rng.uniform(-2.0, 2.0, size=(n, 1)).astype(np.float16)
         raw[:, off : off + 2] = scale.view(np.uint8)
+    if qtype == Q.IQ1_M:  # its f16 d sits in the top nibbles of the scale words at 48..55
+        d = rng.uniform(-2.0, 2.0, size=n).astype(np.float16).view(np.uint16)
+        for m in range(4):
+            raw[:, 49 + 2 * m] = (raw[:, 49 + 2 * m] & 15) | (((d >> (4 * m)) & 15) << 4)
     return raw
 
 
@@ -65,5 +71,5 @@ def test_float_types(qtype: int) -> None:
 
 
 def test_unsupported_type_is_a_clear_error() -> None:
-    with pytest.raises(GGUFError, match="IQ2_XXS is not supported; supported types: F32"):
-        dequantize(np.zeros(66, np.uint8), Q.IQ2_XXS, (256,))
+    with pytest.raises(GGUFError, match="TQ1_0 is not supported; supported types: F32"):
+        dequantize(np.zeros(54, np.uint8), Q.TQ1_0, (256,))

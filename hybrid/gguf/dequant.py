@@ -4,7 +4,7 @@ Each `_dequant_*` takes `blocks: [N, type_size] uint8` (N whole blocks) and retu
 `[N, block_size] float32`. The math follows ggml's reference dequantizers exactly (products are
 formed in fp32 in the same order), so results equal `gguf.quants.dequantize` bit for bit or to
 within one fp32 rounding. `tests/test_dequant.py` checks every type against gguf-py on random
-blocks.
+blocks. The i-quants live in dequant_iquants.py.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from hybrid.errors import GGUFError
+from hybrid.gguf.dequant_iquants import IQUANT_DEQUANT
 from hybrid.gguf.quant_types import SUPPORTED_TYPES, Q, block_geometry, supported_names, type_name
 
 
@@ -168,6 +169,7 @@ _BLOCK_DEQUANT = {
     Q.Q4_K: _dequant_q4_k,
     Q.Q5_K: _dequant_q5_k,
     Q.Q6_K: _dequant_q6_k,
+    **{Q(t): fn for t, fn in IQUANT_DEQUANT.items()},
 }
 
 # Blocks dequantized per chunk: bounds the temporaries to a few hundred MB for huge tensors.

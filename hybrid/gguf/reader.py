@@ -96,7 +96,8 @@ class GGUFModelFile:
         if info.qtype not in SUPPORTED_TYPES:
             raise GGUFError(
                 f"{header.path.name}: tensor {name} has type {type_name(info.qtype)}, which hybrid "
-                f"cannot read; supported types: {supported_names()}"
+                f"cannot read (llama.cpp can; `llama-quantize --allow-requantize` turns the file "
+                f"into one we read); supported types: {supported_names()}"
             )
         mm = self._memmaps[header.path]
         raw = mm[info.offset : info.offset + info.nbytes]
