@@ -27,7 +27,7 @@ PROMPTS = [[0, *map(int, _rng.integers(3, 4000, size=12))] for _ in range(8)]
 
 
 @pytest.mark.parametrize("preset, quant", [("tiny-v3", "q4_k_m"), ("tiny-v2-lite", "q4_k_m"),
-                                           ("tiny-v3", "q2_k")])
+                                           ("tiny-v3", "q2_k"), ("tiny-v3", "ud-iq1_s")])
 def test_fast_agrees_with_exact_on_most_prompts(models, tmp_path, preset: str, quant: str) -> None:
     path = str(models.path(preset, quant))
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)

@@ -1,6 +1,7 @@
 """Acceptance: the same files through llama.cpp (llama-cpp-python) give the same logits.
 
-Relative L2 over all positions' logits: <= 1e-3 for f32, <= 5e-2 for bf16, q8_0 and q4_k_m
+Relative L2 over all positions' logits: <= 1e-3 for f32, <= 5e-2 for bf16, q8_0, q4_k_m and the
+i-quant mixes
 (llama.cpp rounds activations to 8 or 16 bits for those, and a routing near-tie can flip; on
 failure the message lists each position's error beside its routing margin).
 """
@@ -19,13 +20,15 @@ pytest.importorskip("llama_cpp")
 
 _rng = np.random.default_rng(0)
 PROMPTS = [[0, *map(int, _rng.integers(3, 4000, size=30))] for _ in range(2)]
-TOLERANCE = {"f32": 1e-3, "bf16": 5e-2, "q8_0": 5e-2, "q4_k_m": 5e-2}
+MIXES = ("ud-iq1_s", "ud-iq1_m", "ud-iq2_xxs", "ud-q2_k_xl", "iq4_xs")
+TOLERANCE = {"f32": 1e-3, "bf16": 5e-2, "q8_0": 5e-2, "q4_k_m": 5e-2, **dict.fromkeys(MIXES, 5e-2)}
 CASES = [
     (preset, quant, layout)
     for preset in ("tiny-v3", "tiny-v2-lite")
     for quant in ("f32", "bf16", "q8_0", "q4_k_m")
     for layout in ("legacy", "mla")
-]
+] + [("tiny-v3", quant, "legacy") for quant in MIXES] + [
+    ("tiny-v2-lite", "ud-iq1_m", "legacy"), ("tiny-v2-lite", "iq4_xs", "mla")]
 
 
 @pytest.mark.parametrize("preset,quant,layout", CASES)

@@ -19,7 +19,12 @@ CASES = [
     for preset in ("tiny-v3", "tiny-v2-lite")
     for quant in ("f32", "f16", "bf16", "q8_0", "q4_k_m")
     for layout in ("legacy", "mla")
-]
+] + [
+    # the mixes people download: i-quant experts (tiny-v2-lite's 96-wide down rows fall back to
+    # IQ4_NL), bartowski-style IQ4_XS everywhere
+    ("tiny-v3", quant, "legacy") for quant in ("ud-iq1_s", "ud-iq1_m", "ud-iq2_xxs", "ud-q2_k_xl",
+                                               "iq4_xs")
+] + [("tiny-v2-lite", "ud-iq1_s", "legacy"), ("tiny-v2-lite", "iq4_xs", "mla")]
 
 
 @pytest.mark.parametrize("preset,quant,layout", CASES)

@@ -8,6 +8,7 @@ one float plane. Elsewhere the blocks stay raw and `get()` dequantizes them on u
 
 from __future__ import annotations
 
+import logging
 import warnings
 from dataclasses import replace
 
@@ -19,6 +20,7 @@ from hybrid.model.spec import ModelSpec
 from hybrid.model.tensor_map import combine_sources, gguf_sources, load_hf_weight
 
 _DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+log = logging.getLogger(__name__)
 
 
 class _Raw:
@@ -61,10 +63,30 @@ class Weight:
                 self._raw.append(_Raw(data.to(self.device), qt.qtype, qt.shape))
             if not self._raw:  # a bias absent from the file
                 self._dense = load_hf_weight(gguf, spec, hf_name).to(self.device)
+            elif self._kernels and not self._gpu_readable():
+                self._to_bf16(sources)
             elif self._kernels:
                 self._to_planes()
         else:
             self._dense = load_hf_weight(gguf, spec, hf_name).to(self.device, _DTYPES[fmt])
+
+    def _gpu_readable(self) -> bool:
+        from gpu_kernels.qtypes import is_supported
+
+        return all(is_supported(r.qtype) for r in self._raw)
+
+    def _to_bf16(self, sources: list[str]) -> None:
+        """A type the GPU kernels do not read yet (the i-quants): this weight is held as bf16
+        (its dequantized values rounded once), said in the log, rather than refused."""
+        from hybrid.gguf.quant_types import type_name
+
+        types = ", ".join(sorted({type_name(r.qtype) for r in self._raw}))
+        log.warning("%s (%s): the GPU kernels do not read %s; holding it as bf16 on %s",
+                    self.hf_name, ", ".join(sources), types, self.device)
+        dense = combine_sources(self.hf_name, [dequantize(r.data, r.qtype, r.shape)
+                                               for r in self._raw])
+        self._dense = dense.to(torch.bfloat16)
+        self._raw = []
 
     def _to_planes(self) -> None:
         from gpu_kernels.qformat import to_planes

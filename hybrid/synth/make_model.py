@@ -203,7 +203,8 @@ def make_model(opts: MakeModelOptions, vocab: Vocab, out: Path,
         raise HybridError(f"--split must be at least 1, got {opts.split}")
     spec = spec_for(opts.preset, opts.layout, len(vocab))
     shapes = expected_gguf_shapes(spec)
-    types = {n: tensor_type(n, s, spec.num_layers, opts.quant) for n, s in shapes.items()}
+    types = {n: tensor_type(n, s, spec.num_layers, opts.quant, spec.first_k_dense)
+             for n, s in shapes.items()}
     if opts.split > len(shapes):
         raise HybridError(f"--split {opts.split} is more than the model's {len(shapes)} tensors")
     out.parent.mkdir(parents=True, exist_ok=True)

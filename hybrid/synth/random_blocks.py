@@ -11,6 +11,8 @@ dequantized values have mean ~0 and standard deviation ~`std`.
 
 from __future__ import annotations
 
+from functools import cache
+
 import numpy as np
 
 from hybrid.gguf.quant_types import Q, block_geometry
@@ -127,7 +129,45 @@ def _q3_k(rng, shape, std):
     return np.concatenate([hq, packed, _f16_bytes(d)], axis=-1)
 
 
+def _put_d(qtype: int, raw: np.ndarray, d: np.ndarray) -> None:
+    """Write the block scale d ([..., 1] float) into i-quant blocks [..., type_size]: f16 at byte
+    0, except IQ1_M, which spreads it over the top nibbles of its scale words at 48..55."""
+    if qtype != Q.IQ1_M:
+        raw[..., 0:2] = _f16_bytes(d)
+        return
+    bits = d.astype(np.float16).view(np.uint16)[..., 0]
+    for m in range(4):
+        raw[..., 49 + 2 * m] = (raw[..., 49 + 2 * m] & 15) | (((bits >> (4 * m)) & 15) << 4).astype(
+            np.uint8)
+
+
+@cache
+def _iquant_unit_std(qtype: int) -> float:
+    """Standard deviation of random blocks' weights at d = 1 (measured once per type): the i-quant
+    grids and scale codes have no closed form worth writing."""
+    from hybrid.gguf.dequant import dequantize
+
+    rng = np.random.default_rng(12345)
+    block_size, type_size = block_geometry(qtype)
+    raw = rng.integers(0, 256, size=(4096, type_size), dtype=np.uint8)
+    _put_d(qtype, raw, np.ones((4096, 1), np.float32))
+    return float(dequantize(raw, qtype, (4096 * block_size,)).std())
+
+
+def _iquant(qtype: int):
+    def gen(rng, shape, std):
+        _, type_size = block_geometry(qtype)
+        raw = rng.integers(0, 256, size=(*shape, type_size), dtype=np.uint8)
+        # a random sign per block centres the IQ4 levels, whose mean is -5.9 (not 0)
+        sign = rng.choice(np.array([-1.0, 1.0], np.float32), size=(*shape, 1))
+        _put_d(qtype, raw, sign * _scale(rng, shape, std / _iquant_unit_std(qtype)))
+        return raw
+    return gen
+
+
 _GENERATORS = {
     Q.Q8_0: _q8_0, Q.Q4_0: _q4_0, Q.Q4_1: _q4_1, Q.Q5_0: _q5_0, Q.Q5_1: _q5_1,
     Q.Q2_K: _q2_k, Q.Q3_K: _q3_k, Q.Q4_K: _q4_k, Q.Q5_K: _q5_k, Q.Q6_K: _q6_k,
+    **{t: _iquant(t) for t in (Q.IQ1_S, Q.IQ1_M, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS,
+                               Q.IQ3_S, Q.IQ4_NL, Q.IQ4_XS)},
 }

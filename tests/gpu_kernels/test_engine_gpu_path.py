@@ -112,3 +112,18 @@ def test_cancelling_a_chunk_in_flight_leaves_the_others_whole(models, tmp_path, 
     assert not llm.engine.has_work and llm.engine.scheduler.pages.num_used == 0
     monkeypatch.undo()
     assert short_alone == greedy(path, "cpu", False, monkeypatch, prompts=[[5, 6]])[0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="scripts/device_rules_check.py on GPUs")
+@pytest.mark.parametrize("quant,rules", [("iq4_xs", "DeepSeek-V3"),
+                                         ("ud-iq1_s", "DeepSeek-V3-gpu-experts")])
+def test_iquant_files_run_on_the_gpu_path(models, quant, rules, tmp_path, monkeypatch, caplog):
+    """i-quant tensors the GPU kernels do not read yet: dense GPU weights are held as bf16 (and
+    the log says so), routed experts stay on the CPU kernels; the greedy tokens are cpu.yaml's."""
+    path = str(models.path("tiny-v3", quant, "legacy"))
+    exact = str(with_experts_mode(rules, "exact", tmp_path))
+    with caplog.at_level("WARNING", logger="hybrid.ops.weights"):
+        ours = greedy(path, exact, True, monkeypatch)
+    assert ours == greedy(path, "cpu", False, monkeypatch)
+    if quant == "iq4_xs":
+        assert "the GPU kernels do not read IQ4_XS; holding it as bf16" in caplog.text
