@@ -6,7 +6,8 @@ costs one numba dispatch and no other Python. Every selected expert's rows are r
 call whatever T is: phase 1 splits (expert, block of I rows) across threads and computes h for the expert's
 tokens; phase 2 splits H rows across threads, each summing over all experts into its own rows of
 out (no two threads write the same element). Within a task each weight row is decoded once per
-tile of up to 4 of its tokens (tile_dot). `fast` mode on packable types runs packed_moe instead
+tile of up to 4 of its tokens (tile_dot); an i-quant row once for all its tokens, into a
+scratch row (iquant_decode). `fast` mode on packable types runs packed_moe instead
 (amx_bf16_moe where the CPU has AMX and the call has >= MIN_TOKENS tokens).
 """
 
@@ -25,6 +26,7 @@ from cpu_kernels.amx_bf16_moe import (
     runs_on_amx,
 )
 from cpu_kernels.clock import cycles
+from cpu_kernels.iquant_decode import decode_row, is_iquant, scratch
 from cpu_kernels.matmul import check_mode
 from cpu_kernels.packed_moe import packed_moe_kernel
 from cpu_kernels.q8_activations import quantize_row
@@ -82,19 +84,26 @@ def _moe_kernel(gate_type: int, gate_w: np.ndarray, up_type: int, up_w: np.ndarr
     hd = np.empty((num_slots, inter // 32 if fast else 0), f32)
     hqsum = np.empty((num_slots, inter // 32 if fast else 0), f32)
     hsum16 = np.empty((num_slots, inter // 16 if fast else 0), np.int32)
+    gate_iq, up_iq, down_iq = is_iquant(gate_type), is_iquant(up_type), is_iquant(down_type)
     tasks_i = (inter + ROWS_PER_TASK - 1) // ROWS_PER_TASK
     for task in prange(num_used * tasks_i):
         u = task // tasks_i
         r0 = (task % tasks_i) * ROWS_PER_TASK
         e = expert_ids[u]
+        g64, gsc = scratch(gate_type, hidden)
+        up64, usc = scratch(up_type, hidden)
         for r in range(r0, min(inter, r0 + ROWS_PER_TASK)):
             grow = gate_w[e, i_lo + r]
             urow = up_w[e, i_lo + r]
+            decode_row(gate_type, grow, g64, gsc)
+            decode_row(up_type, urow, up64, usc)
             for k0 in range(offsets[u], offsets[u + 1], TILE):
                 nt = min(TILE, offsets[u + 1] - k0)
                 t0, t1, t2, t3 = _tile_tokens(token_ids, k0, nt)
-                g = tile_dot(fast, gate_type, grow, x, xs, xq, 0, dx, xqsum, t0, t1, t2, t3, nt)
-                v = tile_dot(fast, up_type, urow, x, xs, xq, 0, dx, xqsum, t0, t1, t2, t3, nt)
+                g = tile_dot(fast, gate_type, grow, x, xs, xq, 0, dx, xqsum, t0, t1, t2, t3, nt,
+                             gate_iq, g64, gsc)
+                v = tile_dot(fast, up_type, urow, x, xs, xq, 0, dx, xqsum, t0, t1, t2, t3, nt,
+                             up_iq, up64, usc)
                 for i in range(nt):
                     # the routing weight scales h: down is linear, so w * down(h) = down(w * h)
                     h[k0 + i, r] = weights[k0 + i] * v[i] * g[i] / (f32(1.0) + np.exp(-g[i]))
@@ -110,15 +119,17 @@ def _moe_kernel(gate_type: int, gate_w: np.ndarray, up_type: int, up_w: np.ndarr
         for t in range(out.shape[0]):
             for r in range(r0, r1):
                 out[t, r] = 0.0
+        d64, dsc = scratch(down_type, inter)
         for u in range(num_used):
             e = expert_ids[u]
             for r in range(r0, r1):
                 drow = down_w[e, r, d_lo:d_hi]
+                decode_row(down_type, drow, d64, dsc)
                 for k0 in range(offsets[u], offsets[u + 1], TILE):
                     nt = min(TILE, offsets[u + 1] - k0)
                     y = tile_dot(fast, down_type, drow, h, hs, hq, h_lo, hd, hqsum, k0,
                                  k0 + min(1, nt - 1), k0 + min(2, nt - 1), k0 + min(3, nt - 1),
-                                 nt)
+                                 nt, down_iq, d64, dsc)
                     for i in range(nt):
                         out[token_ids[k0 + i], r] += y[i]
     stamps[1] = cycles()

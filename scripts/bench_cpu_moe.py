@@ -48,6 +48,11 @@ SHAPES = {
     "lite-q4k": (2048, 1408, 64, 6, qt.Q4_K, qt.Q8_0),
     # the routed experts of Q2_K mixes (llama.cpp's Q2_K, unsloth's Q2_K mixes)
     "v3-q2k": (7168, 2048, 256, 8, qt.Q2_K, qt.Q3_K),
+    # unsloth's dynamic R1/V3 experts: UD-IQ1_S's later layers, UD-IQ1_M's
+    "v3-ud-iq1_s": (7168, 2048, 256, 8, qt.IQ1_S, qt.IQ1_S),
+    "v3-ud-iq1_m": (7168, 2048, 256, 8, qt.IQ1_M, qt.IQ2_XXS),
+    # one row per i-quant, every matrix in it (v3-iq4_nl: IQ4_NL, the fallback type, alone)
+    **{f"v3-{qt.type_name(t).lower()}": (7168, 2048, 256, 8, t, t) for t in qt.IQUANTS},
 }
 
 

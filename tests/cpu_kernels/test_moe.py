@@ -25,6 +25,13 @@ MIXES = {
     "halves": (qt.F16, qt.BF16, qt.Q5_0),
     "q2_k": (qt.Q2_K, qt.Q2_K, qt.Q3_K),  # llama.cpp's Q2_K experts; packed in `fast` mode
     "low_unpacked": (qt.Q3_K, qt.Q2_K, qt.Q5_K),  # Q5_K has no packed layout: scalar `fast`
+    # the i-quants run decoded rows (iquant_decode): unsloth's UD-IQ1_S / UD-IQ1_M experts, and
+    # the other seven, each in one slot beside a K-quant
+    "ud_iq1_s": (qt.IQ1_S, qt.IQ1_S, qt.IQ2_XXS),
+    "ud_iq1_m": (qt.IQ1_M, qt.IQ1_M, qt.IQ2_XXS),
+    "iq2_iq3": (qt.IQ2_XS, qt.IQ2_S, qt.IQ3_XXS),
+    "iq3_iq4": (qt.IQ3_S, qt.IQ4_XS, qt.Q4_K),
+    "iq4_nl": (qt.Q8_0, qt.IQ4_NL, qt.IQ4_NL),
 }
 # (T, K, E): T spread over 1..300, K over 1..8
 CASES = [(1, 8, 12), (2, 6, 9), (5, 1, 4), (16, 8, 16), (33, 3, 5), (300, 4, 7)]
