@@ -60,28 +60,49 @@ class PackedMatrix:
            cols: tuple[int, int] | None = None) -> PackedMatrix:
         """Pack W[:, rows[0]:rows[1], cols[0]:cols[1]] (default: all); cols on block bounds.
 
-        The copy is written by the calling thread, one expert at a time: its pages are placed
-        on that thread's NUMA node (first touch).
+        Written by numba's threads (pack_kernels.py), every (expert, 8 rows) a task; called on
+        a pool group's pinned thread, those threads inherit its pin, so the copy's pages are
+        first touched, so placed, on that group's NUMA node.
         """
-        if w.qtype not in PACKED_GEOMETRY:
-            raise ValueError(f"no packed layout for {qt.type_name(w.qtype)}")
-        r_lo, r_hi = rows or (0, w.rows)
-        c_lo, c_hi = cols or (0, w.cols)
+        from cpu_kernels.pack_kernels import pack_blocks
+
+        r_lo, r_hi, c_lo, c_hi, data = _destination(w, rows, cols)
+        pack_blocks(w.qtype, w.blocks, r_lo, r_hi - r_lo, qt.row_nbytes(w.qtype, c_lo),
+                    qt.BLOCK_GEOMETRY[w.qtype][1], PACKED_GEOMETRY[w.qtype][1], data)
+        return cls(w.qtype, (w.num_experts, r_hi - r_lo, c_hi - c_lo), data)
+
+    @classmethod
+    def reference(cls, w: QuantMatrix, rows: tuple[int, int] | None = None,
+                  cols: tuple[int, int] | None = None) -> PackedMatrix:
+        """The same bytes by the numpy packers below, one expert at a time (the layouts'
+        definition; pack_kernels.py must equal it)."""
+        r_lo, r_hi, c_lo, c_hi, data = _destination(w, rows, cols)
         b_lo, b_hi = qt.row_nbytes(w.qtype, c_lo), qt.row_nbytes(w.qtype, c_hi)
-        num_experts, num_rows, num_cols = w.num_experts, r_hi - r_lo, c_hi - c_lo
-        groups = -(-num_rows // ROWS)
-        block_cols, block_bytes = PACKED_GEOMETRY[w.qtype]
-        data = np.empty((num_experts, groups, num_cols // block_cols * block_bytes), np.uint8)
+        num_rows, groups = r_hi - r_lo, data.shape[1]
+        block_cols = PACKED_GEOMETRY[w.qtype][0]
         pack = _PACKERS[w.qtype]
-        for e in range(num_experts):  # one expert at a time bounds the temporaries
+        for e in range(w.num_experts):  # one expert at a time bounds the temporaries
             raw = np.zeros((groups * ROWS, b_hi - b_lo), np.uint8)
             raw[:num_rows] = w.blocks[e, r_lo:r_hi, b_lo:b_hi]
-            data[e] = pack(raw.reshape(groups, ROWS, num_cols // block_cols, -1)).reshape(groups, -1)
-        return cls(w.qtype, (num_experts, num_rows, num_cols), data)
+            data[e] = pack(raw.reshape(groups, ROWS, (c_hi - c_lo) // block_cols, -1)).reshape(
+                groups, -1)
+        return cls(w.qtype, (w.num_experts, num_rows, c_hi - c_lo), data)
 
     @property
     def nbytes(self) -> int:
         return int(self.data.nbytes)
+
+
+def _destination(w: QuantMatrix, rows: tuple[int, int] | None, cols: tuple[int, int] | None
+                 ) -> tuple[int, int, int, int, np.ndarray]:
+    if w.qtype not in PACKED_GEOMETRY:
+        raise ValueError(f"no packed layout for {qt.type_name(w.qtype)}")
+    r_lo, r_hi = rows or (0, w.rows)
+    c_lo, c_hi = cols or (0, w.cols)
+    block_cols, block_bytes = PACKED_GEOMETRY[w.qtype]
+    groups = -(-(r_hi - r_lo) // ROWS)
+    data = np.empty((w.num_experts, groups, (c_hi - c_lo) // block_cols * block_bytes), np.uint8)
+    return r_lo, r_hi, c_lo, c_hi, data
 
 
 @dataclass(frozen=True)

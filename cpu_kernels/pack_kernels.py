@@ -1,0 +1,187 @@
+"""The load-time repack (packed.py's layouts) as parallel numba kernels: every core packs.
+
+packed.py's numpy packers define the layouts (and stay as the reference: tests compare bytes);
+these write the same bytes block by block, one (expert, group of 8 rows) per task, so a V3 start
+packs at the memory's speed instead of one core's numpy speed. Per task and block the 8 rows'
+GGUF blocks are copied into a small scratch `a` [8, type_size] (zeros past the last row), then
+each packed field is written from it: see packed.py for the field order.
+
+blocks: [E, R, row_bytes] uint8  out: [E, G, row_group_bytes] uint8 (G = ceil(rows / 8))
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from cpu_kernels import qtypes as qt
+from cpu_kernels.scalars import F16_TABLE
+
+u8 = np.uint8
+i64 = np.int64
+
+
+@njit(inline="always", cache=True)
+def _f16_as_f32(a, r, o, out32, at):
+    out32[at] = F16_TABLE[i64(a[r, o]) | (i64(a[r, o + 1]) << 8)]
+
+
+@njit(inline="always", cache=True)
+def _q4_k(a, out, o, out32, o32):
+    for r in range(8):
+        for c in range(4):
+            for k4 in range(8):
+                for j in range(4):
+                    out[o + 256 * c + 32 * k4 + 4 * r + j] = a[r, 16 + 32 * c + 4 * k4 + j]
+        for sub in range(8):
+            if sub < 4:
+                sc = i64(a[r, 4 + sub]) & 63
+                mn = i64(a[r, 8 + sub]) & 63
+            else:
+                sc = (i64(a[r, 8 + sub]) & 15) | ((i64(a[r, sub]) >> 6) << 4)
+                mn = (i64(a[r, 8 + sub]) >> 4) | ((i64(a[r, sub + 4]) >> 6) << 4)
+            out[o + 1024 + 8 * sub + r] = sc
+            out[o + 1088 + 8 * sub + r] = mn
+        _f16_as_f32(a, r, 0, out32, o32 + 288 + r)
+        _f16_as_f32(a, r, 2, out32, o32 + 296 + r)
+
+
+@njit(inline="always", cache=True)
+def _q6_k_code(a, r, e):
+    """Q6_K's unsigned 6-bit code of element e (packed._q6_k_codes)."""
+    n, q = e >> 7, (e >> 5) & 3
+    lane = e & 31
+    byte = i64(a[r, 64 * n + 32 * (q & 1) + lane])
+    low = (byte & 15) if q < 2 else (byte >> 4)
+    high = (i64(a[r, 128 + 32 * n + lane]) >> (2 * q)) & 3
+    return low | (high << 4)
+
+
+@njit(inline="always", cache=True)
+def _q6_k(a, out, o, out32, o32):
+    for r in range(8):
+        for p in range(16):
+            for j in range(4):
+                c0 = _q6_k_code(a, r, 16 * p + j)
+                c1 = _q6_k_code(a, r, 16 * p + 4 + j)
+                c2 = _q6_k_code(a, r, 16 * p + 8 + j)
+                c3 = _q6_k_code(a, r, 16 * p + 12 + j)
+                b = o + 96 * p + 4 * r + j
+                out[b] = (c0 & 15) | ((c1 & 15) << 4)
+                out[b + 32] = (c2 & 15) | ((c3 & 15) << 4)
+                out[b + 64] = (c0 >> 4) | ((c1 >> 4) << 2) | ((c2 >> 4) << 4) | ((c3 >> 4) << 6)
+        for sub in range(16):
+            out[o + 1536 + 8 * sub + r] = a[r, 192 + sub]
+        _f16_as_f32(a, r, 208, out32, o32 + 416 + r)
+
+
+@njit(inline="always", cache=True)
+def _q8_0(a, out, o, out32, o32):
+    for r in range(8):
+        for s in range(8):
+            for j in range(4):
+                out[o + 32 * s + 4 * r + j] = a[r, 2 + 4 * s + j] ^ u8(0x80)
+        _f16_as_f32(a, r, 0, out32, o32 + 64 + r)
+
+
+@njit(inline="always", cache=True)
+def _q5_0_code(a, r, k):
+    qh = i64(a[r, 2]) | (i64(a[r, 3]) << 8) | (i64(a[r, 4]) << 16) | (i64(a[r, 5]) << 24)
+    low = (i64(a[r, 6 + k]) & 15) if k < 16 else (i64(a[r, 6 + k - 16]) >> 4)
+    return low | (((qh >> k) & 1) << 4)
+
+
+@njit(inline="always", cache=True)
+def _q5_0(a, out, o, out32, o32):
+    for r in range(8):
+        for j in range(4):
+            hb = 0
+            for s in range(8):
+                c = _q5_0_code(a, r, 4 * s + j)
+                hb |= ((c >> 4) & 1) << s
+                m, odd = s >> 1, s & 1
+                b = o + 32 * m + 4 * r + j
+                if odd:
+                    out[b] = u8(i64(out[b]) | ((c & 15) << 4))
+                else:
+                    out[b] = u8(c & 15)
+            out[o + 128 + 4 * r + j] = hb
+        _f16_as_f32(a, r, 0, out32, o32 + 40 + r)
+
+
+@njit(inline="always", cache=True)
+def _low_code(a, r, qs, e):
+    """Q2_K/Q3_K 2-bit code of element e = 128 n + 32 j + l: bits 2j of qs[32 n + l]."""
+    return (i64(a[r, qs + 32 * (e >> 7) + (e & 31)]) >> (2 * ((e >> 5) & 3))) & 3
+
+
+@njit(inline="always", cache=True)
+def _two_bit_steps(a, r, qs, out, o):
+    for p in range(16):
+        for j in range(4):
+            v = 0
+            for i in range(4):
+                v |= _low_code(a, r, qs, 16 * p + 4 * i + j) << (2 * i)
+            out[o + 32 * p + 4 * r + j] = v
+
+
+@njit(inline="always", cache=True)
+def _q2_k(a, out, o, out32, o32):
+    for r in range(8):
+        _two_bit_steps(a, r, 16, out, o)
+        for sub in range(16):
+            out[o + 512 + 8 * sub + r] = a[r, sub]
+        _f16_as_f32(a, r, 80, out32, o32 + 160 + r)
+        _f16_as_f32(a, r, 82, out32, o32 + 168 + r)
+
+
+@njit(inline="always", cache=True)
+def _q3_k(a, out, o, out32, o32):
+    for r in range(8):
+        _two_bit_steps(a, r, 32, out, o)
+        for pair in range(8):
+            for j in range(4):
+                v = 0
+                for odd in range(2):
+                    for i in range(4):
+                        e = 16 * (2 * pair + odd) + 4 * i + j
+                        v |= ((i64(a[r, e & 31]) >> (e >> 5)) & 1) << (4 * odd + i)
+                out[o + 512 + 32 * pair + 4 * r + j] = v
+        for k in range(16):
+            low = (i64(a[r, 96 + k]) & 15) if k < 8 else (i64(a[r, 96 + k - 8]) >> 4)
+            high = (i64(a[r, 104 + (k & 3)]) >> (2 * (k >> 2))) & 3
+            out[o + 768 + 8 * k + r] = u8(((low | (high << 4)) - 32) & 0xFF)
+        _f16_as_f32(a, r, 108, out32, o32 + 224 + r)
+
+
+@njit(parallel=True, cache=True)
+def pack_blocks(qtype: int, blocks: np.ndarray, r_lo: int, num_rows: int, b_lo: int,
+                type_size: int, packed_bytes: int, out: np.ndarray) -> None:
+    """out[e, g] = the packed blocks of rows r_lo + 8 g .. + 8 of blocks[e], bytes from b_lo."""
+    num_experts, groups, group_bytes = out.shape
+    num_blocks = group_bytes // packed_bytes
+    for task in prange(num_experts * groups):
+        e, g = task // groups, task % groups
+        a = np.zeros((8, type_size), np.uint8)
+        dst = out[e, g]
+        dst32 = dst.view(np.float32)
+        for b in range(num_blocks):
+            for r in range(8):
+                row = 8 * g + r
+                if row < num_rows:
+                    a[r] = blocks[e, r_lo + row, b_lo + b * type_size:b_lo + (b + 1) * type_size]
+                else:
+                    a[r] = 0
+            o = b * packed_bytes
+            if qtype == qt.Q4_K:
+                _q4_k(a, dst, o, dst32, o // 4)
+            elif qtype == qt.Q6_K:
+                _q6_k(a, dst, o, dst32, o // 4)
+            elif qtype == qt.Q8_0:
+                _q8_0(a, dst, o, dst32, o // 4)
+            elif qtype == qt.Q5_0:
+                _q5_0(a, dst, o, dst32, o // 4)
+            elif qtype == qt.Q2_K:
+                _q2_k(a, dst, o, dst32, o // 4)
+            elif qtype == qt.Q3_K:
+                _q3_k(a, dst, o, dst32, o // 4)
