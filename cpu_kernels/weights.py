@@ -111,6 +111,16 @@ class ExpertWeights:
             object.__setattr__(self, "packed", PackedExperts.of(self))
         return self
 
+    def use_packed(self, packed: PackedExperts) -> ExpertWeights:
+        """Adopt a packed copy made elsewhere (a memory map of an earlier start's, say) in
+        place of any made here, and return self."""
+        for name in ("gate", "up", "down"):
+            w, p = getattr(self, name), getattr(packed, name)
+            if (p.qtype, p.shape) != (w.qtype, w.shape):
+                raise ValueError(f"packed {name} {p.shape} is not this layer's {w.shape}")
+        object.__setattr__(self, "packed", packed)
+        return self
+
     def expert_nbytes(self) -> int:
         """Bytes read for one expert (gate + up + down)."""
         return self.gate.expert_nbytes + self.up.expert_nbytes + self.down.expert_nbytes

@@ -51,14 +51,16 @@ def _sampling_from(args: argparse.Namespace, logprobs: int | None = None):
     )
 
 
-def progress_bar(desc: str) -> Callable[[int, int], None]:
+def progress_bar(desc: str, unit: str = "B") -> Callable[[int, int], None]:
+    """A tqdm bar on stderr for (done, total) calls; bytes show as GB and GB/s."""
     from tqdm import tqdm
 
     bar: dict[str, tqdm] = {}
 
     def update(done: int, total: int) -> None:
         if "bar" not in bar:
-            bar["bar"] = tqdm(total=total, desc=desc, unit="tensor", file=sys.stderr, leave=False)
+            bar["bar"] = tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B",
+                              unit_divisor=1000, file=sys.stderr, leave=False)
         bar["bar"].n = done
         bar["bar"].refresh()
         if done >= total:

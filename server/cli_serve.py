@@ -11,7 +11,8 @@ from dataclasses import fields
 SERVE_SETTINGS = ("gguf_path", "optimize_rules", "max_batch_size", "chunk_size", "cache_lens",
                   "page_size", "cpu_threads", "host", "port", "max_new_tokens", "api_key",
                   "served_model_name", "max_request_bytes", "log_level", "force_think",
-                  "cuda_graphs", "decode_graph", "prefill_experts", "stream_memory_gib")
+                  "cuda_graphs", "decode_graph", "prefill_experts", "stream_memory_gib",
+                  "packed_cache")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -68,6 +69,11 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stream-memory-gib", type=float, default=e["stream_memory_gib"],
                    help="GPU memory for streamed experts (default: a whole layer's worth, "
                         "within half the memory free after start-up)")
+    p.add_argument("--no-packed-cache", dest="packed_cache", action="store_false",
+                   default=e["packed_cache"],
+                   help="pack fast mode's CPU experts in memory on every start instead of "
+                        "keeping the packed copy on disk ($HYBRID_PACKED_CACHE_DIR, default "
+                        "~/.cache/hybrid/packed) and memory-mapping it on the next start")
     p.add_argument("--api-key", default=d["api_key"],
                    help="require 'Authorization: Bearer KEY' on every route but /health")
     p.add_argument("--served-model-name", default=d["served_model_name"],

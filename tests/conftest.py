@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,9 @@ import pytest
 from hybrid.synth.make_model import MakeModelOptions, make_model
 from hybrid.synth.presets import get_preset
 from hybrid.synth.vocab import get_vocab
+
+# fast mode's packed-expert cache of the session's throwaway models: not the user's cache
+os.environ.setdefault("HYBRID_PACKED_CACHE_DIR", tempfile.mkdtemp(prefix="hybrid-packed-"))
 
 
 class ModelFactory:

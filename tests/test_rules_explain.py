@@ -37,10 +37,14 @@ def test_full_v3_q4_k_m_on_24_gib(capsys, v3_sparse: Path) -> None:
     out = explain_json(capsys, "--gguf-path", str(v3_sparse), "--optimize-rules", "DeepSeek-V3",
                        "--cache-lens", "32768", "--gpu-memory", "24GiB", "--cpu-memory", "512GiB")
     cpu, gpu = out["devices"]["cpu"], out["devices"]["cuda:0"]
-    total_weights = cpu["weights"] + gpu["weights"]
+    total_weights = sum(g["bytes"] for g in out["groups"])  # the GGUF's bytes
     assert abs(total_weights / GIB - 376.65) / 376.65 < 0.01
     experts = sum(g["bytes"] for g in out["groups"] if g["operator"] == "experts")
-    assert abs(experts / GIB - 366.9) < 0.5 and cpu["weights"] == experts
+    assert abs(experts / GIB - 366.9) < 0.5
+    # fast mode: RAM holds the packed copy (Q4_K 1.056x, Q6_K 1.010x), not the blocks
+    packed = out["packed_experts"]
+    assert packed["gguf_bytes"] == experts and cpu["weights"] == packed["packed_bytes"]
+    assert 1.03 < packed["packed_bytes"] / experts < 1.06
     assert 9.5 < gpu["weights"] / GIB < 10.0
     assert out["kv_bytes_per_token"] == {"cuda:0": 61 * 576 * 2}  # 70,272 B: 70 KB per token
     assert gpu["kv_cache"] == 61 * 576 * 2 * 32768
@@ -85,6 +89,7 @@ def test_table_output(capsys, v3_sparse: Path) -> None:
                  "DeepSeek-V3", "--cpu-memory", "512GiB"]) == 0
     text = capsys.readouterr().out
     assert "model.layers.*.mlp.experts" in text and "verdict: fits" in text
+    assert "fast-mode CPU experts: a packed copy of" in text and "as the packed cache" in text
     assert "70,272 bytes per token on cuda:0" in text
 
 

@@ -43,6 +43,8 @@ class EngineConfig:
     decode_graph: str = "step"  # "step": one graph per step; "layers": one per piece
     prefill_experts: str = "auto"  # "auto" | "cpu" | "stream" (prefill_costs.py)
     stream_memory_gib: float | None = None  # GPU memory for streamed experts (None: auto)
+    # fast mode's packed experts kept under ~/.cache/hybrid/packed and mapped on later starts
+    packed_cache: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_batch_size <= 256:

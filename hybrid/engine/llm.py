@@ -40,7 +40,7 @@ class LLM:
     `gguf_path` None builds (once) and uses the built-in demo model. `optimize_rules` is a
     bundled rule file name or a path; None picks the machine's default (and says which).
     `device_map` remaps rule devices (e.g. {"cuda": "cpu"}) for dry runs and tests.
-    `progress` hears loading (done, total); `status` what start-up does after loading (kernel
+    `progress` hears loading (bytes done, bytes in all); `status` what start-up does after loading (kernel
     warm-up, CUDA graph capture), one line each.
     """
 
@@ -53,9 +53,11 @@ class LLM:
             from hybrid.demo import demo_model_path
 
             gguf_path = str(demo_model_path())
-        self.loaded: LoadedModel = load_with_rules(gguf_path, optimize_rules, device_map, progress)
+        config = engine_config or EngineConfig()
+        self.loaded: LoadedModel = load_with_rules(gguf_path, optimize_rules, device_map, progress,
+                                                   packed_cache=config.packed_cache)
         self.tokenizer = self.loaded.tokenizer
-        self.engine = Engine(self.loaded, engine_config or EngineConfig(), status)
+        self.engine = Engine(self.loaded, config, status)
         # Unstarted: this object steps it. The server starts it as its background thread.
         self.worker = EngineWorker(self.engine)
         self._next_id = 0

@@ -7,7 +7,11 @@ opening a 377 GB model reads only its headers.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import mmap
 import re
+import sys
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -19,6 +23,8 @@ from hybrid.gguf.header import GGUFHeader, TensorInfo, read_header
 from hybrid.gguf.quant_types import SUPPORTED_TYPES, supported_names, type_name
 from hybrid.gguf.tensor import QuantTensor
 
+_MADV_DONTNEED = 4  # Linux
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True) if sys.platform == "linux" else None
 _SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 _SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
 
@@ -111,6 +117,23 @@ class GGUFModelFile:
         for name, (info, _) in self.tensor_infos.items():
             if info.qtype not in SUPPORTED_TYPES:
                 self.tensor(name)
+
+    def release(self, name: str) -> int:
+        """Drop tensor `name`'s pages from this process's mapping (madvise MADV_DONTNEED on the
+        whole pages inside it): they stay in the page cache, and a later read faults them back,
+        so this only lowers the resident size of data no kernel reads any more (the GGUF
+        experts once fast mode's packed copy replaced them). Returns the bytes released (0
+        where the platform has no madvise)."""
+        info, header = self.tensor_infos[name]
+        mm = self._memmaps[header.path]
+        page = mmap.PAGESIZE
+        base = mm.ctypes.data
+        start = -(-(base + info.offset) // page) * page
+        stop = (base + info.offset + info.nbytes) // page * page
+        if stop <= start or _LIBC is None:
+            return 0
+        _LIBC.madvise(ctypes.c_void_p(start), ctypes.c_size_t(stop - start), _MADV_DONTNEED)
+        return stop - start
 
     @cached_property
     def _memmaps(self) -> dict[Path, np.memmap]:

@@ -63,16 +63,22 @@ def load_model(path: str, dtype: torch.dtype = torch.float32,
 
 def load_with_rules(path: str, rules: str | None, device_map: dict[str, str] | None = None,
                     progress: Callable[[int, int], None] | None = None,
-                    cache_lens: int = 4096) -> LoadedModel:
+                    cache_lens: int = 4096, packed_cache: bool = False) -> LoadedModel:
     """Plan the model with optimize rules, refuse a plan over a GPU's memory before touching
-    it, then build it: operators on their devices."""
+    it, then build it: operators on their devices. `packed_cache`: fast mode's packed experts
+    persist on disk (hybrid.model.packed_cache) and later starts map them."""
     from hybrid.rules.engine import plan_model
     from hybrid.rules.explain import refuse_if_over_budget
     from hybrid.rules.inject import inject
 
     planned = plan_model(path, rules, device_map)
     refuse_if_over_budget(planned.plan, planned.spec, cache_lens)
-    model = inject(planned, progress)
+    cache = None
+    if packed_cache:
+        from hybrid.model.packed_cache import PackedCache
+
+        cache = PackedCache.for_model(planned.gguf)
+    model = inject(planned, progress, cache)
     return LoadedModel(planned.spec, model, GGUFTokenizer(planned.gguf.metadata), planned.gguf)
 
 

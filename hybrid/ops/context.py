@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -11,6 +11,9 @@ from torch import nn
 from hybrid.gguf.reader import GGUFModelFile
 from hybrid.model.spec import ModelSpec
 from hybrid.ops.weights import Weight
+
+if TYPE_CHECKING:
+    from hybrid.model.packed_cache import PackedCache
 
 
 @dataclass(frozen=True)
@@ -20,6 +23,7 @@ class BuildContext:
     path: str  # the replaced module's dotted path
     options: dict[str, Any]  # the placement's resolved kwargs
     module: nn.Module  # the transformers module being replaced (on the meta device)
+    packed_cache: PackedCache | None = None  # where fast mode's packed experts persist
 
     @property
     def device(self) -> torch.device:

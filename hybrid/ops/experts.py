@@ -10,6 +10,7 @@ threads, NUMA groups): it then runs asynchronously, overlapping the gpu_experts.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -18,6 +19,9 @@ from torch import nn
 
 from hybrid.gguf.dequant import dequantize
 from hybrid.ops.context import BuildContext
+
+if TYPE_CHECKING:
+    from hybrid.model.spec import ModelSpec
 
 
 def _quant_matrix(ctx: BuildContext, gguf_name: str, rows: slice | None = None):
@@ -87,8 +91,8 @@ class ExpertsOp(nn.Module):
                                  else (gate, up)) + (down,)
             if self.mode == "fast":
                 # fast mode reads a load-time repack (<= 1.1x the GGUF bytes): build it now, not
-                # on the first forward.
-                self.cpu_weights.pack()
+                # on the first forward
+                _pack(ctx, layer, self.cpu_weights)
         elif _gpu_kernels_cover(ctx, p, self.device):
             # every expert's blocks on the device, all tokens in grouped launches
             self.on_device = _GpuExperts(ctx, p, list(range(spec.num_experts)), self.device)
@@ -173,6 +177,32 @@ class ExpertsOp(nn.Module):
         res = _torch_experts(hidden.to(self.device), ids.to(self.device), weights.to(self.device),
                              self.gate_up, self.down).to(hidden.device)
         return lambda: res
+
+
+def _pack(ctx: BuildContext, layer: int, experts) -> None:
+    """Give `experts` its packed copy: the disk cache's memory map when there is one (made now
+    if missing), else packed in memory. Once the copy is in place the GGUF's expert pages are
+    released from the process (fast mode never reads them again; the page cache keeps them)."""
+    from cpu_kernels.packed import PackedExperts
+    from cpu_kernels.placement import packs
+
+    if not packs(experts):
+        return  # types without a packed layout run on the blocks themselves
+    cache = ctx.packed_cache
+    found = cache.load(layer, experts) if cache is not None else None
+    if found is None:
+        found = PackedExperts.of(experts)
+        if cache is not None:
+            found = cache.store(layer, found)
+    experts.use_packed(found)
+    for name in _expert_tensors(ctx.spec, f"blk.{layer}."):
+        ctx.gguf.release(name)
+
+
+def _expert_tensors(spec: ModelSpec, prefix: str) -> list[str]:
+    if spec.fused_gate_up_experts:
+        return [prefix + "ffn_gate_up_exps.weight", prefix + "ffn_down_exps.weight"]
+    return [prefix + f"ffn_{n}_exps.weight" for n in ("gate", "up", "down")]
 
 
 def use_cpu_pool(model: nn.Module, pool) -> int:

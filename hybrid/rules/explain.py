@@ -70,6 +70,10 @@ class Explanation:
     kv_bytes_per_token: dict[str, int]
     warnings: list[str]
     advice: list[str]
+    # fast-mode CPU experts: their GGUF blocks' bytes and the packed copy's that replaces them
+    # in RAM (and on disk, as the packed cache) at steady state
+    packed_from: int = 0
+    packed_bytes: int = 0
 
     @property
     def fits(self) -> bool:
@@ -86,6 +90,7 @@ class Explanation:
             "groups": [{"group": g.pattern, "operator": g.operator, "device": g.device,
                         "modules": len(g.modules), "bytes": g.nbytes, "types": dict(g.types)}
                        for g in self.groups],
+            "packed_experts": {"gguf_bytes": self.packed_from, "packed_bytes": self.packed_bytes},
             "warnings": self.warnings,
             "advice": self.advice,
         }
@@ -97,6 +102,7 @@ def explain(plan: Plan, spec: ModelSpec, cache_lens: int, gpu_memory: int,
         raise HybridError(f"--cache-lens must be >= 0, got {cache_lens}")
     groups: dict[tuple[str, str, str], Group] = {}
     devices: dict[str, DeviceTotal] = {}
+    packed_from = packed_bytes = 0
     for w in plan.weights:
         place = plan.placements[w.owner]
         pattern = re.sub(r"\.\d+(?=\.|$)", ".*", w.owner) or "(model)"
@@ -105,7 +111,11 @@ def explain(plan: Plan, spec: ModelSpec, cache_lens: int, gpu_memory: int,
         g.nbytes += w.nbytes
         g.modules.add(w.owner)
         g.types.update({t: 1 for t in w.types})
-        devices.setdefault(w.device, DeviceTotal()).weights += w.nbytes
+        held = w.nbytes
+        packed = _packed_size(place, w)
+        if packed is not None:  # RAM holds the packed copy; the GGUF pages are released
+            packed_from, packed_bytes, held = packed_from + w.nbytes, packed_bytes + packed, packed
+        devices.setdefault(w.device, DeviceTotal()).weights += held
     kv_per_token: dict[str, int] = {}
     for place in plan.placements.values():
         if place.class_name.endswith("Attention"):
@@ -120,9 +130,26 @@ def explain(plan: Plan, spec: ModelSpec, cache_lens: int, gpu_memory: int,
             d.reserve, d.budget = gpu_reserve, gpu_memory
     ordered = sorted(groups.values(), key=lambda g: (g.device, -g.nbytes))
     exp = Explanation(ordered, dict(sorted(devices.items())), cache_lens, kv_per_token,
-                      list(plan.warnings), [])
+                      list(plan.warnings), [], packed_from, packed_bytes)
     exp.advice = _advice(exp)
     return exp
+
+
+def _packed_size(place, w) -> int | None:
+    """Bytes of fast mode's packed copy of CPU expert weight `w`, or None where the blocks are
+    read as stored (exact mode, the GPU, types without a packed layout)."""
+    from cpu_kernels import qtypes as qt
+    from cpu_kernels.packed import PACKED_GEOMETRY, ROWS
+
+    if place.operator != "experts" or w.device != "cpu" or place.options.get("mode") != "fast":
+        return None
+    ids = {name: i for i, name in qt.NAMES.items()}
+    # gate and up as one parameter have two source tensors: of one type in every real mix
+    if len(set(w.types)) != 1 or ids.get(w.types[0]) not in PACKED_GEOMETRY:
+        return None
+    qtype = ids[w.types[0]]
+    (block_cols, packed), (block, size) = PACKED_GEOMETRY[qtype], qt.BLOCK_GEOMETRY[qtype]
+    return w.nbytes * packed // (ROWS * size * (block_cols // block))
 
 
 def _kv_bytes_per_layer(place, spec: ModelSpec) -> int:
@@ -174,6 +201,12 @@ def render_table(exp: Explanation, header: str) -> str:
         lines.append(f"KV cache: {per_token:,} bytes per token on {dev}, {exp.cache_lens:,} tokens")
     lines.append(f"GPU reserve: {gib(GPU_RESERVE_BYTES)} per GPU for activations, CUDA graphs "
                  "and the CUDA context")
+    if exp.packed_bytes:
+        lines.append(f"fast-mode CPU experts: a packed copy of {gib(exp.packed_bytes)} "
+                     f"({exp.packed_bytes / exp.packed_from:.3f}x their {gib(exp.packed_from)} of "
+                     "GGUF blocks) is what RAM holds for them (counted above; the blocks' pages "
+                     "are released), and the same bytes on disk as the packed cache "
+                     "(--no-packed-cache: none)")
     lines.extend(f"warning: {w}" for w in exp.warnings)
     lines.extend(f"advice: {a}" for a in exp.advice)
     lines.append(f"verdict: {'fits' if exp.fits else 'does not fit'}")

@@ -7,6 +7,7 @@ left to transformers (`default`) get fp32 parameters on their placement's genera
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -14,6 +15,9 @@ from torch import nn
 from hybrid.model.loader import fill_weights
 from hybrid.ops.context import BuildContext
 from hybrid.rules.engine import PlannedModel
+
+if TYPE_CHECKING:
+    from hybrid.model.packed_cache import PackedCache
 
 
 def _builders() -> dict[str, Callable[[BuildContext], nn.Module]]:
@@ -28,25 +32,33 @@ def _builders() -> dict[str, Callable[[BuildContext], nn.Module]]:
             "experts": ExpertsOp, "mla_attention": MLAAttentionOp}
 
 
-def inject(planned: PlannedModel, progress: Callable[[int, int], None] | None = None) -> nn.Module:
+def inject(planned: PlannedModel, progress: Callable[[int, int], None] | None = None,
+           packed_cache: PackedCache | None = None) -> nn.Module:
+    """Build every operator of the plan; `progress` hears (bytes done, bytes in all) of the
+    weights the plan counts, after each operator (fast mode's packing included)."""
     model, plan = planned.model, planned.plan
     builders = _builders()
     ops = [p for p in plan.placements.values() if p.operator != "default"]
     # Outermost first, so a replaced module's own descendants are never visited again.
     ops.sort(key=lambda p: p.path.count("."))
+    total = sum(w.nbytes for w in plan.weights)
+    done = 0
     replaced: list[str] = []
-    for done, place in enumerate(ops, start=1):
+    for place in ops:
         if any(place.path.startswith(r + ".") for r in replaced):
             continue
         module = model.get_submodule(place.path)
-        ctx = BuildContext(planned.gguf, planned.spec, place.path, place.options, module)
+        ctx = BuildContext(planned.gguf, planned.spec, place.path, place.options, module,
+                           packed_cache)
         _set_submodule(model, place.path, builders[place.operator](ctx))
         replaced.append(place.path)
+        done += sum(w.nbytes for w in plan.weights
+                    if w.owner == place.path or w.owner.startswith(place.path + "."))
         if progress is not None:
-            progress(done, len(ops) + 1)
+            progress(done, total)
     _load_defaults(planned)
     if progress is not None:
-        progress(len(ops) + 1, len(ops) + 1)
+        progress(total, total)
     return model.eval()
 
 
