@@ -2,7 +2,7 @@
 
 GGUF stores a byte-level BPE (`tokenizer.ggml.model` = gpt2): token strings, merges, token
 types and a named pre-tokenizer (`tokenizer.ggml.pre`). llama.cpp splits text with a fixed list
-of regexes per pre-tokenizer name and treats CONTROL tokens as special (matched in text only
+of regexes per pre-tokenizer name (pre_tokenizers.py) and treats CONTROL tokens as special (matched in text only
 when special parsing is on) and USER_DEFINED tokens as always matched. We reproduce that here;
 `tests/test_tokenizer.py` checks our ids against llama.cpp's on the same file.
 """
@@ -11,38 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Tokenizer, decoders, models
 
 from hybrid.errors import GGUFError, shown
 from hybrid.tokenizer.chat_template import ChatTemplate
+from hybrid.tokenizer.pre_tokenizers import pre_tokenizer
 
 # llama.cpp's token types.
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
 
-# Pre-tokenizer regexes by `tokenizer.ggml.pre`, as llama.cpp applies them (in order).
-_DEEPSEEK_V3 = [
-    r"\p{N}{1,3}",
-    r"[一-龥぀-ゟ゠-ヿ]+",
-    (
-        r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
-        r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-    ),
-]
-_DEEPSEEK_LLM = [
-    r"[\r\n]",
-    r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+",
-    r"\s?[!-/:-~！-／：-～‘-‟　-。]+",
-    r"\s+$",
-    r"[一-龥ࠀ-一가-퟿]+",
-    r"\p{N}+",
-]
-# llama.cpp gives these names DeepSeek-V3's regexes (a tokenizer.json identical to DeepSeek's can
-# hash to any of them in its converter); "default"/"gpt2"/absent use GPT-2's own split.
-PRE_TOKENIZER_REGEXES = {
-    "deepseek-v3": _DEEPSEEK_V3, "joyai-llm": _DEEPSEEK_V3, "hunyuan-dense": _DEEPSEEK_V3,
-    "hy_v4": _DEEPSEEK_V3, "deepseek-llm": _DEEPSEEK_LLM,
-}
-GPT2_PRE_TOKENIZERS = ("default", "gpt2")
 
 
 class GGUFTokenizer:
@@ -59,7 +36,8 @@ class GGUFTokenizer:
         merges = metadata.get("tokenizer.ggml.merges") or []
         types = metadata.get("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * len(self.tokens)
         self.token_types: list[int] = list(types)
-        self.pre = str(metadata.get("tokenizer.ggml.pre", "default"))
+        pre = metadata.get("tokenizer.ggml.pre")
+        self.pre = None if pre is None else str(pre)
         self.bos_token_id: int | None = metadata.get("tokenizer.ggml.bos_token_id")
         self.eos_token_id: int | None = metadata.get("tokenizer.ggml.eos_token_id")
         self.add_bos: bool = bool(metadata.get("tokenizer.ggml.add_bos_token", True))
@@ -149,7 +127,7 @@ def _token_bytes(token: str) -> bytes:
         return token.encode("utf-8")
 
 
-def _build(tokens: list[str], merges: list[str], types: list[int], pre: str) -> Tokenizer:
+def _build(tokens: list[str], merges: list[str], types: list[int], pre: str | None) -> Tokenizer:
     vocab: dict[str, int] = {}
     for i, tok in enumerate(tokens):
         vocab.setdefault(tok, i)
@@ -158,19 +136,11 @@ def _build(tokens: list[str], merges: list[str], types: list[int], pre: str) -> 
         a, sep, b = m.partition(" ")
         if sep:
             pairs.append((a, b))
-    bpe = models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False)
+    split = pre_tokenizer(pre)
+    bpe = models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False,
+                     ignore_merges=split.ignore_merges)
     tok = Tokenizer(bpe)
-    regexes = PRE_TOKENIZER_REGEXES.get(pre)
-    if regexes is None and pre not in GPT2_PRE_TOKENIZERS:
-        known = ", ".join([*PRE_TOKENIZER_REGEXES, *GPT2_PRE_TOKENIZERS])
-        raise GGUFError(f"tokenizer.ggml.pre '{shown(pre)}' is not a pre-tokenizer hybrid knows ({known})")
-    if regexes is None:
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    else:
-        splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes]
-        tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-        )
+    tok.pre_tokenizer = split.build()
     tok.decoder = decoders.ByteLevel()
     special = [AddedToken(tokens[i], special=True, normalized=False)
                for i, t in enumerate(types) if t == TOKEN_CONTROL]
