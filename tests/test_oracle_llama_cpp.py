@@ -28,7 +28,9 @@ CASES = [
     for quant in ("f32", "bf16", "q8_0", "q4_k_m")
     for layout in ("legacy", "mla")
 ] + [("tiny-v3", quant, "legacy") for quant in MIXES] + [
-    ("tiny-v2-lite", "ud-iq1_m", "legacy"), ("tiny-v2-lite", "iq4_xs", "mla")]
+    ("tiny-v2-lite", "ud-iq1_m", "legacy"), ("tiny-v2-lite", "iq4_xs", "mla"),
+    ("tiny-kimi-k2", "f32", "legacy"), ("tiny-kimi-k2", "q4_k_m", "mla"),
+    ("tiny-moonlight", "f32", "mla"), ("tiny-moonlight", "ud-iq1_s", "legacy")]
 
 
 @pytest.mark.parametrize("preset,quant,layout", CASES)

@@ -24,7 +24,9 @@ CASES = [
     # IQ4_NL), bartowski-style IQ4_XS everywhere
     ("tiny-v3", quant, "legacy") for quant in ("ud-iq1_s", "ud-iq1_m", "ud-iq2_xxs", "ud-q2_k_xl",
                                                "iq4_xs")
-] + [("tiny-v2-lite", "ud-iq1_s", "legacy"), ("tiny-v2-lite", "iq4_xs", "mla")]
+] + [("tiny-v2-lite", "ud-iq1_s", "legacy"), ("tiny-v2-lite", "iq4_xs", "mla"),
+      # the other deepseek2-architecture families: Kimi-K2 (384 experts, no groups), Moonlight
+      ("tiny-kimi-k2", "q4_k_m", "legacy"), ("tiny-moonlight", "q4_k_m", "mla")]
 
 
 @pytest.mark.parametrize("preset,quant,layout", CASES)

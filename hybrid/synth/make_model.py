@@ -47,7 +47,7 @@ class MakeModelOptions:
 
 def spec_for(preset: Preset, layout: str, vocab_size: int) -> ModelSpec:
     p = preset
-    rope_scaling = {"rope_type": "yarn", "factor": p.rope_factor}
+    rope_scaling = {"rope_type": "yarn", "factor": p.rope_factor} if p.yarn else None
     return ModelSpec(
         num_layers=p.num_layers, hidden_size=p.hidden_size, intermediate_size=p.intermediate_size,
         moe_intermediate_size=p.moe_intermediate_size, num_heads=p.num_heads,
@@ -57,7 +57,7 @@ def spec_for(preset: Preset, layout: str, vocab_size: int) -> ModelSpec:
         num_experts=p.num_experts, num_experts_per_tok=p.num_experts_per_tok,
         num_shared_experts=p.num_shared_experts, routed_scaling_factor=p.routed_scaling_factor,
         norm_topk_prob=p.norm_topk_prob, scoring_func="sigmoid" if p.sigmoid_gating else "softmax",
-        n_group=p.n_group, topk_group=p.topk_group, rms_norm_eps=1e-6, rope_theta=10000.0,
+        n_group=p.n_group, topk_group=p.topk_group, rms_norm_eps=1e-6, rope_theta=p.rope_theta,
         rope_scaling=rope_scaling, context_length=p.context_length, layout=layout,
         tied_embeddings=False, fused_gate_up_experts=False, name=p.name,
     )
@@ -147,7 +147,7 @@ def _add_metadata(w: GGUFWriter, p: Preset, opts: MakeModelOptions, vocab: Vocab
     w.add_uint32(f"{k}.embedding_length", p.hidden_size)
     w.add_uint32(f"{k}.feed_forward_length", p.intermediate_size)
     w.add_uint32(f"{k}.attention.head_count", p.num_heads)
-    w.add_float32(f"{k}.rope.freq_base", 10000.0)
+    w.add_float32(f"{k}.rope.freq_base", p.rope_theta)
     w.add_float32(f"{k}.attention.layer_norm_rms_epsilon", 1e-6)
     w.add_uint32(f"{k}.expert_used_count", p.num_experts_per_tok)
     w.add_uint32(f"{k}.expert_count", p.num_experts)
@@ -177,10 +177,11 @@ def _add_metadata(w: GGUFWriter, p: Preset, opts: MakeModelOptions, vocab: Vocab
         w.add_uint32(f"{k}.expert_group_count", p.n_group)
         w.add_uint32(f"{k}.expert_group_used_count", p.topk_group)
     w.add_uint32(f"{k}.rope.dimension_count", p.qk_rope_head_dim)
-    w.add_string(f"{k}.rope.scaling.type", "yarn")
-    w.add_float32(f"{k}.rope.scaling.factor", p.rope_factor)
-    w.add_uint32(f"{k}.rope.scaling.original_context_length", 4096)
-    w.add_float32(f"{k}.rope.scaling.yarn_log_multiplier", p.yarn_log_multiplier)
+    if p.yarn:
+        w.add_string(f"{k}.rope.scaling.type", "yarn")
+        w.add_float32(f"{k}.rope.scaling.factor", p.rope_factor)
+        w.add_uint32(f"{k}.rope.scaling.original_context_length", 4096)
+        w.add_float32(f"{k}.rope.scaling.yarn_log_multiplier", p.yarn_log_multiplier)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(vocab.pre)
     w.add_token_list(vocab.tokens)

@@ -1,7 +1,10 @@
 """Shapes and routing semantics of the synthetic models `hybrid make-model` writes.
 
-`tiny-*` are CI-sized but keep every feature of the real model they stand for; `v2-lite` and
-`v3` have the real DeepSeek widths. NOTE: llama.cpp decides "V2-Lite-like" (no q_lora) by the
+`tiny-*` are CI-sized but keep every feature of the real model they stand for; `v2-lite`, `v3`,
+`kimi-k2` and `moonlight` have the real widths of DeepSeek-V2-Lite, DeepSeek-V3/R1, Kimi-K2
+(Moonshot's 1T deepseek2-architecture MoE: 384 routed experts, 64 heads, no expert groups) and
+Moonlight-16B-A3B (V2-Lite's attention with V3's sigmoid routing, plain RoPE), from their
+config.json files. NOTE: llama.cpp decides "V2-Lite-like" (no q_lora) by the
 layer count (26 or 27), so `tiny-v2-lite` keeps 27 layers and `tiny-v3` must not have 26/27.
 """
 
@@ -39,6 +42,8 @@ class Preset:
     rope_factor: float
     yarn_log_multiplier: float  # 0.1 x mscale_all_dim, as llama.cpp's converter writes it
     context_length: int
+    rope_theta: float = 10000.0
+    yarn: bool = True  # False: plain RoPE, no rope.scaling keys (Moonlight)
 
     @property
     def num_moe_layers(self) -> int:
@@ -77,7 +82,35 @@ _V3 = Preset(
     sigmoid_gating=True, n_group=8, topk_group=4, vocab_size=129280, rope_factor=40.0,
     yarn_log_multiplier=0.1, context_length=163840,
 )
-PRESETS = {p.name: p for p in (_TINY_V3, _TINY_V2_LITE, _V2_LITE, _V3)}
+_KIMI_K2 = Preset(
+    name="kimi-k2", num_layers=61, first_k_dense=1, hidden_size=7168, intermediate_size=18432,
+    moe_intermediate_size=2048, num_heads=64, q_lora_rank=1536, kv_lora_rank=512,
+    qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, num_experts=384,
+    num_experts_per_tok=8, num_shared_experts=1, routed_scaling_factor=2.827, norm_topk_prob=True,
+    sigmoid_gating=True, n_group=1, topk_group=1, vocab_size=163840, rope_factor=32.0,
+    yarn_log_multiplier=0.1, context_length=131072, rope_theta=50000.0,
+)
+_MOONLIGHT = Preset(
+    name="moonlight", num_layers=27, first_k_dense=1, hidden_size=2048, intermediate_size=11264,
+    moe_intermediate_size=1408, num_heads=16, q_lora_rank=None, kv_lora_rank=512,
+    qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, num_experts=64,
+    num_experts_per_tok=6, num_shared_experts=2, routed_scaling_factor=2.446, norm_topk_prob=True,
+    sigmoid_gating=True, n_group=1, topk_group=1, vocab_size=163840, rope_factor=1.0,
+    yarn_log_multiplier=0.0, context_length=8192, rope_theta=50000.0, yarn=False,
+)
+# CI-sized stand-ins: Kimi-K2's 384 experts with ungrouped sigmoid routing; Moonlight's
+# no-q_lora attention (27 layers, see above) with sigmoid routing and plain RoPE
+_TINY_KIMI_K2 = dataclasses.replace(
+    _TINY_V3, name="tiny-kimi-k2", num_heads=8, num_experts=384, num_experts_per_tok=8,
+    moe_intermediate_size=32 * 8, n_group=1, topk_group=1, routed_scaling_factor=2.827,
+    rope_factor=32.0, rope_theta=50000.0, context_length=131072,
+)
+_TINY_MOONLIGHT = dataclasses.replace(
+    _TINY_V2_LITE, name="tiny-moonlight", sigmoid_gating=True, norm_topk_prob=True,
+    routed_scaling_factor=2.446, rope_theta=50000.0, yarn=False, context_length=8192,
+)
+PRESETS = {p.name: p for p in (_TINY_V3, _TINY_V2_LITE, _V2_LITE, _V3, _KIMI_K2, _MOONLIGHT,
+                               _TINY_KIMI_K2, _TINY_MOONLIGHT)}
 
 
 def get_preset(name: str, num_layers: int | None = None) -> Preset:
