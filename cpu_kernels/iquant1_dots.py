@@ -1,8 +1,8 @@
 """Row dot products on the 1-bit-class i-quants (IQ1_S, IQ1_M): 256 elements per block, runs
 of 8 from a 2048-code ternary grid (values -1, 0, 1) shifted by +-1/8.
 
-Contract as in iquant_grid_dots: one generic body per type, `exact` (row, x, xs) in float32 on
-the exact weights, `fast` (`*_q8`) (row, xq, dx, xs) with int8 x per 32-group. A run's weight is
+Contract as in iquant_grid_dots: (row, x, dx, xs, quantized), exact (float32 x) or fast (int8
+x per 32-group, scales dx). A run's weight is
 dl * (grid + delta): the grid part is an integer dot, the delta part needs the run's sum of x
 (IQ1_S shares one delta per 32 elements, so the 32-group sum `xs` serves; IQ1_M has one per run
 of 8, summed in the same loop).
@@ -32,8 +32,8 @@ DELTA = f32(0.125)
 
 
 @njit(fastmath=True, cache=True)
-def _iq1_s(row: np.ndarray, x: np.ndarray, dx: np.ndarray, xs: np.ndarray,
-           quantized: bool) -> float:
+def iq1_s(row: np.ndarray, x: np.ndarray, dx: np.ndarray, xs: np.ndarray,
+          quantized: bool) -> float:
     acc = f32(0.0)
     for b in range(row.shape[0] // 50):
         o = b * 50
@@ -54,7 +54,7 @@ def _iq1_s(row: np.ndarray, x: np.ndarray, dx: np.ndarray, xs: np.ndarray,
 
 
 @njit(inline="always", cache=True)
-def _iq1_m_d(row: np.ndarray, o: int) -> float:
+def iq1_m_d(row: np.ndarray, o: int) -> float:
     """IQ1_M's f16 d, spread over the top nibbles of its 4 scale words at o + 48."""
     bits = i64(0)
     for m in range(4):
@@ -63,11 +63,12 @@ def _iq1_m_d(row: np.ndarray, o: int) -> float:
 
 
 @njit(fastmath=True, cache=True)
-def _iq1_m(row: np.ndarray, x: np.ndarray, dx: np.ndarray, quantized: bool) -> float:
+def iq1_m(row: np.ndarray, x: np.ndarray, dx: np.ndarray, xs: np.ndarray,
+          quantized: bool) -> float:
     acc = f32(0.0)
     for b in range(row.shape[0] // 56):
         o = b * 56
-        d = _iq1_m_d(row, o)
+        d = iq1_m_d(row, o)
         for s in range(8):
             xb = b * 256 + 32 * s
             scale_f = f32(dx[xb >> 5]) if quantized else f32(1.0)
@@ -90,22 +91,3 @@ def _iq1_m(row: np.ndarray, x: np.ndarray, dx: np.ndarray, quantized: bool) -> f
                 acc += dl * t * scale_f
     return acc
 
-
-@njit(cache=True)
-def dot_iq1_s(row: np.ndarray, x: np.ndarray, xs: np.ndarray) -> float:
-    return _iq1_s(row, x, xs, xs, False)
-
-
-@njit(cache=True)
-def dot_iq1_s_q8(row: np.ndarray, xq: np.ndarray, dx: np.ndarray, xs: np.ndarray) -> float:
-    return _iq1_s(row, xq, dx, xs, True)
-
-
-@njit(cache=True)
-def dot_iq1_m(row: np.ndarray, x: np.ndarray, xs: np.ndarray) -> float:
-    return _iq1_m(row, x, xs, False)
-
-
-@njit(cache=True)
-def dot_iq1_m_q8(row: np.ndarray, xq: np.ndarray, dx: np.ndarray, xs: np.ndarray) -> float:
-    return _iq1_m(row, xq, dx, True)

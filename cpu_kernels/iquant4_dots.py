@@ -1,8 +1,8 @@
 """Row dot products on the 4-bit non-linear i-quants (IQ4_NL, IQ4_XS): each nibble selects one
 of 16 int8 levels (IQ4_LEVELS, ggml's kvalues_iq4nl), scaled per 32 elements.
 
-Contract as in iquant_grid_dots (`exact` (row, x, xs), `fast` (row, xq, dx, xs)); level * x is
-an integer for int8 x, so one generic body serves both.
+Contract as in iquant_grid_dots, (row, x, dx, xs, quantized); level * x is an integer for int8
+x, so one body serves both modes.
 
     IQ4_NL (18 B / 32): f16 d @0; nibbles @2: byte j holds element j (low), 16 + j (high)
     IQ4_XS (136 B / 256): f16 d @0; u16 scales_h @2 (2 bits per sub-block s at 2s); scales_l @4
@@ -35,7 +35,8 @@ def _nibble_run(row: np.ndarray, qo: int, x: np.ndarray, xb: int) -> float:
 
 
 @njit(fastmath=True, cache=True)
-def _iq4_nl(row: np.ndarray, x: np.ndarray, dx: np.ndarray, quantized: bool) -> float:
+def iq4_nl(row: np.ndarray, x: np.ndarray, dx: np.ndarray, xs: np.ndarray,
+           quantized: bool) -> float:
     acc = f32(0.0)
     for g in range(row.shape[0] // 18):
         t = _nibble_run(row, 18 * g + 2, x, 32 * g)
@@ -44,7 +45,8 @@ def _iq4_nl(row: np.ndarray, x: np.ndarray, dx: np.ndarray, quantized: bool) -> 
 
 
 @njit(fastmath=True, cache=True)
-def _iq4_xs(row: np.ndarray, x: np.ndarray, dx: np.ndarray, quantized: bool) -> float:
+def iq4_xs(row: np.ndarray, x: np.ndarray, dx: np.ndarray, xs: np.ndarray,
+           quantized: bool) -> float:
     acc = f32(0.0)
     for b in range(row.shape[0] // 136):
         o = b * 136
@@ -58,22 +60,3 @@ def _iq4_xs(row: np.ndarray, x: np.ndarray, dx: np.ndarray, quantized: bool) -> 
             acc += d * f32(scale) * t * (dx[g] if quantized else f32(1.0))
     return acc
 
-
-@njit(cache=True)
-def dot_iq4_nl(row: np.ndarray, x: np.ndarray, xs: np.ndarray) -> float:
-    return _iq4_nl(row, x, xs, False)
-
-
-@njit(cache=True)
-def dot_iq4_nl_q8(row: np.ndarray, xq: np.ndarray, dx: np.ndarray, xs: np.ndarray) -> float:
-    return _iq4_nl(row, xq, dx, True)
-
-
-@njit(cache=True)
-def dot_iq4_xs(row: np.ndarray, x: np.ndarray, xs: np.ndarray) -> float:
-    return _iq4_xs(row, x, xs, False)
-
-
-@njit(cache=True)
-def dot_iq4_xs_q8(row: np.ndarray, xq: np.ndarray, dx: np.ndarray, xs: np.ndarray) -> float:
-    return _iq4_xs(row, xq, dx, True)

@@ -23,7 +23,8 @@ from numba import njit
 
 from cpu_kernels import iquant_tables as tables
 from cpu_kernels import qtypes as qt
-from cpu_kernels.scalars import F16_TABLE, f16_at, u32_at
+from cpu_kernels.iquant1_dots import iq1_m_d
+from cpu_kernels.scalars import f16_at, u32_at
 from cpu_kernels.simd import HAS_AVX2, f32x8_zero
 from cpu_kernels.simd_i8 import dot16_f32, fma_halves, hsum8, levels_intrinsic, sdot32
 
@@ -167,10 +168,7 @@ def _iq1_s(row, w64, sc16):
 def _iq1_m(row, w64, sc16):
     for b in range(row.shape[0] // 56):
         o = b * 56
-        bits = i64(0)
-        for m in range(4):
-            bits |= (i64(row[o + 49 + 2 * m]) >> 4) << (4 * m)
-        d = F16_TABLE[bits]
+        d = iq1_m_d(row, o)
         for k in range(32):
             nib = (i64(row[o + 32 + (k >> 1)]) >> (4 * (k & 1))) & 15
             table = G_IQ1_MINUS if nib & 8 else G_IQ1_PLUS

@@ -1,10 +1,11 @@
 """Row dot products on the lattice i-quants (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S): 256
 elements per block, 8 sub-blocks of 32, each a run of grid codes (8 or 4 values) with signs.
 
-Same contract as kquant_dots: `exact` dots take (row, x, xs) and compute in float32 on the exact
-weights (equal to gguf-py's dequantization); `fast` (`*_q8`) dots take (row, xq, dx, xs) with x
-as int8 per 32-group (scale dx). One generic body per type serves both: a group's sum of
+Every function is dot(row, x) in both modes, `(row, x, dx, xs, quantized)`: exact mode passes
+x float32 (`quantized` False: float32 math on the exact weights, equal to gguf-py's
+dequantization); fast mode passes x as int8 per 32-group with scales dx. A group's sum of
 grid * sign * x is exact in float32 for int8 x (|sum| < 2^24), then scaled once per group.
+`xs` (the 32-group sums of x) is for types with offsets (iquant1_dots).
 Grids are ggml's (cpu_kernels/iquant_tables.py); SIGNS[i] is ksigns_iq2xs[i] as +-1.
 
     IQ2_XXS (66 B): f16 d @0; per sub-block s, 8 B @2+8s: 4 grid codes (bytes), then a u32
@@ -62,7 +63,8 @@ def _bit_signed(grid: np.ndarray, code: int, bits: int, x: np.ndarray, xb: int, 
 
 
 @njit(fastmath=True, cache=True)
-def _iq2_xxs(row: np.ndarray, x: np.ndarray, dx: np.ndarray, quantized: bool) -> float:
+def iq2_xxs(row: np.ndarray, x: np.ndarray, dx: np.ndarray, xs: np.ndarray,
+            quantized: bool) -> float:
     acc = f32(0.0)
     for b in range(row.shape[0] // 66):
         o = b * 66
@@ -80,7 +82,8 @@ def _iq2_xxs(row: np.ndarray, x: np.ndarray, dx: np.ndarray, quantized: bool) ->
 
 
 @njit(fastmath=True, cache=True)
-def _iq2_xs(row: np.ndarray, x: np.ndarray, dx: np.ndarray, quantized: bool) -> float:
+def iq2_xs(row: np.ndarray, x: np.ndarray, dx: np.ndarray, xs: np.ndarray,
+           quantized: bool) -> float:
     acc = f32(0.0)
     for b in range(row.shape[0] // 74):
         o = b * 74
@@ -99,7 +102,8 @@ def _iq2_xs(row: np.ndarray, x: np.ndarray, dx: np.ndarray, quantized: bool) -> 
 
 
 @njit(fastmath=True, cache=True)
-def _iq2_s(row: np.ndarray, x: np.ndarray, dx: np.ndarray, quantized: bool) -> float:
+def iq2_s(row: np.ndarray, x: np.ndarray, dx: np.ndarray, xs: np.ndarray,
+          quantized: bool) -> float:
     acc = f32(0.0)
     for b in range(row.shape[0] // 82):
         o = b * 82
@@ -120,7 +124,8 @@ def _iq2_s(row: np.ndarray, x: np.ndarray, dx: np.ndarray, quantized: bool) -> f
 
 
 @njit(fastmath=True, cache=True)
-def _iq3_xxs(row: np.ndarray, x: np.ndarray, dx: np.ndarray, quantized: bool) -> float:
+def iq3_xxs(row: np.ndarray, x: np.ndarray, dx: np.ndarray, xs: np.ndarray,
+            quantized: bool) -> float:
     acc = f32(0.0)
     for b in range(row.shape[0] // 98):
         o = b * 98
@@ -142,7 +147,8 @@ def _iq3_xxs(row: np.ndarray, x: np.ndarray, dx: np.ndarray, quantized: bool) ->
 
 
 @njit(fastmath=True, cache=True)
-def _iq3_s(row: np.ndarray, x: np.ndarray, dx: np.ndarray, quantized: bool) -> float:
+def iq3_s(row: np.ndarray, x: np.ndarray, dx: np.ndarray, xs: np.ndarray,
+          quantized: bool) -> float:
     acc = f32(0.0)
     for b in range(row.shape[0] // 110):
         o = b * 110
@@ -161,52 +167,3 @@ def _iq3_s(row: np.ndarray, x: np.ndarray, dx: np.ndarray, quantized: bool) -> f
             acc += d * f32(1 + 2 * i64(sc)) * t * (dx[(xb >> 5)] if quantized else f32(1.0))
     return acc
 
-
-@njit(cache=True)
-def dot_iq2_xxs(row: np.ndarray, x: np.ndarray, xs: np.ndarray) -> float:
-    return _iq2_xxs(row, x, xs, False)
-
-
-@njit(cache=True)
-def dot_iq2_xxs_q8(row: np.ndarray, xq: np.ndarray, dx: np.ndarray, xs: np.ndarray) -> float:
-    return _iq2_xxs(row, xq, dx, True)
-
-
-@njit(cache=True)
-def dot_iq2_xs(row: np.ndarray, x: np.ndarray, xs: np.ndarray) -> float:
-    return _iq2_xs(row, x, xs, False)
-
-
-@njit(cache=True)
-def dot_iq2_xs_q8(row: np.ndarray, xq: np.ndarray, dx: np.ndarray, xs: np.ndarray) -> float:
-    return _iq2_xs(row, xq, dx, True)
-
-
-@njit(cache=True)
-def dot_iq2_s(row: np.ndarray, x: np.ndarray, xs: np.ndarray) -> float:
-    return _iq2_s(row, x, xs, False)
-
-
-@njit(cache=True)
-def dot_iq2_s_q8(row: np.ndarray, xq: np.ndarray, dx: np.ndarray, xs: np.ndarray) -> float:
-    return _iq2_s(row, xq, dx, True)
-
-
-@njit(cache=True)
-def dot_iq3_xxs(row: np.ndarray, x: np.ndarray, xs: np.ndarray) -> float:
-    return _iq3_xxs(row, x, xs, False)
-
-
-@njit(cache=True)
-def dot_iq3_xxs_q8(row: np.ndarray, xq: np.ndarray, dx: np.ndarray, xs: np.ndarray) -> float:
-    return _iq3_xxs(row, xq, dx, True)
-
-
-@njit(cache=True)
-def dot_iq3_s(row: np.ndarray, x: np.ndarray, xs: np.ndarray) -> float:
-    return _iq3_s(row, x, xs, False)
-
-
-@njit(cache=True)
-def dot_iq3_s_q8(row: np.ndarray, xq: np.ndarray, dx: np.ndarray, xs: np.ndarray) -> float:
-    return _iq3_s(row, xq, dx, True)

@@ -10,20 +10,9 @@ import numpy as np
 from numba import njit, prange
 
 from cpu_kernels import qtypes as qt
-from cpu_kernels.iquant1_dots import dot_iq1_m, dot_iq1_m_q8, dot_iq1_s, dot_iq1_s_q8
-from cpu_kernels.iquant4_dots import dot_iq4_nl, dot_iq4_nl_q8, dot_iq4_xs, dot_iq4_xs_q8
-from cpu_kernels.iquant_grid_dots import (
-    dot_iq2_s,
-    dot_iq2_s_q8,
-    dot_iq2_xs,
-    dot_iq2_xs_q8,
-    dot_iq2_xxs,
-    dot_iq2_xxs_q8,
-    dot_iq3_s,
-    dot_iq3_s_q8,
-    dot_iq3_xxs,
-    dot_iq3_xxs_q8,
-)
+from cpu_kernels.iquant1_dots import iq1_m, iq1_s
+from cpu_kernels.iquant4_dots import iq4_nl, iq4_xs
+from cpu_kernels.iquant_grid_dots import iq2_s, iq2_xs, iq2_xxs, iq3_s, iq3_xxs
 from cpu_kernels.kquant_dots import (
     dot_q4_k,
     dot_q4_k_q8,
@@ -75,53 +64,31 @@ def row_dot_exact(qtype: int, row: np.ndarray, x: np.ndarray, xs: np.ndarray) ->
         return dot_bf16(row, x, xs)
     if qtype == F16:
         return dot_f16(row, x, xs)
-    return _iquant_exact(qtype, row, x, xs)
+    return _iquant(qtype, row, x, xs, xs, False)
 
 
 @njit(cache=True)
-def _iquant_exact(qtype: int, row: np.ndarray, x: np.ndarray, xs: np.ndarray) -> float:
+def _iquant(qtype: int, row: np.ndarray, x: np.ndarray, dx: np.ndarray, xs: np.ndarray,
+            quantized: bool) -> float:
+    """An i-quant row's dot, both modes: x float32 (exact) or int8 with scales dx (fast)."""
     if qtype == IQ1_S:
-        return dot_iq1_s(row, x, xs)
+        return iq1_s(row, x, dx, xs, quantized)
     if qtype == IQ2_XXS:
-        return dot_iq2_xxs(row, x, xs)
+        return iq2_xxs(row, x, dx, xs, quantized)
     if qtype == IQ4_XS:
-        return dot_iq4_xs(row, x, xs)
+        return iq4_xs(row, x, dx, xs, quantized)
     if qtype == IQ1_M:
-        return dot_iq1_m(row, x, xs)
+        return iq1_m(row, x, dx, xs, quantized)
     if qtype == IQ2_XS:
-        return dot_iq2_xs(row, x, xs)
+        return iq2_xs(row, x, dx, xs, quantized)
     if qtype == IQ2_S:
-        return dot_iq2_s(row, x, xs)
+        return iq2_s(row, x, dx, xs, quantized)
     if qtype == IQ3_XXS:
-        return dot_iq3_xxs(row, x, xs)
+        return iq3_xxs(row, x, dx, xs, quantized)
     if qtype == IQ3_S:
-        return dot_iq3_s(row, x, xs)
+        return iq3_s(row, x, dx, xs, quantized)
     if qtype == IQ4_NL:
-        return dot_iq4_nl(row, x, xs)
-    return np.nan
-
-
-@njit(cache=True)
-def _iquant_fast(qtype: int, row: np.ndarray, xq: np.ndarray, dx: np.ndarray,
-                 xs: np.ndarray) -> float:
-    if qtype == IQ1_S:
-        return dot_iq1_s_q8(row, xq, dx, xs)
-    if qtype == IQ2_XXS:
-        return dot_iq2_xxs_q8(row, xq, dx, xs)
-    if qtype == IQ4_XS:
-        return dot_iq4_xs_q8(row, xq, dx, xs)
-    if qtype == IQ1_M:
-        return dot_iq1_m_q8(row, xq, dx, xs)
-    if qtype == IQ2_XS:
-        return dot_iq2_xs_q8(row, xq, dx, xs)
-    if qtype == IQ2_S:
-        return dot_iq2_s_q8(row, xq, dx, xs)
-    if qtype == IQ3_XXS:
-        return dot_iq3_xxs_q8(row, xq, dx, xs)
-    if qtype == IQ3_S:
-        return dot_iq3_s_q8(row, xq, dx, xs)
-    if qtype == IQ4_NL:
-        return dot_iq4_nl_q8(row, xq, dx, xs)
+        return iq4_nl(row, x, dx, xs, quantized)
     return np.nan
 
 
@@ -149,7 +116,7 @@ def row_dot_fast(qtype: int, row: np.ndarray, x: np.ndarray, xq: np.ndarray, dx:
         return dot_bf16(row, x, xs)
     if qtype == F16:
         return dot_f16(row, x, xs)
-    return _iquant_fast(qtype, row, xq, dx, xs)
+    return _iquant(qtype, row, xq, dx, xs, True)
 
 
 @njit(inline="always", cache=True)
