@@ -44,6 +44,13 @@ def element_values(q: GpuQuant, rows: torch.Tensor, cols: torch.Tensor) -> torch
             return d * (nib - 16).to(f32)
         m = _at(p[-1], r, e // 32).to(f32)
         return d * nib.to(f32) + m
+    if t in (qt.IQ4_NL, qt.IQ4_XS):
+        b = _at(p[0], r, (e // 32) * 16 + e % 16).to(torch.int32)
+        nib = (b >> (((e // 16) % 2) * 4)) & 15
+        level = torch.tensor(qt.IQ4_LEVELS, dtype=f32, device=b.device)[nib]
+        if t == qt.IQ4_NL:
+            return _at(p[1], r, e // 32).to(f32) * level
+        return (_at(p[2], r, e // 256).to(f32) * _at(p[1], r, e // 32).to(f32)) * level
     sb, i = e // 256, e % 256
     half, run, lane = i // 128, (i % 128) // 32, i % 32
     if t in (qt.Q4_K, qt.Q5_K):

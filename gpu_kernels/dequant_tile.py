@@ -22,6 +22,27 @@ _Q4_0, _Q4_1, _Q5_0 = tl.constexpr(qt.Q4_0), tl.constexpr(qt.Q4_1), tl.constexpr
 _Q5_1, _Q8_0, _Q2_K = tl.constexpr(qt.Q5_1), tl.constexpr(qt.Q8_0), tl.constexpr(qt.Q2_K)
 _Q3_K, _Q4_K, _Q5_K = tl.constexpr(qt.Q3_K), tl.constexpr(qt.Q4_K), tl.constexpr(qt.Q5_K)
 _Q6_K = tl.constexpr(qt.Q6_K)
+_IQ4_NL, _IQ4_XS = tl.constexpr(qt.IQ4_NL), tl.constexpr(qt.IQ4_XS)
+
+
+def _level_words() -> list[int]:
+    """IQ4_LEVELS as 4 int32 words of 4 little-endian bytes (levels 4w..4w+3 in word w)."""
+    out = []
+    for w in range(4):
+        word = sum((qt.IQ4_LEVELS[4 * w + k] & 0xFF) << (8 * k) for k in range(4))
+        out.append(word - (1 << 32) if word >= 1 << 31 else word)
+    return out
+
+
+_LV0, _LV1, _LV2, _LV3 = (tl.constexpr(w) for w in _level_words())
+
+
+@triton.jit
+def iq4_level(v):
+    """IQ4_LEVELS[v] (v int32 in 0..15) as fp32, from the 4 words: no table in memory."""
+    word = tl.where(v < 8, tl.where(v < 4, _LV0, _LV1), tl.where(v < 12, _LV2, _LV3))
+    byte = (word >> (8 * (v & 3))) & 255
+    return ((byte ^ 128) - 128).to(tl.float32)
 
 
 @triton.jit
@@ -42,6 +63,14 @@ def dequant_tile(QT: tl.constexpr, p0, p1, p2, p3, p4, p5, r, e, K, rmask):
         w = _f32(p0, r, K, e, rmask)
     elif QT == _Q8_0:
         w = _f32(p1, r, K // 32, e // 32, rmask) * _f32(p0, r, K, e, rmask)
+    elif QT == _IQ4_NL or QT == _IQ4_XS:
+        b = _i32(p0, r, K // 2, (e // 32) * 16 + e % 16, rmask)
+        level = iq4_level((b >> (((e // 16) % 2) * 4)) & 15)
+        if QT == _IQ4_NL:
+            w = _f32(p1, r, K // 32, e // 32, rmask) * level
+        else:
+            w = (_f32(p2, r, K // 256, e // 256, rmask) * _f32(p1, r, K // 32, e // 32, rmask)) \
+                * level
     elif QT == _Q4_0 or QT == _Q4_1 or QT == _Q5_0 or QT == _Q5_1:
         b = _i32(p0, r, K // 2, (e // 32) * 16 + e % 16, rmask)
         v = (b >> (((e // 16) % 2) * 4)) & 15

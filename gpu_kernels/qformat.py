@@ -19,6 +19,9 @@ Planes per type (K = columns; every plane is row-major with `rows` rows):
     Q4_K   qs u8 [K/2]    sc u8 [K/32]   mn u8 [K/32]   d f16 [K/256]  dmin f16 [K/256]
     Q5_K   qs u8 [K/2]    qh u8 [K/8]    sc u8 [K/32]   mn u8 [K/32]  d f16 [K/256]  dmin
     Q6_K   ql u8 [K/2]    qh u8 [K/4]    sc i8 [K/16]   d f16 [K/256]
+    IQ4_NL qs u8 [K/2]    d f16 [K/32]                     (nibbles select IQ4_LEVELS)
+    IQ4_XS qs u8 [K/2]    sc i8 [K/32] (signed, -32 applied)  d f16 [K/256]
+(IQ4_XS's 6-bit scales unpacked to a byte each: 136 -> 138 bytes per 256 weights.)
 """
 
 from __future__ import annotations
@@ -81,6 +84,15 @@ def _q3_scales(s: torch.Tensor) -> torch.Tensor:
     return ((low | (high << 4)) - 32).to(torch.int8)
 
 
+def _iq4_xs_scales(b: torch.Tensor) -> torch.Tensor:
+    """IQ4_XS blocks [R, nb, 136] -> the 8 signed sub-block scales [R, nb, 8] int8 (value - 32):
+    low nibbles at bytes 4..7, two high bits each in the u16 at bytes 2..3."""
+    high = b[..., 2].to(torch.int32) | (b[..., 3].to(torch.int32) << 8)  # [R, nb]
+    s = torch.arange(8, device=b.device)
+    low = (b[..., 4 + s // 2].to(torch.int32) >> (4 * (s % 2))) & 15
+    return ((low | (((high[..., None] >> (2 * s)) & 3) << 4)) - 32).to(torch.int8)
+
+
 def to_planes(raw: torch.Tensor, qtype: int, rows: int, cols: int) -> GpuQuant:
     """raw: the tensor's GGUF bytes (uint8, any shape with rows * row_bytes elements) or, for
     F32/F16/BF16, its elements; on any device. -> the planes on raw's device."""
@@ -99,8 +111,10 @@ def to_planes(raw: torch.Tensor, qtype: int, rows: int, cols: int) -> GpuQuant:
 
     if qtype == qt.Q8_0:
         planes = (flat(b[..., 2:]).view(torch.int8), _f16(b, 0))
-    elif qtype == qt.Q4_0:
+    elif qtype in (qt.Q4_0, qt.IQ4_NL):
         planes = (flat(b[..., 2:18]), _f16(b, 0))
+    elif qtype == qt.IQ4_XS:
+        planes = (flat(b[..., 8:136]), flat(_iq4_xs_scales(b)), _f16(b, 0))
     elif qtype == qt.Q4_1:
         planes = (flat(b[..., 4:20]), _f16(b, 0), _f16(b, 2))
     elif qtype == qt.Q5_0:

@@ -145,8 +145,19 @@ def _weights(model: nn.Module, spec: ModelSpec, gguf: GGUFModelFile,
         fmt = place.weight_format
         numel = tensor.numel()
         nbytes = sum(i.nbytes for i in infos) if fmt == "gguf" else numel * _ELEMENT_BYTES[fmt]
+        if fmt == "gguf" and _held_as_bf16(place, infos):
+            nbytes = numel * _ELEMENT_BYTES["bf16"]
         items.extend(_split_experts(name, module_path, place, sources, types, nbytes, spec))
     return items
+
+
+def _held_as_bf16(place: Placement, infos: list) -> bool:
+    """A GPU weight in a type the GPU kernels do not read (the i-quants) is held as bf16
+    (ops/weights.py): count what it will take. Routed experts stay on the CPU kernels."""
+    from gpu_kernels.qtypes import is_supported
+
+    return (place.operator != "experts" and place.generate_device.startswith("cuda")
+            and any(not is_supported(i.qtype) for i in infos))
 
 
 def _split_experts(name: str, owner_path: str, place: Placement, sources: tuple[str, ...],

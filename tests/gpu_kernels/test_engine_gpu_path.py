@@ -115,15 +115,24 @@ def test_cancelling_a_chunk_in_flight_leaves_the_others_whole(models, tmp_path, 
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="scripts/device_rules_check.py on GPUs")
-@pytest.mark.parametrize("quant,rules", [("iq4_xs", "DeepSeek-V3"),
-                                         ("ud-iq1_s", "DeepSeek-V3-gpu-experts")])
-def test_iquant_files_run_on_the_gpu_path(models, quant, rules, tmp_path, monkeypatch, caplog):
-    """i-quant tensors the GPU kernels do not read yet: dense GPU weights are held as bf16 (and
-    the log says so), routed experts stay on the CPU kernels; the greedy tokens are cpu.yaml's."""
+@pytest.mark.parametrize("quant,rules,gpu_reads_iq4", [
+    ("iq4_xs", "DeepSeek-V3", True), ("iq4_xs", "DeepSeek-V3", False),
+    ("ud-iq1_s", "DeepSeek-V3-gpu-experts", True)])
+def test_iquant_files_run_on_the_gpu_path(models, quant, rules, gpu_reads_iq4, tmp_path,
+                                          monkeypatch, caplog):
+    """IQ4_XS/IQ4_NL weights run on the GPU kernels in their blocks; a type they do not read
+    (here IQ4 with the kernels' support switched off) is held as bf16 and the log says so;
+    routed experts in IQ1_S/IQ2_XXS stay on the CPU kernels. The greedy tokens are cpu.yaml's."""
+    from gpu_kernels import qtypes
+
     path = str(models.path("tiny-v3", quant, "legacy"))
     exact = str(with_experts_mode(rules, "exact", tmp_path))
+    if not gpu_reads_iq4:
+        readable = qtypes.is_supported
+        monkeypatch.setattr(qtypes, "is_supported",
+                            lambda t: t not in (qtypes.IQ4_XS, qtypes.IQ4_NL) and readable(t))
     with caplog.at_level("WARNING", logger="hybrid.ops.weights"):
         ours = greedy(path, exact, True, monkeypatch)
     assert ours == greedy(path, "cpu", False, monkeypatch)
-    if quant == "iq4_xs":
-        assert "the GPU kernels do not read IQ4_XS; holding it as bf16" in caplog.text
+    held = "the GPU kernels do not read IQ4_XS; holding it as bf16" in caplog.text
+    assert held == (quant == "iq4_xs" and not gpu_reads_iq4)
