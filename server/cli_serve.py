@@ -12,7 +12,7 @@ SERVE_SETTINGS = ("gguf_path", "optimize_rules", "max_batch_size", "chunk_size",
                   "page_size", "cpu_threads", "host", "port", "max_new_tokens", "api_key",
                   "served_model_name", "max_request_bytes", "log_level", "force_think",
                   "cuda_graphs", "decode_graph", "prefill_experts", "stream_memory_gib",
-                  "packed_cache")
+                  "packed_cache", "prefix_cache")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -74,6 +74,11 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="pack fast mode's CPU experts in memory on every start instead of "
                         "keeping the packed copy on disk ($HYBRID_PACKED_CACHE_DIR, default "
                         "~/.cache/hybrid/packed) and memory-mapping it on the next start")
+    p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                   default=e["prefix_cache"],
+                   help="prefill every prompt whole instead of reusing the KV pages of prompt "
+                        "prefixes earlier requests computed (a chat's history, a shared "
+                        "system prompt)")
     p.add_argument("--api-key", default=d["api_key"],
                    help="require 'Authorization: Bearer KEY' on every route but /health")
     p.add_argument("--served-model-name", default=d["served_model_name"],

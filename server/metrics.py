@@ -31,12 +31,16 @@ ENGINE_GAUGES = (
     ("hybrid_kv_pages_used", "kv_pages_used", "KV cache pages held by live requests."),
     ("hybrid_kv_pages_total", "kv_pages_total", "KV cache pages in all."),
     ("hybrid_kv_page_size_tokens", "kv_page_size", "Tokens per KV cache page."),
+    ("hybrid_kv_pages_cached", "kv_pages_cached",
+     "KV cache pages in the prefix cache, held by requests or idle (evictable)."),
     ("hybrid_max_batch_requests", "max_batch_requests",
      "The most requests that shared one forward so far."),
 )
 ENGINE_COUNTERS = (
     ("hybrid_generation_tokens_total", "num_generated_tokens", "Tokens generated."),
     ("hybrid_prompt_tokens_total", "num_prompt_tokens", "Prompt tokens prefilled."),
+    ("hybrid_prompt_tokens_cached_total", "num_cached_prompt_tokens",
+     "Prompt tokens whose KV the prefix cache held at admission (not prefilled again)."),
     ("hybrid_requests_submitted_total", "num_submitted", "Requests submitted to the engine."),
     ("hybrid_requests_finished_total", "num_finished", "Requests ended by a stop or length."),
     ("hybrid_requests_cancelled_total", "num_cancelled",

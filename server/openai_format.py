@@ -29,6 +29,7 @@ class ChoiceState:
     finish_reason: str | None = None
     think: ThinkSetup | None = None
     parser: ReasoningParser | None = None
+    cached_tokens: int = 0  # of its prompt, found in the prefix cache
 
     def __post_init__(self) -> None:
         if self.think is not None and self.parser is None:
@@ -40,6 +41,7 @@ class ChoiceState:
 
     def add(self, out: TokenOutput) -> Delta:
         self.tokens.append(out)
+        self.cached_tokens = out.cached_tokens
         self.finish_reason = out.finish_reason or self.finish_reason
         if self.parser is None or self.think is None:
             self.text += out.text
@@ -53,11 +55,14 @@ class ChoiceState:
         return Delta(reasoning, content)
 
 
-def usage(prompt_tokens: int, choices: list[ChoiceState]) -> dict[str, int]:
-    """The prompt counts once, however many choices share it (as OpenAI counts)."""
+def usage(prompt_tokens: int, choices: list[ChoiceState]) -> dict[str, Any]:
+    """The prompt counts once, however many choices share it (as OpenAI counts); its cached
+    tokens are the most any choice found in the prefix cache."""
     completion = sum(len(c.tokens) for c in choices)
+    cached = min(prompt_tokens, max((c.cached_tokens for c in choices), default=0))
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-            "total_tokens": prompt_tokens + completion}
+            "total_tokens": prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def sse(payload: dict[str, Any] | str) -> bytes:

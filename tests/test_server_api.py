@@ -243,3 +243,18 @@ def test_disconnect_while_waiting_for_a_whole_response(live_server) -> None:  # 
                    headers={"Authorization": f"Bearer {API_KEY}"})
     after = _wait_for(live_server, lambda h: h["num_cancelled"] == before["num_cancelled"] + 1)
     assert after["num_running"] == 0 and after["num_finished"] == before["num_finished"]
+
+
+def test_next_turn_reports_its_cached_prompt_tokens(client, model) -> None:
+    """A chat's next turn resends the history: its usage says how much of the prompt the
+    prefix cache held (OpenAI's prompt_tokens_details.cached_tokens)."""
+    history = [{"role": "system", "content": "You answer questions about a long text. " * 30},
+               {"role": "user", "content": "What is it about?"}]
+    first = client.chat.completions.create(model=model, messages=history, max_tokens=4,
+                                           temperature=0)
+    history += [{"role": "assistant", "content": first.choices[0].message.content},
+                {"role": "user", "content": "And then?"}]
+    second = client.chat.completions.create(model=model, messages=history, max_tokens=4,
+                                            temperature=0)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert first.usage.prompt_tokens >= 64 and 64 <= cached < second.usage.prompt_tokens

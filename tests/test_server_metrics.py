@@ -44,7 +44,8 @@ class FakeClock:
 STATS = SimpleNamespace(num_waiting=1, num_running=2, kv_pages_used=3, kv_pages_total=512,
                         kv_page_size=64, max_batch_requests=2, num_generated_tokens=7,
                         num_prompt_tokens=9, num_submitted=4, num_finished=1, num_cancelled=1,
-                        num_failed=0, num_expert_layers_streamed=5, num_expert_layers_cpu=6)
+                        num_failed=0, num_expert_layers_streamed=5, num_expert_layers_cpu=6,
+                        kv_pages_cached=8, num_cached_prompt_tokens=10)
 
 
 def test_histograms_and_token_rate_with_a_fake_clock() -> None:

@@ -45,6 +45,8 @@ class EngineConfig:
     stream_memory_gib: float | None = None  # GPU memory for streamed experts (None: auto)
     # fast mode's packed experts kept under ~/.cache/hybrid/packed and mapped on later starts
     packed_cache: bool = True
+    # share the KV pages of equal prompt prefixes across requests (prefix_cache.py)
+    prefix_cache: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_batch_size <= 256:

@@ -138,7 +138,8 @@ class Engine:
             finished = finished or "length"
         if finished is not None and not hit:
             delta += state.stops.feed(state.detokenizer.flush(), final=True)[0]
-        token = TokenOutput(s.token_id, delta, s.logprob, tuple(s.top_logprobs), finished)
+        token = TokenOutput(s.token_id, delta, s.logprob, tuple(s.top_logprobs), finished,
+                            r.num_cached_tokens)
         status = RequestStatus.RUNNING if finished is None else RequestStatus(finished)
         return StepOutput(r, token, status)
 

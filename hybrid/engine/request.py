@@ -37,6 +37,7 @@ class TokenOutput:
     logprob: float  # the chosen token's log-probability under the model
     top_logprobs: tuple[tuple[int, float], ...]  # (id, logprob), best first; () unless asked
     finish_reason: str | None  # "stop" or "length" on the request's last token, else None
+    cached_tokens: int = 0  # prompt tokens whose KV the prefix cache already held
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class Request:
     # to what the cache and the model's context can hold.
     page_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # of the prompt, found in the prefix cache at admission
     max_tokens: int = 0
     # a prompt chunk of this request is part-way through the layers, spread over steps (the
     # model runner's layered prefill): the scheduler gives it nothing more until it is done

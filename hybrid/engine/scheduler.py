@@ -10,6 +10,11 @@ for its prompt plus its max_tokens are free, so a running request never runs out
 nothing is ever preempted; admission is strictly FCFS (a large request at the head waits for
 pages rather than being overtaken forever). A request that could never fit is rejected at
 `add()`. The caller (the engine worker) holds the lock around every call.
+
+With the prefix cache (prefix_cache.py, `EngineConfig.prefix_cache`) a request is admitted
+holding the cached pages of its prompt's longest published prefix and starts computing after
+them; its own full pages are published as their KV completes; pages no request holds are
+evicted only when an admission needs them.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dataclasses import dataclass
 
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.page_allocator import PageAllocator
+from hybrid.engine.prefix_cache import PrefixCache
 from hybrid.engine.request import Request, RequestStatus
 from hybrid.errors import RequestRejected
 
@@ -55,6 +61,14 @@ class Scheduler:
         self.max_request_tokens = min(config.num_pages * config.page_size, context_length)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.cache = PrefixCache(config.page_size) if config.prefix_cache else None
+        self.num_cached_tokens = 0  # prompt tokens admitted with their KV already cached
+
+    @property
+    def num_pages_held(self) -> int:
+        """Pages some live request holds (the rest are free or cached and idle)."""
+        idle = self.cache.num_idle if self.cache is not None else 0
+        return self.pages.num_used - idle
 
     @property
     def has_work(self) -> bool:
@@ -83,21 +97,43 @@ class Scheduler:
         while (budget and self.waiting
                and len(self.running) < self.config.max_batch_size):
             head = self.waiting[0]
-            pages = self.pages.allocate(head.num_prompt_tokens + head.max_tokens)
-            if pages is None:
+            if not self._admit(head):
                 break  # FCFS: the head waits for pages; nobody overtakes it
             self.waiting.popleft()
-            head.page_ids, head.status = pages, RequestStatus.RUNNING
             self.running.append(head)
             budget -= self._prefill_chunk(head, budget, chunks)
         return ScheduledBatch(chunks, cancelled)
 
+    def _admit(self, r: Request) -> bool:
+        """Give `r` its pages (cached prefix first) or, when too few are free even after
+        evicting idle cached ones, leave everything as it was and say no."""
+        cached = (self.cache.match(r.prompt_ids, r.num_prompt_tokens - 1)
+                  if self.cache is not None else [])
+        need = self.pages.pages_for(r.num_prompt_tokens + r.max_tokens) - len(cached)
+        short = need - self.pages.num_free
+        if short > 0 and self.cache is not None:
+            self.pages.free(self.cache.evict(short))
+        pages = self.pages.allocate(need * self.pages.page_size)
+        if pages is None:
+            if self.cache is not None:
+                self.pages.free(self.cache.release(id(r), cached))  # frees nothing: all cached
+            return False
+        r.page_ids, r.status = cached + pages, RequestStatus.RUNNING
+        r.num_computed_tokens = r.num_cached_tokens = len(cached) * self.pages.page_size
+        self.num_cached_tokens += r.num_cached_tokens
+        return True
+
     def complete(self, chunks: list[ScheduledChunk]) -> None:
         """These chunks ran (all of a step's, or a layered chunk some steps later): their
-        tokens' KV is in the cache."""
+        tokens' KV is in the cache (and their full pages join the prefix cache)."""
         for c in chunks:
-            c.request.num_computed_tokens = c.start + len(c.token_ids)
-            c.request.in_flight = False
+            r = c.request
+            r.num_computed_tokens = c.start + len(c.token_ids)
+            r.in_flight = False
+            full = r.num_computed_tokens // self.pages.page_size
+            if self.cache is not None and full > self.cache.num_published(id(r)):
+                self.cache.publish(id(r), r.token_ids(0, r.num_computed_tokens), r.page_ids,
+                                   r.num_computed_tokens)
 
     def defer(self, chunk: ScheduledChunk) -> None:
         """The chunk started but finishes in a later step (`complete` then): its request gets
@@ -127,6 +163,9 @@ class Scheduler:
         return cancelled
 
     def _release(self, request: Request, status: RequestStatus) -> None:
-        self.pages.free(request.page_ids)
+        own = request.page_ids
+        if self.cache is not None:
+            own = self.cache.release(id(request), request.page_ids)
+        self.pages.free(own)
         request.page_ids = []
         request.finish(status)

@@ -45,6 +45,8 @@ class EngineStats:
     kv_pages_used: int = 0  # pages held by live (admitted, unfinished) requests
     kv_pages_total: int = 0
     kv_page_size: int = 0
+    kv_pages_cached: int = 0  # pages in the prefix cache (held by requests or idle)
+    num_cached_prompt_tokens: int = 0  # prompt tokens admitted with their KV already cached
     # MoE layer-steps whose routed experts were streamed to the GPU / ran on the CPU
     num_expert_layers_streamed: int = 0
     num_expert_layers_cpu: int = 0
@@ -103,8 +105,10 @@ class EngineWorker:
             return EngineStats(
                 len(s.waiting), len(s.running), c["submitted"], c["finished"], c["cancelled"],
                 c["cancelled_waiting"], c["failed"], c["tokens"], c["steps"], c["max_running"],
-                c["max_batch_requests"], c["prompt_tokens"], s.pages.num_used,
-                s.pages.num_pages, s.pages.page_size, layers["stream"], layers["cpu"])
+                c["max_batch_requests"], c["prompt_tokens"], s.num_pages_held,
+                s.pages.num_pages, s.pages.page_size,
+                s.cache.num_pages if s.cache is not None else 0, s.num_cached_tokens,
+                layers["stream"], layers["cpu"])
 
     @property
     def has_work(self) -> bool:

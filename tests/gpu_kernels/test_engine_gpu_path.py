@@ -93,7 +93,7 @@ def test_cancelling_a_chunk_in_flight_leaves_the_others_whole(models, tmp_path, 
     while llm.engine.has_work:
         llm.worker.step()
     assert runner.job is None and long.status.is_finished
-    assert llm.engine.scheduler.pages.num_used == 0
+    assert llm.engine.scheduler.num_pages_held == 0
     short_alone = short.output_ids
     # a step failing while a chunk is in flight fails that request too, not only the step's
     events: list = []
@@ -109,7 +109,7 @@ def test_cancelling_a_chunk_in_flight_leaves_the_others_whole(models, tmp_path, 
     assert short.status is RequestStatus.FINISHED_FAILED
     assert long.status is RequestStatus.FINISHED_FAILED and runner.job is None
     assert sum(isinstance(e, RequestFailed) for e in events) == 2
-    assert not llm.engine.has_work and llm.engine.scheduler.pages.num_used == 0
+    assert not llm.engine.has_work and llm.engine.scheduler.num_pages_held == 0
     monkeypatch.undo()
     assert short_alone == greedy(path, "cpu", False, monkeypatch, prompts=[[5, 6]])[0]
 
