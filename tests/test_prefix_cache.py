@@ -94,7 +94,7 @@ PROMPT = [0, *range(1000, 1150)]  # 151 tokens: 9 full pages of 16
 @pytest.fixture(scope="module")
 def llms(models):
     path = str(models.path("tiny-v3", "q4_k_m"))
-    mk = lambda cache, lens=2048: LLM(path, "cpu", engine_config=EngineConfig(  # noqa: E731
+    mk = lambda cache, lens=2048: LLM(path, "cpu", engine_config=EngineConfig(
         cache_lens=lens, page_size=16, chunk_size=64, max_batch_size=4, prefix_cache=cache))
     return {"on": mk(True), "off": mk(False), "small": mk(True, 160)}
 

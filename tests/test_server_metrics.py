@@ -75,7 +75,7 @@ def test_docs_list_every_metric_the_endpoint_serves() -> None:
     documented = dict(re.findall(r"^\| `(hybrid_\w+)` \| (\w+) \|", DOC.read_text(), re.MULTILINE))
     types, _ = parse(ServerMetrics().render(STATS))
     assert documented == types
-    assert len(types) == 17
+    assert len(types) == 19
 
 
 def test_live_metrics_follow_requests(live_server) -> None:  # noqa: F811
