@@ -12,6 +12,9 @@ DeepSeek vocabulary). Rows:
   cost model measured at start-up) and again with the CPU experts only;
 - `--itl-prompt N`: a running stream's inter-token latency while a prompt of N tokens
   prefills, against its idle value;
+- `--chat N`: the third turn of a chat whose history reaches ~N tokens (scripts/
+  bench_prefix_cache.py's turns), time to first token with the prefix cache and without;
+  every other row runs with the prefix cache off (their prompts repeat: they time prefill);
 - with --llama-bench, llama.cpp's `llama-bench -ngl 99 -ot exps=CPU -fa 1` on the same file
   (tg = decode, pp = prefill), and ours over theirs.
 `--mode fast|exact` rewrites the rule file's experts mode (fast: int8/bf16 CPU experts).
@@ -188,6 +191,25 @@ def itl_during_prefill(llm: LLM, n: int, gen: int) -> dict:
             "ttft_s": ttft}
 
 
+def chat_turns(llm: LLM, history: int) -> dict:
+    """TTFT of a 3-turn chat's turns (a long first message, short later ones) with the
+    scheduler's prefix cache off, then on (a cache of its own, made here)."""
+    from bench_prefix_cache import turns
+
+    from hybrid.engine.prefix_cache import PrefixCache
+
+    scheduler = llm.engine.scheduler
+    first, message, answer = history - 140, 64, 16
+    out = {"history": history}
+    for name, cache in (("off", None), ("on", PrefixCache(scheduler.pages.page_size))):
+        scheduler.cache = cache
+        out[name] = turns(llm, first, message, answer, seed=len(out))
+        if cache is not None:  # its pages back to the pool before it goes
+            scheduler.pages.free(cache.evict(cache.num_pages))
+    scheduler.cache = None
+    return out
+
+
 def _variants(before: dict | None = None) -> dict:
     """Triton's compiled variants of gpu_kernels now, or those new since `before`."""
     from gpu_kernels.jit_cache import compiled_variants, new_variants
@@ -225,6 +247,8 @@ def main() -> int:
     ap.add_argument("--prefill-experts", choices=["auto", "cpu", "stream"], default="auto")
     ap.add_argument("--itl-prompt", type=int, default=None,
                     help="also time a stream's inter-token latency while N tokens prefill")
+    ap.add_argument("--chat", type=int, default=None,
+                    help="also time a chat's third turn with and without the prefix cache")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     path = args.gguf_path or build_model(args.preset, Path(tempfile.mkdtemp()), args.layers)
@@ -240,7 +264,8 @@ def main() -> int:
     config = EngineConfig(max_batch_size=max(streams) + bool(args.itl_prompt),
                           chunk_size=max(prompts),
                           cache_lens=max(16 * 1024, max(prompts) * 2), cpu_threads=args.threads,
-                          decode_graph=args.decode_graph, prefill_experts=args.prefill_experts)
+                          decode_graph=args.decode_graph, prefill_experts=args.prefill_experts,
+                          prefix_cache=False)
     llm = LLM(path, rules_with_mode(args.optimize_rules, args.mode), engine_config=config,
               status=lambda m: print("start-up:", m, flush=True))
     result["load_s"] = time.perf_counter() - t
@@ -262,6 +287,8 @@ def main() -> int:
         if args.itl_prompt:
             result["itl_cpu"] = itl_during_prefill(llm, args.itl_prompt, args.gen)
         runner.placement = placement
+    if args.chat:
+        result["chat"] = chat_turns(llm, args.chat)
     result["expert_layers"] = dict(runner.expert_layer_counts)
     result["compiled_while_timing"] = _variants(compiled)
     result["decode"] = [decode(llm, s, 32, args.gen) for s in streams]
@@ -312,6 +339,11 @@ def print_table(r: dict) -> None:
                   f"| {_ratio(c['tok_s'], peer)} | | | | |")
     print(f"Triton variants compiled after start-up (prefill and ITL rows): "
           f"{r.get('compiled_while_timing') or 'none'}")
+    if "chat" in r:
+        c = r["chat"]
+        print(f"| chat, third turn of {c['history']} tokens: TTFT prefix cache off / on | "
+              f"{c['off'][2] * 1e3:.0f} / {c['on'][2] * 1e3:.0f} ms | | "
+              f"{c['off'][2] / c['on'][2]:.1f}x | | | | |")
     for key in ("itl", "itl_cpu"):
         if key in r:
             d = r[key]

@@ -8,7 +8,8 @@
 #   layers   scripts/bench_gpu_experts.py --stream: one V2-Lite and one V3 layer streamed, per
 #            layer at 512/2048/8192 tokens beside the copy of its bytes (24 and 4 GiB budgets)
 #   e2e      scripts/bench_e2e.py on a V2-Lite-shaped Q4_K_M, fast experts: prefill 512, 2048,
-#            8192 streamed (auto) and CPU-only, decode at 1 stream, ITL while 8192 prefill
+#            8192 streamed (auto) and CPU-only, decode at 1 stream, ITL while 8192 prefill, a
+#            2000-token chat's third turn with and without the prefix cache
 #   llama    builds llama-bench from .llama first and adds its rows to e2e (alone, without e2e,
 #            runs them by itself into $OUT/llama.json)
 #   model    writes the V2-Lite model only (e2e does too)
@@ -66,7 +67,7 @@ fi
 if [[ $WHAT == *e2e* ]]; then
   timeout ${BENCH_TIMEOUT:-400} python3 scripts/bench_e2e.py \
     --gguf-path $MODEL_PATH --mode fast $LB --streams 1 \
-    --prefill 512,2048,8192 --itl-prompt 8192 ${BENCH_ARGS:-} --json "$OUT/e2e.json" \
+    --prefill 512,2048,8192 --itl-prompt 8192 --chat 2000 ${BENCH_ARGS:-} --json "$OUT/e2e.json" \
     > "$OUT/e2e.log" 2>&1
   grep -v '^ \|^{\|^}' "$OUT/e2e.log" | tail -22
 fi

@@ -160,7 +160,7 @@ def main() -> int:
     args = ap.parse_args()
     path = args.gguf_path or build_model(args.preset, Path(tempfile.mkdtemp()), args.layers)
     gen = 6 * args.steps + 100  # every timed step decodes
-    config = EngineConfig(max_batch_size=max(args.batch, 1), chunk_size=256,
+    config = EngineConfig(max_batch_size=max(args.batch, 1), chunk_size=256, prefix_cache=False,
                           cache_lens=max(args.batch, 1) * (gen + 64), cuda_graphs=False)
     llm = LLM(path, rules_with_mode(args.optimize_rules, args.mode, args.activations), engine_config=config)
     runner = llm.engine.runner

@@ -79,7 +79,8 @@ def main() -> int:
                               get_vocab("small", preset.vocab_size),
                               Path(tempfile.mkdtemp()) / "m.gguf")[0])
     # eager steps: a replayed CUDA graph runs no Python, so nothing could be timed per operator
-    llm = LLM(path, args.optimize_rules, engine_config=EngineConfig(cuda_graphs=False))
+    llm = LLM(path, args.optimize_rules, engine_config=EngineConfig(cuda_graphs=False,
+                                                                prefix_cache=False))
     params = SamplingParams(temperature=0, max_tokens=10_000, ignore_eos=True)
     llm.generate(prompt_token_ids=[[1, 2, 3]], sampling_params=SamplingParams(max_tokens=3))
     spent = attach_timers(llm.loaded.model)

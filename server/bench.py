@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import random
 import statistics
 import sys
 import threading
@@ -58,8 +59,10 @@ class BenchResult:
     stream_tokens_per_s_mean: float
 
 
-def _one(client, opts: BenchOptions, model: str, index: int) -> StreamTiming:
-    prompt = [1 + (index * 7919 + j * 104729) % 1000 for j in range(opts.prompt_len)]
+def _one(client, opts: BenchOptions, model: str, index: int, salt: int) -> StreamTiming:
+    # `salt` (random per run) makes every run's prompts new to the server's prefix cache, so
+    # TTFT measures prefill, not an earlier run's cached pages
+    prompt = [1 + (salt + index * 7919 + j * 104729) % 1000 for j in range(opts.prompt_len)]
     body = {"model": model, "prompt": prompt, "max_tokens": opts.gen_len, "temperature": 0,
             "stream": True, "ignore_eos": True, "logprobs": 0}
     start = time.perf_counter()
@@ -94,9 +97,10 @@ def run_bench(opts: BenchOptions, progress: bool = True) -> BenchResult:
         bar = tqdm(total=opts.num_requests, desc=f"c={opts.concurrency}", unit="req",
                    file=sys.stderr, disable=not progress, leave=False)
         lock = threading.Lock()
+        salt = random.randrange(1000)
 
         def task(i: int) -> StreamTiming:
-            t = _one(client, opts, model, i)
+            t = _one(client, opts, model, i, salt)
             with lock:
                 bar.update()
             return t
