@@ -136,3 +136,28 @@ def test_iquant_files_run_on_the_gpu_path(models, quant, rules, gpu_reads_iq4, t
     assert ours == greedy(path, "cpu", False, monkeypatch)
     held = "the GPU kernels do not read IQ4_XS; holding it as bf16" in caplog.text
     assert held == (quant == "iq4_xs" and not gpu_reads_iq4)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="scripts/device_rules_check.py on GPUs")
+def test_prefix_cache_on_the_gpu_path(models, tmp_path, monkeypatch):
+    """Prompts sharing a prefix on the GPU path (latent cache pages read by the GPU kernels): a
+    request admitted with cached pages starts its chunk after them, beside a decoding one, and
+    gets cpu.yaml's tokens (which recompute everything)."""
+    path = str(models.path("tiny-v3", "q4_k_m", "legacy"))
+    exact = str(with_experts_mode("DeepSeek-V3", "exact", tmp_path))
+    base = list(range(40, 76))  # 36 tokens: two full pages of 16 to share
+    prompts = [[5, 6], base + [90, 91, 92]]  # the second is admitted with 32 cached tokens
+    monkeypatch.setenv("HYBRID_GPU_KERNELS_ON_CPU", "1")
+    monkeypatch.setattr(qmatmul, "DECODE_TILES", {None: (64, 1024, 1, 1)})
+    monkeypatch.setattr(qmatmul, "TOKEN_TILES", {})
+    config = EngineConfig(max_batch_size=4, chunk_size=8, cache_lens=256, page_size=16,
+                          prefill_experts="cpu")
+    llm = LLM(path, exact, device_map={"cuda": "cpu"}, engine_config=config)
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    alone = llm.generate(prompt_token_ids=[base], sampling_params=params)
+    out = llm.generate(prompt_token_ids=prompts, sampling_params=params)
+    assert llm.engine.scheduler.num_cached_tokens == 32
+    assert llm.engine.scheduler.num_pages_held == 0
+    monkeypatch.undo()
+    assert [o.outputs[0].token_ids for o in alone + out] == greedy(
+        path, "cpu", False, monkeypatch, prompts=[base, *prompts])
