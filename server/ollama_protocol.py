@@ -16,7 +16,13 @@ from pydantic import Field
 
 from hybrid.engine.sampling_params import SamplingParams
 from server.errors import APIError, bad_request, unsupported
-from server.params import ChatPrompt, check_prompt, encode_chat, make_sampling_params
+from server.params import (
+    ChatPrompt,
+    check_prompt,
+    encode_chat,
+    make_sampling_params,
+    structured_grammar,
+)
 from server.protocol import StopField, StrictModel
 from server.reasoning import ThinkSetup, is_thinking_template, opens_think
 from server.state import ServerState
@@ -95,8 +101,9 @@ def check_model(name: str | None, state: ServerState) -> None:
 
 
 def _check_common(req: _OllamaFields) -> None:
-    if req.format not in (None, ""):
-        raise unsupported("format", "structured output (format)")
+    if req.format not in (None, "", "json") and not isinstance(req.format, dict):
+        raise bad_request(f"format must be \"json\" or a JSON schema object, got "
+                          f"{req.format!r}", "format")
 
 
 def chat_prompt(req: OllamaChatRequest, state: ServerState) -> ChatPrompt:
@@ -152,4 +159,9 @@ def sampling(req: _OllamaFields, state: ServerState, prompt_len: int) -> Samplin
              "frequency_penalty": o.frequency_penalty, "repetition_penalty": o.repeat_penalty}
     values = {**OLLAMA_DEFAULTS, **{k: v for k, v in given.items() if v is not None}}
     stop = (o.stop,) if isinstance(o.stop, str) else tuple(o.stop or ())
+    if req.format == "json":  # Ollama's structured output: any JSON object, or a schema
+        values["grammar"] = structured_grammar({"type": "json_object"}, "format")
+    elif isinstance(req.format, dict):
+        values["grammar"] = structured_grammar({"type": "json_schema",
+                                                "json_schema": {"schema": req.format}}, "format")
     return make_sampling_params(state, prompt_len, asked, stop=stop, **values)

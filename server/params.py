@@ -50,9 +50,10 @@ def chat_prompt(req: ChatCompletionRequest, state: ServerState) -> ChatPrompt:
         raise unsupported("tool_choice", "tool_choice other than 'none'")
     if req.parallel_tool_calls is not None:
         raise unsupported("parallel_tool_calls", "tool calling")
-    if req.response_format is not None and req.response_format.get("type") != "text":
-        kind = req.response_format.get("type")
-        raise unsupported("response_format", f"response_format of type {kind!r} (only 'text')")
+    kind = (req.response_format or {}).get("type", "text")
+    if kind not in ("text", "json_object", "json_schema"):
+        raise unsupported("response_format", f"response_format of type {kind!r} (text, "
+                                             "json_object and json_schema are)")
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
     messages = []
@@ -149,10 +150,26 @@ def sampling_params(req: ChatCompletionRequest | CompletionRequest, state: Serve
         raise bad_request(f"{param} must be at least 1, got {asked}", param)
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     given = {name: getattr(req, name) for name in SAMPLING_FIELDS}
+    fmt = getattr(req, "response_format", None) or {}
+    grammar = None
+    if fmt.get("type") in ("json_object", "json_schema"):
+        grammar = structured_grammar(fmt, "response_format")
     return make_sampling_params(
         state, prompt_len, asked, stop=stop, logprobs=logprobs, ignore_eos=req.ignore_eos,
-        seed=None if req.seed is None else req.seed + index,
+        seed=None if req.seed is None else req.seed + index, grammar=grammar,
         **{k: v for k, v in given.items() if v is not None})
+
+
+def structured_grammar(response_format: dict[str, Any], param: str) -> str:
+    """The grammar of an OpenAI-style response_format (json_object or json_schema); a 400
+    naming `param` when the schema cannot be used."""
+    from hybrid.engine.grammar import json_grammar, schema_of
+    from hybrid.errors import RequestRejected
+
+    try:
+        return json_grammar(schema_of(response_format))
+    except RequestRejected as e:
+        raise bad_request(str(e), param) from None
 
 
 # Request fields that map one to one onto SamplingParams (None: the engine's default).

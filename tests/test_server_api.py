@@ -258,3 +258,32 @@ def test_next_turn_reports_its_cached_prompt_tokens(client, model) -> None:
                                             temperature=0)
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert first.usage.prompt_tokens >= 64 and 64 <= cached < second.usage.prompt_tokens
+
+
+def test_structured_output_follows_the_schema(client, model) -> None:
+    """response_format json_schema, streaming and not: the content parses and validates."""
+    import json
+
+    import jsonschema
+
+    schema = {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 10},
+        "rank": {"type": "integer", "minimum": 1, "maximum": 99},
+        "kind": {"enum": ["big", "small"]}},
+        "required": ["city", "rank", "kind"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "place", "schema": schema,
+                                                  "strict": True}}
+    messages = [{"role": "user", "content": "Name a city."}]
+    r = client.chat.completions.create(model=model, messages=messages, max_tokens=120,
+                                       temperature=0.7, seed=1, response_format=fmt)
+    assert r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+    stream = client.chat.completions.create(model=model, messages=messages, max_tokens=120,
+                                            temperature=0.7, seed=1, response_format=fmt,
+                                            stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == r.choices[0].message.content
+    obj = client.chat.completions.create(model=model, messages=messages, max_tokens=200,
+                                         temperature=0, response_format={"type": "json_object"})
+    if obj.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(obj.choices[0].message.content), dict)

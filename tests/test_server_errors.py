@@ -80,8 +80,15 @@ CASES = [
      400, "unsupported_parameter", "tool calling"),
     ("tool-choice", "POST", CHAT, chat(tool_choice="auto"), AUTH, 400, "unsupported_parameter",
      "tool_choice"),
-    ("response-format-json", "POST", CHAT, chat(response_format={"type": "json_object"}), AUTH,
-     400, "unsupported_parameter", "response_format of type 'json_object'"),
+    ("response-format-xml", "POST", CHAT, chat(response_format={"type": "xml"}), AUTH,
+     400, "unsupported_parameter", "response_format of type 'xml'"),
+    ("response-format-bad-schema", "POST", CHAT, chat(response_format={
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "properties": {"a": {"type": "string", "pattern": "(["}}}}}),
+     AUTH, 400, None, "the JSON schema cannot be used: regex parse error"),
+    ("response-format-no-schema", "POST", CHAT, chat(response_format={
+        "type": "json_schema", "json_schema": {"name": "x", "schema": "nope"}}), AUTH, 400, None,
+     "needs a json_schema object with a 'schema' object"),
     ("presence-penalty-high", "POST", CHAT, chat(presence_penalty=2.5), AUTH, 400, None,
      "presence_penalty: Input should be less than or equal to 2"),
     ("frequency-penalty-low", "POST", COMPLETIONS, completion(frequency_penalty=-3), AUTH, 400,
@@ -180,8 +187,8 @@ OLLAMA_CASES = [
      "images is not supported"),
     ("tools", "POST", OLLAMA_CHAT, ollama_chat(tools=[{"type": "function"}]), AUTH, 400,
      "tool calling"),
-    ("format-json", "POST", OLLAMA_GENERATE, ollama_generate(format="json"), AUTH, 400,
-     "structured output"),
+    ("format-yaml", "POST", OLLAMA_GENERATE, ollama_generate(format="yaml"), AUTH, 400,
+     'format must be \"json\" or a JSON schema object'),
     ("stream-string", "POST", OLLAMA_CHAT, ollama_chat(stream="yes"), AUTH, 400, "stream"),
     ("options-not-object", "POST", OLLAMA_CHAT, ollama_chat(options=[1]), AUTH, 400, "options"),
     ("unknown-option", "POST", OLLAMA_CHAT, ollama_chat(options={"mirostat": 2}), AUTH, 400,

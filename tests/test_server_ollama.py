@@ -133,3 +133,16 @@ def test_disconnect_mid_stream_cancels(live_server, model: str) -> None:  # noqa
         assert time.monotonic() < deadline, live_server.health()
         time.sleep(0.02)
     assert live_server.wait_idle()["num_finished"] == before["num_finished"]
+
+
+def test_format_schema_constrains_the_answer(api: httpx.Client, model: str) -> None:
+    """Ollama's `format`: a JSON schema (or "json") the answer must follow."""
+    import json
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0,
+                                                     "maximum": 9}},
+              "required": ["n"], "additionalProperties": False}
+    body = {"model": model, "messages": MESSAGES, "stream": False, "format": schema,
+            "options": {"num_predict": 40, "temperature": 0.5, "seed": 2}}
+    answer = api.post("/api/chat", json=body).json()["message"]["content"]
+    assert set(json.loads(answer)) == {"n"} and 0 <= json.loads(answer)["n"] <= 9

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from hybrid.engine.config import EngineConfig
+from hybrid.engine.grammar import GrammarVocab, Matcher, mask_logits
 from hybrid.engine.model_runner import ModelRunner
 from hybrid.engine.request import Request, RequestStatus, TokenOutput
 from hybrid.engine.sampler import Sampled, make_generator, sample_batch
@@ -30,6 +31,7 @@ class _OutputState:
     generator: torch.Generator
     detokenizer: IncrementalDetokenizer
     stops: StopChecker
+    matcher: Matcher | None = None  # structured output: where the request is in its grammar
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class Engine:
         self.runner = ModelRunner(loaded.model, config, self.scheduler.max_request_tokens,
                                   progress)
         self._outputs: dict[int, _OutputState] = {}  # id(request) -> its output state
+        self._grammar_vocab: GrammarVocab | None = None  # built on the first grammar request
 
     @property
     def expert_layer_counts(self) -> dict[str, int]:
@@ -98,6 +101,8 @@ class Engine:
             self.scheduler.defer(self.runner.deferred)
         samplers = [c.request for c in done if c.samples]
         states = [self._state(r) for r in samplers]
+        if any(s.matcher is not None for s in states):
+            mask_logits(logits, [s.matcher for s in states])
         picks = sample_batch(logits, [(r.params, s.generator, r.prompt_ids, r.output_ids)
                                       for r, s in zip(samplers, states)])
         return [self._next_token(r, s, pick) for r, s, pick in zip(samplers, states, picks)]
@@ -120,8 +125,16 @@ class Engine:
             state = self._outputs[id(r)] = _OutputState(
                 make_generator(r.params),
                 IncrementalDetokenizer(self.tokenizer, r.params.skip_special_tokens),
-                StopChecker(r.params.stop))
+                StopChecker(r.params.stop), self._matcher(r.params.grammar))
         return state
+
+    def _matcher(self, grammar: str | None) -> Matcher | None:
+        if grammar is None:
+            return None
+        if self._grammar_vocab is None:
+            t = self.tokenizer
+            self._grammar_vocab = GrammarVocab(t.hf_json(), self.spec.vocab_size, t.eos_token_id)
+        return self._grammar_vocab.matcher(grammar)
 
     def _next_token(self, r: Request, state: _OutputState, s: Sampled) -> StepOutput:
         p = r.params
@@ -131,6 +144,9 @@ class Engine:
         if (s.token_id == self.tokenizer.eos_token_id and not p.ignore_eos) \
                 or s.token_id in p.stop_token_ids:
             finished = "stop"
+        if state.matcher is not None and (not state.matcher.accept(s.token_id)
+                                          or state.matcher.done):
+            finished = "stop"  # the structured output is complete
         delta, hit = state.stops.feed(delta)
         if hit:
             finished = "stop"

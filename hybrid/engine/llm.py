@@ -65,11 +65,11 @@ class LLM:
     def generate(
         self,
         prompts: str | Sequence[str] | None = None,
-        sampling_params: SamplingParams | None = None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         prompt_token_ids: Sequence[Sequence[int]] | None = None,
     ) -> list[RequestOutput]:
-        """Complete each prompt (text, or token ids via `prompt_token_ids`), all in one batch."""
-        params = sampling_params or SamplingParams()
+        """Complete each prompt (text, or token ids via `prompt_token_ids`), all in one batch;
+        `sampling_params` is one for all or one per prompt (as in vLLM)."""
         if (prompts is None) == (prompt_token_ids is None):
             raise HybridError("pass either prompts or prompt_token_ids")
         if isinstance(prompts, str):
@@ -78,13 +78,20 @@ class LLM:
             jobs = [(p, self.tokenizer.encode(p)) for p in prompts]
         else:
             jobs = [(None, list(ids)) for ids in prompt_token_ids or []]
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            each = [sampling_params or SamplingParams()] * len(jobs)
+        else:
+            each = list(sampling_params)
+            if len(each) != len(jobs):
+                raise HybridError(f"{len(each)} sampling params for {len(jobs)} prompts")
         self._check_idle()
         events: list[list[TokenOutput]] = [[] for _ in jobs]
-        requests = [self._submit(ids, params, events[i].append) for i, (_, ids) in enumerate(jobs)]
+        requests = [self._submit(ids, p, events[i].append)
+                    for i, ((_, ids), p) in enumerate(zip(jobs, each))]
         while any(not r.is_finished for r in requests):
             self.worker.step()
         return [RequestOutput(p, ids, [_completion(ev, params)])
-                for (p, ids), ev in zip(jobs, events)]
+                for (p, ids), ev, params in zip(jobs, events, each)]
 
     def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[TokenOutput]:
         """Generate token by token; stop strings never appear in the text deltas."""

@@ -38,6 +38,9 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    # structured output: llguidance grammar text (hybrid.engine.grammar.json_grammar) the
+    # output must follow; None: free text
+    grammar: str | None = None
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -76,6 +76,10 @@ class GGUFTokenizer:
             ids.extend(t.id for t in self._tok.model.tokenize(piece))
         return ids
 
+    def hf_json(self) -> str:
+        """The tokenizer as a HF `tokenizers` JSON document (what grammar engines read)."""
+        return self._tok.to_str()
+
     def decode(self, ids: list[int], skip_special: bool = False) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special)
 
