@@ -18,11 +18,12 @@ import json
 from functools import cached_property
 from typing import Any
 
-import llguidance
-import llguidance.torch as llg_torch
 import torch
 
 from hybrid.errors import RequestRejected
+
+# llguidance is imported where a grammar is first used: an engine that never sees one (and a
+# machine without the package, such as the GPU machine's bare image) does not need it
 
 # compact JSON: no free whitespace (a random or weak model would pad forever), ", " and ": "
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -31,6 +32,8 @@ JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separ
 def json_grammar(schema: dict[str, Any] | None) -> str:
     """The grammar text for output that is a JSON value of `schema`; None: any JSON object.
     RequestRejected (the server's 400) names what is wrong with a schema llguidance refuses."""
+    import llguidance
+
     text = llguidance.LLMatcher.grammar_from_json_schema(
         schema if schema is not None else {"type": "object"}, defaults=JSON_OPTIONS)
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text)
@@ -47,17 +50,21 @@ class GrammarVocab:
         self._json, self.vocab_size, self._eos = hf_tokenizer_json, vocab_size, eos_token_id
 
     @cached_property
-    def tokenizer(self) -> llguidance.LLTokenizer:
+    def tokenizer(self):  # llguidance.LLTokenizer
+        import llguidance
+
         return llguidance.LLTokenizer(self._json, n_vocab=self.vocab_size, eos_token=self._eos)
 
     def matcher(self, grammar: str) -> Matcher:
+        import llguidance
+
         return Matcher(llguidance.LLMatcher(self.tokenizer, grammar))
 
 
 class Matcher:
     """One request's position in its grammar."""
 
-    def __init__(self, m: llguidance.LLMatcher) -> None:
+    def __init__(self, m) -> None:  # llguidance.LLMatcher
         self._m = m
 
     @property
@@ -77,6 +84,8 @@ def mask_logits(logits: torch.Tensor, matchers: list[Matcher | None]) -> None:
     rows = [i for i, m in enumerate(matchers) if m is not None]
     if not rows:
         return
+    import llguidance.torch as llg_torch
+
     vocab = logits.shape[1]
     bitmask = llg_torch.allocate_token_bitmask(len(rows), vocab)
     for j, i in enumerate(rows):
