@@ -20,6 +20,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench_e2e import build_model
+
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.grammar import json_grammar, mask_logits
 from hybrid.engine.llm import LLM
@@ -55,16 +57,7 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--steps", type=int, default=24)
     args = ap.parse_args()
-    path = args.gguf_path
-    if path is None:
-        from hybrid.synth.make_model import MakeModelOptions, make_model
-        from hybrid.synth.presets import get_preset
-        from hybrid.synth.vocab import get_vocab
-
-        p = get_preset("tiny-v3")
-        (path,) = make_model(MakeModelOptions(p, "q4_k_m", "legacy", vocab="deepseek"),
-                             get_vocab("deepseek", p.vocab_size),
-                             Path(tempfile.mkdtemp()) / "tiny-v3-q4_k_m.gguf")
+    path = args.gguf_path or build_model("tiny-v3", Path(tempfile.mkdtemp()))
     llm = LLM(str(path), args.optimize_rules,
               engine_config=EngineConfig(max_batch_size=args.batch, prefix_cache=False))
     grammar = json_grammar(SCHEMA)

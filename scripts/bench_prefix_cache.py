@@ -21,6 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench_e2e import build_model
+
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.llm import LLM
 from hybrid.engine.sampling_params import SamplingParams
@@ -55,16 +57,7 @@ def main() -> int:
     ap.add_argument("--answer", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    path = args.gguf_path
-    if path is None:
-        from hybrid.synth.make_model import MakeModelOptions, make_model
-        from hybrid.synth.presets import get_preset
-        from hybrid.synth.vocab import get_vocab
-
-        p = get_preset("tiny-v3")
-        (path,) = make_model(MakeModelOptions(p, "q4_k_m", "legacy"),
-                             get_vocab("small", p.vocab_size),
-                             Path(tempfile.mkdtemp()) / "tiny-v3-q4_k_m.gguf")
+    path = args.gguf_path or build_model("tiny-v3", Path(tempfile.mkdtemp()))
     rows = {}
     for cache in (False, True):
         config = EngineConfig(prefix_cache=cache, chunk_size=512, cache_lens=8192)
