@@ -93,16 +93,27 @@ class PackedMatrix:
         return int(self.data.nbytes)
 
 
+def packed_shape(qtype: int, num_experts: int, rows: int, cols: int) -> tuple[int, int, int]:
+    """The shape of PackedMatrix.data for `num_experts` x `rows` x `cols` of `qtype`."""
+    if qtype not in PACKED_GEOMETRY:
+        raise ValueError(f"no packed layout for {qt.type_name(qtype)}")
+    block_cols, block_bytes = PACKED_GEOMETRY[qtype]
+    return num_experts, -(-rows // ROWS), cols // block_cols * block_bytes
+
+
+def packed_ratio(qtype: int) -> float:
+    """Packed bytes per GGUF byte of `qtype` (whole groups of 8 rows)."""
+    block_cols, block_bytes = PACKED_GEOMETRY[qtype]
+    block, size = qt.BLOCK_GEOMETRY[qtype]
+    return block_bytes / (ROWS * size * (block_cols // block))
+
+
 def _destination(w: QuantMatrix, rows: tuple[int, int] | None, cols: tuple[int, int] | None
                  ) -> tuple[int, int, int, int, np.ndarray]:
-    if w.qtype not in PACKED_GEOMETRY:
-        raise ValueError(f"no packed layout for {qt.type_name(w.qtype)}")
     r_lo, r_hi = rows or (0, w.rows)
     c_lo, c_hi = cols or (0, w.cols)
-    block_cols, block_bytes = PACKED_GEOMETRY[w.qtype]
-    groups = -(-(r_hi - r_lo) // ROWS)
-    data = np.empty((w.num_experts, groups, (c_hi - c_lo) // block_cols * block_bytes), np.uint8)
-    return r_lo, r_hi, c_lo, c_hi, data
+    shape = packed_shape(w.qtype, w.num_experts, r_hi - r_lo, c_hi - c_lo)
+    return r_lo, r_hi, c_lo, c_hi, np.empty(shape, np.uint8)
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cpu_kernels.packed import PackedExperts, PackedMatrix
-from cpu_kernels.weights import ExpertWeights, QuantMatrix
+from cpu_kernels.packed import PackedExperts, PackedMatrix, packed_shape
+from cpu_kernels.weights import ExpertWeights
 from hybrid.env import Env
 from hybrid.gguf.reader import GGUFModelFile
 
@@ -71,7 +71,7 @@ class PackedCache:
                 data = np.load(path, mmap_mode="r")
             except (OSError, ValueError):
                 return None
-            if data.dtype != np.uint8 or data.shape != _expected_shape(w):
+            if data.dtype != np.uint8 or data.shape != packed_shape(w.qtype, *w.shape):
                 return None
             mats.append(PackedMatrix(w.qtype, w.shape, data))
         return PackedExperts(*mats)
@@ -103,9 +103,3 @@ class PackedCache:
             return 0
         return sum(p.stat().st_size for p in self.folder.glob("blk.*.npy"))
 
-
-def _expected_shape(w: QuantMatrix) -> tuple[int, int, int]:
-    from cpu_kernels.packed import PACKED_GEOMETRY, ROWS
-
-    block_cols, block_bytes = PACKED_GEOMETRY[w.qtype]
-    return (w.num_experts, -(-w.rows // ROWS), w.cols // block_cols * block_bytes)

@@ -139,17 +139,15 @@ def _packed_size(place, w) -> int | None:
     """Bytes of fast mode's packed copy of CPU expert weight `w`, or None where the blocks are
     read as stored (exact mode, the GPU, types without a packed layout)."""
     from cpu_kernels import qtypes as qt
-    from cpu_kernels.packed import PACKED_GEOMETRY, ROWS
+    from cpu_kernels.packed import can_pack, packed_ratio
 
     if place.operator != "experts" or w.device != "cpu" or place.options.get("mode") != "fast":
         return None
     ids = {name: i for i, name in qt.NAMES.items()}
     # gate and up as one parameter have two source tensors: of one type in every real mix
-    if len(set(w.types)) != 1 or ids.get(w.types[0]) not in PACKED_GEOMETRY:
+    if len(set(w.types)) != 1 or not can_pack(ids.get(w.types[0], -1)):
         return None
-    qtype = ids[w.types[0]]
-    (block_cols, packed), (block, size) = PACKED_GEOMETRY[qtype], qt.BLOCK_GEOMETRY[qtype]
-    return w.nbytes * packed // (ROWS * size * (block_cols // block))
+    return int(w.nbytes * packed_ratio(ids[w.types[0]]))
 
 
 def _kv_bytes_per_layer(place, spec: ModelSpec) -> int:
