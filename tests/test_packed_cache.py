@@ -18,17 +18,8 @@ from hybrid.gguf.reader import GGUFModelFile
 from hybrid.model import packed_cache
 from hybrid.model.packed_cache import PackedCache
 from hybrid.ops.experts import ExpertsOp
+from hybrid.rules.engine import with_experts_mode
 
-RULES = """
-- match: {name: "\\\\.mlp\\\\.experts$"}
-  replace: {class: experts, kwargs: {mode: fast}}
-  recursive: false
-- match: {name: "\\\\.self_attn$"}
-  replace: {class: mla_attention, kwargs: {kv_cache_dtype: f32}}
-  recursive: false
-- match: {name: ""}
-  replace: {class: default}
-"""
 PROMPT = [0, 42, 574, 81, 2058, 3, 223, 804]
 
 
@@ -51,9 +42,7 @@ def setup(models, tmp_path: Path, monkeypatch) -> tuple[Path, Path, Path]:
     monkeypatch.setenv("HYBRID_PACKED_CACHE_DIR", str(root))
     model = tmp_path / "model.gguf"
     shutil.copy(models.path("tiny-v3", "q4_k_m"), model)
-    rules = tmp_path / "fast.yaml"
-    rules.write_text(RULES)
-    return model, rules, root
+    return model, with_experts_mode("cpu", "fast", tmp_path), root
 
 
 def test_second_start_maps_the_first_starts_copy(setup) -> None:

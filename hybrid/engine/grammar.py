@@ -4,8 +4,8 @@ of each step to the tokens that keep the output valid, through llguidance.
 llguidance (Microsoft's Rust grammar engine, one wheel with no dependencies) was chosen over
 xgrammar, which pulls in triton and transformers and a TVM runtime, and outlines-core, which
 compiles a whole-vocabulary automaton per schema up front: llguidance computes each step's mask
-lazily over a token trie in ~tens of microseconds for a 129K vocabulary (measured by
-tests/test_grammar.py's batch-16 case; scripts/bench_e2e.py times it against a decode step).
+lazily over a token trie (scripts/bench_grammar.py: 0.2 ms for 16 requests' masks over a 129K
+vocabulary, and a decode step at batch 16 with and without grammars).
 
 The vocabulary comes from the GGUF's own tokenizer (the `tokenizers` object GGUFTokenizer
 builds), so masks are over exactly the ids the model samples. Requests carry the grammar as
@@ -14,7 +14,6 @@ text (SamplingParams.grammar, no torch there); the engine makes one matcher per 
 
 from __future__ import annotations
 
-import json
 from functools import cached_property
 from typing import Any
 
@@ -110,10 +109,3 @@ def schema_of(response_format: dict[str, Any]) -> dict[str, Any] | None:
                               "'schema' object")
     return spec.get("schema") or {}
 
-
-def parses(text: str) -> bool:
-    try:
-        json.loads(text)
-    except ValueError:
-        return False
-    return True

@@ -169,7 +169,7 @@ _BLOCK_DEQUANT = {
     Q.Q4_K: _dequant_q4_k,
     Q.Q5_K: _dequant_q5_k,
     Q.Q6_K: _dequant_q6_k,
-    **{Q(t): fn for t, fn in IQUANT_DEQUANT.items()},
+    **IQUANT_DEQUANT,
 }
 
 # Blocks dequantized per chunk: bounds the temporaries to a few hundred MB for huge tensors.

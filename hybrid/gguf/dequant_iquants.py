@@ -14,6 +14,7 @@ from functools import cache
 import torch
 
 from cpu_kernels import iquant_tables as tables
+from hybrid.gguf.quant_types import Q
 
 
 @cache
@@ -156,7 +157,7 @@ def _dequant_iq4_xs(b: torch.Tensor) -> torch.Tensor:
     return (dl.view(n, 8, 1) * _levels(b[:, 8:136]).view(n, 8, 32)).reshape(n, 256)
 
 
-# ggml type id -> dequantizer
-IQUANT_DEQUANT = {19: _dequant_iq1_s, 29: _dequant_iq1_m, 16: _dequant_iq2_xxs,
-                  17: _dequant_iq2_xs, 22: _dequant_iq2_s, 18: _dequant_iq3_xxs,
-                  21: _dequant_iq3_s, 20: _dequant_iq4_nl, 23: _dequant_iq4_xs}
+IQUANT_DEQUANT = {Q.IQ1_S: _dequant_iq1_s, Q.IQ1_M: _dequant_iq1_m, Q.IQ2_XXS: _dequant_iq2_xxs,
+                  Q.IQ2_XS: _dequant_iq2_xs, Q.IQ2_S: _dequant_iq2_s,
+                  Q.IQ3_XXS: _dequant_iq3_xxs, Q.IQ3_S: _dequant_iq3_s,
+                  Q.IQ4_NL: _dequant_iq4_nl, Q.IQ4_XS: _dequant_iq4_xs}
