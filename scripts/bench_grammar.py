@@ -1,7 +1,8 @@
 """Structured output's cost: decode at batch 16 with every request under a JSON schema against
 the same batch without, one model, one run; and the masks alone per step.
 
-    python scripts/bench_grammar.py [--gguf-path P] [--optimize-rules R] [--batch 16]
+    python scripts/bench_grammar.py [--gguf-path P] [--optimize-rules R] [--mode fast]
+        [--batch 16]
 
 Without --gguf-path it writes the tiny-v3 Q4_K_M model with DeepSeek's 129,280-token
 vocabulary (the mask's size is the vocabulary's). The schema's strings are free text, so the
@@ -20,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_e2e import build_model
+from bench_e2e import build_model, rules_with_mode
 
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.grammar import json_grammar, mask_logits
@@ -54,11 +55,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gguf-path", default=None)
     ap.add_argument("--optimize-rules", default=None)
+    ap.add_argument("--mode", choices=["fast", "exact"], default=None,
+                    help="the CPU experts' mode (the rule file's when left out)")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--steps", type=int, default=24)
     args = ap.parse_args()
     path = args.gguf_path or build_model("tiny-v3", Path(tempfile.mkdtemp()))
-    llm = LLM(str(path), args.optimize_rules,
+    rules = args.optimize_rules
+    if args.mode is not None:
+        if rules is None:
+            ap.error("--mode rewrites a rule file: name it with --optimize-rules")
+        rules = rules_with_mode(rules, args.mode)
+    llm = LLM(str(path), rules,
               engine_config=EngineConfig(max_batch_size=args.batch, prefix_cache=False))
     grammar = json_grammar(SCHEMA)
     free = decode_ms(llm, args.batch, args.steps, None)

@@ -13,6 +13,8 @@
 #   llama    builds llama-bench from .llama first and adds its rows to e2e (alone, without e2e,
 #            runs them by itself into $OUT/llama.json)
 #   model    writes the V2-Lite model only (e2e does too)
+#   grammar  scripts/bench_grammar.py on that model: decode at batch 16 with every request under
+#            a JSON schema against the same batch without (carry an llguidance wheel in .whl)
 # A warm machine's second call reuses /tmp/models, /tmp/lcb and the JIT caches under /tmp, so a
 # first call with WHAT=tests,llama,model leaves a second one (WHAT=llama,e2e) time for both
 # programs' rows in one run. Logs and JSON go to $OUT.
@@ -29,7 +31,7 @@ if [[ $WHAT == *llama* ]]; then
 fi
 MODEL_PATH=/tmp/models/v2-lite-q4_k_m.gguf
 MODEL=""
-if [[ $WHAT == *e2e* || $WHAT == *model* ]] && [[ ! -f $MODEL_PATH ]]; then
+if [[ $WHAT == *e2e* || $WHAT == *model* || $WHAT == *grammar* ]] && [[ ! -f $MODEL_PATH ]]; then
   python3 - <<'PY' &
 import runpy
 from pathlib import Path
@@ -70,4 +72,9 @@ if [[ $WHAT == *e2e* ]]; then
     --prefill 512,2048,8192 --itl-prompt 8192 --chat 2000 ${BENCH_ARGS:-} --json "$OUT/e2e.json" \
     > "$OUT/e2e.log" 2>&1
   grep -v '^ \|^{\|^}' "$OUT/e2e.log" | tail -22
+fi
+if [[ $WHAT == *grammar* ]]; then
+  timeout 240 python3 scripts/bench_grammar.py --gguf-path $MODEL_PATH \
+    --optimize-rules DeepSeek-V2-Lite --mode fast --batch 16 --steps 48 > "$OUT/grammar.log" 2>&1
+  tail -4 "$OUT/grammar.log"
 fi
