@@ -82,7 +82,7 @@ def cmd_make_model(args: argparse.Namespace) -> int:
 
     preset = get_preset(args.preset, args.layers)
     opts = MakeModelOptions(preset, args.quant, args.layout, args.seed, args.split, args.vocab,
-                            args.header_only)
+                            args.header_only, args.chat_template)
     out = Path(args.out)
     if out.suffix != ".gguf":
         out = out / f"{preset.name}-{args.quant}-{args.layout}.gguf"
@@ -173,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     from hybrid.synth.make_model import MakeModelOptions
     from hybrid.synth.presets import PRESETS
     from hybrid.synth.recipe import QUANTS
+    from hybrid.tokenizer.bundled_templates import BUNDLED_TEMPLATES
 
     parser = argparse.ArgumentParser(prog="hybrid", description="DeepSeek MoE inference on GPU + CPU")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -188,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     mk.add_argument("--vocab", default=d["vocab"], choices=["small", "deepseek"])
     mk.add_argument("--header-only", action="store_true",
                     help="headers only, data left as a sparse hole: for rules explain, not to run")
+    mk.add_argument("--chat-template", default=None, metavar="NAME|FILE",
+                    help="write a family's real chat template (" + ", ".join(BUNDLED_TEMPLATES)
+                    + ") or a .jinja file instead of the built-in DeepSeek-V3 rendering")
     mk.add_argument("--out", required=True, help="a .gguf path, or a folder to write into")
     mk.set_defaults(func=cmd_make_model)
 

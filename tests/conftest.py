@@ -22,13 +22,15 @@ class ModelFactory:
         self._built: dict[tuple, list[Path]] = {}
 
     def files(self, preset: str = "tiny-v3", quant: str = "f32", layout: str = "legacy",
-              split: int = 1, vocab: str = "small", seed: int = 0) -> list[Path]:
-        key = (preset, quant, layout, split, vocab, seed)
+              split: int = 1, vocab: str = "small", seed: int = 0,
+              chat_template: str | None = None) -> list[Path]:
+        key = (preset, quant, layout, split, vocab, seed, chat_template)
         if key not in self._built:
             p = get_preset(preset)
-            folder = self.root / "-".join(map(str, key))
+            folder = self.root / "-".join(map(str, key)).replace("/", "_")
             out = folder / f"{preset}-{quant}-{layout}.gguf"
-            opts = MakeModelOptions(p, quant, layout, seed, split, vocab)
+            opts = MakeModelOptions(p, quant, layout, seed, split, vocab,
+                                    chat_template=chat_template)
             self._built[key] = make_model(opts, get_vocab(vocab, p.vocab_size), out)
         return self._built[key]
 

@@ -28,6 +28,7 @@ from hybrid.synth.presets import Preset
 from hybrid.synth.random_blocks import random_rows
 from hybrid.synth.recipe import FILE_TYPES, tensor_type
 from hybrid.synth.vocab import Vocab
+from hybrid.tokenizer.bundled_templates import load_template
 
 _CHUNK_ELEMENTS = 1 << 26  # elements generated at once (64 M: ~256 MB of fp32 temporaries)
 
@@ -43,6 +44,9 @@ class MakeModelOptions:
     # Write headers only and extend each file to its full size as a sparse hole: a full-size
     # model for planning (`hybrid rules explain`) that takes no disk space and cannot be run.
     header_only: bool = False
+    # A bundled family's real chat template (deepseek-r1, kimi-k2, ...) or a .jinja file,
+    # written as the file's tokenizer.chat_template; None: the vocabulary's built-in one.
+    chat_template: str | None = None
 
 
 def spec_for(preset: Preset, layout: str, vocab_size: int) -> ModelSpec:
@@ -192,7 +196,8 @@ def _add_metadata(w: GGUFWriter, p: Preset, opts: MakeModelOptions, vocab: Vocab
     w.add_pad_token_id(vocab.pad_token_id)
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
-    w.add_chat_template(vocab.chat_template)
+    w.add_chat_template(vocab.chat_template if opts.chat_template is None
+                        else load_template(opts.chat_template))
 
 
 def make_model(opts: MakeModelOptions, vocab: Vocab, out: Path,

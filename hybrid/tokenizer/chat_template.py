@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
 from jinja2 import TemplateError
+from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from hybrid.errors import HybridError
 
 # DeepSeek-V3's conversation format, for files that carry no template of their own (and for the
 # synthetic models): BOS, system text, then <｜User｜>/<｜Assistant｜> turns; an assistant turn
-# ends with EOS. Reasoning (<think>...</think>) of earlier assistant turns is dropped, as R1 does.
+# ends with EOS. Reasoning (<think>...</think>) of earlier assistant turns is dropped, as R1 does;
+# tool calls and outputs are written in DeepSeek-V3's markers (hybrid/tokenizer/templates has
+# the families' real templates).
 DEEPSEEK_V3_TEMPLATE = (
     "{% set ns = namespace(system='') %}"
     "{% for m in messages %}{% if m['role'] == 'system' %}"
@@ -23,7 +27,12 @@ DEEPSEEK_V3_TEMPLATE = (
     "{% if m['role'] == 'user' %}<｜User｜>{{ m['content'] }}"
     "{% elif m['role'] == 'assistant' %}{% set c = m['content'] or '' %}"
     "{% if '</think>' in c %}{% set c = c.split('</think>')[-1] %}{% endif %}"
-    "<｜Assistant｜>{{ c }}<｜end▁of▁sentence｜>"
+    "<｜Assistant｜>{{ c }}"
+    "{% if m['tool_calls'] %}<｜tool▁calls▁begin｜>{% for t in m['tool_calls'] %}"
+    "{% if not loop.first %}{{ '\\n' }}{% endif %}<｜tool▁call▁begin｜>function<｜tool▁sep｜>"
+    "{{ t['function']['name'] }}\n```json\n{{ t['function']['arguments'] }}\n```"
+    "<｜tool▁call▁end｜>{% endfor %}<｜tool▁calls▁end｜>{% endif %}"
+    "<｜end▁of▁sentence｜>"
     "{% elif m['role'] == 'tool' %}"
     "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>{{ m['content'] }}<｜tool▁output▁end｜>"
     "<｜tool▁outputs▁end｜>"
@@ -36,10 +45,22 @@ def _raise(message: str) -> None:
     raise TemplateError(message)
 
 
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    # transformers' tojson: plain json.dumps, unlike Jinja's own, which escapes <, >, & and '
+    # for HTML and so would change the tool declarations Kimi-K2's template writes
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
 class ChatTemplate:
     def __init__(self, source: str | None, bos_token: str = "", eos_token: str = "") -> None:
         self.source = source or DEEPSEEK_V3_TEMPLATE
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        # the environment transformers renders chat templates in: {% break %} (Kimi-K2's) needs
+        # loopcontrols; the same globals and tojson
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=[loopcontrols])
+        env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         try:
@@ -51,6 +72,7 @@ class ChatTemplate:
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                **kwargs: Any) -> str:
+        """`kwargs` reach the template as variables (`tools`, `thinking`, ...)."""
         try:
             return self._template.render(
                 messages=messages,
@@ -61,3 +83,8 @@ class ChatTemplate:
             )
         except TemplateError as e:
             raise HybridError(f"the chat template rejected the messages: {e}") from None
+        except (TypeError, KeyError, IndexError, AttributeError, ValueError) as e:
+            # a template indexing what the messages lack, or adding None to text (DeepSeek's
+            # concatenate content with +): the messages do not fit this template
+            raise HybridError(f"the chat template cannot render these messages: "
+                              f"{type(e).__name__}: {e}") from None
