@@ -81,3 +81,13 @@ def test_chat_template(ours: GGUFTokenizer) -> None:
                     "<｜end▁of▁sentence｜><｜User｜>Bye<｜Assistant｜>")
     ids = ours.encode_chat(messages)
     assert ids[0] == 0 and ids.count(0) == 1 and ids[-1] == 128804
+
+
+def test_detokenizer_ends_a_cut_character_at_a_skipped_special_token(ours) -> None:
+    """A character cut short by a special token ends there (as U+FFFD), so text read beside
+    the special tokens keeps their order."""
+    special = ours.single_token("</think>")
+    cut = next(i for i in range(ours.vocab_size) if ours.decode_bytes([i]) == b"\xe2")
+    d = IncrementalDetokenizer(ours)
+    pieces = [d.push(cut), d.push(special), d.push(ours.encode("a", add_bos=False)[0])]
+    assert pieces == ["", "\ufffd", "a"]

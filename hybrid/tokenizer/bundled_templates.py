@@ -6,8 +6,7 @@ files converted without one (or with an older revision), for `make-model --chat-
 for the tests that render and parse each family's tool calls:
 
   deepseek-v3        DeepSeek-V3 (Dec 2024): tool calls rendered only for content None
-  deepseek-r1        DeepSeek-R1 (the revision that opens the reply with "<think>\\n"); also
-                     what V3-0324's differs from only in that opening
+  deepseek-r1        DeepSeek-R1 (the revision that opens the reply with "<think>\\n")
   deepseek-v3.1      DeepSeek-V3.1: thinking and non-thinking modes, calls without a fence
   kimi-k2            Kimi-K2-Instruct (first release): tools declared, calls not rendered
   kimi-k2-thinking   Kimi-K2-Thinking: tools declared, calls and their returns rendered

@@ -17,7 +17,12 @@ class IncrementalDetokenizer:
     def push(self, token_id: int) -> str:
         """Add one token; return the text it completes (may be "" mid-character)."""
         if self.skip_special_tokens and token_id in self.tokenizer.special_ids:
-            return ""
+            # a character cut short by a special token ends here, as "\ufffd", so the text
+            # keeps the tokens' order (a reader putting the token's text back sees it after)
+            delta = self._decoder.decode(b"", final=True)
+            self._decoder.reset()
+            self.text += delta
+            return delta
         delta = self._decoder.decode(self.tokenizer.decode_bytes([token_id]))
         self.text += delta
         return delta

@@ -9,6 +9,7 @@ when special parsing is on) and USER_DEFINED tokens as always matched. We reprod
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any
 
 from tokenizers import AddedToken, Tokenizer, decoders, models
@@ -54,6 +55,16 @@ class GGUFTokenizer:
     @property
     def vocab_size(self) -> int:
         return len(self.tokens)
+
+    def single_token(self, text: str) -> int | None:
+        """The id of the one special (control or user-defined) token whose text is `text`, e.g. a
+        tool-call marker; None if no special token spells it."""
+        return self._special_by_text.get(text)
+
+    @cached_property
+    def _special_by_text(self) -> dict[str, int]:
+        return {self.tokens[i]: i for i, t in enumerate(self.token_types)
+                if t in (TOKEN_CONTROL, TOKEN_USER_DEFINED)}
 
     def id_to_token(self, token_id: int | None) -> str:
         return "" if token_id is None else self.tokens[token_id]
