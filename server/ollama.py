@@ -98,7 +98,7 @@ async def show(http_request: HTTPRequest) -> dict:
         "model_info": {"general.architecture": "deepseek2",
                        "deepseek2.context_length": m.context_length,
                        "deepseek2.vocab_size": m.vocab_size},
-        "capabilities": ["completion", *(["thinking"] if thinking else [])],
+        "capabilities": ["completion", "tools", *(["thinking"] if thinking else [])],
     }
 
 
@@ -160,7 +160,7 @@ async def _respond(state: ServerState, http_request: HTTPRequest, model: str, pr
     timing = _Timing(len(prompt.ids))
     events = generate(state.worker, f"ollama-{uuid.uuid4().hex}", [(prompt.ids, params)],
                       http_request)
-    choice = ChoiceState(think=prompt.think)
+    choice = ChoiceState(think=prompt.think, tools=prompt.tools)
     if stream:
         lines = _ndjson(model, events, choice, timing, body)
         return StreamingResponse(lines, media_type="application/x-ndjson")
@@ -172,8 +172,9 @@ async def _respond(state: ServerState, http_request: HTTPRequest, model: str, pr
         timing.token()
     if choice.finish_reason is None:
         return Response(status_code=499)  # the client went away; nobody reads this
-    return JSONResponse({"model": model, "created_at": _now(),
-                         **body(Delta(choice.reasoning, choice.text)),
+    whole = body(Delta(choice.reasoning, choice.text))
+    _add_tool_calls(whole, choice)
+    return JSONResponse({"model": model, "created_at": _now(), **whole,
                          **timing.done(choice.finish_reason)})
 
 
@@ -192,10 +193,33 @@ async def _ndjson(model: str, events: AsyncGenerator, choice: ChoiceState, timin
             if piece.reasoning or piece.content:
                 yield line({"model": model, "created_at": _now(), **body(piece), "done": False})
             if event.finish_reason is not None:
+                calls = body(Delta())
+                if _add_tool_calls(calls, choice):  # Ollama sends whole calls, then done
+                    yield line({"model": model, "created_at": _now(), **calls, "done": False})
                 yield line({"model": model, "created_at": _now(), **body(Delta()),
                             **timing.done(event.finish_reason)})
     finally:
         await events.aclose()  # NOTE: runs on disconnect too, cancelling the engine request
+
+
+def _add_tool_calls(body: dict[str, Any], choice: ChoiceState) -> bool:
+    """Put the reply's tool calls into a chat body's message, Ollama's way: arguments as an
+    object. A call whose arguments are not a JSON object goes back as text. True if any."""
+    if "message" not in body or not choice.tool_calls:
+        return False
+    calls = []
+    for c in choice.tool_calls:
+        try:
+            args = json.loads(c.arguments or "{}")
+        except json.JSONDecodeError:
+            args = None
+        if isinstance(args, dict):
+            calls.append({"function": {"name": c.name, "arguments": args}})
+        else:
+            body["message"]["content"] += f"{c.name}({c.arguments})"
+    if calls:
+        body["message"]["tool_calls"] = calls
+    return bool(calls)
 
 
 def _model_entry(state: ServerState) -> dict[str, Any]:

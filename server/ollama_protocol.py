@@ -18,6 +18,7 @@ from hybrid.engine.sampling_params import SamplingParams
 from server.errors import APIError, bad_request, unsupported
 from server.params import (
     ChatPrompt,
+    calling_turn,
     check_prompt,
     encode_chat,
     make_sampling_params,
@@ -26,9 +27,10 @@ from server.params import (
 from server.protocol import StopField, StrictModel
 from server.reasoning import ThinkSetup, is_thinking_template, opens_think
 from server.state import ServerState
+from server.tools.setup import add_tools_to_messages, history_tool_calls, model_format, tool_request
 
 OLLAMA_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9}
-OLLAMA_ROLES = ("system", "user", "assistant")
+OLLAMA_ROLES = ("system", "user", "assistant", "tool")
 
 
 class OllamaOptions(StrictModel):
@@ -107,21 +109,34 @@ def _check_common(req: _OllamaFields) -> None:
 
 
 def chat_prompt(req: OllamaChatRequest, state: ServerState) -> ChatPrompt:
+    """The messages (and tools: Ollama's are OpenAI's, always with choice "auto") rendered."""
     _check_common(req)
-    if req.tools:
-        raise unsupported("tools", "tool calling (tools)")
+    tokenizer = state.model.tokenizer
+    setup, tools = tool_request(req.tools, None, None, tokenizer)
+    fmt = model_format(tokenizer)
     messages = []
     for i, m in enumerate(req.messages):
         where = f"messages.{i}"
-        if m.role == "tool" or m.tool_calls or m.tool_name:
-            raise unsupported(f"{where}.role", "tool calling (tool messages and tool_calls)")
         if m.role not in OLLAMA_ROLES:
             raise bad_request(f"{where}.role: unknown role {m.role!r}; use one of "
                               f"{', '.join(OLLAMA_ROLES)}", f"{where}.role")
         if m.images:
             raise unsupported(f"{where}.images", "images")
-        messages.append({"role": m.role, "content": m.content})
-    return _think_off(encode_chat(messages, state, "messages"), req)
+        if m.tool_calls is not None and m.role != "assistant":
+            raise bad_request(f"{where}.tool_calls: only assistant messages make tool calls",
+                              f"{where}.tool_calls")
+        if m.tool_calls:
+            messages.append(calling_turn(m.content, history_tool_calls(m.tool_calls, where, fmt),
+                                         fmt))
+        elif m.role == "tool":
+            messages.append({"role": "tool", "content": m.content,
+                             "tool_call_id": m.tool_name or ""})
+        else:
+            messages.append({"role": m.role, "content": m.content})
+    if setup is not None:
+        messages = add_tools_to_messages(messages, tools, setup, tokenizer.chat_template.source)
+    prompt = encode_chat(messages, state, "messages", tools=tools or None)
+    return _think_off(ChatPrompt(prompt.ids, prompt.think, setup), req)
 
 
 def generate_prompt(req: OllamaGenerateRequest, state: ServerState) -> ChatPrompt:
@@ -145,7 +160,7 @@ def generate_prompt(req: OllamaGenerateRequest, state: ServerState) -> ChatPromp
 
 
 def _think_off(prompt: ChatPrompt, req: _OllamaFields) -> ChatPrompt:
-    return prompt if req.think is not False else ChatPrompt(prompt.ids, None)
+    return prompt if req.think is not False else ChatPrompt(prompt.ids, None, prompt.tools)
 
 
 def sampling(req: _OllamaFields, state: ServerState, prompt_len: int) -> SamplingParams:

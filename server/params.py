@@ -13,9 +13,18 @@ from typing import Any
 from hybrid.engine.sampling_params import SamplingParams
 from hybrid.errors import HybridError
 from server.errors import APIError, bad_request, unsupported
-from server.protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest
+from server.protocol import MAX_CHOICES, ChatCompletionRequest, ChatMessage, CompletionRequest
 from server.reasoning import THINK_PREFIX, ThinkSetup, is_thinking_template, opens_think
 from server.state import ServerState
+from server.tools.formats import ToolFormat
+from server.tools.setup import (
+    ToolSetup,
+    add_tools_to_messages,
+    history_tool_calls,
+    model_format,
+    openai_tools,
+    tool_request,
+)
 
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
@@ -40,39 +49,70 @@ def check_request(req: ChatCompletionRequest | CompletionRequest, state: ServerS
 class ChatPrompt:
     ids: list[int]
     think: ThinkSetup | None  # how the output splits into reasoning and answer; None: no split
+    tools: ToolSetup | None = None  # how tool calls are parsed (and maybe required)
+
+    @property
+    def opens_think(self) -> bool:
+        return self.think is not None and self.think.in_think
 
 
 def chat_prompt(req: ChatCompletionRequest, state: ServerState) -> ChatPrompt:
-    """Render the messages with the model's chat template and tokenize them."""
-    if req.tools or req.functions:
-        raise unsupported("tools", "tool calling (tools/functions)")
-    if req.tool_choice not in (None, "none") or req.function_call not in (None, "none"):
-        raise unsupported("tool_choice", "tool_choice other than 'none'")
-    if req.parallel_tool_calls is not None:
-        raise unsupported("parallel_tool_calls", "tool calling")
+    """Render the messages (and tools) with the model's chat template and tokenize them."""
     kind = (req.response_format or {}).get("type", "text")
     if kind not in ("text", "json_object", "json_schema"):
         raise unsupported("response_format", f"response_format of type {kind!r} (text, "
                                              "json_object and json_schema are)")
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
-    messages = []
-    for i, m in enumerate(req.messages):
-        where = f"messages.{i}"
-        if m.role in ("tool", "function") or m.tool_calls or m.tool_call_id:
-            raise unsupported(f"{where}.role", "tool calling (tool messages and tool_calls)")
-        if m.role not in CHAT_ROLES:
-            raise bad_request(f"{where}.role: unknown role {m.role!r}; use one of "
-                              f"{', '.join(CHAT_ROLES)}", f"{where}.role")
-        messages.append({"role": CHAT_ROLES[m.role], "content": _content_text(m.content, where)})
-    return encode_chat(messages, state, "messages")
+    tokenizer = state.model.tokenizer
+    tools, choice = openai_tools(req)
+    tools_setup, tools = tool_request(tools, choice, req.parallel_tool_calls, tokenizer)
+    if tools_setup is not None and tools_setup.forced and kind != "text":
+        raise bad_request("a required tool call and response_format cannot both constrain the "
+                          "reply; drop one", "response_format")
+    fmt = model_format(tokenizer)
+    messages = [chat_message(m, f"messages.{i}", fmt) for i, m in enumerate(req.messages)]
+    if tools_setup is not None:
+        messages = add_tools_to_messages(messages, tools, tools_setup,
+                                         tokenizer.chat_template.source)
+    prompt = encode_chat(messages, state, "messages", tools=tools or None)
+    return ChatPrompt(prompt.ids, prompt.think, tools_setup)
 
 
-def encode_chat(messages: list[dict[str, str]], state: ServerState, param: str) -> ChatPrompt:
+def chat_message(m: ChatMessage, where: str, fmt: ToolFormat) -> dict[str, Any]:
+    """One OpenAI message as the templates read it."""
+    role = {"function": "tool"}.get(m.role, m.role)
+    if role not in (*CHAT_ROLES, "tool"):
+        raise bad_request(f"{where}.role: unknown role {m.role!r}; use one of "
+                          f"{', '.join(CHAT_ROLES)}, tool", f"{where}.role")
+    if m.tool_calls is not None and role != "assistant":
+        raise bad_request(f"{where}.tool_calls: only assistant messages make tool calls",
+                          f"{where}.tool_calls")
+    if role == "assistant" and m.tool_calls:
+        text = _content_text(m.content, where) if m.content is not None else ""
+        return calling_turn(text, history_tool_calls(m.tool_calls, where, fmt), fmt)
+    message = {"role": CHAT_ROLES.get(role, role), "content": _content_text(m.content, where)}
+    if role == "tool":
+        message["tool_call_id"] = m.tool_call_id or ""
+        if m.name:
+            message["name"] = m.name
+    return message
+
+
+def calling_turn(text: str, calls: list[dict[str, Any]], fmt: ToolFormat) -> dict[str, Any]:
+    """An assistant turn that calls tools. With no text its content is None for DeepSeek's
+    templates (which write the calls only then) and "" for Kimi-K2's (which iterate a content
+    that is not a string)."""
+    empty = "" if fmt.name == "kimi-k2" else None
+    return {"role": "assistant", "content": text or empty, "tool_calls": calls}
+
+
+def encode_chat(messages: list[dict[str, Any]], state: ServerState, param: str,
+                tools: list[dict[str, Any]] | None = None) -> ChatPrompt:
     """Checked messages -> the prompt, ending with "<think>\n" under --force-think."""
     tokenizer = state.model.tokenizer
     try:
-        text = tokenizer.apply_chat_template(messages)
+        text = tokenizer.apply_chat_template(messages, tools=tools)
     except HybridError as e:
         raise bad_request(str(e), param) from None
     thinking = state.config.force_think or is_thinking_template(tokenizer.chat_template.source)
@@ -141,8 +181,10 @@ def check_prompt(ids: list[int], state: ServerState, param: str) -> None:
 
 
 def sampling_params(req: ChatCompletionRequest | CompletionRequest, state: ServerState,
-                    prompt_len: int, index: int, logprobs: int | None) -> SamplingParams:
-    """Choice `index`'s settings. Its seed is `seed + index`, so n > 1 gives n samples."""
+                    prompt_len: int, index: int, logprobs: int | None,
+                    prompt: ChatPrompt | None = None) -> SamplingParams:
+    """Choice `index`'s settings. Its seed is `seed + index`, so n > 1 gives n samples.
+    A chat `prompt` whose tools require a call constrains the reply to one."""
     mct = getattr(req, "max_completion_tokens", None)  # chat's newer name wins when both are set
     param, asked = ("max_completion_tokens", mct) if mct is not None else ("max_tokens",
                                                                             req.max_tokens)
@@ -154,6 +196,10 @@ def sampling_params(req: ChatCompletionRequest | CompletionRequest, state: Serve
     grammar = None
     if fmt.get("type") in ("json_object", "json_schema"):
         grammar = structured_grammar(fmt, "response_format")
+    if prompt is not None and prompt.tools is not None and prompt.tools.forced:
+        room = min(asked or state.config.max_new_tokens, state.config.max_new_tokens,
+                   state.model.max_request_tokens - prompt_len)
+        grammar = prompt.tools.grammar(state.model.tokenizer, prompt.opens_think, room)
     return make_sampling_params(
         state, prompt_len, asked, stop=stop, logprobs=logprobs, ignore_eos=req.ignore_eos,
         seed=None if req.seed is None else req.seed + index, grammar=grammar,

@@ -8,7 +8,7 @@ parser works on text deltas as they stream: a tag split over several tokens ("</
 into each other, whatever the token boundaries.
 
 When the tags are control tokens (the detokenizer skips them, as for our synthetic
-vocabularies), `ThinkSetup.text_of` puts their text back so the parser sees them.
+vocabularies), `ThinkSetup.tag_text` lets the reply's reader put their text back.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def opens_think(prompt_text: str) -> bool:
     return prompt_text.rstrip().endswith(THINK_START)
 
 
-def _partial_suffix(text: str, tag: str) -> int:
+def partial_suffix(text: str, tag: str) -> int:
     """The length of the longest suffix of `text` that is a proper prefix of `tag`."""
     for n in range(min(len(text), len(tag) - 1), 0, -1):
         if text.endswith(tag[:n]):
@@ -73,7 +73,7 @@ class ReasoningParser:
             buf = self._strip_lead(buf)
             end = buf.find(THINK_END)
             if end < 0:
-                keep = _partial_suffix(buf, THINK_END)
+                keep = partial_suffix(buf, THINK_END)
                 self._held = buf[len(buf) - keep:]
                 return buf[:len(buf) - keep], ""
             self._state, self._at_part_start = _ANSWER, True
@@ -117,7 +117,3 @@ class ThinkSetup:
 
     def parser(self) -> ReasoningParser:
         return ReasoningParser(self.in_think)
-
-    def text_of(self, token_id: int, text: str) -> str:
-        """A token's text, with a skipped think-tag control token put back."""
-        return text or self.tag_text.get(token_id, "")

@@ -59,9 +59,10 @@ async def chat_completions(http_request: HTTPRequest) -> Response:
     prompt = chat_prompt(req, state)
     ids = prompt.ids
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    jobs = [(ids, sampling_params(req, state, len(ids), i, logprobs)) for i in range(req.n)]
+    jobs = [(ids, sampling_params(req, state, len(ids), i, logprobs, prompt))
+            for i in range(req.n)]
     fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", state.model.name, state.model.tokenizer,
-                     req.logprobs, think=prompt.think)
+                     req.logprobs, think=prompt.think, tools=prompt.tools)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return await _respond(state, http_request, fmt, jobs, len(ids), req.stream, include_usage)
 
@@ -118,7 +119,8 @@ async def _stream(fmt: ResponseFormat, events: AsyncGenerator, num_choices: int,
             choice = choices[index]
             offset = len(choice.text)
             piece = choice.add(event)
-            if piece.reasoning or piece.content or event.finish_reason or fmt.logprobs:
+            if piece.reasoning or piece.content or piece.tool_calls or event.finish_reason \
+                    or fmt.logprobs:
                 yield sse({**fmt.chunk(index, choice, event, piece, offset), **extra})
         if include_usage:
             yield sse(fmt.usage_chunk(choices, prompt_tokens))

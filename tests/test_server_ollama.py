@@ -42,7 +42,7 @@ def test_version_tags_and_show(api: httpx.Client, model: str, live_server) -> No
         assert show["template"] == live_server.state.model.tokenizer.chat_template.source
         assert show["model_info"]["deepseek2.context_length"] == live_server.state.model \
             .context_length
-        assert show["capabilities"] == ["completion"]  # the V3 template does not think
+        assert show["capabilities"] == ["completion", "tools"]  # the V3 template does not think
 
 
 def test_chat_equals_openai_chat_whole_and_streamed(api: httpx.Client, model: str) -> None:

@@ -1,0 +1,127 @@
+"""How each deepseek2-architecture family writes tool calls, as its chat template renders them.
+
+  deepseek-v3 (V3, V3-0324, R1, R1-0528):
+      <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\nARGS\\n```
+      <｜tool▁call▁end｜>, further calls after "\\n", then <｜tool▁calls▁end｜>
+  deepseek-v3.1:
+      <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>...
+      <｜tool▁calls▁end｜>
+  kimi-k2:
+      <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:INDEX
+      <|tool_call_argument_begin|>ARGS<|tool_call_end|>...<|tool_calls_section_end|>
+
+The format is read off the template's text (the markers it writes); a template that writes
+none (ours, an older conversion) gets the one whose markers the vocabulary holds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    name: str
+    section_begin: str
+    section_end: str
+    call_begin: str
+    call_end: str
+    header_end: str  # between a call's header (name, id) and its JSON arguments
+    fenced: bool  # the arguments sit in a ```json fence (closing ``` before call_end)
+    call_separator: str  # what the template writes between two calls
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        return (self.section_begin, self.section_end, self.call_begin, self.call_end,
+                self.header_end)
+
+    def name_of(self, header: str) -> str | None:
+        """The function name in a call's header; None if the header is not one."""
+        header = header.strip()
+        if self.name == "deepseek-v3":
+            kind, sep, name = header.partition(self.header_sep)
+            return name.strip() if sep and kind.strip() == "function" and _NAME.fullmatch(
+                name.strip()) else None
+        if self.name == "kimi-k2":
+            m = _KIMI_ID.fullmatch(header)
+            return m.group(1) if m else None
+        return header if _NAME.fullmatch(header) else None
+
+    @property
+    def header_sep(self) -> str:
+        return "<｜tool▁sep｜>"
+
+    def header(self, name: str, index: int) -> str:
+        """The header the model writes for call `index` of function `name`."""
+        if self.name == "deepseek-v3":
+            return f"function{self.header_sep}{name}\n"
+        if self.name == "kimi-k2":
+            return kimi_call_id(name, index)
+        return name
+
+    def render(self, calls: list[tuple[str, str]]) -> str:
+        """The text of a reply making `calls` ((name, JSON arguments) pairs)."""
+        parts = []
+        for i, (name, arguments) in enumerate(calls):
+            args = f"\n{arguments}\n```" if self.fenced else arguments
+            parts.append(f"{self.call_begin}{self.header(name, i)}{self.header_end}{args}"
+                         f"{self.call_end}")
+        return self.section_begin + self.call_separator.join(parts) + self.section_end
+
+
+def kimi_call_id(name: str, index: int) -> str:
+    """Kimi-K2 names each call `functions.NAME:INDEX`; its template writes the id back as is."""
+    return f"functions.{name}:{index}"
+
+
+_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")  # OpenAI's function name alphabet, and dots
+_KIMI_ID = re.compile(r"(?:functions\.)?([A-Za-z0-9_.\-]{1,64}?):\d+")
+
+DEEPSEEK_V3 = ToolFormat(
+    "deepseek-v3", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
+    "<｜tool▁call▁end｜>", "```json", fenced=True, call_separator="\n")
+DEEPSEEK_V31 = ToolFormat(
+    "deepseek-v3.1", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
+    "<｜tool▁call▁end｜>", "<｜tool▁sep｜>", fenced=False, call_separator="")
+KIMI_K2 = ToolFormat(
+    "kimi-k2", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
+    "<|tool_call_begin|>", "<|tool_call_end|>", "<|tool_call_argument_begin|>", fenced=False,
+    call_separator="")
+FORMATS = {f.name: f for f in (DEEPSEEK_V3, DEEPSEEK_V31, KIMI_K2)}
+
+
+def detect_format(template_source: str, vocabulary: frozenset[str] | set[str]) -> ToolFormat:
+    """The family's format: from the markers the template writes, else from the vocabulary."""
+    if KIMI_K2.call_begin in template_source or "tool_declare" in template_source:
+        return KIMI_K2
+    if DEEPSEEK_V3.call_begin in template_source:
+        return DEEPSEEK_V3 if "```json" in template_source else DEEPSEEK_V31
+    if KIMI_K2.section_begin in vocabulary and DEEPSEEK_V3.section_begin not in vocabulary:
+        return KIMI_K2
+    return DEEPSEEK_V3
+
+
+def template_declares_tools(template_source: str) -> bool:
+    """The template writes the request's `tools` itself (Kimi-K2's do); DeepSeek's leave them
+    to the caller's system prompt."""
+    return re.search(r"\btools\b", template_source) is not None
+
+
+def tools_system_prompt(fmt: ToolFormat, tools: list[dict[str, Any]]) -> str:
+    """What a template that does not declare tools is told about them, in the system prompt:
+    each function's name, description and JSON-schema parameters, and the call syntax in the
+    family's own markers (the layout DeepSeek documents for V3.1's tool prompt)."""
+    lines = ["## Tools", "You have access to the following tools:", ""]
+    for tool in tools:
+        f = tool["function"]
+        lines += [f"### {f['name']}", f"Description: {f.get('description', '')}", "",
+                  f"Parameters: {json.dumps(f.get('parameters', {}), ensure_ascii=False)}", ""]
+    example = fmt.render([("tool_call_name", "tool_call_arguments")])
+    lines += ["IMPORTANT: ALWAYS adhere to this exact format for tool use:", example, "",
+              ("Where tool_call_name is the name of a tool above and tool_call_arguments is a "
+              "JSON object of its parameters. For several calls, put each call after the "
+              "previous one inside the same block.")]
+    return "\n".join(lines)

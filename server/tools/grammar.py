@@ -1,0 +1,82 @@
+"""The grammar that makes a reply a well-formed tool call (tool_choice "required" or a named
+function), in the family's own format, for llguidance's Lark syntax.
+
+Markers that the vocabulary holds as one special token are matched as that token (`<[id]>`),
+so the model writes the calls as it was trained to; a marker it spells in text is matched as
+text. Each call's arguments are a JSON value of that function's parameter schema (`%json`),
+compact as the structured-output grammars are. A reply that opens inside a think block (R1)
+may reason first, at most `reasoning_tokens` tokens, then closes the block and calls.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hybrid.errors import RequestRejected
+from server.tools.formats import ToolFormat
+
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+MAX_PARALLEL_CALLS = 8  # calls in one reply under a required choice: no runaway list
+
+
+def tool_call_grammar(fmt: ToolFormat, functions: dict[str, dict[str, Any]],
+                      token_of: Any, parallel: bool, think_end: str | None,
+                      reasoning_tokens: int) -> str:
+    """Lark text for one or more calls of `functions` (name -> parameters schema).
+    `token_of(text)` is the id of the special token spelling `text`, or None."""
+
+    def lit(text: str) -> str:
+        i = token_of(text)
+        return f"<[{i}]>" if i is not None else json.dumps(text)
+
+    rules = []
+    for k, (name, schema) in enumerate(functions.items()):
+        schema = {**(schema or {"type": "object"}), "x-guidance": JSON_OPTIONS}
+        rules.append(f"fn_{k}: {_header(fmt, name, lit)} {lit(fmt.header_end)} "
+                     f"{_fence_open(fmt)}%json {json.dumps(schema)} {_fence_close(fmt)}"
+                     f"{lit(fmt.call_end)}")
+    alts = " | ".join(f"fn_{k}" for k in range(len(functions)))
+    sep = f"{json.dumps(fmt.call_separator)} " if fmt.call_separator else ""
+    more = f" ({sep}call){{0,{MAX_PARALLEL_CALLS - 1}}}" if parallel else ""
+    head = "start: calls"
+    if think_end is not None:
+        head = f"start: reasoning {lit(think_end)} /\\n{{0,2}}/ calls\n" \
+               f"reasoning[max_tokens={max(reasoning_tokens, 1)}]: /(.|\\n)*/"
+    lines = [head, f"calls: {lit(fmt.section_begin)} call{more} {lit(fmt.section_end)}",
+             f"call: {lit(fmt.call_begin)} ({alts})", *rules]
+    return _compiled("\n".join(lines) + "\n")
+
+
+def _header(fmt: ToolFormat, name: str, lit: Any) -> str:
+    if fmt.name == "deepseek-v3":
+        return f'"function" {lit(fmt.header_sep)} {json.dumps(name + chr(10))}'
+    if fmt.name == "kimi-k2":
+        return f'{json.dumps("functions." + name + ":")} /[0-9]+/'
+    return json.dumps(name)
+
+
+def _fence_open(fmt: ToolFormat) -> str:
+    return '"\\n" ' if fmt.fenced else ""
+
+
+def _fence_close(fmt: ToolFormat) -> str:
+    return '"\\n```" ' if fmt.fenced else ""
+
+
+def _compiled(lark: str) -> str:
+    """The grammar as the engine's matchers take it; RequestRejected (a 400) if llguidance
+    refuses it (a parameter schema it cannot use)."""
+    import llguidance
+
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_lark(lark)
+    except (ValueError, RuntimeError) as e:
+        raise RequestRejected(f"the tools cannot be turned into a grammar: "
+                              f"{' '.join(str(e).split())[:300]}") from None
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    if is_error:
+        reason = " ".join(str(messages[0]).split())[:300]
+        raise RequestRejected(f"the tools' parameter schemas cannot be used to constrain the "
+                              f"call: {reason}; fix the schemas or use tool_choice auto")
+    return grammar
