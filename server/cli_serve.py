@@ -12,7 +12,7 @@ SERVE_SETTINGS = ("gguf_path", "optimize_rules", "max_batch_size", "chunk_size",
                   "page_size", "cpu_threads", "host", "port", "max_new_tokens", "api_key",
                   "served_model_name", "max_request_bytes", "log_level", "force_think",
                   "cuda_graphs", "decode_graph", "prefill_experts", "stream_memory_gib",
-                  "packed_cache", "prefix_cache")
+                  "packed_cache", "prefix_cache", "chat_template")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -27,6 +27,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     from hybrid.engine.config import DECODE_GRAPHS, EngineConfig
     from hybrid.engine.prefill_costs import PREFILL_EXPERTS
+    from hybrid.tokenizer.bundled_templates import BUNDLED_TEMPLATES
     from server.config import LOG_LEVELS, ServerConfig
 
     e = {f.name: f.default for f in fields(EngineConfig)}
@@ -89,6 +90,9 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--force-think", action="store_true", default=d["force_think"],
                    help="end chat prompts with '<think>\\n' (DeepSeek R1): the model reasons "
                         "first; chat replies carry it apart (reasoning_content)")
+    p.add_argument("--chat-template", default=d["chat_template"], metavar="NAME|FILE",
+                   help="replace the file's chat template with a bundled family's ("
+                        + ", ".join(BUNDLED_TEMPLATES) + ") or a .jinja file")
     p.set_defaults(func=cmd_serve)
 
 

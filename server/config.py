@@ -21,6 +21,9 @@ class ServerConfig:
     `Authorization: Bearer <api_key>`. `served_model_name` None uses the GGUF file's stem.
     `force_think` ends every chat prompt with "<think>\n" (DeepSeek R1's convention), so the
     model reasons first; chat responses then split reasoning from the answer.
+    `chat_template` (a bundled family's name or a .jinja file) replaces the file's template:
+    for files converted without one, or with an older revision (V3's first template writes
+    earlier tool calls only for content None; R1's handles both).
     """
 
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -32,6 +35,7 @@ class ServerConfig:
     max_request_bytes: int = MAX_REQUEST_BYTES
     log_level: str = "info"
     force_think: bool = False
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -18,10 +18,14 @@ def build_state(config: ServerConfig, progress: Callable[[int, int], None] | Non
                 warmup: bool = True) -> ServerState:
     """Load the model and start its worker thread; the caller shuts the worker down."""
     from hybrid.engine.llm import LLM
+    from hybrid.tokenizer.bundled_templates import load_template
 
     engine = config.engine
+    template = load_template(config.chat_template) if config.chat_template else None
     llm = LLM(engine.gguf_path, engine.optimize_rules, progress=progress, engine_config=engine,
               status=_status_line)
+    if template is not None:
+        llm.tokenizer.use_chat_template(template)
     if warmup:
         # One tiny generation compiles the CPU kernels now, so the first client does not wait.
         for _ in llm.stream([llm.tokenizer.bos_token_id or 0], SamplingParams(temperature=0,

@@ -160,7 +160,7 @@ def _check_calls(calls, names=None) -> None:
 
 
 def test_required_call_is_well_formed_streaming_and_not(served) -> None:
-    server, client, model, template = served
+    _, client, model, template = served
     messages = [{"role": "user", "content": "What is the weather in Rome?"}]
     one = {"parallel_tool_calls": False}  # a random model would call until max_tokens
     for seed in range(3):
@@ -200,7 +200,7 @@ def test_required_call_is_well_formed_streaming_and_not(served) -> None:
 
 
 def test_named_function_and_history_with_calls(served) -> None:
-    server, client, model, template = served
+    _, client, model, _template = served
     history = _history(None)[:-1] + [{"role": "user", "content": "And the time?"}]
     r = client.chat.completions.create(
         model=model, messages=history, tools=TOOLS, max_tokens=200, seed=4,
@@ -234,7 +234,7 @@ def test_named_function_and_history_with_calls(served) -> None:
       "tool_choice": "required"}, "tools"),
 ])
 def test_bad_tools_are_400s_naming_the_field(served, body, param) -> None:
-    server, client, model, template = served
+    _, client, model, _template = served
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=model, max_tokens=4, messages=[
             {"role": "user", "content": "hi"}], **body)
@@ -287,7 +287,7 @@ def test_ollama_tools_history_and_calls(served) -> None:
     from server.openai_format import ChoiceState, Delta
     from server.tools.setup import tool_request
 
-    server, client, model, template = served
+    server, _client, model, _template = served
     messages = [{"role": "user", "content": "Weather?"},
                 {"role": "assistant", "content": "", "tool_calls": [
                     {"function": {"name": "get_weather", "arguments": {"city": "Oslo",
@@ -310,3 +310,63 @@ def test_ollama_tools_history_and_calls(served) -> None:
                                                            "arguments": {"zone": "UTC"}}}]
     assert body["message"]["content"] == "Sure.get_time({bad)"  # not an object: text
     assert choice.reported_finish("stop") == "tool_calls"
+
+
+def test_serve_chat_template_override_kimi_format_spelled_in_text(models) -> None:
+    """--chat-template kimi-k2-thinking on a file whose vocabulary lacks Kimi's markers: the
+    grammar spells them in text, and the parser still reads the required call back."""
+    from hybrid.errors import HybridError
+    from server.config import ServerConfig
+    from server.serve import build_state
+
+    with pytest.raises(HybridError, match="neither a bundled name"):
+        build_state(ServerConfig.from_flat({"chat_template": "no-such-template"}))
+    config = ServerConfig.from_flat({
+        "gguf_path": str(models.path("tiny-v3", "q4_k_m")), "optimize_rules": "cpu.yaml",
+        "max_new_tokens": 256, "api_key": API_KEY, "chat_template": "kimi-k2-thinking"})
+    server = LiveServer(build_state(config, warmup=False))
+    try:
+        assert "tool_declare" in server.state.model.tokenizer.chat_template.source
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0)
+        r = client.chat.completions.create(
+            model=server.state.model.name, messages=[{"role": "user", "content": "Time?"}],
+            tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_time"}},
+            max_tokens=250, seed=3, logprobs=True)
+        calls = r.choices[0].message.tool_calls
+        assert r.choices[0].finish_reason == "tool_calls", "".join(t.token for t in r.choices[0].logprobs.content)
+        assert calls[0].id == \
+            "functions.get_time:" + calls[0].id.rsplit(":", 1)[1]
+        _check_calls(calls, ["get_time"])
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("fmt", FORMATS.values(), ids=FORMATS)
+@pytest.mark.parametrize("think", [False, True])
+def test_call_grammar_takes_the_formats_own_rendering(models, fmt, think) -> None:
+    """The required-call grammar accepts what the family's template writes for well-formed
+    calls (markers as special tokens where the vocabulary has them, as text where not), and
+    refuses arguments outside the schema."""
+    import llguidance
+
+    from hybrid.engine.grammar import GrammarVocab
+    from hybrid.gguf.reader import GGUFModelFile
+    from hybrid.tokenizer.gguf_tokenizer import GGUFTokenizer
+    from server.tools.grammar import tool_call_grammar
+
+    tok = GGUFTokenizer(GGUFModelFile(models.path("tiny-v3", "q4_k_m")).metadata)
+    vocab = GrammarVocab(tok.hf_json(), tok.vocab_size, tok.eos_token_id)
+    grammar = tool_call_grammar(fmt, SCHEMAS, tok.single_token, True,
+                                "</think>" if think else None, 64)
+    prefix = "some reasoning</think>\n\n" if think else ""
+
+    def accepts(text: str) -> bool:
+        m = llguidance.LLMatcher(vocab.tokenizer, grammar)
+        return all(m.consume_token(t) for t in tok.encode(text, add_bos=False)) and \
+            m.is_accepting()
+
+    calls = [("get_weather", '{"city": "Oslo", "days": 3}'), ("get_time", '{"zone": "UTC"}')]
+    assert accepts(prefix + fmt.render(calls))
+    assert accepts(prefix + fmt.render(calls[1:]))
+    assert not accepts(prefix + fmt.render([("get_weather", '{"city": "Lima", "days": 3}')]))
+    assert not accepts(prefix + fmt.render([("get_time", '{"zone": "UTC"}')])[:-5])

@@ -56,6 +56,11 @@ class GGUFTokenizer:
     def vocab_size(self) -> int:
         return len(self.tokens)
 
+    def use_chat_template(self, source: str) -> None:
+        """Render chats with `source` instead of the file's template (`--chat-template`)."""
+        self.chat_template = ChatTemplate(source, self.chat_template.bos_token,
+                                          self.chat_template.eos_token)
+
     def single_token(self, text: str) -> int | None:
         """The id of the one special (control or user-defined) token whose text is `text`, e.g. a
         tool-call marker; None if no special token spells it."""

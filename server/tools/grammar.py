@@ -52,7 +52,7 @@ def _header(fmt: ToolFormat, name: str, lit: Any) -> str:
     if fmt.name == "deepseek-v3":
         return f'"function" {lit(fmt.header_sep)} {json.dumps(name + chr(10))}'
     if fmt.name == "kimi-k2":
-        return f'{json.dumps("functions." + name + ":")} /[0-9]+/'
+        return f'{json.dumps("functions." + name + ":")} /[0-9]{{1,3}}/'
     return json.dumps(name)
 
 
