@@ -16,6 +16,7 @@ from pathlib import Path
 
 from hybrid.errors import HybridError
 from server.cli_serve import add_bench_parser, add_serve_parser
+from server.cli_tune import add_tune_parsers
 
 
 def _sampling_defaults():
@@ -82,7 +83,7 @@ def cmd_make_model(args: argparse.Namespace) -> int:
 
     preset = get_preset(args.preset, args.layers)
     opts = MakeModelOptions(preset, args.quant, args.layout, args.seed, args.split, args.vocab,
-                            args.header_only, args.chat_template)
+                            args.header_only, args.chat_template, args.router_skew)
     out = Path(args.out)
     if out.suffix != ".gguf":
         out = out / f"{preset.name}-{args.quant}-{args.layout}.gguf"
@@ -189,6 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
     mk.add_argument("--vocab", default=d["vocab"], choices=["small", "deepseek"])
     mk.add_argument("--header-only", action="store_true",
                     help="headers only, data left as a sparse hole: for rules explain, not to run")
+    mk.add_argument("--router-skew", type=float, default=d["router_skew"], metavar="S",
+                    help="each layer's experts chosen with Zipf(S) frequencies, in its own order "
+                         "(V3-style routers; 0.6: a quarter of the experts take half the "
+                         "activations); for `hybrid profile`/`hybrid tune` experiments")
     mk.add_argument("--chat-template", default=None, metavar="NAME|FILE",
                     help="write a family's real chat template (" + ", ".join(BUNDLED_TEMPLATES)
                     + ") or a .jinja file instead of the built-in DeepSeek-V3 rendering")
@@ -236,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="the model name (with --url; default: the server's first)")
     add_serve_parser(sub)
     add_bench_parser(sub)
+    add_tune_parsers(sub)
     return parser
 
 

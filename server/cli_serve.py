@@ -12,7 +12,7 @@ SERVE_SETTINGS = ("gguf_path", "optimize_rules", "max_batch_size", "chunk_size",
                   "page_size", "cpu_threads", "host", "port", "max_new_tokens", "api_key",
                   "served_model_name", "max_request_bytes", "log_level", "force_think",
                   "cuda_graphs", "decode_graph", "prefill_experts", "stream_memory_gib",
-                  "packed_cache", "prefix_cache", "chat_template")
+                  "packed_cache", "prefix_cache", "chat_template", "routing_profile")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -93,6 +93,9 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chat-template", default=d["chat_template"], metavar="NAME|FILE",
                    help="replace the file's chat template with a bundled family's ("
                         + ", ".join(BUNDLED_TEMPLATES) + ") or a .jinja file")
+    p.add_argument("--record-routing", dest="routing_profile", default=d["routing_profile"],
+                   metavar="FILE", help="record which experts the traffic uses into FILE (a "
+                   "routing profile for `hybrid tune`, rewritten every 30 s)")
     p.set_defaults(func=cmd_serve)
 
 

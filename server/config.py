@@ -24,6 +24,8 @@ class ServerConfig:
     `chat_template` (a bundled family's name or a .jinja file) replaces the file's template:
     for files converted without one, or with an older revision (V3's first template writes
     earlier tool calls only for content None; R1's handles both).
+    `routing_profile` records which experts the traffic's routers choose into that file
+    (rewritten every 30 s and at shutdown), for `hybrid tune`.
     """
 
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -36,6 +38,7 @@ class ServerConfig:
     log_level: str = "info"
     force_think: bool = False
     chat_template: str | None = None
+    routing_profile: str | None = None  # --record-routing: the live profile's file
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -63,7 +66,10 @@ class ServerConfig:
         unknown = sorted(set(values) - engine_keys - server_keys)
         if unknown:
             raise HybridError(f"unknown server setting(s): {', '.join(unknown)}")
-        engine = EngineConfig(**{k: v for k, v in values.items() if k in engine_keys})
+        engine_values = {k: v for k, v in values.items() if k in engine_keys}
+        if values.get("routing_profile"):
+            engine_values["record_routing"] = True
+        engine = EngineConfig(**engine_values)
         return cls(engine=engine, **{k: v for k, v in values.items() if k in server_keys})
 
 

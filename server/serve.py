@@ -62,6 +62,12 @@ def serve(config: ServerConfig, progress: Callable[[int, int], None] | None = No
     logging.basicConfig(level=config.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     state = build_state(config, progress)
     app = create_app(state)
+    writer = None
+    if config.routing_profile:
+        from server.routing_writer import RoutingWriter
+
+        writer = RoutingWriter(state.worker.engine, state.model.name, config.routing_profile)
+        writer.start()
     auth = "API key required" if config.api_key else "no API key"
     print(f"serving {state.model.name!r} on http://{config.host}:{config.port}/v1 ({auth}; "
           f"max {config.engine.max_batch_size} requests per batch, KV cache "
@@ -70,4 +76,6 @@ def serve(config: ServerConfig, progress: Callable[[int, int], None] | None = No
         uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level)
     finally:
         state.worker.shutdown()
+        if writer is not None:
+            writer.stop()
     return 0

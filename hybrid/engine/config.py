@@ -47,6 +47,8 @@ class EngineConfig:
     packed_cache: bool = True
     # share the KV pages of equal prompt prefixes across requests (prefix_cache.py)
     prefix_cache: bool = True
+    # count each MoE layer's expert choices (routing_recorder.py; hybrid profile/tune)
+    record_routing: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_batch_size <= 256:

@@ -73,6 +73,7 @@ class DecoderProgram:
         self.bridge = bridge
         self.moe_layers: list[ExpertsOp] = []  # bridged layers' experts, in order
         self.stream = None  # an ExpertStream over moe_layers (set by the model runner)
+        self.recorder = None  # a RoutingRecorder (set by the model runner) counts expert choices
         self.pieces = self._plan()
         self.can_capture = all(not _is_moe(layer.mlp) or _bridged(layer.mlp)
                                for layer in self.inner.layers)
@@ -149,6 +150,8 @@ class DecoderProgram:
         st.pending = [layer.self_attn.step(h, st.fb, st.num_splits, hq)]
 
     def _mlp(self, layer: nn.Module, st: StepState) -> None:
+        if self.recorder is not None:  # a MoE block run in place records through its gate
+            self.recorder.current = st.fb
         h, hq = self._norm(layer.post_attention_layernorm, st, layer.mlp)
         st.pending = [layer.mlp(h) if hq is None else layer.mlp(h, hq)]
 
@@ -156,6 +159,8 @@ class DecoderProgram:
         shared = getattr(layer.mlp, "shared_experts", None)
         st.h, st.hq = self._norm(layer.post_attention_layernorm, st, shared)
         _, weights, ids = layer.mlp.gate.route(st.h.to(layer.mlp.gate.device))
+        if self.recorder is not None:
+            self.recorder.add(layer.mlp.gate.layer_index, ids, st.fb)
         if i in st.streamed:  # the experts come to the rows: nothing crosses to the host
             st.routed = self.stream.run(i, st.h, ids, weights)
         else:

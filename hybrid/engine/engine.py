@@ -65,6 +65,16 @@ class Engine:
         CPU ("cpu")."""
         return self.runner.expert_layer_counts
 
+    def routing_counts(self) -> tuple[list, list[int], list[int]] | None:
+        """(counts [phase][layer][expert], tokens [phase], the layers' model indices) of the
+        expert choices so far (phase 0: prompt tokens, 1: decode); None unless
+        `record_routing` is on."""
+        rec = self.runner.recorder
+        if rec is None:
+            return None
+        counts, tokens = rec.snapshot()
+        return counts, tokens, rec.layer_ids
+
     @property
     def has_work(self) -> bool:
         return self.scheduler.has_work

@@ -28,6 +28,7 @@ from hybrid.engine.decoder import DecoderProgram, StepState
 from hybrid.engine.experts_bridge import ExpertsBridge
 from hybrid.engine.forward_batch import ForwardBatch, StepLayout
 from hybrid.engine.kv_cache import PagedLatentCache
+from hybrid.engine.routing_recorder import RoutingRecorder
 from hybrid.engine.scheduler import ScheduledBatch
 from hybrid.errors import HybridError
 from hybrid.ops.experts import ExpertsOp
@@ -57,6 +58,7 @@ class ModelRunner:
         self.bridge = ExpertsBridge(self.max_tokens, hf.hidden_size, hf.num_experts_per_tok,
                                     self.device)
         self.program = DecoderProgram(model, self.bridge)
+        self.recorder = install_recorder(model, self.program) if config.record_routing else None
         self.max_pages = -(-max_request_tokens // config.page_size)
         self.graphs = None
         self.stream = prefill_setup.build_stream(self.program.moe_layers, config, self.device)
@@ -76,6 +78,8 @@ class ModelRunner:
             self.warm_up(progress, decode=True)
         self.placement = prefill_setup.placement(self.stream, self.program.moe_layers, config,
                                                  hf.hidden_size, progress)
+        if self.recorder is not None:
+            self.recorder.reset()  # start-up's warm-up steps are not traffic
 
     def capture_graphs(self, decode_graph: str, progress: Callable[[str], None] | None = None):
         """-> DecodeGraphs of every batch bucket, `decode_graph` "step" or "layers" (also for
@@ -208,3 +212,19 @@ def _one_device(model: nn.Module, device: torch.device) -> bool:
         if module.device != device:
             return False
     return True
+
+
+def install_recorder(model: nn.Module, program: DecoderProgram) -> RoutingRecorder:
+    """A RoutingRecorder on every MoE layer's router: the program records the routers it runs
+    itself, each gate the ones a MoE block run in place makes."""
+    from hybrid.ops.gate import GateOp
+
+    gates = [layer.mlp.gate for layer in model.model.layers if hasattr(layer.mlp, "experts")]
+    if not all(isinstance(g, GateOp) for g in gates):
+        raise HybridError("recording routing needs every MoE router on the gate operator: "
+                          "add `replace: {class: gate}` for the routers to the rule file")
+    recorder = RoutingRecorder([g.layer_index for g in gates], model.config.n_routed_experts)
+    for g in gates:
+        g.recorder = recorder
+    program.recorder = recorder
+    return recorder

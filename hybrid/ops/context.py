@@ -30,6 +30,11 @@ class BuildContext:
         return torch.device(self.options["generate_device"])
 
     @property
+    def layer_index(self) -> int:
+        """N of a module under `model.layers.N`."""
+        return int(self.path.split(".")[2])
+
+    @property
     def weight_format(self) -> str:
         return self.options.get("weight_format", "f32")
 

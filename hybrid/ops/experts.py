@@ -65,7 +65,7 @@ class ExpertsOp(nn.Module):
         self.device = ctx.device
         self.num_experts, self.top_k = spec.num_experts, spec.num_experts_per_tok
         gpu_ids = sorted(set(opts.get("gpu_experts") or []))
-        layer = int(ctx.path.split(".")[2])
+        layer = ctx.layer_index
         p = f"blk.{layer}."
         if self.backend == "cpu" and not _cpu_kernels_cover(ctx, p):
             # Types cpu_kernels has no kernel for (F32 experts, Q4_1/Q5_1, IQ types): same math

@@ -30,6 +30,8 @@ class GateOp(nn.Module):
         self.device, self.spec = ctx.device, ctx.spec
         self.weight = ctx.weight("weight", "f32").get()  # [E, H]
         self.bias = ctx.weight("e_score_correction_bias", "f32").get() if ctx.spec.is_v3 else None
+        self.layer_index = ctx.layer_index  # the model layer this router belongs to
+        self.recorder = None  # a RoutingRecorder counting this router's choices, when on
         self.quant = None  # on CUDA: the weight as a gpu_kernels F32 matrix
         if uses_gpu_kernels(self.device):
             from gpu_kernels.qformat import GpuQuant
@@ -40,6 +42,8 @@ class GateOp(nn.Module):
     def forward(self, hidden: torch.Tensor):
         x = hidden.reshape(-1, hidden.shape[-1]).to(self.device, torch.float32)
         logits, weights, ids = self.route(x)
+        if self.recorder is not None:  # run in place (transformers' MoE block)
+            self.recorder.add(self.layer_index, ids)
         return logits.to(hidden.device), weights.to(hidden.device), ids.to(hidden.device)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -50,7 +50,7 @@ class MLAAttentionOp(nn.Module):
     def __init__(self, ctx: BuildContext) -> None:
         super().__init__()
         s = ctx.spec
-        self.device, self.layer_idx = ctx.device, int(ctx.path.split(".")[2])
+        self.device, self.layer_idx = ctx.device, ctx.layer_index
         self.heads, self.nope, self.rope, self.v = (s.num_heads, s.qk_nope_head_dim,
                                                     s.qk_rope_head_dim, s.v_head_dim)
         self.kv_lora, self.eps = s.kv_lora_rank, s.rms_norm_eps

@@ -27,6 +27,7 @@ from hybrid.model.tensor_map import expected_gguf_shapes
 from hybrid.synth.presets import Preset
 from hybrid.synth.random_blocks import random_rows
 from hybrid.synth.recipe import FILE_TYPES, tensor_type
+from hybrid.synth.router_skew import check_skew, layer_bias
 from hybrid.synth.vocab import Vocab
 from hybrid.tokenizer.bundled_templates import load_template
 
@@ -47,6 +48,8 @@ class MakeModelOptions:
     # A bundled family's real chat template (deepseek-r1, kimi-k2, ...) or a .jinja file,
     # written as the file's tokenizer.chat_template; None: the vocabulary's built-in one.
     chat_template: str | None = None
+    # Zipf exponent of each layer's expert choice frequencies (router_skew.py); 0: as drawn.
+    router_skew: float = 0.0
 
 
 def spec_for(preset: Preset, layout: str, vocab_size: int) -> ModelSpec:
@@ -92,11 +95,16 @@ def _rng(seed: int, name: str, chunk: int) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(name.encode()), chunk])
 
 
-def _chunks(name: str, shape: tuple[int, ...], qtype: int, spec: ModelSpec, seed: int) -> Iterator[np.ndarray]:
+def _chunks(name: str, shape: tuple[int, ...], qtype: int, spec: ModelSpec, seed: int,
+            router_skew: float = 0.0) -> Iterator[np.ndarray]:
     """The tensor's data in file order, chunk by chunk."""
     if len(shape) == 1:
         rng = _rng(seed, name, 0)
-        if name.endswith("exp_probs_b.bias"):
+        if name.endswith("exp_probs_b.bias") and router_skew > 0:
+            layer = int(name.split(".")[1])  # blk.N.exp_probs_b.bias
+            yield layer_bias(layer, spec.num_experts, spec.num_experts_per_tok, spec.n_group,
+                             spec.topk_group, router_skew, seed)
+        elif name.endswith("exp_probs_b.bias"):
             yield (rng.standard_normal(shape[0], dtype=np.float32) * 0.05).astype(np.float32)
         else:  # norm weights: around 1
             yield (1.0 + 0.1 * rng.standard_normal(shape[0], dtype=np.float32)).astype(np.float32)
@@ -207,6 +215,7 @@ def make_model(opts: MakeModelOptions, vocab: Vocab, out: Path,
         raise HybridError(f"unknown --layout {opts.layout!r}; choose legacy or mla")
     if opts.split < 1:
         raise HybridError(f"--split must be at least 1, got {opts.split}")
+    check_skew(opts.router_skew, opts.preset.sigmoid_gating, opts.preset.name)
     spec = spec_for(opts.preset, opts.layout, len(vocab))
     shapes = expected_gguf_shapes(spec)
     types = {n: tensor_type(n, s, spec.num_layers, opts.quant, spec.first_k_dense)
@@ -237,7 +246,8 @@ def make_model(opts: MakeModelOptions, vocab: Vocab, out: Path,
         return files
     done = 0
     for name, shape in shapes.items():
-        _write_streamed(writer, _chunks(name, shape, types[name], spec, opts.seed))
+        _write_streamed(writer, _chunks(name, shape, types[name], spec, opts.seed,
+                                        opts.router_skew))
         done += tensor_nbytes(types[name], int(np.prod(shape)))
         if progress is not None:
             progress(name, done, total)

@@ -1,0 +1,69 @@
+"""Which experts the routers choose: counts per MoE layer and expert, prompt tokens and decode
+tokens apart, kept on the router's device.
+
+Recording is a few tensor ops per MoE layer on the ids the router already made (an index_add
+into a [2, L, E] table), with no host round trip, so it runs inside captured CUDA graphs and is
+cheap enough to leave on (`hybrid serve --record-routing`). Rows are told apart by the step's
+layout: the first `num_decodes` rows are decode tokens (one per running request), the rest are
+prompt tokens; a padded decode row of a graph (sequence length 0) is not counted.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hybrid.engine.forward_batch import ForwardBatch
+
+PREFILL, DECODE = 0, 1
+
+
+class RoutingRecorder:
+    def __init__(self, layer_ids: list[int], num_experts: int) -> None:
+        self.layer_ids = list(layer_ids)  # model layer index of each recorded MoE layer
+        self.num_experts = num_experts
+        self._slot = {layer: i for i, layer in enumerate(self.layer_ids)}
+        self._counts: dict[torch.device, torch.Tensor] = {}  # [2, L, E] int64 per device
+        self._tokens: dict[torch.device, torch.Tensor] = {}  # [2] int64
+        self.current: ForwardBatch | None = None  # the step a router without one runs in
+
+    def add(self, layer: int, ids: torch.Tensor, fb: ForwardBatch | None = None) -> None:
+        """Count the choices `ids` [N, K] of model layer `layer` in step `fb` (None: the step
+        `current` names)."""
+        fb = fb or self.current
+        if fb is None or layer not in self._slot:
+            return
+        dev = ids.device
+        counts, tokens = self._tables(dev)
+        n, k = ids.shape
+        b = min(fb.num_decodes, n)
+        phase = torch.full((n,), PREFILL, dtype=torch.int64, device=dev)
+        phase[:b] = DECODE
+        valid = torch.ones(n, dtype=torch.int64, device=dev)
+        if b:  # a graph's padding rows have length 0
+            valid[:b] = (fb.seq_lens[:b].to(dev) > 0).to(torch.int64)
+        slot = self._slot[layer]
+        flat = (phase * len(self.layer_ids) + slot)[:, None] * self.num_experts + ids  # [N, K]
+        counts.view(-1).index_add_(0, flat.reshape(-1), valid[:, None].expand(n, k).reshape(-1))
+        if slot == 0:
+            tokens.index_add_(0, phase, valid)
+
+    def _tables(self, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if dev not in self._counts:
+            self._counts[dev] = torch.zeros(2, len(self.layer_ids), self.num_experts,
+                                            dtype=torch.int64, device=dev)
+            self._tokens[dev] = torch.zeros(2, dtype=torch.int64, device=dev)
+        return self._counts[dev], self._tokens[dev]
+
+    def snapshot(self) -> tuple[list[list[list[int]]], list[int]]:
+        """(counts [phase][layer][expert], tokens [phase]) so far, summed over devices; phase 0
+        is prompt tokens, 1 decode tokens."""
+        counts = torch.zeros(2, len(self.layer_ids), self.num_experts, dtype=torch.int64)
+        tokens = torch.zeros(2, dtype=torch.int64)
+        for dev, c in self._counts.items():
+            counts += c.cpu()
+            tokens += self._tokens[dev].cpu()
+        return counts.tolist(), tokens.tolist()
+
+    def reset(self) -> None:
+        for c in (*self._counts.values(), *self._tokens.values()):
+            c.zero_()
