@@ -12,7 +12,7 @@ SERVE_SETTINGS = ("gguf_path", "optimize_rules", "max_batch_size", "chunk_size",
                   "page_size", "cpu_threads", "host", "port", "max_new_tokens", "api_key",
                   "served_model_name", "max_request_bytes", "log_level", "force_think",
                   "cuda_graphs", "decode_graph", "prefill_experts", "stream_memory_gib",
-                  "packed_cache", "prefix_cache", "chat_template", "routing_profile")
+                  "packed_cache", "prefix_cache", "chat_template", "routing_profile", "device_map")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -96,6 +96,9 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--record-routing", dest="routing_profile", default=d["routing_profile"],
                    metavar="FILE", help="record which experts the traffic uses into FILE (a "
                    "routing profile for `hybrid tune`, rewritten every 30 s)")
+    p.add_argument("--device-map", default=e["device_map"], metavar="FROM=TO",
+                   help="run the rule file's devices elsewhere, e.g. cuda=cpu: try a GPU layout "
+                        "(a tuned one) on a machine without the GPU")
     p.set_defaults(func=cmd_serve)
 
 

@@ -37,3 +37,67 @@ def add_tune_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, default=16, help="prompts in flight at once")
     p.add_argument("--out", required=True, help="the profile's JSON file")
     p.set_defaults(func=cmd_profile)
+    add_tune_parser(sub)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from hybrid.engine.config import EngineConfig
+    from hybrid.rules.devices import parse_device_map
+    from hybrid.rules.explain import parse_size
+    from hybrid.tuning.report import summary, to_json
+    from hybrid.tuning.tune import TuneOptions, tune
+
+    fractions = tuple(float(x) for x in args.budgets.split(",") if x.strip())
+    threads = tuple(int(x) for x in args.sweep_threads.split(",") if x.strip())
+    device_map = parse_device_map(args.device_map)
+    out = Path(args.out)
+    opts = TuneOptions(args.gguf_path, args.profile, parse_size(args.gpu_memory), out,
+                       args.optimize_rules, args.cache_lens or EngineConfig().cache_lens,
+                       args.gpu_device, args.batch, args.phase, fractions, args.measure,
+                       args.steps, threads, device_map)
+    result = tune(opts, status=lambda s: print(s, file=sys.stderr, flush=True))
+    (out.with_suffix(".json")).write_text(json.dumps(to_json(result), indent=2))
+    print(summary(result, args.batch))
+    if not args.no_plots:
+        try:
+            from hybrid.tuning.plots import write_plots
+        except ImportError:
+            print("plots skipped: matplotlib is not installed (pip install matplotlib)",
+                  file=sys.stderr)
+        else:
+            for path in write_plots(result, out.with_suffix(""), args.batch):
+                print(f"plot: {path}")
+    return 0
+
+
+def add_tune_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("tune", help="place the experts a routing profile uses most on the GPU, "
+                                    "within its memory: writes a rule file")
+    p.add_argument("--gguf-path", default=None, help="the model (default: the demo model)")
+    p.add_argument("--optimize-rules", default=None,
+                   help="the base rule file (default: this machine's); its CPU experts are tuned")
+    p.add_argument("--profile", required=True, help="from `hybrid profile` or serve "
+                                                    "--record-routing")
+    p.add_argument("--gpu-memory", required=True, help="the GPU's budget, e.g. 24GiB")
+    p.add_argument("--cache-lens", type=int, default=None,
+                   help="KV cache tokens to leave room for (default: serve's)")
+    p.add_argument("--gpu-device", default="cuda:0", help="where the hot experts go")
+    p.add_argument("--batch", type=int, default=1, help="requests decoding at once to tune for")
+    p.add_argument("--phase", choices=["decode", "prefill"], default="decode",
+                   help="which tokens' routing to weigh")
+    p.add_argument("--measure", action="store_true",
+                   help="decode at several budgets and whole layers: predicted beside measured")
+    p.add_argument("--budgets", default="0.25,0.5,0.75",
+                   help="fractions of the free GPU memory to predict (and measure) besides "
+                        "0 and all of it")
+    p.add_argument("--sweep-threads", default="", help="with --measure: CPU thread counts to "
+                                                       "time, e.g. 4,8,16")
+    p.add_argument("--steps", type=int, default=32, help="decode steps timed per measurement")
+    p.add_argument("--device-map", default=None, metavar="FROM=TO",
+                   help="with --measure: run the rule files' devices elsewhere (cuda=cpu)")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--out", required=True, help="the rule file to write (.yaml)")
+    p.set_defaults(func=cmd_tune)

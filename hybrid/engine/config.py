@@ -49,6 +49,8 @@ class EngineConfig:
     prefix_cache: bool = True
     # count each MoE layer's expert choices (routing_recorder.py; hybrid profile/tune)
     record_routing: bool = False
+    # run a rule file's devices elsewhere, e.g. "cuda=cpu": check a GPU layout on a CPU box
+    device_map: str | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_batch_size <= 256:
@@ -68,6 +70,10 @@ class EngineConfig:
                               f"got {self.prefill_experts!r}")
         if self.stream_memory_gib is not None and not self.stream_memory_gib > 0:
             raise HybridError(f"stream_memory_gib must be positive, got {self.stream_memory_gib}")
+        if self.device_map is not None:
+            from hybrid.rules.devices import parse_device_map
+
+            parse_device_map(self.device_map)  # a bad map fails here, before any loading
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise HybridError(f"cpu_threads must be at least 1, got {self.cpu_threads}")
 

@@ -54,6 +54,10 @@ class LLM:
 
             gguf_path = str(demo_model_path())
         config = engine_config or EngineConfig()
+        if device_map is None and config.device_map:
+            from hybrid.rules.devices import parse_device_map
+
+            device_map = parse_device_map(config.device_map)
         self.loaded: LoadedModel = load_with_rules(gguf_path, optimize_rules, device_map, progress,
                                                    packed_cache=config.packed_cache)
         self.tokenizer = self.loaded.tokenizer

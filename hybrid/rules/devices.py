@@ -28,6 +28,20 @@ def map_device(name: str, mapping: Mapping[str, str] | None) -> str:
     return parse_device(mapping[kind]) if kind in mapping else dev
 
 
+def parse_device_map(text: str | None) -> dict[str, str] | None:
+    """`cuda=cpu` or `cuda:1=cuda:0,cuda:2=cpu` -> the mapping map_device applies."""
+    if not text:
+        return None
+    mapping = {}
+    for part in text.split(","):
+        src, sep, dst = part.partition("=")
+        if not sep:
+            raise HybridError(f"--device-map takes FROM=TO pairs (e.g. cuda=cpu), got {part!r}")
+        src = src.strip() if src.strip() in ("cuda", "cpu") else parse_device(src.strip())
+        mapping[src] = parse_device(dst.strip())
+    return mapping
+
+
 def check_available(device: str, source: str) -> None:
     """Fail with advice when a rule names a GPU this machine does not have."""
     if device == "cpu":

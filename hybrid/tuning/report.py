@@ -1,0 +1,57 @@
+"""`hybrid tune`'s one-screen summary and its JSON."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hybrid.tuning.tune import TuneResult
+
+
+def _tok_s(ms: float | None, batch: int) -> str:
+    return f"{1000.0 * batch / ms:8.2f}" if ms else "       -"
+
+
+def summary(result: TuneResult, batch: int = 1) -> str:
+    freq = result.freq
+    top = np.sort(freq, axis=1)[:, ::-1]
+    quarter = max(1, freq.shape[1] // 4)
+    share = float(top[:, :quarter].sum() / max(freq.sum(), 1e-12))
+    lines = [
+        f"wrote {result.rules}",
+        (f"GPU memory free for experts: {result.free_bytes / 2**30:.2f} GiB; "
+        f"{sum(map(len, result.hot.values()))} experts in {len(result.hot)} layers"),
+        (f"routing skew: the most used quarter of each layer's experts takes {share:.0%} of "
+        f"the choices"),
+        "",
+        (f"{'placement':<28} {'GPU GiB':>8} {'hit rate':>8} {'CPU MB/step':>11} "
+        f"{'pred tok/s':>10} {'meas tok/s':>10} {'error':>6}"),
+    ]
+    for p in result.placements:
+        err = (f"{(p.predicted_ms - p.measured_ms) / p.measured_ms:+.0%}"
+               if p.predicted_ms and p.measured_ms else "")
+        lines.append(f"{p.name:<28} {p.gpu_bytes / 2**30:8.2f} {p.hit_rate:8.1%} "
+                     f"{p.cpu_bytes / 1e6:11.2f} {_tok_s(p.predicted_ms, batch):>10} "
+                     f"{_tok_s(p.measured_ms, batch):>10} {err:>6}")
+    if result.model is not None:
+        lines.append(f"time model: {result.model.fixed_ms:.2f} ms fixed + "
+                     f"{result.model.ms_per_gb:.1f} ms per GB of CPU experts read "
+                     "(fitted to the 0% and 100% rows)")
+    for t, ms in result.threads:
+        lines.append(f"--cpu-threads {t}: {_tok_s(ms, batch).strip()} tok/s")
+    return "\n".join(lines)
+
+
+def to_json(result: TuneResult) -> dict[str, Any]:
+    return {
+        "rules": str(result.rules), "free_bytes": result.free_bytes,
+        "hot_experts": {str(k): v for k, v in result.hot.items()},
+        "placements": [{"name": p.name, "gpu_bytes": p.gpu_bytes, "hit_rate": p.hit_rate,
+                        "cpu_bytes_per_step": p.cpu_bytes, "rules": str(p.rules),
+                        "predicted_ms": p.predicted_ms, "measured_ms": p.measured_ms}
+                       for p in result.placements],
+        "threads": [{"cpu_threads": t, "ms": ms} for t, ms in result.threads],
+        "model": None if result.model is None else {"fixed_ms": result.model.fixed_ms,
+                                                    "ms_per_gb": result.model.ms_per_gb},
+    }

@@ -1,0 +1,45 @@
+"""Rule files that place chosen experts on the GPU: a base rule file with one rule per tuned
+layer put in front (the first matching rule wins, docs/optimize-rules.md), so everything else
+stays exactly as the base file says, comments included."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hybrid.rules.plan import Plan
+
+
+def _experts_rule(layer: int, kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {"match": {"name": f"^model\\.layers\\.{layer}\\.mlp\\.experts$"},
+            "replace": {"class": "experts", "kwargs": kwargs}, "recursive": False}
+
+
+def hot_expert_rules(plan: Plan, hot: dict[int, list[int]], gpu_device: str
+                     ) -> list[dict[str, Any]]:
+    """Per tuned layer, the base placement of its experts plus `gpu_experts` on gpu_device."""
+    rules = []
+    for layer, ids in hot.items():
+        base = plan.placements[f"model.layers.{layer}.mlp.experts"].options
+        kwargs = {k: v for k, v in base.items() if k not in ("gpu_experts", "gpu_device")}
+        rules.append(_experts_rule(layer, {**kwargs, "gpu_experts": list(ids),
+                                           "gpu_device": gpu_device}))
+    return rules
+
+
+def whole_layer_rules(layers: list[int], gpu_device: str) -> list[dict[str, Any]]:
+    """Each listed layer's routed experts wholly on gpu_device, on the GPU kernels."""
+    return [_experts_rule(layer, {"generate_device": gpu_device, "prefill_device": gpu_device,
+                                  "backend": "torch"}) for layer in layers]
+
+
+def write_rules(base: Path, rules: list[dict[str, Any]], out: Path, note: str) -> Path:
+    """`rules` in front of the base file's text; `note` opens the file as comments."""
+    head = "".join(f"# {line}\n" for line in note.splitlines())
+    body = yaml.safe_dump(rules, sort_keys=False, default_flow_style=None, width=100) \
+        if rules else ""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(f"{head}{body}# --- the base rules, {base.name}:\n{base.read_text()}")
+    return out

@@ -1,0 +1,163 @@
+"""`hybrid tune`: a rule file whose GPU holds the experts a routing profile uses most.
+
+1. Plan the base rule file (headers only) and ask `rules explain` what the GPU has left for
+   the budget after the fixed parts, the KV cache for `cache_lens` tokens and the reserve.
+2. Fill it with the experts of highest step probability (planner.py) and write the rule file.
+3. Report the hit rate (the share of expert choices the GPU serves) and the CPU bytes read per
+   decode step, beside the same bytes spent on whole layers (llama.cpp's `--n-cpu-moe`).
+4. `measure`: decode with no hot experts and with the full budget fits the time model
+   (predict.py); then a few budgets in between and the whole-layer placement are predicted and
+   measured side by side, and the CPU thread counts swept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from hybrid.errors import HybridError
+from hybrid.rules.devices import parse_device
+from hybrid.tuning.planner import (
+    ExpertBytes,
+    expert_bytes,
+    free_gpu_bytes,
+    hit_rate,
+    hot_experts,
+    whole_layers,
+)
+from hybrid.tuning.predict import DecodeModel, cpu_bytes_per_step
+from hybrid.tuning.profile import RoutingProfile
+from hybrid.tuning.rules_writer import hot_expert_rules, whole_layer_rules, write_rules
+
+
+@dataclass
+class Placement:
+    """One candidate: what it puts on the GPU and what it is predicted (and measured) to do."""
+
+    name: str
+    gpu_bytes: int
+    hit_rate: float
+    cpu_bytes: float  # routed expert bytes the CPU reads per decode step
+    rules: Path | None = None
+    predicted_ms: float | None = None
+    measured_ms: float | None = None
+
+
+@dataclass
+class TuneResult:
+    rules: Path
+    free_bytes: int
+    layers: tuple[int, ...]
+    freq: np.ndarray  # [L, E]
+    hot: dict[int, list[int]]
+    sizes: ExpertBytes
+    placements: list[Placement] = field(default_factory=list)  # by GPU bytes, then whole layers
+    threads: list[tuple[int, float]] = field(default_factory=list)  # (cpu threads, ms)
+    model: DecodeModel | None = None
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    gguf_path: str
+    profile: str
+    gpu_memory: int
+    out: Path
+    base_rules: str | None = None
+    cache_lens: int = 32768
+    gpu_device: str = "cuda:0"
+    batch: int = 1
+    phase: str = "decode"
+    fractions: tuple[float, ...] = (0.25, 0.5, 0.75)  # budgets predicted and measured
+    measure: bool = False
+    steps: int = 32
+    threads: tuple[int, ...] = ()  # CPU thread counts to sweep (with measure)
+    device_map: Mapping[str, str] | None = None  # run GPU rule files elsewhere (tests)
+
+
+def tune(opts: TuneOptions, status: Callable[[str], None] = lambda s: None) -> TuneResult:
+    from hybrid.rules.engine import plan_model
+    from hybrid.rules.explain import explain
+
+    planned = plan_model(opts.gguf_path, opts.base_rules, check_devices=False, announce=False)
+    spec, plan = planned.spec, planned.plan
+    profile = RoutingProfile.load(opts.profile)
+    _check_profile(profile, spec, opts.profile)
+    device = parse_device(opts.gpu_device)
+    exp = explain(plan, spec, opts.cache_lens, opts.gpu_memory, None)
+    free = free_gpu_bytes(exp, device)
+    sizes = expert_bytes(plan, spec.num_experts)
+    if not sizes.cpu_layers:
+        raise HybridError(f"{planned.rules_path.name} runs no routed experts on the CPU: "
+                          "nothing to tune (start from a rule file with CPU experts)")
+    freq = profile.frequencies(opts.phase)
+    layers = profile.layers
+    hot = hot_experts(freq, layers, sizes, free, opts.batch)
+
+    def candidate(name: str, on_gpu: dict[int, list[int]]) -> Placement:
+        nbytes = sum(sizes.per_layer[layer] * len(ids) for layer, ids in on_gpu.items())
+        return Placement(name, nbytes, hit_rate(freq, layers, on_gpu),
+                         cpu_bytes_per_step(freq, layers, sizes, on_gpu, opts.batch))
+
+    note = (f"hybrid tune: {profile.model}'s experts most used ({opts.phase} tokens, batch "
+            f"{opts.batch}) on {device}, {sum(map(len, hot.values()))} experts in "
+            f"{len(hot)} layers,\n{free / 2**30:.2f} GiB free of --gpu-memory "
+            f"{opts.gpu_memory / 2**30:.2f} GiB at --cache-lens {opts.cache_lens}")
+    rules_path = write_rules(planned.rules_path, hot_expert_rules(plan, hot, device), opts.out,
+                             note)
+    result = TuneResult(rules_path, free, layers, freq, hot, sizes)
+    budgets = sorted({0.0, *opts.fractions, 1.0})
+    work = opts.out.parent / f".{opts.out.stem}-variants"
+    for f in budgets:
+        on_gpu = hot if f == 1.0 else hot_experts(freq, layers, sizes, int(free * f), opts.batch)
+        c = candidate(f"hot experts {f:.0%} of free", on_gpu)
+        c.rules = rules_path if f == 1.0 else write_rules(
+            planned.rules_path, hot_expert_rules(plan, on_gpu, device),
+            work / f"hot-{int(f * 100)}.yaml", f"hybrid tune: {f:.0%} of the free GPU memory")
+        result.placements.append(c)
+    whole = whole_layers(layers, sizes, free, spec.num_experts)
+    c = candidate(f"whole layers ({len(whole)})",
+                  {layer: list(range(spec.num_experts)) for layer in whole})
+    c.rules = write_rules(planned.rules_path, whole_layer_rules(whole, device),
+                          work / "whole-layers.yaml", "hybrid tune: whole layers on the GPU "
+                          "(llama.cpp's --n-cpu-moe), the same budget")
+    result.placements.append(c)
+    if opts.measure:
+        _measure(opts, result, status)
+    return result
+
+
+def _measure(opts: TuneOptions, result: TuneResult, status: Callable[[str], None]) -> None:
+    from hybrid.tuning.measure import decode_ms
+
+    def run(p: Placement) -> float:
+        status(f"measuring decode: {p.name}")
+        p.measured_ms = decode_ms(opts.gguf_path, str(p.rules), opts.batch, opts.steps,
+                                  device_map=opts.device_map)
+        return p.measured_ms
+
+    none, full = result.placements[0], next(p for p in result.placements
+                                             if p.rules == result.rules)
+    model = DecodeModel.fit((none.cpu_bytes, run(none)), (full.cpu_bytes, run(full)))
+    result.model = model
+    for p in result.placements:
+        p.predicted_ms = model.ms(p.cpu_bytes)
+        if p.measured_ms is None:
+            run(p)
+    for t in opts.threads:
+        status(f"measuring decode: {t} CPU threads")
+        result.threads.append((t, decode_ms(opts.gguf_path, str(result.rules), opts.batch,
+                                            opts.steps, cpu_threads=t,
+                                            device_map=opts.device_map)))
+
+
+def _check_profile(profile: RoutingProfile, spec, where: str) -> None:
+    moe = set(range(spec.first_k_dense, spec.num_layers))
+    if profile.num_experts != spec.num_experts or not set(profile.layers) <= moe:
+        raise HybridError(f"{where} was recorded on another model ({profile.model}: "
+                          f"{profile.num_experts} experts, layers {min(profile.layers)}-"
+                          f"{max(profile.layers)}); profile this model first")
+    if profile.prefill_tokens + profile.decode_tokens == 0:
+        raise HybridError(f"{where} holds no tokens: record some traffic first")

@@ -1,0 +1,185 @@
+"""Expert-offload tuning: skewed synthetic routers, routing profiles (counts exact, prompt and
+decode apart, graph padding skipped), and profile -> tune -> serve end to end on the tiny
+model, the written rule file valid and within its GPU budget."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from hybrid.errors import HybridError
+from hybrid.synth.router_skew import calibrated_bias, zipf_shares
+from hybrid.tuning.profile import RoutingProfile
+
+
+@pytest.mark.parametrize("experts,k,skew", [(64, 6, 0.6), (16, 4, 1.5), (256, 8, 0.0)])
+def test_zipf_shares_sum_to_k_and_never_pass_one(experts, k, skew) -> None:
+    s = zipf_shares(experts, k, skew)
+    assert s.sum() == pytest.approx(k) and (s <= 1 + 1e-12).all()
+    assert (np.diff(s) <= 1e-12).all()  # most used first
+    if skew == 0:
+        assert np.allclose(s, k / experts)
+
+
+def test_calibrated_bias_reproduces_the_shares_under_the_router() -> None:
+    from gpu_kernels.reference import route_ref
+
+    shares = zipf_shares(64, 6, 0.6)[np.random.default_rng(0).permutation(64)]
+    bias = calibrated_bias(shares, 6, 1, 1, seed=1)
+    logits = torch.randn(16384, 64, generator=torch.Generator().manual_seed(2)) * 2.0
+    _, ids = route_ref(logits, torch.from_numpy(bias), 6, True, 1, 1, False, 1.0)
+    freq = np.bincount(ids.flatten().numpy(), minlength=64) / 16384
+    assert np.abs(freq - shares).max() < 0.05
+    top = np.argsort(shares)[::-1][:16]
+    assert freq[top].sum() / 6 == pytest.approx(shares[top].sum() / 6, abs=0.03)
+
+
+def test_router_skew_needs_a_selection_bias(tmp_path) -> None:
+    from hybrid.synth.make_model import MakeModelOptions, make_model
+    from hybrid.synth.presets import get_preset
+    from hybrid.synth.vocab import get_vocab
+
+    p = get_preset("tiny-v2-lite")
+    with pytest.raises(HybridError, match="needs a router with a selection bias"):
+        make_model(MakeModelOptions(p, router_skew=0.6), get_vocab("small", p.vocab_size),
+                   tmp_path / "m.gguf")
+
+
+def test_recorder_counts_phases_and_skips_padding_rows() -> None:
+    from hybrid.engine.routing_recorder import RoutingRecorder
+
+    rec = RoutingRecorder([1, 2], num_experts=4)
+    # 3 decode rows (the second is a graph's padding: length 0), then 2 prompt rows
+    fb = SimpleNamespace(num_decodes=3, seq_lens=torch.tensor([5, 0, 7]))
+    ids = torch.tensor([[0, 1], [2, 3], [1, 2], [3, 0], [3, 1]])
+    rec.add(1, ids, fb)
+    rec.add(2, ids.flip(1), fb)
+    counts, tokens = rec.snapshot()
+    assert tokens == [2, 2]  # [prompt, decode]
+    assert counts[1][0] == [1, 2, 1, 0]  # decode rows 0 and 2 of layer 1
+    assert counts[0][0] == [1, 1, 0, 2]  # prompt rows 3 and 4
+    assert counts[1][1] == counts[1][0]
+    rec.reset()
+    assert rec.snapshot()[1] == [0, 0]
+
+
+def test_profile_file_round_trip_and_refusals(tmp_path) -> None:
+    p = RoutingProfile.from_counts("m.gguf", 2, [1, 2], [[[1, 2, 3], [0, 0, 6]],
+                                                          [[2, 2, 2], [3, 3, 0]]], [3, 3])
+    p.save(tmp_path / "p.json")
+    q = RoutingProfile.load(tmp_path / "p.json")
+    assert q.layers == (1, 2) and (q.decode == p.decode).all() and q.decode_tokens == 3
+    assert np.allclose(q.frequencies("decode")[0], [2 / 3] * 3)
+    (tmp_path / "bad.json").write_text(json.dumps({"format": "other"}))
+    with pytest.raises(HybridError, match="is not a routing profile"):
+        RoutingProfile.load(tmp_path / "bad.json")
+    data = p.to_json()
+    data["decode"] = [[1, 2]]
+    with pytest.raises(HybridError, match="malformed"):
+        RoutingProfile.from_json(data)
+
+
+@pytest.fixture(scope="module")
+def skewed(models, tmp_path_factory):
+    """A tiny V3-routed model with skewed routers, and its routing profile from `hybrid
+    profile` over a prompts file."""
+    from hybrid.synth.make_model import MakeModelOptions, make_model
+    from hybrid.synth.presets import get_preset
+    from hybrid.synth.vocab import get_vocab
+    from server.cli import main
+
+    root = tmp_path_factory.mktemp("tune")
+    p = get_preset("tiny-v3")
+    (path,) = make_model(MakeModelOptions(p, "q4_k_m", router_skew=1.0),
+                         get_vocab("small", p.vocab_size), root / "skewed.gguf")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps(x) for x in [
+        {"prompt": "The history of Rome"}, "A poem about the sea.",
+        {"messages": [{"role": "user", "content": "Plan a trip to Oslo."}]},
+        {"prompt": "def fib(n):"}]) + "\n")
+    assert main(["profile", "--gguf-path", str(path), "--optimize-rules", "cpu.yaml",
+                 "--prompts", str(prompts), "--max-tokens", "24", "--out",
+                 str(root / "profile.json")]) == 0
+    return path, root, RoutingProfile.load(root / "profile.json")
+
+
+def test_profile_counts_every_token_of_both_phases(skewed) -> None:
+    from hybrid.engine.llm import LLM
+
+    path, _root, profile = skewed
+    llm = LLM(str(path), "cpu.yaml")
+    tok = llm.tokenizer
+    lengths = [len(tok.encode(t)) for t in ("The history of Rome", "A poem about the sea.",
+                                            "def fib(n):")]
+    lengths.append(len(tok.encode_chat([{"role": "user", "content": "Plan a trip to Oslo."}])))
+    assert profile.prefill_tokens == sum(lengths)
+    # each prompt's first token comes from its prompt's step; a reply may end early (EOS)
+    assert 0 < profile.decode_tokens <= 4 * (24 - 1)
+    k = llm.loaded.spec.num_experts_per_tok
+    assert (profile.decode.sum(1) == k * profile.decode_tokens).all()
+    assert (profile.prefill.sum(1) == k * profile.prefill_tokens).all()
+    assert profile.layers == tuple(range(1, 4))
+
+
+def test_profile_tune_serve_end_to_end(skewed, capsys) -> None:
+    """The tuned rule file is valid, within the budget, holds the most used experts, and a
+    server runs it (its GPU mapped onto the CPU here)."""
+    import openai
+
+    from hybrid.rules.engine import plan_model
+    from hybrid.rules.explain import GPU_RESERVE_BYTES, explain
+    from hybrid.tuning.planner import expert_bytes
+    from server.cli import main
+    from server.config import ServerConfig
+    from server.routing_writer import RoutingWriter
+    from server.serve import build_state
+    from tests.test_server_support import API_KEY, LiveServer
+
+    path, root, profile = skewed
+    base = plan_model(str(path), "DeepSeek-V3", check_devices=False, announce=False)
+    sizes = expert_bytes(base.plan, 16)
+    fixed = explain(base.plan, base.spec, 1024, 1 << 40, None).devices["cuda:0"]
+    quarter = sum(sizes.per_layer.values()) * 16 // 4  # a quarter of all routed experts
+    budget = fixed.weights + fixed.kv_cache + GPU_RESERVE_BYTES + quarter
+    out = root / "tuned.yaml"
+    assert main(["tune", "--gguf-path", str(path), "--optimize-rules", "DeepSeek-V3",
+                 "--profile", str(root / "profile.json"), "--gpu-memory", str(budget),
+                 "--cache-lens", "1024", "--out", str(out), "--measure", "--steps", "4",
+                 "--budgets", "0.5", "--device-map", "cuda=cpu"]) == 0
+    text = capsys.readouterr().out
+    assert "hot experts 100% of free" in text and "whole layers" in text
+    report = json.loads(out.with_suffix(".json").read_text())
+    hot = {int(k): v for k, v in report["hot_experts"].items()}
+    assert sum(map(len, hot.values())) == 4 * 3  # a quarter of 16 experts, 3 MoE layers
+    freq = profile.frequencies("decode")
+    for i, layer in enumerate(profile.layers):  # equal sizes: the most chosen per layer win
+        chosen = freq[i, hot.get(layer, [])]
+        others = np.delete(freq[i], hot.get(layer, []))
+        assert chosen.size == 0 or others.size == 0 or chosen.min() >= others.max() - 1e-12
+    full = next(p for p in report["placements"] if p["name"].startswith("hot experts 100%"))
+    assert full["hit_rate"] > 0.25  # skewed: a quarter of the experts serve more than that
+    assert all(p["measured_ms"] and p["predicted_ms"] for p in report["placements"])
+    for png in ("heatmap", "hit-rate", "predicted"):
+        assert (root / f"tuned-{png}.png").stat().st_size > 1000
+    tuned = plan_model(str(path), str(out), check_devices=False, announce=False)
+    assert explain(tuned.plan, tuned.spec, 1024, budget, None).fits
+    config = ServerConfig.from_flat({"gguf_path": str(path), "optimize_rules": str(out),
+                                     "device_map": "cuda=cpu", "api_key": API_KEY,
+                                     "routing_profile": str(root / "live.json")})
+    server = LiveServer(build_state(config, warmup=False))
+    writer = RoutingWriter(server.state.worker.engine, "skewed.gguf", config.routing_profile)
+    writer.start()
+    try:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0)
+        r = client.completions.create(model=server.state.model.name, prompt=[0, 5, 9],
+                                      max_tokens=8, temperature=0)
+        assert r.choices[0].finish_reason == "length"
+    finally:
+        server.close()
+        writer.stop()
+    live = RoutingProfile.load(root / "live.json")  # serve --record-routing's file
+    assert (live.prefill_tokens, live.decode_tokens) == (3, 7)
