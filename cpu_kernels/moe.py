@@ -159,14 +159,15 @@ def moe_forward(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
 
 def check_inputs(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
                  experts: ExpertWeights, out: np.ndarray) -> None:
-    """Raise ValueError unless the shapes fit each other and the expert ids are in range."""
+    """Raise ValueError unless the shapes fit each other and the expert ids are in range (or
+    negative: a slot served elsewhere, skipped)."""
     num_tokens, hidden = x.shape
     if hidden != experts.hidden_size or out.shape != x.shape:
         raise ValueError(f"x {x.shape}, out {out.shape} do not fit experts H={experts.hidden_size}")
     if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != num_tokens:
         raise ValueError(f"topk_ids {topk_ids.shape} / weights {topk_weights.shape} vs T={num_tokens}")
-    if topk_ids.size and (topk_ids.min() < 0 or topk_ids.max() >= experts.num_experts):
-        raise ValueError(f"expert ids outside [0, {experts.num_experts})")
+    if topk_ids.size and topk_ids.max() >= experts.num_experts:
+        raise ValueError(f"expert ids outside [0, {experts.num_experts}) (negative: skipped)")
 
 
 def run_moe(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,

@@ -22,10 +22,11 @@ def matmul_ref(x: np.ndarray, w: QuantMatrix, expert: int = 0) -> np.ndarray:
 
 def moe_forward_ref(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
                     experts: ExpertWeights) -> np.ndarray:
-    """float64 [T, H]: per token, sum_k w_k * down_e(silu(gate_e x) * up_e x), e = topk_ids[t, k]."""
+    """float64 [T, H]: per token, sum_k w_k * down_e(silu(gate_e x) * up_e x), e = topk_ids[t, k]
+    (a negative id is a slot served elsewhere: skipped)."""
     x64 = x.astype(np.float64)
     out = np.zeros(x.shape, np.float64)
-    for e in np.unique(topk_ids):
+    for e in np.unique(topk_ids[topk_ids >= 0]):
         rows, slots = np.nonzero(topk_ids == e)
         xe = x64[rows]
         g = xe @ dequantize(experts.gate, e).T

@@ -21,7 +21,10 @@ A long prompt's step may stream some bridged layers' experts to the device inste
 (`StepState.streamed`, expert_stream.py): their rows never leave the device and their host
 pieces do nothing.
 
-Layers whose experts do not all run on the CPU (GPU-resident experts) are run in place, as
+A layer whose CPU experts share it with GPU-held "hot" experts (`gpu_experts`) is bridged too:
+the held experts' slots go to the host as -1 (never read there) and the held experts run on
+the GPU meanwhile, their output added with the host's; no host sync, so it stays capturable.
+Layers whose experts run elsewhere (wholly on a GPU, torch backends) are run in place, as
 transformers' MoE block; they keep the step eager (`can_capture` is false).
 """
 
@@ -57,6 +60,7 @@ class StepState:
     # the device (expert_stream.py; eager steps only), and the current one's output [N, H]
     streamed: frozenset[int] = frozenset()
     routed: torch.Tensor | None = None
+    held: torch.Tensor | None = None  # the current layer's GPU-held experts' output [N, H]
 
 
 @dataclass(frozen=True)
@@ -163,8 +167,12 @@ class DecoderProgram:
             self.recorder.add(layer.mlp.gate.layer_index, ids, st.fb)
         if i in st.streamed:  # the experts come to the rows: nothing crosses to the host
             st.routed = self.stream.run(i, st.h, ids, weights)
-        else:
-            self.bridge.send(st.h, ids, weights)
+            return
+        experts = layer.mlp.experts
+        host_ids, held_weights = experts.hand_off(ids, weights)
+        self.bridge.send(st.h, host_ids, weights)
+        if held_weights is not None:  # hot experts: on the GPU while the host runs the rest
+            st.held = experts.run_held(st.h, ids, held_weights)
 
     def _shared(self, mlp: nn.Module, st: StepState) -> None:
         shared = getattr(mlp, "shared_experts", None)
@@ -176,7 +184,9 @@ class DecoderProgram:
     def _receive(self, i: int, st: StepState) -> None:
         routed = st.routed if i in st.streamed else self.bridge.receive(st.x.shape[0])
         st.pending.append(routed)
-        st.routed = None
+        if st.held is not None:
+            st.pending.append(st.held)
+        st.routed = st.held = None
 
     def _head(self, st: StepState) -> None:
         rows = st.fb.sample_rows.to(st.x.device)

@@ -104,6 +104,7 @@ class ExpertsOp(nn.Module):
         self.on_gpu = mask
         self.gpu_experts = _GpuExperts(ctx, p, gpu_ids, torch.device(opts["gpu_device"])) \
             if gpu_ids else None
+        self._held: dict[torch.device, torch.Tensor] = {}  # on_gpu, on each ids device
         self.pool = None  # a cpu_kernels MoEPool, set by use_pool
         self.placed = None  # cpu_weights as placed on the pool's worker groups
 
@@ -121,8 +122,27 @@ class ExpertsOp(nn.Module):
 
     @property
     def runs_on_host(self) -> bool:
-        """Every expert runs in cpu_kernels: the engine can hand the layer over as host arrays."""
-        return self.backend == "cpu" and self.gpu_experts is None
+        """The experts run in cpu_kernels (but those gpu_experts holds): the engine can hand the
+        layer over as host arrays, splitting off the held experts' slots (hand_off)."""
+        return self.backend == "cpu"
+
+    def hand_off(self, ids: torch.Tensor, weights: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Split a step's choices [N, K]: (ids for the host, the held experts' slots -1 so the
+        CPU never reads them; weights of the held slots only, the rest 0, or None when no
+        expert is held). Device ops only: no sync, capturable."""
+        if self.gpu_experts is None:
+            return ids, None
+        if ids.device not in self._held:
+            self._held[ids.device] = self.on_gpu.to(ids.device)
+        held = self._held[ids.device][ids]  # [N, K] bool
+        return ids.masked_fill(held, -1), weights.masked_fill(~held, 0.0)
+
+    def run_held(self, hidden: torch.Tensor, ids: torch.Tensor, held_weights: torch.Tensor
+                 ) -> torch.Tensor:
+        """The held experts' share of the layer's output [N, H] f32 on hidden's device, from
+        hand_off's weights; runs on gpu_device while the host computes the rest."""
+        return self.gpu_experts(hidden, ids, held_weights).to(hidden.device, torch.float32)
 
     def run_host(self, x: np.ndarray, ids: np.ndarray, weights: np.ndarray,
                  out: np.ndarray) -> None:
@@ -144,12 +164,14 @@ class ExpertsOp(nn.Module):
         if self.on_device is not None and self.gpu_experts is None:
             # the whole layer on the device: no split by expert, nothing waits for the host
             return self.on_device(hidden, ids, weights).to(hidden.device, hidden.dtype)
-        gpu_mask = self.on_gpu[ids.cpu()]  # [N, K]
-        cpu_w = weights.masked_fill(gpu_mask.to(weights.device), 0.0)
-        finish = self._start(hidden, ids, cpu_w)  # with a pool, the CPU experts run meanwhile
+        gpu_mask = self.on_gpu[ids.cpu()].to(ids.device)  # [N, K]
+        if self.backend == "cpu":  # the kernels skip negative ids: held experts are never read
+            finish = self._start(hidden, ids.masked_fill(gpu_mask, -1), weights)
+        else:  # torch loops: the held slots weigh 0
+            finish = self._start(hidden, ids, weights.masked_fill(gpu_mask, 0.0))
         gpu_out = None
         if self.gpu_experts is not None and bool(gpu_mask.any()):
-            gpu_w = weights.masked_fill(~gpu_mask.to(weights.device), 0.0)
+            gpu_w = weights.masked_fill(~gpu_mask, 0.0)
             gpu_out = self.gpu_experts(hidden, ids, gpu_w)
         out = finish()
         if gpu_out is not None:

@@ -60,6 +60,8 @@ def test_moe_matches_reference(mix: str, mode: str) -> None:
             hidden, inter = max(hidden, 256) if k_block == 256 else 64, d_block
         experts = random_experts(rng, num_experts, hidden, inter, gate_t, up_t, down_t)
         x, ids, weights = _inputs(rng, num_tokens, top_k, num_experts, hidden)
+        if i % 2:  # experts the GPU holds come as negative ids: skipped, never read
+            ids = np.where(ids % 3 == 0, -1, ids)
         out = np.full_like(x, np.nan)
         numba.set_num_threads(1 + i % 2)
         moe_forward(x, ids, weights, experts, out, mode=mode)
@@ -80,8 +82,10 @@ def test_group_by_expert_covers_every_slot_once() -> None:
 
 def test_route_equals_group_by_expert() -> None:
     rng = np.random.default_rng(5)
-    for num_tokens, top_k, num_experts in [(1, 1, 3), (7, 4, 9), (300, 8, 64)]:
+    for num_tokens, top_k, num_experts in [(1, 1, 3), (7, 4, 9), (300, 8, 64), (9, 4, 9)]:
         ids = np.stack([rng.choice(num_experts, top_k, replace=False) for _ in range(num_tokens)])
+        if num_tokens == 9:  # negative ids (experts held elsewhere) are left out
+            ids = np.where(ids < 4, -1, ids)
         weights = rng.random(ids.shape).astype(np.float32)
         for got, want in zip(route(ids, weights, num_experts), group_by_expert(ids, weights)):
             np.testing.assert_array_equal(got, want)
@@ -94,6 +98,9 @@ def test_moe_rejects_bad_inputs() -> None:
     out = np.empty_like(x)
     with pytest.raises(ValueError, match="expert ids outside"):
         moe_forward(x, ids + 4, weights, experts, out)
+    out[:] = np.nan  # every slot held elsewhere: a zero row, nothing read
+    moe_forward(x, np.full_like(ids, -1), weights, experts, out)
+    assert (out == 0).all()
     with pytest.raises(ValueError, match="do not fit experts"):
         moe_forward(x[:, :32], ids, weights, experts, out[:, :32])
     with pytest.raises(ValueError, match="unknown mode"):
