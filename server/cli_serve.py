@@ -8,7 +8,8 @@ from dataclasses import fields
 
 # Engine and server settings `hybrid serve` takes as flags; each is a field of EngineConfig or
 # ServerConfig, passed by name to `ServerConfig.from_flat`.
-SERVE_SETTINGS = ("gguf_path", "optimize_rules", "max_batch_size", "chunk_size", "cache_lens",
+SERVE_SETTINGS = ("gguf_path", "optimize_rules", "max_batch_size", "chunk_size",
+                  "decode_chunk_size", "cache_lens",
                   "page_size", "cpu_threads", "host", "port", "max_new_tokens", "api_key",
                   "served_model_name", "max_request_bytes", "log_level", "force_think",
                   "cuda_graphs", "decode_graph", "prefill_experts", "stream_memory_gib",
@@ -47,6 +48,9 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                         "step (the rest queue FCFS)")
     p.add_argument("--chunk-size", type=int, default=e["chunk_size"],
                    help="prompt tokens prefilled per step, across requests (chunked prefill)")
+    p.add_argument("--decode-chunk-size", type=int, default=e["decode_chunk_size"],
+                   help="prompt tokens per step while other requests decode (their inter-token "
+                        "latency grows with it)")
     p.add_argument("--cache-lens", type=int, default=e["cache_lens"],
                    help="tokens the paged KV cache holds, over all requests")
     p.add_argument("--page-size", type=int, default=e["page_size"],

@@ -37,6 +37,27 @@ def test_long_prompt_is_chunked_while_decodes_go_on() -> None:
     assert seen[0][1][0] == "r100" and long.token_ids(96, 100) == [196, 197, 198, 199]
 
 
+def test_prompt_chunks_shrink_to_decode_chunk_size_beside_decodes() -> None:
+    """Alone, a prompt takes chunk_size tokens a step; beside a decoding request at most
+    decode_chunk_size (its inter-token latency stays near a decode step's)."""
+    s = Scheduler(EngineConfig(chunk_size=64, decode_chunk_size=24, cache_lens=1024,
+                               page_size=16), 4096)
+    first, _ = make(list(range(100, 200)), 5)
+    s.add(first)
+    b = s.schedule()
+    assert shape(b) == [("r100", 0, 64, False)]  # nothing decodes: the whole budget
+    s.complete(b.chunks)
+    b = s.schedule()
+    s.complete(b.chunks)
+    first.append(7)
+    second, _ = make(list(range(300, 400)), 5)
+    s.add(second)
+    b = s.schedule()
+    assert shape(b) == [("r100", 100, 1, True), ("r300", 0, 24, False)]
+    with pytest.raises(HybridError, match="decode_chunk_size must be at least 1"):
+        EngineConfig(decode_chunk_size=0)
+
+
 def test_admission_waits_for_pages_and_frees_them_at_finish() -> None:
     s = Scheduler(EngineConfig(cache_lens=64, page_size=16), 4096)  # 4 pages
     reqs = [make([10 * i + 1] * 10, 20)[0] for i in range(3)]  # 30 tokens = 2 pages each

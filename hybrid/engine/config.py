@@ -36,6 +36,9 @@ class EngineConfig:
     optimize_rules: str | None = None  # None: the machine's default rule file
     max_batch_size: int = 16
     chunk_size: int = 512
+    # prompt tokens per step while other requests decode (None: chunk_size): one layer of a
+    # long chunk passed beside decodes (layered_prefill.py) must stay near a decode step's time
+    decode_chunk_size: int | None = 2048
     cache_lens: int = 32768
     page_size: int = 64
     cpu_threads: int | None = None
@@ -57,6 +60,9 @@ class EngineConfig:
             raise HybridError(f"max_batch_size must be between 1 and 256, got {self.max_batch_size}")
         if not 1 <= self.chunk_size <= 1 << 20:
             raise HybridError(f"chunk_size must be between 1 and 1048576, got {self.chunk_size}")
+        if self.decode_chunk_size is not None and self.decode_chunk_size < 1:
+            raise HybridError(f"decode_chunk_size must be at least 1, got "
+                              f"{self.decode_chunk_size}")
         if not 1 <= self.page_size <= 4096:
             raise HybridError(f"page_size must be between 1 and 4096, got {self.page_size}")
         if self.cache_lens < self.page_size:

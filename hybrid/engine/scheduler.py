@@ -3,8 +3,9 @@
 Each step carries, in this order:
 1. one decode token for every running request whose prompt is fully prefilled;
 2. prompt chunks of running requests still prefilling, FCFS, then of newly admitted ones,
-   at most `chunk_size` prompt tokens in all (a request whose chunk is still in flight, spread
-   over steps by the model runner, gets none until it completes);
+   at most `chunk_size` prompt tokens in all, or `decode_chunk_size` when the step decodes too
+   (a long chunk beside decodes stretches their inter-token latency; a request whose chunk is
+   still in flight, spread over steps by the model runner, gets none until it completes);
 with at most `max_batch_size` requests running. A waiting request is admitted only when pages
 for its prompt plus its max_tokens are free, so a running request never runs out of cache and
 nothing is ever preempted; admission is strictly FCFS (a large request at the head waits for
@@ -91,6 +92,8 @@ class Scheduler:
                                  r.token_ids(r.num_computed_tokens, r.num_tokens), True)
                   for r in self.running if not r.is_prefilling]
         budget = self.config.chunk_size
+        if chunks and self.config.decode_chunk_size is not None:
+            budget = min(budget, self.config.decode_chunk_size)
         for r in self.running:
             if budget and r.is_prefilling and not r.in_flight:
                 budget -= self._prefill_chunk(r, budget, chunks)
