@@ -56,7 +56,8 @@ def test_recorder_counts_phases_and_skips_padding_rows() -> None:
     # 3 decode rows (the second is a graph's padding: length 0), then 2 prompt rows
     fb = SimpleNamespace(num_decodes=3, seq_lens=torch.tensor([5, 0, 7]))
     ids = torch.tensor([[0, 1], [2, 3], [1, 2], [3, 0], [3, 1]])
-    rec.add(1, ids, fb)
+    with torch.inference_mode():  # warm-up steps run in it, graph capture does not
+        rec.add(1, ids, fb)
     rec.add(2, ids.flip(1), fb)
     counts, tokens = rec.snapshot()
     assert tokens == [2, 2]  # [prompt, decode]

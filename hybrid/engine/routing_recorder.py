@@ -49,9 +49,13 @@ class RoutingRecorder:
 
     def _tables(self, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if dev not in self._counts:
-            self._counts[dev] = torch.zeros(2, len(self.layer_ids), self.num_experts,
-                                            dtype=torch.int64, device=dev)
-            self._tokens[dev] = torch.zeros(2, dtype=torch.int64, device=dev)
+            # normal tensors, whatever mode the first step runs in: the warm-up runs under
+            # inference_mode and graph capture does not, and an inference tensor could not be
+            # updated in place there
+            with torch.inference_mode(False):
+                self._counts[dev] = torch.zeros(2, len(self.layer_ids), self.num_experts,
+                                                dtype=torch.int64, device=dev)
+                self._tokens[dev] = torch.zeros(2, dtype=torch.int64, device=dev)
         return self._counts[dev], self._tokens[dev]
 
     def snapshot(self) -> tuple[list[list[list[int]]], list[int]]:
