@@ -26,29 +26,10 @@ from bench_e2e import build_model, rules_with_mode
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.grammar import json_grammar, mask_logits
 from hybrid.engine.llm import LLM
-from hybrid.engine.sampling_params import SamplingParams
+from hybrid.tuning.measure import step_ms
 
 SCHEMA = {"type": "object", "properties": {"notes": {"type": "array", "items": {"type": "string"}}},
           "required": ["notes"]}
-
-
-def decode_ms(llm: LLM, batch: int, steps: int, grammar: str | None) -> float:
-    """Median ms per decode step with `batch` requests in flight."""
-    params = SamplingParams(temperature=1.0, seed=0, max_tokens=steps + 8, ignore_eos=True,
-                            grammar=grammar)
-    reqs = [llm._submit([0, 100 + i], params, lambda e: None) for i in range(batch)]
-    while any(r.num_output_tokens < 4 for r in reqs):  # prompts done, compiled
-        llm.worker.step()
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        llm.worker.step()
-        times.append(time.perf_counter() - t)
-    for r in reqs:
-        r.cancel()
-    while llm.engine.has_work:
-        llm.worker.step()
-    return sorted(times)[len(times) // 2] * 1e3
 
 
 def main() -> int:
@@ -69,8 +50,8 @@ def main() -> int:
     llm = LLM(str(path), rules,
               engine_config=EngineConfig(max_batch_size=args.batch, prefix_cache=False))
     grammar = json_grammar(SCHEMA)
-    free = decode_ms(llm, args.batch, args.steps, None)
-    constrained = decode_ms(llm, args.batch, args.steps, grammar)
+    free = step_ms(llm, args.batch, args.steps)
+    constrained = step_ms(llm, args.batch, args.steps, grammar)
     # the masks alone: a batch of matchers mid-string, over the model's vocabulary
     engine = llm.engine
     matchers = [engine._matcher(grammar) for _ in range(args.batch)]
