@@ -4,7 +4,7 @@
 # WHAT (comma-separated, default iquant,load):
 #   iquant  scripts/bench_cpu_moe.py, V3 shape, 1 token, 16 threads, every i-quant type and
 #           unsloth's two 1-bit mixes, exact and fast, beside the read bandwidth of the same run
-#   load    scripts/bench_load.py --preset v3 --layers $LAYERS (default 4) for q4_k_m and
+#   load    scripts/bench_load.py --preset v3 --layers $LAYERS (default 6: 3 MoE layers) for q4_k_m and
 #           ud-iq1_s: cold (packs, writes the cache), warm (maps the cache), no cache; RSS
 # Logs and JSON go to $OUT.
 set -uo pipefail
@@ -22,7 +22,7 @@ if [[ $WHAT == *iquant* ]]; then
   grep -E "^\||GB/s" "$OUT/iquant.log" | tail -30
 fi
 if [[ $WHAT == *load* ]]; then
-  timeout "${LOAD_TIMEOUT:-280}" python3 scripts/bench_load.py --preset v3 --layers "${LAYERS:-4}" \
+  timeout "${LOAD_TIMEOUT:-280}" python3 scripts/bench_load.py --preset v3 --layers "${LAYERS:-6}" \
     --quant q4_k_m,ud-iq1_s --models /tmp/models --drop-caches --json "$OUT/load.json" \
     > "$OUT/load.log" 2>&1
   tail -14 "$OUT/load.log"
