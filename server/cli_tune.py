@@ -52,12 +52,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     fractions = tuple(float(x) for x in args.budgets.split(",") if x.strip())
     threads = tuple(int(x) for x in args.sweep_threads.split(",") if x.strip())
+    chunks = tuple(int(x) for x in args.sweep_chunk_sizes.split(",") if x.strip())
     device_map = parse_device_map(args.device_map)
     out = Path(args.out)
     opts = TuneOptions(args.gguf_path, args.profile, parse_size(args.gpu_memory), out,
                        args.optimize_rules, args.cache_lens or EngineConfig().cache_lens,
                        args.gpu_device, args.batch, args.phase, fractions, args.measure,
-                       args.steps, threads, device_map)
+                       args.steps, threads, chunks, args.prefill_tokens, device_map)
     result = tune(opts, status=lambda s: print(s, file=sys.stderr, flush=True))
     (out.with_suffix(".json")).write_text(json.dumps(to_json(result), indent=2))
     print(summary(result, args.batch))
@@ -95,6 +96,10 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
                         "0 and all of it")
     p.add_argument("--sweep-threads", default="", help="with --measure: CPU thread counts to "
                                                        "time, e.g. 4,8,16")
+    p.add_argument("--sweep-chunk-sizes", default="", help="with --measure: --chunk-size values "
+                                                           "to time prefill at, e.g. 512,2048")
+    p.add_argument("--prefill-tokens", type=int, default=2048,
+                   help="the prompt the chunk sizes prefill")
     p.add_argument("--steps", type=int, default=32, help="decode steps timed per measurement")
     p.add_argument("--device-map", default=None, metavar="FROM=TO",
                    help="with --measure: run the rule files' devices elsewhere (cuda=cpu)")

@@ -150,7 +150,8 @@ def test_profile_tune_serve_end_to_end(skewed, capsys) -> None:
     assert main(["tune", "--gguf-path", str(path), "--optimize-rules", "DeepSeek-V3",
                  "--profile", str(root / "profile.json"), "--gpu-memory", str(budget),
                  "--cache-lens", "1024", "--out", str(out), "--measure", "--steps", "4",
-                 "--budgets", "0.5", "--device-map", "cuda=cpu"]) == 0
+                 "--budgets", "0.5", "--device-map", "cuda=cpu", "--sweep-threads", "1",
+                 "--sweep-chunk-sizes", "32,128", "--prefill-tokens", "256"]) == 0
     text = capsys.readouterr().out
     assert "hot experts 100% of free" in text and "whole layers" in text
     report = json.loads(out.with_suffix(".json").read_text())
@@ -164,6 +165,10 @@ def test_profile_tune_serve_end_to_end(skewed, capsys) -> None:
     full = next(p for p in report["placements"] if p["name"].startswith("hot experts 100%"))
     assert full["hit_rate"] > 0.25  # skewed: a quarter of the experts serve more than that
     assert all(p["measured_ms"] and p["predicted_ms"] for p in report["placements"])
+    assert [t["cpu_threads"] for t in report["threads"]] == [1]
+    assert [c["chunk_size"] for c in report["chunk_sizes"]] == [32, 128]
+    assert all(c["prefill_tok_s"] > 0 for c in report["chunk_sizes"])
+    assert "--chunk-size 128:" in text
     for png in ("heatmap", "hit-rate", "predicted"):
         assert (root / f"tuned-{png}.png").stat().st_size > 1000
     tuned = plan_model(str(path), str(out), check_devices=False, announce=False)

@@ -39,7 +39,9 @@ def summary(result: TuneResult, batch: int = 1) -> str:
                      f"{result.model.ms_per_gb:.1f} ms per GB of CPU experts read "
                      "(fitted to the 0% and 100% rows)")
     for t, ms in result.threads:
-        lines.append(f"--cpu-threads {t}: {_tok_s(ms, batch).strip()} tok/s")
+        lines.append(f"--cpu-threads {t}: {_tok_s(ms, batch).strip()} tok/s decode")
+    for c, tok_s in result.chunks:
+        lines.append(f"--chunk-size {c}: {tok_s:.1f} tok/s prefill")
     return "\n".join(lines)
 
 
@@ -52,6 +54,7 @@ def to_json(result: TuneResult) -> dict[str, Any]:
                         "predicted_ms": p.predicted_ms, "measured_ms": p.measured_ms}
                        for p in result.placements],
         "threads": [{"cpu_threads": t, "ms": ms} for t, ms in result.threads],
+        "chunk_sizes": [{"chunk_size": c, "prefill_tok_s": v} for c, v in result.chunks],
         "model": None if result.model is None else {"fixed_ms": result.model.fixed_ms,
                                                     "ms_per_gb": result.model.ms_per_gb},
     }

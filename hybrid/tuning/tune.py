@@ -7,7 +7,8 @@
    decode step, beside the same bytes spent on whole layers (llama.cpp's `--n-cpu-moe`).
 4. `measure`: decode with no hot experts and with the full budget fits the time model
    (predict.py); then a few budgets in between and the whole-layer placement are predicted and
-   measured side by side, and the CPU thread counts swept.
+   measured side by side; the CPU thread counts (decode) and chunk sizes (prefill of one long
+   prompt) are swept on the tuned rules.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class TuneResult:
     sizes: ExpertBytes
     placements: list[Placement] = field(default_factory=list)  # by GPU bytes, then whole layers
     threads: list[tuple[int, float]] = field(default_factory=list)  # (cpu threads, ms)
+    chunks: list[tuple[int, float]] = field(default_factory=list)  # (chunk size, prefill tok/s)
     model: DecodeModel | None = None
 
 
@@ -74,6 +76,8 @@ class TuneOptions:
     measure: bool = False
     steps: int = 32
     threads: tuple[int, ...] = ()  # CPU thread counts to sweep (with measure)
+    chunk_sizes: tuple[int, ...] = ()  # --chunk-size values to sweep: prefill tok/s
+    prefill_tokens: int = 2048  # the prompt the chunk sizes prefill
     device_map: Mapping[str, str] | None = None  # run GPU rule files elsewhere (tests)
 
 
@@ -130,7 +134,8 @@ def tune(opts: TuneOptions, status: Callable[[str], None] = lambda s: None) -> T
 
 
 def _measure(opts: TuneOptions, result: TuneResult, status: Callable[[str], None]) -> None:
-    from hybrid.tuning.measure import decode_ms
+    from hybrid.engine.config import EngineConfig
+    from hybrid.tuning.measure import decode_ms, on_fresh_engine, prefill_tok_s
 
     def run(p: Placement) -> float:
         status(f"measuring decode: {p.name}")
@@ -151,6 +156,13 @@ def _measure(opts: TuneOptions, result: TuneResult, status: Callable[[str], None
         result.threads.append((t, decode_ms(opts.gguf_path, str(result.rules), opts.batch,
                                             opts.steps, cpu_threads=t,
                                             device_map=opts.device_map)))
+    for c in opts.chunk_sizes:
+        status(f"measuring prefill of {opts.prefill_tokens} tokens: --chunk-size {c}")
+        config = EngineConfig(chunk_size=c, prefix_cache=False,
+                              cache_lens=max(opts.cache_lens, opts.prefill_tokens + 64))
+        result.chunks.append((c, on_fresh_engine(
+            opts.gguf_path, str(result.rules), config,
+            lambda llm: prefill_tok_s(llm, opts.prefill_tokens), opts.device_map)))
 
 
 def _check_profile(profile: RoutingProfile, spec, where: str) -> None:
