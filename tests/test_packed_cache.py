@@ -94,3 +94,24 @@ def test_layout_version_is_part_of_the_key(models, monkeypatch) -> None:
     before = PackedCache.for_model(gguf).folder
     monkeypatch.setattr(packed_cache, "LAYOUT_VERSION", packed_cache.LAYOUT_VERSION + 1)
     assert PackedCache.for_model(gguf).folder != before
+
+
+def test_copied_weights_release_their_gguf_pages(models, monkeypatch) -> None:
+    """A weight held as a copy (dequantized, or on a device) lets its GGUF pages go from the
+    process; a `gguf`-format weight on the CPU is a view of the map and keeps them (exact
+    mode's experts read their blocks)."""
+    released: list[str] = []
+    real = GGUFModelFile.release
+
+    def spy(self, name: str) -> int:
+        released.append(name)
+        return real(self, name)
+
+    monkeypatch.setattr(GGUFModelFile, "release", spy)
+    path = models.path("tiny-v3", "q4_k_m")
+    llm = LLM(str(path), "cpu.yaml")  # f32 copies of everything but the experts
+    assert "token_embd.weight" in released and "blk.0.attn_kv_a_mqa.weight" in released
+    assert not any("_exps." in n for n in released)  # exact experts read their blocks
+    out = llm.generate(prompt_token_ids=[PROMPT], sampling_params=SamplingParams(
+        temperature=0, max_tokens=6, ignore_eos=True))  # a re-read page just faults back in
+    assert len(out[0].outputs[0].token_ids) == 6

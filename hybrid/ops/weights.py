@@ -69,6 +69,13 @@ class Weight:
                 self._to_planes()
         else:
             self._dense = load_hf_weight(gguf, spec, hf_name).to(self.device, _DTYPES[fmt])
+        if fmt != "gguf" or self.device.type != "cpu":
+            # the weight now lives in a copy (the device's, or a dequantized one): its GGUF
+            # pages leave this process's resident memory (they stay in the page cache; only a
+            # "gguf" weight on the CPU is a view of the map and keeps them)
+            for s in gguf_sources(hf_name, spec):
+                if gguf.has_tensor(s):
+                    gguf.release(s)
 
     def _gpu_readable(self) -> bool:
         from gpu_kernels.qtypes import is_supported
