@@ -47,25 +47,29 @@ def _q4_k(a, out, o, out32, o32):
 
 
 @njit(inline="always", cache=True)
-def _q6_k_code(a, r, e):
-    """Q6_K's unsigned 6-bit code of element e (packed._q6_k_codes)."""
-    n, q = e >> 7, (e >> 5) & 3
-    lane = e & 31
-    byte = i64(a[r, 64 * n + 32 * (q & 1) + lane])
-    low = (byte & 15) if q < 2 else (byte >> 4)
-    high = (i64(a[r, 128 + 32 * n + lane]) >> (2 * q)) & 3
-    return low | (high << 4)
+def _q6_k_codes(a, r, codes):
+    """Q6_K's 256 unsigned 6-bit codes of row r into codes [256] (packed._q6_k_codes): one pass
+    over its low and high bits, rather than two loads per element where they are packed."""
+    for n in range(2):
+        for q in range(4):
+            base = 64 * n + 32 * (q & 1)
+            shift = 4 * (q >> 1)
+            for lane in range(32):
+                low = (i64(a[r, base + lane]) >> shift) & 15
+                high = (i64(a[r, 128 + 32 * n + lane]) >> (2 * q)) & 3
+                codes[128 * n + 32 * q + lane] = low | (high << 4)
 
 
 @njit(inline="always", cache=True)
-def _q6_k(a, out, o, out32, o32):
+def _q6_k(a, out, o, out32, o32, codes):
     for r in range(8):
+        _q6_k_codes(a, r, codes)
         for p in range(16):
             for j in range(4):
-                c0 = _q6_k_code(a, r, 16 * p + j)
-                c1 = _q6_k_code(a, r, 16 * p + 4 + j)
-                c2 = _q6_k_code(a, r, 16 * p + 8 + j)
-                c3 = _q6_k_code(a, r, 16 * p + 12 + j)
+                c0 = codes[16 * p + j]
+                c1 = codes[16 * p + 4 + j]
+                c2 = codes[16 * p + 8 + j]
+                c3 = codes[16 * p + 12 + j]
                 b = o + 96 * p + 4 * r + j
                 out[b] = (c0 & 15) | ((c1 & 15) << 4)
                 out[b + 32] = (c2 & 15) | ((c3 & 15) << 4)
@@ -163,6 +167,7 @@ def pack_blocks(qtype: int, blocks: np.ndarray, r_lo: int, num_rows: int, b_lo: 
     for task in prange(num_experts * groups):
         e, g = task // groups, task % groups
         a = np.zeros((8, type_size), np.uint8)
+        codes = np.empty(256, np.int64)  # Q6_K: a row's codes
         dst = out[e, g]
         dst32 = dst.view(np.float32)
         for b in range(num_blocks):
@@ -176,7 +181,7 @@ def pack_blocks(qtype: int, blocks: np.ndarray, r_lo: int, num_rows: int, b_lo: 
             if qtype == qt.Q4_K:
                 _q4_k(a, dst, o, dst32, o // 4)
             elif qtype == qt.Q6_K:
-                _q6_k(a, dst, o, dst32, o // 4)
+                _q6_k(a, dst, o, dst32, o // 4, codes)
             elif qtype == qt.Q8_0:
                 _q8_0(a, dst, o, dst32, o // 4)
             elif qtype == qt.Q5_0:
