@@ -32,9 +32,9 @@ import numba
 import numpy as np
 from kt_kernel_peer import MODES as KT_MODES
 from kt_kernel_peer import KtPeer, load_extension
-from numba import njit, prange
 
 from cpu_kernels import qtypes as qt
+from cpu_kernels.bandwidth import read_bandwidth
 from cpu_kernels.latency import call_overhead, pool_latency
 from cpu_kernels.moe import moe_forward
 from cpu_kernels.pool import MoEPool
@@ -57,29 +57,6 @@ SHAPES = {
 
 
 WARMUP_S = 0.25
-
-
-@njit(parallel=True, fastmath=True, cache=True)
-def _sum_chunks(buf: np.ndarray, part: np.ndarray) -> None:
-    # buf: [P, L] float32  part: [P]
-    for p in prange(buf.shape[0]):
-        s = np.float32(0.0)
-        for j in range(buf.shape[1]):
-            s += buf[p, j]
-        part[p] = s
-
-
-def read_bandwidth(nbytes: int, repeats: int = 3) -> float:
-    """Best GB/s of a multithreaded float32 sum over a buffer bigger than the caches."""
-    buf = np.ones((64, nbytes // 256), np.float32)
-    part = np.empty(64, np.float32)
-    _sum_chunks(buf, part)
-    best = 0.0
-    for _ in range(repeats):
-        t = time.perf_counter()
-        _sum_chunks(buf, part)
-        best = max(best, buf.nbytes / (time.perf_counter() - t) / 1e9)
-    return best
 
 
 def bench_latency(name: str, mode: str, experts, pool: MoEPool, rng: np.random.Generator

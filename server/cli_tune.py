@@ -58,7 +58,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     opts = TuneOptions(args.gguf_path, args.profile, parse_size(args.gpu_memory), out,
                        args.optimize_rules, args.cache_lens or EngineConfig().cache_lens,
                        args.gpu_device, args.batch, args.phase, fractions, args.measure,
-                       args.steps, threads, chunks, args.prefill_tokens, device_map)
+                       args.steps, threads, chunks, args.prefill_tokens, device_map,
+                       args.cpu_bandwidth)
     result = tune(opts, status=lambda s: print(s, file=sys.stderr, flush=True))
     (out.with_suffix(".json")).write_text(json.dumps(to_json(result), indent=2))
     print(summary(result, args.batch))
@@ -103,6 +104,8 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=32, help="decode steps timed per measurement")
     p.add_argument("--device-map", default=None, metavar="FROM=TO",
                    help="with --measure: run the rule files' devices elsewhere (cuda=cpu)")
+    p.add_argument("--cpu-bandwidth", type=float, default=None, metavar="GB/s",
+                   help="the CPU's read bandwidth for the CPU-time floor (default: measured now)")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--out", required=True, help="the rule file to write (.yaml)")
     p.set_defaults(func=cmd_tune)

@@ -151,9 +151,11 @@ def test_profile_tune_serve_end_to_end(skewed, capsys) -> None:
                  "--profile", str(root / "profile.json"), "--gpu-memory", str(budget),
                  "--cache-lens", "1024", "--out", str(out), "--measure", "--steps", "4",
                  "--budgets", "0.5", "--device-map", "cuda=cpu", "--sweep-threads", "1",
-                 "--sweep-chunk-sizes", "32,128", "--prefill-tokens", "256"]) == 0
+                 "--sweep-chunk-sizes", "32,128", "--prefill-tokens", "256",
+                 "--cpu-bandwidth", "20"]) == 0
     text = capsys.readouterr().out
     assert "hot experts 100% of free" in text and "whole layers" in text
+    assert "read bandwidth (20.0 GB/s)" in text
     report = json.loads(out.with_suffix(".json").read_text())
     hot = {int(k): v for k, v in report["hot_experts"].items()}
     assert sum(map(len, hot.values())) == 4 * 3  # a quarter of 16 experts, 3 MoE layers

@@ -26,14 +26,18 @@ def summary(result: TuneResult, batch: int = 1) -> str:
         f"the choices"),
         "",
         (f"{'placement':<28} {'GPU GiB':>8} {'hit rate':>8} {'CPU MB/step':>11} "
-        f"{'pred tok/s':>10} {'meas tok/s':>10} {'error':>6}"),
+         f"{'CPU ms >=':>9} {'pred tok/s':>10} {'meas tok/s':>10} {'error':>6}"),
     ]
     for p in result.placements:
         err = (f"{(p.predicted_ms - p.measured_ms) / p.measured_ms:+.0%}"
                if p.predicted_ms and p.measured_ms else "")
+        floor = p.cpu_bytes / 1e6 / result.read_gbs if result.read_gbs else 0.0
         lines.append(f"{p.name:<28} {p.gpu_bytes / 2**30:8.2f} {p.hit_rate:8.1%} "
-                     f"{p.cpu_bytes / 1e6:11.2f} {_tok_s(p.predicted_ms, batch):>10} "
+                     f"{p.cpu_bytes / 1e6:11.2f} {floor:9.2f} "
+                     f"{_tok_s(p.predicted_ms, batch):>10} "
                      f"{_tok_s(p.measured_ms, batch):>10} {err:>6}")
+    lines.append(f"CPU ms >=: the routed experts' bytes the CPU reads per step over its read "
+                 f"bandwidth ({result.read_gbs:.1f} GB/s): the CPU side's floor")
     if result.model is not None:
         lines.append(f"time model: {result.model.fixed_ms:.2f} ms fixed + "
                      f"{result.model.ms_per_gb:.1f} ms per GB of CPU experts read "
@@ -48,6 +52,7 @@ def summary(result: TuneResult, batch: int = 1) -> str:
 def to_json(result: TuneResult) -> dict[str, Any]:
     return {
         "rules": str(result.rules), "free_bytes": result.free_bytes,
+        "cpu_read_gbs": result.read_gbs,
         "hot_experts": {str(k): v for k, v in result.hot.items()},
         "placements": [{"name": p.name, "gpu_bytes": p.gpu_bytes, "hit_rate": p.hit_rate,
                         "cpu_bytes_per_step": p.cpu_bytes, "rules": str(p.rules),

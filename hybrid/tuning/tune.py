@@ -55,6 +55,7 @@ class TuneResult:
     freq: np.ndarray  # [L, E]
     hot: dict[int, list[int]]
     sizes: ExpertBytes
+    read_gbs: float = 0.0  # the CPU's read bandwidth: CPU expert ms a step >= bytes / it
     placements: list[Placement] = field(default_factory=list)  # by GPU bytes, then whole layers
     threads: list[tuple[int, float]] = field(default_factory=list)  # (cpu threads, ms)
     chunks: list[tuple[int, float]] = field(default_factory=list)  # (chunk size, prefill tok/s)
@@ -79,6 +80,7 @@ class TuneOptions:
     chunk_sizes: tuple[int, ...] = ()  # --chunk-size values to sweep: prefill tok/s
     prefill_tokens: int = 2048  # the prompt the chunk sizes prefill
     device_map: Mapping[str, str] | None = None  # run GPU rule files elsewhere (tests)
+    read_gbs: float | None = None  # the CPU's read bandwidth (None: measured now)
 
 
 def tune(opts: TuneOptions, status: Callable[[str], None] = lambda s: None) -> TuneResult:
@@ -111,7 +113,13 @@ def tune(opts: TuneOptions, status: Callable[[str], None] = lambda s: None) -> T
             f"{opts.gpu_memory / 2**30:.2f} GiB at --cache-lens {opts.cache_lens}")
     rules_path = write_rules(planned.rules_path, hot_expert_rules(plan, hot, device), opts.out,
                              note)
-    result = TuneResult(rules_path, free, layers, freq, hot, sizes)
+    read_gbs = opts.read_gbs
+    if read_gbs is None:
+        from cpu_kernels.bandwidth import read_bandwidth
+
+        status("measuring the CPU's read bandwidth")
+        read_gbs = read_bandwidth(1 << 30)
+    result = TuneResult(rules_path, free, layers, freq, hot, sizes, read_gbs)
     budgets = sorted({0.0, *opts.fractions, 1.0})
     work = opts.out.parent / f".{opts.out.stem}-variants"
     for f in budgets:
