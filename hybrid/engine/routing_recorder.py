@@ -25,6 +25,7 @@ class RoutingRecorder:
         self._counts: dict[torch.device, torch.Tensor] = {}  # [2, L, E] int64 per device
         self._tokens: dict[torch.device, torch.Tensor] = {}  # [2] int64
         self.current: ForwardBatch | None = None  # the step a router without one runs in
+        self._memo: tuple | None = None  # (step, (device, rows), _rows of that step)
 
     def add(self, layer: int, ids: torch.Tensor, fb: ForwardBatch | None = None) -> None:
         """Count the choices `ids` [N, K] of model layer `layer` in step `fb` (None: the step
@@ -32,20 +33,32 @@ class RoutingRecorder:
         fb = fb or self.current
         if fb is None or layer not in self._slot:
             return
-        dev = ids.device
-        counts, tokens = self._tables(dev)
-        n, k = ids.shape
+        counts, tokens = self._tables(ids.device)
+        base, valid, phase = self._rows(fb, ids)
+        slot = self._slot[layer]
+        flat = (base + slot * self.num_experts)[:, None] + ids  # [N, K]
+        counts.view(-1).index_add_(0, flat.reshape(-1), valid.expand_as(ids).reshape(-1))
+        if slot == 0:
+            tokens.index_add_(0, phase, valid[:, 0])
+
+    def _rows(self, fb: ForwardBatch, ids: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The step's per-row (offset of its phase's table [N], 1 if counted [N, 1], phase [N]),
+        made by its first MoE layer and reused by the others (the same step on the same
+        device; inside a graph capture they are ops of the same graph)."""
+        key = (ids.device, ids.shape[0])
+        if self._memo is not None and self._memo[0] is fb and self._memo[1] == key:
+            return self._memo[2]  # (the memo holds fb, so a new step can never share its id)
+        n, dev = ids.shape[0], ids.device
         b = min(fb.num_decodes, n)
         phase = torch.full((n,), PREFILL, dtype=torch.int64, device=dev)
         phase[:b] = DECODE
-        valid = torch.ones(n, dtype=torch.int64, device=dev)
+        valid = torch.ones(n, 1, dtype=torch.int64, device=dev)
         if b:  # a graph's padding rows have length 0
-            valid[:b] = (fb.seq_lens[:b].to(dev) > 0).to(torch.int64)
-        slot = self._slot[layer]
-        flat = (phase * len(self.layer_ids) + slot)[:, None] * self.num_experts + ids  # [N, K]
-        counts.view(-1).index_add_(0, flat.reshape(-1), valid[:, None].expand(n, k).reshape(-1))
-        if slot == 0:
-            tokens.index_add_(0, phase, valid)
+            valid[:b, 0] = (fb.seq_lens[:b].to(dev) > 0).to(torch.int64)
+        rows = (phase * (len(self.layer_ids) * self.num_experts), valid, phase)
+        self._memo = (fb, key, rows)
+        return rows
 
     def _tables(self, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if dev not in self._counts:
