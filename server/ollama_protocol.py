@@ -112,8 +112,8 @@ def chat_prompt(req: OllamaChatRequest, state: ServerState) -> ChatPrompt:
     """The messages (and tools: Ollama's are OpenAI's, always with choice "auto") rendered."""
     _check_common(req)
     tokenizer = state.model.tokenizer
-    setup, tools = tool_request(req.tools, None, None, tokenizer)
     fmt = model_format(tokenizer)
+    setup, tools = tool_request(req.tools, None, None, tokenizer, fmt)
     messages = []
     for i, m in enumerate(req.messages):
         where = f"messages.{i}"

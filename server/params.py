@@ -65,12 +65,12 @@ def chat_prompt(req: ChatCompletionRequest, state: ServerState) -> ChatPrompt:
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
     tokenizer = state.model.tokenizer
+    fmt = model_format(tokenizer)
     tools, choice = openai_tools(req)
-    tools_setup, tools = tool_request(tools, choice, req.parallel_tool_calls, tokenizer)
+    tools_setup, tools = tool_request(tools, choice, req.parallel_tool_calls, tokenizer, fmt)
     if tools_setup is not None and tools_setup.forced and kind != "text":
         raise bad_request("a required tool call and response_format cannot both constrain the "
                           "reply; drop one", "response_format")
-    fmt = model_format(tokenizer)
     messages = [chat_message(m, f"messages.{i}", fmt) for i, m in enumerate(req.messages)]
     if tools_setup is not None:
         messages = add_tools_to_messages(messages, tools, tools_setup,
@@ -100,11 +100,8 @@ def chat_message(m: ChatMessage, where: str, fmt: ToolFormat) -> dict[str, Any]:
 
 
 def calling_turn(text: str, calls: list[dict[str, Any]], fmt: ToolFormat) -> dict[str, Any]:
-    """An assistant turn that calls tools. With no text its content is None for DeepSeek's
-    templates (which write the calls only then) and "" for Kimi-K2's (which iterate a content
-    that is not a string)."""
-    empty = "" if fmt.name == "kimi-k2" else None
-    return {"role": "assistant", "content": text or empty, "tool_calls": calls}
+    """An assistant turn that calls tools (with no text: the format's call-only content)."""
+    return {"role": "assistant", "content": text or fmt.call_only_content, "tool_calls": calls}
 
 
 def encode_chat(messages: list[dict[str, Any]], state: ServerState, param: str,

@@ -285,7 +285,7 @@ def test_ollama_tools_history_and_calls(served) -> None:
     from hybrid.engine.request import TokenOutput
     from server.ollama import _add_tool_calls, _chat_body
     from server.openai_format import ChoiceState, Delta
-    from server.tools.setup import tool_request
+    from server.tools.setup import model_format, tool_request
 
     server, _client, model, _template = served
     messages = [{"role": "user", "content": "Weather?"},
@@ -298,7 +298,8 @@ def test_ollama_tools_history_and_calls(served) -> None:
                          "options": {"num_predict": 4}}, timeout=60)
     assert r.status_code == 200 and r.json()["done"], r.text
 
-    setup, _ = tool_request(TOOLS, None, None, server.state.model.tokenizer)
+    tok = server.state.model.tokenizer
+    setup, _ = tool_request(TOOLS, None, None, tok, model_format(tok))
     choice = ChoiceState(tools=setup)
     text = "Sure." + setup.fmt.render([("get_time", '{"zone": "UTC"}'), ("get_time", "{bad")])
     for k in range(0, len(text), 3):

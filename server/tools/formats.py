@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,12 @@ class ToolFormat:
     header_end: str  # between a call's header (name, id) and its JSON arguments
     fenced: bool  # the arguments sit in a ```json fence (closing ``` before call_end)
     call_separator: str  # what the template writes between two calls
+    # the call's id is its header (Kimi-K2: `functions.NAME:INDEX`, written back as is);
+    # otherwise ids are ours, OpenAI-style
+    id_in_header: bool = False
+    # an assistant turn that only calls tools: None for DeepSeek's templates (which write the
+    # calls only then), "" for Kimi-K2's (which iterate a content that is not a string)
+    call_only_content: str | None = None
 
     @property
     def markers(self) -> tuple[str, ...]:
@@ -62,6 +69,23 @@ class ToolFormat:
             return kimi_call_id(name, index)
         return name
 
+    def header_grammar(self, name: str, lit) -> str:
+        """The header of a call of `name` in llguidance's Lark (`lit(text)`: a marker as its
+        special token, or as text); the index of Kimi-K2's is any 1-3 digits."""
+        if self.name == "deepseek-v3":
+            return f'"function" {lit(self.header_sep)} {json.dumps(name + chr(10))}'
+        if self.name == "kimi-k2":
+            return f'{json.dumps("functions." + name + ":")} /[0-9]{{1,3}}/'
+        return json.dumps(name)
+
+    def new_call_id(self, header: str) -> str:
+        """The id of a call the model just wrote with `header`."""
+        return header.strip() if self.id_in_header else f"call_{uuid.uuid4().hex[:24]}"
+
+    def history_call_id(self, name: str, index: int) -> str:
+        """The id of call `index` of an earlier turn whose client sent none (Ollama)."""
+        return kimi_call_id(name, index) if self.id_in_header else f"call_{index}"
+
     def render(self, calls: list[tuple[str, str]]) -> str:
         """The text of a reply making `calls` ((name, JSON arguments) pairs)."""
         parts = []
@@ -89,7 +113,7 @@ DEEPSEEK_V31 = ToolFormat(
 KIMI_K2 = ToolFormat(
     "kimi-k2", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
     "<|tool_call_begin|>", "<|tool_call_end|>", "<|tool_call_argument_begin|>", fenced=False,
-    call_separator="")
+    call_separator="", id_in_header=True, call_only_content="")
 FORMATS = {f.name: f for f in (DEEPSEEK_V3, DEEPSEEK_V31, KIMI_K2)}
 
 

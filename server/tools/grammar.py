@@ -33,7 +33,7 @@ def tool_call_grammar(fmt: ToolFormat, functions: dict[str, dict[str, Any]],
     rules = []
     for k, (name, schema) in enumerate(functions.items()):
         schema = {**(schema or {"type": "object"}), "x-guidance": JSON_OPTIONS}
-        rules.append(f"fn_{k}: {_header(fmt, name, lit)} {lit(fmt.header_end)} "
+        rules.append(f"fn_{k}: {fmt.header_grammar(name, lit)} {lit(fmt.header_end)} "
                      f"{_fence_open(fmt)}%json {json.dumps(schema)} {_fence_close(fmt)}"
                      f"{lit(fmt.call_end)}")
     alts = " | ".join(f"fn_{k}" for k in range(len(functions)))
@@ -46,14 +46,6 @@ def tool_call_grammar(fmt: ToolFormat, functions: dict[str, dict[str, Any]],
     lines = [head, f"calls: {lit(fmt.section_begin)} call{more} {lit(fmt.section_end)}",
              f"call: {lit(fmt.call_begin)} ({alts})", *rules]
     return _compiled("\n".join(lines) + "\n")
-
-
-def _header(fmt: ToolFormat, name: str, lit: Any) -> str:
-    if fmt.name == "deepseek-v3":
-        return f'"function" {lit(fmt.header_sep)} {json.dumps(name + chr(10))}'
-    if fmt.name == "kimi-k2":
-        return f'{json.dumps("functions." + name + ":")} /[0-9]{{1,3}}/'
-    return json.dumps(name)
 
 
 def _fence_open(fmt: ToolFormat) -> str:

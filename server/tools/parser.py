@@ -14,7 +14,6 @@ a broken call is text.
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass, field
 
 from server.reasoning import partial_suffix
@@ -117,7 +116,7 @@ class ToolCallParser:
         name = self.fmt.name_of(header)
         if name is None:
             return self._broken(buf, out)
-        call_id = header.strip() if self.fmt.name == "kimi-k2" else f"call_{uuid.uuid4().hex[:24]}"
+        call_id = self.fmt.new_call_id(header)
         self.calls.append(ToolCall(call_id, name))
         deltas.append(ToolCallDelta(len(self.calls) - 1, call_id, name))
         self._raw, self._state = "", _ARGS

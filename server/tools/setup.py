@@ -23,7 +23,6 @@ from server.reasoning import THINK_END
 from server.tools.formats import (
     ToolFormat,
     detect_format,
-    kimi_call_id,
     template_declares_tools,
     tools_system_prompt,
 )
@@ -76,8 +75,9 @@ def model_format(tokenizer: Any) -> ToolFormat:
 
 
 def tool_request(tools: list[Any] | None, choice: Any, parallel: bool | None,
-                 tokenizer: Any) -> tuple[ToolSetup | None, list[dict[str, Any]]]:
-    """(the setup, or None when no call can happen; the tools to give the template)."""
+                 tokenizer: Any, fmt: ToolFormat) -> tuple[ToolSetup | None, list[dict[str, Any]]]:
+    """(the setup, or None when no call can happen; the tools to give the template);
+    `fmt`: model_format(tokenizer)."""
     if not tools:
         if choice not in (None, "none"):
             raise bad_request("tool_choice is only allowed when tools are specified",
@@ -87,7 +87,6 @@ def tool_request(tools: list[Any] | None, choice: Any, parallel: bool | None,
     mode, named = _choice(choice, functions)
     if mode == "none":
         return None, []
-    fmt = model_format(tokenizer)
     markers = (*fmt.markers, fmt.header_sep, THINK_END)
     marker_text = {i: m for m in markers if (i := tokenizer.single_token(m)) is not None}
     return ToolSetup(fmt, functions, mode, named, parallel is not False, marker_text), tools
@@ -130,8 +129,7 @@ def history_tool_calls(calls: list[Any], where: str, fmt: ToolFormat) -> list[di
         args = fn.get("arguments", "{}")
         if not isinstance(args, str):
             args = json.dumps(args, ensure_ascii=False)
-        call_id = call.get("id") or (kimi_call_id(fn["name"], j) if fmt.name == "kimi-k2"
-                                     else f"call_{j}")
+        call_id = call.get("id") or fmt.history_call_id(fn["name"], j)
         if not isinstance(call_id, str):
             raise bad_request(f"{at}.id must be a string", f"{at}.id")
         out.append({"id": call_id, "type": "function",
