@@ -37,7 +37,7 @@ def add_tune_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, default=16, help="prompts in flight at once")
     p.add_argument("--out", required=True, help="the profile's JSON file")
     p.set_defaults(func=cmd_profile)
-    add_tune_parser(sub)
+    _add_tune_parser(sub)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -75,7 +75,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_tune_parser(sub: argparse._SubParsersAction) -> None:
+def _add_tune_parser(sub: argparse._SubParsersAction) -> None:
+    from dataclasses import fields
+
+    from hybrid.tuning.tune import TuneOptions
+
+    d = {f.name: f.default for f in fields(TuneOptions)}
     p = sub.add_parser("tune", help="place the experts a routing profile uses most on the GPU, "
                                     "within its memory: writes a rule file")
     p.add_argument("--gguf-path", default=None, help="the model (default: the demo model)")
@@ -86,22 +91,24 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu-memory", required=True, help="the GPU's budget, e.g. 24GiB")
     p.add_argument("--cache-lens", type=int, default=None,
                    help="KV cache tokens to leave room for (default: serve's)")
-    p.add_argument("--gpu-device", default="cuda:0", help="where the hot experts go")
-    p.add_argument("--batch", type=int, default=1, help="requests decoding at once to tune for")
-    p.add_argument("--phase", choices=["decode", "prefill"], default="decode",
+    p.add_argument("--gpu-device", default=d["gpu_device"], help="where the hot experts go")
+    p.add_argument("--batch", type=int, default=d["batch"],
+                   help="requests decoding at once to tune for")
+    p.add_argument("--phase", choices=["decode", "prefill"], default=d["phase"],
                    help="which tokens' routing to weigh")
     p.add_argument("--measure", action="store_true",
                    help="decode at several budgets and whole layers: predicted beside measured")
-    p.add_argument("--budgets", default="0.25,0.5,0.75",
+    p.add_argument("--budgets", default=",".join(map(str, d["fractions"])),
                    help="fractions of the free GPU memory to predict (and measure) besides "
                         "0 and all of it")
     p.add_argument("--sweep-threads", default="", help="with --measure: CPU thread counts to "
                                                        "time, e.g. 4,8,16")
     p.add_argument("--sweep-chunk-sizes", default="", help="with --measure: --chunk-size values "
                                                            "to time prefill at, e.g. 512,2048")
-    p.add_argument("--prefill-tokens", type=int, default=2048,
+    p.add_argument("--prefill-tokens", type=int, default=d["prefill_tokens"],
                    help="the prompt the chunk sizes prefill")
-    p.add_argument("--steps", type=int, default=32, help="decode steps timed per measurement")
+    p.add_argument("--steps", type=int, default=d["steps"],
+                   help="decode steps timed per measurement")
     p.add_argument("--device-map", default=None, metavar="FROM=TO",
                    help="with --measure: run the rule files' devices elsewhere (cuda=cpu)")
     p.add_argument("--cpu-bandwidth", type=float, default=None, metavar="GB/s",

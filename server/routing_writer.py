@@ -27,9 +27,7 @@ class RoutingWriter:
         self.write()
 
     def write(self) -> None:
-        counts, tokens, layers = self.engine.routing_counts()
-        k = self.engine.spec.num_experts_per_tok
-        RoutingProfile.from_counts(self.model_file, k, layers, counts, tokens).save(self.path)
+        RoutingProfile.of_engine(self.engine, self.model_file).save(self.path)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):

@@ -44,6 +44,16 @@ class RoutingProfile:
         return cls(model, c.shape[2], experts_per_token, tuple(layers), int(tokens[0]),
                    int(tokens[1]), c[0], c[1])
 
+    @classmethod
+    def of_engine(cls, engine, model: str) -> RoutingProfile:
+        """What an engine built with `record_routing` has recorded so far."""
+        recorded = engine.routing_counts()
+        if recorded is None:
+            raise HybridError("the engine does not record routing: build it with "
+                              "EngineConfig(record_routing=True)")
+        counts, tokens, layers = recorded
+        return cls.from_counts(model, engine.spec.num_experts_per_tok, layers, counts, tokens)
+
     def frequencies(self, phase: str = "decode") -> np.ndarray:
         """[L, E]: the share of `phase`'s tokens that chose each expert (0..1); with no tokens
         of that phase, all phases together."""

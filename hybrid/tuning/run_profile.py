@@ -52,9 +52,8 @@ def profile_prompts(llm, prompts: list[Any], max_tokens: int, temperature: float
     """Run `prompts` on `llm` (an LLM built with record_routing on) -> the routing profile."""
     from hybrid.engine.sampling_params import SamplingParams
 
-    if llm.engine.routing_counts() is None:
-        raise HybridError("the engine does not record routing: build it with "
-                          "EngineConfig(record_routing=True)")
+    model = Path(llm.loaded.gguf.path).name
+    RoutingProfile.of_engine(llm.engine, model)  # refuses an engine that does not record
     tok = llm.tokenizer
     room = llm.engine.scheduler.max_request_tokens
     max_tokens = max(1, min(max_tokens, room // 2))
@@ -70,7 +69,4 @@ def profile_prompts(llm, prompts: list[Any], max_tokens: int, temperature: float
         llm.generate(prompt_token_ids=chunk, sampling_params=params)
         if progress is not None:
             progress(start + len(chunk), len(ids))
-    counts, tokens, layers = llm.engine.routing_counts()
-    return RoutingProfile.from_counts(Path(llm.loaded.gguf.path).name,
-                                      llm.loaded.spec.num_experts_per_tok, layers, counts,
-                                      tokens)
+    return RoutingProfile.of_engine(llm.engine, model)
