@@ -68,6 +68,24 @@ def test_recorder_counts_phases_and_skips_padding_rows() -> None:
     assert rec.snapshot()[1] == [0, 0]
 
 
+
+def test_recorder_rereads_each_run_of_the_same_step() -> None:
+    """A graph's warm-up and capture run one ForwardBatch: the second run must read the
+    sequence lengths again (inside a capture, as ops of the graph), not reuse the first's rows;
+    a padding row's out-of-range ids are not counted and do not index outside the table."""
+    from hybrid.engine.routing_recorder import RoutingRecorder
+
+    rec = RoutingRecorder([1], num_experts=4)
+    seq_lens = torch.tensor([5, 6])
+    fb = SimpleNamespace(num_decodes=2, seq_lens=seq_lens)
+    ids = torch.tensor([[0, 1], [2, 3]])
+    rec.add(1, ids, fb)
+    seq_lens[1] = 0  # the next replay pads row 1, whose router output is garbage
+    rec.add(1, torch.tensor([[0, 1], [-7, 1 << 40]]), fb)
+    counts, tokens = rec.snapshot()
+    assert tokens == [0, 3]
+    assert counts[1][0] == [2, 2, 1, 1]
+
 def test_profile_file_round_trip_and_refusals(tmp_path) -> None:
     p = RoutingProfile.from_counts("m.gguf", 2, [1, 2], [[[1, 2, 3], [0, 0, 6]],
                                                           [[2, 2, 2], [3, 3, 0]]], [3, 3])

@@ -34,20 +34,24 @@ class RoutingRecorder:
         if fb is None or layer not in self._slot:
             return
         counts, tokens = self._tables(ids.device)
-        base, valid, phase = self._rows(fb, ids)
         slot = self._slot[layer]
-        flat = (base + slot * self.num_experts)[:, None] + ids  # [N, K]
+        base, valid, phase = self._rows(fb, ids, fresh=slot == 0)
+        # a padded row's ids may be anything (its hidden state is not a token's); it is not
+        # counted (valid 0) but its index must stay inside the table
+        flat = (base + slot * self.num_experts)[:, None] + ids.clamp(0, self.num_experts - 1)
         counts.view(-1).index_add_(0, flat.reshape(-1), valid.expand_as(ids).reshape(-1))
         if slot == 0:
             tokens.index_add_(0, phase, valid[:, 0])
 
-    def _rows(self, fb: ForwardBatch, ids: torch.Tensor
+    def _rows(self, fb: ForwardBatch, ids: torch.Tensor, fresh: bool
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The step's per-row (offset of its phase's table [N], 1 if counted [N, 1], phase [N]),
-        made by its first MoE layer and reused by the others (the same step on the same
-        device; inside a graph capture they are ops of the same graph)."""
+        made by its first MoE layer (`fresh`) and reused by the others (the same step on the
+        same device). Made anew at every first layer, never carried from one run to the next:
+        a graph's warm-up and capture run the same ForwardBatch, and rows made by the warm-up
+        would be frozen into the graph instead of read from each replay's sequence lengths."""
         key = (ids.device, ids.shape[0])
-        if self._memo is not None and self._memo[0] is fb and self._memo[1] == key:
+        if not fresh and self._memo is not None and self._memo[0] is fb and self._memo[1] == key:
             return self._memo[2]  # (the memo holds fb, so a new step can never share its id)
         n, dev = ids.shape[0], ids.device
         b = min(fb.num_decodes, n)
