@@ -80,9 +80,13 @@ def align(ids: torch.Tensor, num_experts: int, bm: int) -> tuple[torch.Tensor, t
     cdiv(NK, bm) + min(E, NK), so nothing waits for the device."""
     flat = ids.reshape(-1).long()
     nk, dev = flat.numel(), flat.device
-    held = flat >= 0
+    # a padded row's ids may be anything: only ids of held experts count
+    held = (flat >= 0) & (flat < num_experts)
     key = torch.where(held, flat, num_experts)  # left-out pairs sort last, into a dump slot
-    counts = torch.bincount(key, minlength=num_experts + 1)[:num_experts]  # [E]
+    # scatter_add rather than bincount: bincount reads its maximum back to the host, which a
+    # CUDA graph capture refuses (hot experts run inside the captured decode step)
+    counts = torch.zeros(num_experts + 1, dtype=torch.long, device=dev).scatter_add_(
+        0, key, torch.ones_like(key))[:num_experts]  # [E]
     blocks = (counts + bm - 1) // bm  # [E]
     block_end = torch.cumsum(blocks, 0)  # [E]
     nb = triton.cdiv(nk, bm) + min(num_experts, nk)
