@@ -7,7 +7,8 @@ call whatever T is: phase 1 splits (expert, block of I rows) across threads and 
 tokens; phase 2 splits H rows across threads, each summing over all experts into its own rows of
 out (no two threads write the same element). Within a task each weight row is decoded once per
 tile of up to 4 of its tokens (tile_dot); an i-quant row once for all its tokens, into a
-scratch row (iquant_decode). `fast` mode on packable types runs packed_moe instead
+scratch row (iquant_decode). `fast` mode on packable types (the K-quants, Q8_0/Q5_0 and every
+i-quant) runs packed_moe instead
 (amx_bf16_moe where the CPU has AMX and the call has >= MIN_TOKENS tokens).
 """
 

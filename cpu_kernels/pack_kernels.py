@@ -15,7 +15,9 @@ import numpy as np
 from numba import njit, prange
 
 from cpu_kernels import qtypes as qt
-from cpu_kernels.scalars import F16_TABLE
+from cpu_kernels.iquant1_dots import iq1_m_d
+from cpu_kernels.packed_iquants import SIGN_BYTES
+from cpu_kernels.scalars import F16_TABLE, u32_at
 
 u8 = np.uint8
 i64 = np.int64
@@ -158,6 +160,129 @@ def _q3_k(a, out, o, out32, o32):
         _f16_as_f32(a, r, 108, out32, o32 + 224 + r)
 
 
+@njit(inline="always", cache=True)
+def _signs_scales(a, r, w_at, s, out, o_signs, o_scales):
+    """IQ2_XXS/IQ3_XXS: sub-block s's u32 (4 sign indices, scale) at a[r, w_at] -> sign bytes
+    [run][row] and a scale nibble [pair][row]."""
+    w = i64(u32_at(a[r], w_at))
+    for j in range(4):
+        out[o_signs + 8 * (4 * s + j) + r] = SIGN_BYTES[(w >> (7 * j)) & 127]
+    b = o_scales + 8 * (s >> 1) + r
+    if s & 1:
+        out[b] = u8(i64(out[b]) | ((w >> 28) << 4))
+    else:
+        out[b] = u8(w >> 28)
+
+
+@njit(inline="always", cache=True)
+def _iq2_xxs(a, out, o, out32, o32):
+    for r in range(8):
+        for s in range(8):
+            for j in range(4):
+                out[o + 8 * (4 * s + j) + r] = a[r, 2 + 8 * s + j]
+            _signs_scales(a, r, 6 + 8 * s, s, out, o + 256, o + 512)
+        _f16_as_f32(a, r, 0, out32, o32 + 136 + r)
+
+
+@njit(inline="always", cache=True)
+def _iq2_xs(a, out, o, out32, o32):
+    for r in range(8):
+        for k in range(32):
+            out[o + 16 * k + 2 * r] = a[r, 2 + 2 * k]
+            out[o + 16 * k + 2 * r + 1] = a[r, 3 + 2 * k]
+        for s in range(8):
+            out[o + 512 + 8 * s + r] = a[r, 66 + s]
+        _f16_as_f32(a, r, 0, out32, o32 + 144 + r)
+
+
+@njit(inline="always", cache=True)
+def _iq2_s(a, out, o, out32, o32):
+    for r in range(8):
+        for k in range(32):
+            out[o + 8 * k + r] = a[r, 2 + k]
+            out[o + 256 + 8 * k + r] = a[r, 34 + k]
+        for s in range(8):
+            out[o + 512 + 8 * s + r] = a[r, 66 + s]
+            out[o + 576 + 8 * s + r] = a[r, 74 + s]
+        _f16_as_f32(a, r, 0, out32, o32 + 160 + r)
+
+
+@njit(inline="always", cache=True)
+def _iq3_xxs(a, out, o, out32, o32):
+    for r in range(8):
+        for k in range(32):
+            out[o + 16 * k + 2 * r] = a[r, 2 + 2 * k]
+            out[o + 16 * k + 2 * r + 1] = a[r, 3 + 2 * k]
+        for s in range(8):
+            _signs_scales(a, r, 66 + 4 * s, s, out, o + 512, o + 768)
+        _f16_as_f32(a, r, 0, out32, o32 + 200 + r)
+
+
+@njit(inline="always", cache=True)
+def _iq3_s(a, out, o, out32, o32):
+    for r in range(8):
+        for k in range(32):
+            out[o + 16 * k + 2 * r] = a[r, 2 + 2 * k]
+            out[o + 16 * k + 2 * r + 1] = a[r, 3 + 2 * k]
+            out[o + 576 + 8 * k + r] = a[r, 74 + k]
+        for s in range(8):
+            out[o + 512 + 8 * s + r] = a[r, 66 + s]
+        for p in range(4):
+            out[o + 832 + 8 * p + r] = a[r, 106 + p]
+        _f16_as_f32(a, r, 0, out32, o32 + 216 + r)
+
+
+@njit(inline="always", cache=True)
+def _iq1_s(a, out, o, out32, o32):
+    for r in range(8):
+        for k in range(32):
+            out[o + 8 * k + r] = a[r, 2 + k]
+        for s in range(8):
+            out[o + 256 + 16 * s + 2 * r] = a[r, 34 + 2 * s]
+            out[o + 257 + 16 * s + 2 * r] = a[r, 35 + 2 * s]
+        _f16_as_f32(a, r, 0, out32, o32 + 96 + r)
+
+
+@njit(inline="always", cache=True)
+def _iq1_m_scale(a, r, n):
+    """IQ1_M's 3-bit scale of 16 columns n: bits 3 (n % 4) of the u16 at 48 + 2 (n // 4)."""
+    word = i64(a[r, 48 + 2 * (n >> 2)]) | (i64(a[r, 49 + 2 * (n >> 2)]) << 8)
+    return (word >> (3 * (n & 3))) & 7
+
+
+@njit(inline="always", cache=True)
+def _iq1_m(a, out, o, out32, o32):
+    for r in range(8):
+        for k in range(32):
+            out[o + 8 * k + r] = a[r, k]
+        for p in range(16):
+            out[o + 256 + 8 * p + r] = a[r, 32 + p]
+        for s in range(8):
+            out[o + 384 + 8 * s + r] = u8(_iq1_m_scale(a, r, 2 * s) | (_iq1_m_scale(a, r, 2 * s + 1)
+                                                                      << 4))
+        out32[o32 + 112 + r] = iq1_m_d(a[r], 0)
+
+
+@njit(inline="always", cache=True)
+def _iq4_xs(a, out, o, out32, o32):
+    for r in range(8):
+        high = i64(a[r, 2]) | (i64(a[r, 3]) << 8)
+        for s in range(8):
+            for k in range(16):
+                out[o + 128 * s + 32 * (k >> 2) + 4 * r + (k & 3)] = a[r, 8 + 16 * s + k]
+            low = (i64(a[r, 4 + (s >> 1)]) >> (4 * (s & 1))) & 15
+            out[o + 1024 + 8 * s + r] = u8(((low | (((high >> (2 * s)) & 3) << 4)) - 32) & 0xFF)
+        _f16_as_f32(a, r, 0, out32, o32 + 272 + r)
+
+
+@njit(inline="always", cache=True)
+def _iq4_nl(a, out, o, out32, o32):
+    for r in range(8):
+        for k in range(16):
+            out[o + 32 * (k >> 2) + 4 * r + (k & 3)] = a[r, 2 + k]
+        _f16_as_f32(a, r, 0, out32, o32 + 32 + r)
+
+
 @njit(parallel=True, cache=True)
 def pack_blocks(qtype: int, blocks: np.ndarray, r_lo: int, num_rows: int, b_lo: int,
                 type_size: int, packed_bytes: int, out: np.ndarray) -> None:
@@ -190,3 +315,21 @@ def pack_blocks(qtype: int, blocks: np.ndarray, r_lo: int, num_rows: int, b_lo: 
                 _q2_k(a, dst, o, dst32, o // 4)
             elif qtype == qt.Q3_K:
                 _q3_k(a, dst, o, dst32, o // 4)
+            elif qtype == qt.IQ2_XXS:
+                _iq2_xxs(a, dst, o, dst32, o // 4)
+            elif qtype == qt.IQ1_S:
+                _iq1_s(a, dst, o, dst32, o // 4)
+            elif qtype == qt.IQ1_M:
+                _iq1_m(a, dst, o, dst32, o // 4)
+            elif qtype == qt.IQ2_XS:
+                _iq2_xs(a, dst, o, dst32, o // 4)
+            elif qtype == qt.IQ2_S:
+                _iq2_s(a, dst, o, dst32, o // 4)
+            elif qtype == qt.IQ3_XXS:
+                _iq3_xxs(a, dst, o, dst32, o // 4)
+            elif qtype == qt.IQ3_S:
+                _iq3_s(a, dst, o, dst32, o // 4)
+            elif qtype == qt.IQ4_XS:
+                _iq4_xs(a, dst, o, dst32, o // 4)
+            elif qtype == qt.IQ4_NL:
+                _iq4_nl(a, dst, o, dst32, o // 4)

@@ -25,8 +25,10 @@ MIXES = {
     "halves": (qt.F16, qt.BF16, qt.Q5_0),
     "q2_k": (qt.Q2_K, qt.Q2_K, qt.Q3_K),  # llama.cpp's Q2_K experts; packed in `fast` mode
     "low_unpacked": (qt.Q3_K, qt.Q2_K, qt.Q5_K),  # Q5_K has no packed layout: scalar `fast`
-    # the i-quants run decoded rows (iquant_decode): unsloth's UD-IQ1_S / UD-IQ1_M experts, and
-    # the other seven, each in one slot beside a K-quant
+    # the i-quants: exact mode decodes rows (iquant_decode), fast mode packs every one
+    # (packed_tiles_grid / packed_tiles_iq4; a layer mixed with an unpackable type decodes):
+    # unsloth's UD-IQ1_S / UD-IQ1_M experts, and the other seven, each in one slot beside a
+    # K-quant
     "ud_iq1_s": (qt.IQ1_S, qt.IQ1_S, qt.IQ2_XXS),
     "ud_iq1_m": (qt.IQ1_M, qt.IQ1_M, qt.IQ2_XXS),
     "iq2_iq3": (qt.IQ2_XS, qt.IQ2_S, qt.IQ3_XXS),

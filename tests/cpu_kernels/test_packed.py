@@ -14,7 +14,8 @@ from cpu_kernels.q8_activations import Q8Activations, dequantize_ref
 from cpu_kernels.random_blocks import random_experts, random_matrix
 from cpu_kernels.reference import dequantize, moe_forward_ref, rel_error
 
-TYPES = [qt.Q4_K, qt.Q6_K, qt.Q8_0, qt.Q5_0, qt.Q2_K, qt.Q3_K]
+TYPES = [qt.Q4_K, qt.Q6_K, qt.Q8_0, qt.Q5_0, qt.Q2_K, qt.Q3_K, qt.IQ2_XXS, qt.IQ2_XS, qt.IQ2_S,
+         qt.IQ3_XXS, qt.IQ3_S, qt.IQ1_S, qt.IQ1_M, qt.IQ4_XS, qt.IQ4_NL]
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=qt.type_name)
@@ -46,7 +47,9 @@ def test_packed_tile_is_exact_on_quantized_activations(qtype: int) -> None:
 
 
 MIXES = [(qt.Q4_K, qt.Q4_K, qt.Q6_K), (qt.Q4_K, qt.Q4_K, qt.Q4_K), (qt.Q5_0, qt.Q5_0, qt.Q8_0),
-         (qt.Q8_0, qt.Q6_K, qt.Q5_0), (qt.Q4_K, qt.Q3_K, qt.Q2_K)]
+         (qt.Q8_0, qt.Q6_K, qt.Q5_0), (qt.Q4_K, qt.Q3_K, qt.Q2_K), (qt.IQ1_S, qt.IQ1_S, qt.IQ2_XXS),
+         (qt.IQ2_XS, qt.IQ3_S, qt.IQ1_M), (qt.IQ3_XXS, qt.IQ2_S, qt.IQ3_XXS),
+         (qt.IQ4_XS, qt.IQ4_XS, qt.IQ4_NL)]
 
 
 @pytest.mark.parametrize("mix", MIXES, ids=lambda m: "-".join(map(qt.type_name, m)))
@@ -72,7 +75,9 @@ def test_packed_moe_matches_reference(mix: tuple[int, int, int]) -> None:
 def test_packed_bytes_stay_near_gguf_bytes() -> None:
     rng = np.random.default_rng(3)
     for qtype, limit in [(qt.Q4_K, 1.06), (qt.Q6_K, 1.01), (qt.Q8_0, 1.06), (qt.Q5_0, 1.1),
-                         (qt.Q2_K, 1.05), (qt.Q3_K, 1.06)]:
+                         (qt.Q2_K, 1.05), (qt.Q3_K, 1.06), (qt.IQ2_XXS, 1.1), (qt.IQ2_XS, 1.03),
+                         (qt.IQ2_S, 1.03), (qt.IQ3_XXS, 1.07), (qt.IQ3_S, 1.02), (qt.IQ1_S, 1.04),
+                         (qt.IQ1_M, 1.08), (qt.IQ4_XS, 1.03), (qt.IQ4_NL, 1.12)]:
         w = random_matrix(rng, qtype, (2, 16, 512))
         assert PackedMatrix.of(w).nbytes <= limit * w.nbytes, qt.type_name(qtype)
 

@@ -1,0 +1,139 @@
+"""Reading the packed lattice i-quant blocks (layouts in packed_iquants.py): per sub-block of
+32 columns, its 4 runs of 8 weights of 8 rows (b64, simd_grid.py) and the rows' scales.
+
+`runs` gives unsigned weights u with w = scale * (u - c): signed grids are stored as C + w
+(C = 64), the 1-bit grids as 8 grid + 8 +- 1 shifted the same way. `scales` gives, per row in
+its lane pair, the scale of the first and of the second 16 columns (equal for the types with
+one scale per 32) and c (an i32x16: the 1-bit types' per-row offsets).
+qtype is a compile-time constant in every caller (packed_tiles_grid), so LLVM keeps one branch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from cpu_kernels import iquant_tables as tables
+from cpu_kernels import qtypes as qt
+from cpu_kernels.simd_grid import (
+    dup_f32,
+    dup_nibbles,
+    dup_words,
+    grid_run,
+    grid_run4,
+    grid_run4_high,
+    grid_run_high8,
+    grid_run_high16,
+    grid_run_u16,
+    i32x16_to_f32,
+    signed_run,
+    signed_run7,
+)
+from cpu_kernels.simd_pairs import f32x16_mul
+
+f32 = np.float32
+C = 64  # the stored offset of the signed grids: |w| <= 62 -> C + w in 2..126
+IQ1_C = 9  # IQ1_M's: 8 grid + 9 +- 1 in 0..18
+
+
+def _rows(values: np.ndarray, dtype) -> np.ndarray:
+    """[N, n] small non-negative ints -> [N] of `dtype` (n bytes each), byte j = value j."""
+    return np.ascontiguousarray(values.astype(np.uint8)).view(dtype).reshape(-1)
+
+
+GRID2_XXS = _rows(tables.GRID_IQ2_XXS, np.uint64)
+GRID2_XS = _rows(tables.GRID_IQ2_XS, np.uint64)
+GRID2_S = _rows(tables.GRID_IQ2_S, np.uint64)
+GRID3_XXS = _rows(tables.GRID_IQ3_XXS, np.uint32)
+GRID3_S = _rows(tables.GRID_IQ3_S, np.uint32)
+_G1 = 8 * tables.GRID_IQ1_S.astype(np.int16)
+GRID1_S = _rows(_G1 + 8, np.uint64)  # IQ1_S: c = 7 (delta +) or 9 (delta -) per sub-block
+GRID1_M = _rows(np.concatenate([_G1 + IQ1_C + 1, _G1 + IQ1_C - 1]), np.uint64)  # code | minus << 11
+
+# packed bytes per 8 rows x 256 columns
+BLOCK_BYTES = {qt.IQ2_XXS: 576, qt.IQ2_XS: 608, qt.IQ2_S: 672, qt.IQ3_XXS: 832, qt.IQ3_S: 896,
+               qt.IQ1_S: 416, qt.IQ1_M: 480}
+IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M = (qt.IQ2_XXS, qt.IQ2_XS, qt.IQ2_S,
+                                                        qt.IQ3_XXS, qt.IQ3_S, qt.IQ1_S, qt.IQ1_M)
+
+
+@njit(cache=True)
+def block_bytes(qtype):
+    if qtype == IQ2_XXS:
+        return 576
+    if qtype == IQ2_XS:
+        return 608
+    if qtype == IQ2_S:
+        return 672
+    if qtype == IQ3_XXS:
+        return 832
+    if qtype == IQ3_S:
+        return 896
+    if qtype == IQ1_S:
+        return 416
+    return 480
+
+
+@njit(cache=True)
+def per16(qtype):
+    """Whether the type has a scale per 16 columns (else one per 32)."""
+    return qtype == IQ2_XS or qtype == IQ2_S or qtype == IQ1_M
+
+
+@njit(cache=True)
+def _run(qtype, pk, o, s, j):
+    k = 4 * s + j
+    if qtype == IQ2_XXS:
+        return signed_run(grid_run(GRID2_XXS, pk, o + 8 * k), pk, o + 256 + 8 * k, C)
+    if qtype == IQ2_XS:
+        return signed_run7(grid_run_u16(GRID2_XS, pk, o + 16 * k, 511), pk, o + 16 * k, C)
+    if qtype == IQ2_S:
+        return signed_run(grid_run_high8(GRID2_S, pk, o + 8 * k, o + 512 + 8 * s, 2 * j, 3), pk,
+                          o + 256 + 8 * k, C)
+    if qtype == IQ3_XXS:
+        return signed_run(grid_run4(GRID3_XXS, pk, o + 16 * k), pk, o + 512 + 8 * k, C)
+    if qtype == IQ3_S:
+        return signed_run(grid_run4_high(GRID3_S, pk, o + 16 * k, o + 512 + 8 * s, j), pk,
+                          o + 576 + 8 * k, C)
+    if qtype == IQ1_S:
+        return grid_run_high16(GRID1_S, pk, o + 8 * k, o + 256 + 16 * s, 3 * j, 7)
+    return grid_run_high8(GRID1_M, pk, o + 8 * k, o + 256 + 8 * (k >> 1), 4 * (j & 1), 15)
+
+
+@njit(cache=True)
+def runs(qtype, pk, o, s):
+    """The 4 runs of sub-block s of the block at byte o."""
+    return _run(qtype, pk, o, s, 0), _run(qtype, pk, o, s, 1), _run(qtype, pk, o, s, 2), _run(
+        qtype, pk, o, s, 3)
+
+
+@njit(cache=True)
+def _nibble_scale(pk, so, sh, d, a, b):
+    return f32x16_mul(dup_nibbles(pk, so, sh, f32(a), f32(b)), d)
+
+
+@njit(cache=True)
+def scales(qtype, pk, o, s):
+    """(scale of columns 0-15, of 16-31, offsets c) of sub-block s, per row."""
+    c = dup_words(pk, o, 0, 0, 0, C)  # C in every lane (mask 0)
+    if qtype == IQ2_XXS or qtype == IQ3_XXS:
+        d_at, sc_at = (544, 512) if qtype == IQ2_XXS else (800, 768)
+        d = f32x16_mul(dup_f32(pk, o + d_at), f32(0.25 if qtype == IQ2_XXS else 0.5))
+        lo = _nibble_scale(pk, o + sc_at + 8 * (s >> 1), 4 * (s & 1), d, 1.0, 0.5)
+        return lo, lo, c
+    if qtype == IQ2_XS or qtype == IQ2_S:
+        d_at, sc_at = (576, 512) if qtype == IQ2_XS else (640, 576)
+        d = f32x16_mul(dup_f32(pk, o + d_at), f32(0.25))
+        return (_nibble_scale(pk, o + sc_at + 8 * s, 0, d, 1.0, 0.5),
+                _nibble_scale(pk, o + sc_at + 8 * s, 4, d, 1.0, 0.5), c)
+    if qtype == IQ3_S:
+        lo = _nibble_scale(pk, o + 832 + 8 * (s >> 1), 4 * (s & 1), dup_f32(pk, o + 864), 2.0, 1.0)
+        return lo, lo, c
+    if qtype == IQ1_S:
+        oh = o + 256 + 16 * s
+        d = f32x16_mul(dup_f32(pk, o + 384), f32(0.125))
+        lo = f32x16_mul(i32x16_to_f32(dup_words(pk, oh, 12, 7, 2, 1)), d)
+        return lo, lo, dup_words(pk, oh, 15, 1, 2, 7)
+    d = f32x16_mul(dup_f32(pk, o + 448), f32(0.125))
+    return (_nibble_scale(pk, o + 384 + 8 * s, 0, d, 2.0, 1.0),
+            _nibble_scale(pk, o + 384 + 8 * s, 4, d, 2.0, 1.0), dup_words(pk, o, 0, 0, 0, IQ1_C))
