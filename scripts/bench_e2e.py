@@ -188,7 +188,8 @@ def itl_during_prefill(llm: LLM, n: int, gen: int) -> dict:
     busy = np.diff(stamps)
     return {"prompt": n, "idle_itl_ms": float(np.median(idle) * 1e3),
             "max_itl_ms": float(busy.max() * 1e3), "median_itl_ms": float(np.median(busy) * 1e3),
-            "ttft_s": ttft}
+            "p90_itl_ms": float(np.percentile(busy, 90) * 1e3), "ttft_s": ttft,
+            "gaps_ms": [round(float(g) * 1e3, 2) for g in busy]}  # in order: where the max falls
 
 
 def chat_turns(llm: LLM, history: int) -> dict:
@@ -348,7 +349,8 @@ def print_table(r: dict) -> None:
         if key in r:
             d = r[key]
             print(f"| decode ITL while {d['prompt']} tokens prefill{', CPU experts' if key == 'itl_cpu' else ''} "
-                  f"| idle {d['idle_itl_ms']:.1f} ms, median {d['median_itl_ms']:.1f}, max "
+                  f"| idle {d['idle_itl_ms']:.1f} ms, median {d['median_itl_ms']:.1f}, p90 "
+                  f"{d['p90_itl_ms']:.1f}, max "
                   f"{d['max_itl_ms']:.1f} (TTFT {d['ttft_s']:.2f} s) | | | | | | |")
 
 
