@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from hybrid.rules.engine import bundled_rules, plan_model
 from hybrid.rules.explain import parse_size
@@ -115,6 +116,27 @@ def test_bundled_rules_place_every_module(models, preset: str, rules: str) -> No
         assert (layer3.options["backend"], layer3.generate_device) == ("torch", "cuda:0")
         assert plan.placements["model.layers.1.mlp.experts"].options["gpu_experts"] == list(range(8))
 
+
+
+def test_shadowed_rules_are_not_warned_but_dead_ones_are(models, tmp_path) -> None:
+    """A tuned file puts a rule per MoE layer in front of the base file: the base's catch-all
+    experts rule then places nothing, but it matches, so no warning; a rule matching no module
+    (a typo) still warns."""
+    from hybrid.rules.engine import find_rules
+
+    path = models.path("tiny-v3", "q4_k_m")
+    spec_layers = plan_model(str(path), "cpu.yaml", check_devices=False, announce=False).spec
+    front = [{"match": {"name": f"^model\\.layers\\.{i}\\.mlp\\.experts$"},
+              "replace": {"class": "experts", "kwargs": {"mode": "exact"}}, "recursive": False}
+             for i in range(spec_layers.first_k_dense, spec_layers.num_layers)]
+    typo = [{"match": {"name": "^model\\.layerz\\.0$"}, "replace": {"class": "default"}}]
+    base = find_rules("cpu.yaml").read_text()
+    for extra, warned in (([], 0), (typo, 1)):
+        rules = tmp_path / f"r{warned}.yaml"
+        rules.write_text(yaml.safe_dump(front + extra, sort_keys=False) + base)
+        plan = plan_model(str(path), str(rules), check_devices=False, announce=False).plan
+        assert len(plan.warnings) == warned, plan.warnings
+        assert all("layerz" in w for w in plan.warnings)
 
 def test_bundled_files_exist() -> None:
     assert set(bundled_rules()) == {"cpu.yaml", "DeepSeek-V3.yaml", "DeepSeek-V2-Lite.yaml",

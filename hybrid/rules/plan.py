@@ -82,12 +82,13 @@ def build_plan(model: nn.Module, spec: ModelSpec, gguf: GGUFModelFile, rules: li
                      {"generate_device": "cpu", "prefill_device": "cpu"})
     placements = {"": root}
     owners: dict[str, str] = {}
-    used: set[int] = set()
+    used: set[int] = set()  # rules matching a module they could place (first or shadowed)
 
     def visit(module: nn.Module, path: str, owner: str, try_rules: bool) -> None:
-        rule = next((r for r in rules if r.matches(path, type(module))), None) if try_rules else None
+        matching = [r for r in rules if r.matches(path, type(module))] if try_rules else []
+        used.update(r.index for r in matching)
+        rule = matching[0] if matching else None  # the first matching rule wins
         if rule is not None:
-            used.add(rule.index)
             placements[path] = _place(rule, path, module, device_map, source, spec.num_experts)
             owner = path
         owners[path] = owner
