@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import njit
+from numba import literally, njit
 
 from cpu_kernels.handshake import store_release, wait_equal
-from cpu_kernels.packed_moe import packed_moe_kernel
+from cpu_kernels.packed_moe import packed_moe_kernel, tile_family
 from cpu_kernels.placement import PlacedExperts
 
 
@@ -43,13 +43,15 @@ def packed_layers(layers: list[PlacedExperts]) -> tuple:
 
 
 @njit(nogil=True, cache=True)
-def _drive(ready, done, seq, n, x, ids, weights, out, layers, threads, timeout_cycles, stamps):
+def _drive(family, ready, done, seq, n, x, ids, weights, out, layers, threads, timeout_cycles,
+           stamps):
+    literally(family)  # packed_moe_kernel's tile family, one for all layers
     for layer in range(len(layers)):
         if not wait_equal(ready, layer, seq, timeout_cycles):
             return layer
         g = layers[layer]
-        packed_moe_kernel(g[0], g[1], g[2], g[3], g[4], g[5], x[:n], ids[:n], weights[:n],
-                          out[:n], stamps[layer], threads)
+        packed_moe_kernel(family, g[0], g[1], g[2], g[3], g[4], g[5], x[:n], ids[:n],
+                          weights[:n], out[:n], stamps[layer], threads)
         store_release(done, layer, seq)
     return len(layers)
 
@@ -64,5 +66,6 @@ def drive_layers(ready: np.ndarray, done: np.ndarray, seq: int, n: int, x: np.nd
     come within timeout_cycles (its done flag and the later ones are not set)."""
     if stamps is None:
         stamps = np.empty((len(layers), 2), np.int64)
-    return _drive(ready, done, seq, n, x, ids, weights, out, layers, numba.get_num_threads(),
-                  timeout_cycles, stamps)
+    family = max((tile_family(g[0], g[2], g[4]) for g in layers), default=0)
+    return _drive(family, ready, done, seq, n, x, ids, weights, out, layers,
+                  numba.get_num_threads(), timeout_cycles, stamps)

@@ -16,10 +16,11 @@ expert (all-core clocks). Phase 1 (gate/up) is 42-51% of a call.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import literally, njit, prange
 
+from cpu_kernels import qtypes as qt
 from cpu_kernels.clock import cycles
-from cpu_kernels.packed_dot import packed_tile
+from cpu_kernels.packed_dot_iq import tile_of
 from cpu_kernels.packed_tiles import prefetch_start
 from cpu_kernels.q8_activations import quantize_row
 from cpu_kernels.routing import route
@@ -31,14 +32,16 @@ CHUNK = 4  # phase-1 tasks (16 rows of one expert each) claimed at once
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def packed_moe_kernel(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk: np.ndarray,
-                      down_type: int, down_pk: np.ndarray, x: np.ndarray, topk_ids: np.ndarray,
-                      topk_weights: np.ndarray, out: np.ndarray, stamps: np.ndarray,
-                      threads: int) -> None:
+def packed_moe_kernel(family: int, gate_type: int, gate_pk: np.ndarray, up_type: int,
+                      up_pk: np.ndarray, down_type: int, down_pk: np.ndarray, x: np.ndarray,
+                      topk_ids: np.ndarray, topk_weights: np.ndarray, out: np.ndarray,
+                      stamps: np.ndarray, threads: int) -> None:
     # gate_pk, up_pk: [E, I/8, bytes]  down_pk: [E, H/8, bytes]  x: [T, H] f32
     # topk_ids: [T, K] int64  topk_weights: [T, K] f32  out: [T, H] f32
     # stamps: [2] or [3] int64, cycle counter at entry, exit (and where phase 1 ended)
     # threads: numba.get_num_threads() of the caller (workers claiming phase 1's tasks)
+    # family: tile_family(the types), a compile-time constant (packed_dot_iq.tile_of)
+    literally(family)
     stamps[0] = cycles()
     expert_ids, offsets, token_ids, weights = route(topk_ids, topk_weights, gate_pk.shape[0])
     num_used = expert_ids.shape[0]
@@ -59,22 +62,23 @@ def packed_moe_kernel(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk: 
                 e = expert_ids[u]
                 ga = 2 * (task % pairs_i)
                 gb = min(ga + 1, groups_i - 1)  # an odd last group pairs with itself
-                gate_up_group(gate_type, gate_pk[e, ga], gate_pk[e, gb], up_type, up_pk[e, ga],
+                gate_up_group(family, gate_type, gate_pk[e, ga], gate_pk[e, gb], up_type, up_pk[e, ga],
                               up_pk[e, gb], xq, dx, xqsum, xsum16, token_ids, weights,
                               offsets[u], offsets[u + 1], h, 8 * ga, inter)
             c = claim(counter)
     if stamps.shape[0] > 2:
         stamps[2] = cycles()
-    down_phase(h, down_type, down_pk, expert_ids, offsets, token_ids, out)
+    down_phase(family, h, down_type, down_pk, expert_ids, offsets, token_ids, out)
     stamps[1] = cycles()
 
 
 @njit(cache=True)
-def gate_up_group(gate_type, gate_a, gate_b, up_type, up_a, up_b, xq, dx, xqsum, xsum16, token_ids,
-                  weights, k_lo, k_hi, h, r0, inter):
+def gate_up_group(family, gate_type, gate_a, gate_b, up_type, up_a, up_b, xq, dx, xqsum, xsum16,
+                  token_ids, weights, k_lo, k_hi, h, r0, inter):
     """h[k, r0:r0+16] = w_k * silu(gate x_t) * up x_t for the slots k_lo:k_hi of one expert
     (t = token_ids[k]); gate_a/b, up_a/b: two row groups [bytes] (rows r0..r0+7, r0+8..r0+15;
     b = a for an odd last group). Rows >= inter are padding."""
+    literally(family)
     gres = np.empty(4 * 16, f32)
     ures = np.empty(4 * 16, f32)
     lanes = min(16, inter - r0)
@@ -82,8 +86,9 @@ def gate_up_group(gate_type, gate_a, gate_b, up_type, up_a, up_b, xq, dx, xqsum,
         nt = min(TILE, k_hi - k0)
         t0, t1 = token_ids[k0], token_ids[k0 + min(1, nt - 1)]
         t2, t3 = token_ids[k0 + min(2, nt - 1)], token_ids[k0 + min(3, nt - 1)]
-        packed_tile(gate_type, gate_a, gate_b, xq, 0, dx, xqsum, xsum16, t0, t1, t2, t3, nt, gres)
-        packed_tile(up_type, up_a, up_b, xq, 0, dx, xqsum, xsum16, t0, t1, t2, t3, nt, ures)
+        tile_of(family, gate_type, gate_a, gate_b, xq, 0, dx, xqsum, xsum16, t0, t1, t2, t3, nt,
+                gres)
+        tile_of(family, up_type, up_a, up_b, xq, 0, dx, xqsum, xsum16, t0, t1, t2, t3, nt, ures)
         for i in range(nt):
             # the routing weight scales h: down is linear, so w * down(h) = down(w * h)
             w = weights[k0 + i]
@@ -93,16 +98,17 @@ def gate_up_group(gate_type, gate_a, gate_b, up_type, up_a, up_b, xq, dx, xqsum,
 
 
 @njit(cache=True)
-def down_group(down_type, down_a, down_b, hq, h_lo, hd, hqsum, hsum_flat, token_ids, k_lo, k_hi,
-               out, r0, lanes):
+def down_group(family, down_type, down_a, down_b, hq, h_lo, hd, hqsum, hsum_flat, token_ids, k_lo,
+               k_hi, out, r0, lanes):
     """out[t, r0:r0+lanes] += down(h_k) for the slots k_lo:k_hi of one expert (t = token_ids[k]);
     down_a/b: two row groups [bytes] (b = a for an odd last group, then lanes <= 8); h as two
     int8 planes (hq, lo plane at flat offset h_lo)."""
+    literally(family)
     res = np.empty(4 * 16, f32)
     for k0 in range(k_lo, k_hi, TILE):
         nt = min(TILE, k_hi - k0)
-        packed_tile(down_type, down_a, down_b, hq, h_lo, hd, hqsum, hsum_flat, k0,
-                    k0 + min(1, nt - 1), k0 + min(2, nt - 1), k0 + min(3, nt - 1), nt, res)
+        tile_of(family, down_type, down_a, down_b, hq, h_lo, hd, hqsum, hsum_flat, k0,
+                k0 + min(1, nt - 1), k0 + min(2, nt - 1), k0 + min(3, nt - 1), nt, res)
         for i in range(nt):
             t = token_ids[k0 + i]
             for lane in range(lanes):
@@ -138,11 +144,12 @@ def quantize_h(h: np.ndarray) -> tuple[np.ndarray, int, np.ndarray, np.ndarray, 
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def down_phase(h, down_type, down_pk, expert_ids, offsets, token_ids, out) -> None:
+def down_phase(family, h, down_type, down_pk, expert_ids, offsets, token_ids, out) -> None:
     """Phase 2: out = sum over each token's slots of down(h_slot); h [N, I] f32 in slot order.
 
     Groups of 8 H rows are split across threads, each summing over all experts into its own rows
     of out (no two threads write the same element)."""
+    literally(family)
     num_tokens, hidden = out.shape
     num_used = expert_ids.shape[0]
     hq, h_lo, hd, hqsum, hsum_flat = quantize_h(h)
@@ -159,5 +166,11 @@ def down_phase(h, down_type, down_pk, expert_ids, offsets, token_ids, out) -> No
             if u + 1 < num_used:
                 prefetch_start(down_pk[expert_ids[u + 1], ga], down_pk[expert_ids[u + 1], gb])
             e = expert_ids[u]
-            down_group(down_type, down_pk[e, ga], down_pk[e, gb], hq, h_lo, hd, hqsum, hsum_flat,
+            down_group(family, down_type, down_pk[e, ga], down_pk[e, gb], hq, h_lo, hd, hqsum, hsum_flat,
                        token_ids, offsets[u], offsets[u + 1], out, r0, lanes)
+
+
+def tile_family(gate_type: int, up_type: int, down_type: int) -> int:
+    """The `family` argument of these kernels for a layer of these types: 1 where one is an
+    i-quant (their tiles, packed_dot_iq), else 0 (packed_dot's alone)."""
+    return int(any(t in qt.IQUANTS for t in (gate_type, up_type, down_type)))

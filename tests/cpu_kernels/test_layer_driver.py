@@ -26,7 +26,14 @@ def layers():
     experts = [random_experts(rng, 8, 256, 256, qt.Q4_K, qt.Q4_K, qt.Q6_K),
                random_experts(rng, 8, 256, 256, qt.Q5_0, qt.Q5_0, qt.Q8_0),
                random_experts(rng, 8, 256, 256, qt.Q8_0, qt.Q8_0, qt.Q8_0)]
-    yield experts, [pool.place(e, mode="fast") for e in experts]
+    placed = [pool.place(e, mode="fast") for e in experts]
+    # compile the driver first, every flag already up (as the engine's start-up does): a cold
+    # compile inside a test step would outlast the other thread's wait
+    t, h = 1, 256
+    drive_layers(np.ones(3, np.int64), np.zeros(3, np.int64), 1, t, np.zeros((t, h), np.float32),
+                 np.zeros((t, 2), np.int64), np.zeros((t, 2), np.float32),
+                 np.zeros((t, h), np.float32), packed_layers(placed), 10 * SECOND)
+    yield experts, placed
     pool.close()
 
 

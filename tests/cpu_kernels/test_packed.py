@@ -9,7 +9,7 @@ import pytest
 from cpu_kernels import qtypes as qt
 from cpu_kernels.moe import moe_forward
 from cpu_kernels.packed import PackedMatrix
-from cpu_kernels.packed_dot import packed_tile
+from cpu_kernels.packed_dot_iq import packed_tile_iq as packed_tile  # every packed type
 from cpu_kernels.q8_activations import Q8Activations, dequantize_ref
 from cpu_kernels.random_blocks import random_experts, random_matrix
 from cpu_kernels.reference import dequantize, moe_forward_ref, rel_error
