@@ -16,7 +16,7 @@ WHAT=${WHAT:-iquant,load}
 if [[ $WHAT == *iquant* ]]; then
   SHAPES=v3-ud-iq1_s,v3-ud-iq1_m,v3-iq1_s,v3-iq1_m,v3-iq2_xxs,v3-iq2_xs,v3-iq2_s,v3-iq3_xxs
   SHAPES=$SHAPES,v3-iq3_s,v3-iq4_xs,v3-iq4_nl,v3
-  timeout "${IQUANT_TIMEOUT:-300}" python3 scripts/bench_cpu_moe.py --threads 16 \
+  timeout "${IQUANT_TIMEOUT:-500}" python3 scripts/bench_cpu_moe.py --threads 16 \
     --shapes "$SHAPES" --modes exact,fast --tokens 1 --exact-tokens 1 --resident 32 \
     --json "$OUT/iquant.json" > "$OUT/iquant.log" 2>&1
   grep -E "^\||GB/s" "$OUT/iquant.log" | tail -30
