@@ -185,6 +185,16 @@ def test_profile_tune_serve_end_to_end(skewed, capsys) -> None:
     full = next(p for p in report["placements"] if p["name"].startswith("hot experts 100%"))
     assert full["hit_rate"] > 0.25  # skewed: a quarter of the experts serve more than that
     assert all(p["measured_ms"] and p["predicted_ms"] for p in report["placements"])
+    # whole layers are written as every expert held, so the decode step stays capturable
+    whole = plan_model(str(path), str(root / ".tuned-variants" / "whole-layers.yaml"),
+                       check_devices=False, announce=False).plan
+    held = [p.options.get("gpu_experts") for n, p in whole.placements.items()
+            if n.endswith("mlp.experts") and p.options.get("gpu_experts")]
+    name = next(p["name"] for p in report["placements"] if p["name"].startswith("whole layers"))
+    assert len(held) == int(name.split("(")[1].rstrip(")"))
+    assert all(ids == list(range(16)) for ids in held)
+    assert all(p.options.get("backend") == "cpu" for n, p in whole.placements.items()
+               if n.endswith("mlp.experts"))
     assert [t["cpu_threads"] for t in report["threads"]] == [1]
     assert [c["chunk_size"] for c in report["chunk_sizes"]] == [32, 128]
     assert all(c["prefill_tok_s"] > 0 for c in report["chunk_sizes"])

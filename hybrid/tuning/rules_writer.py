@@ -29,10 +29,15 @@ def hot_expert_rules(plan: Plan, hot: dict[int, list[int]], gpu_device: str
     return rules
 
 
-def whole_layer_rules(layers: list[int], gpu_device: str) -> list[dict[str, Any]]:
-    """Each listed layer's routed experts wholly on gpu_device, on the GPU kernels."""
-    return [_experts_rule(layer, {"generate_device": gpu_device, "prefill_device": gpu_device,
-                                  "backend": "torch"}) for layer in layers]
+def whole_layer_rules(plan: Plan, layers: list[int], num_experts: int, gpu_device: str
+                      ) -> list[dict[str, Any]]:
+    """Each listed layer's routed experts all on gpu_device: written as every expert held
+    (`gpu_experts`), not as the layer moved whole (`generate_device: cuda`), because a held
+    layer stays in the captured decode step while a moved one runs in place and keeps the step
+    out of CUDA graphs (measured on the H100: 8.45 tok/s against 13.33 with no expert on the
+    GPU at all); the GPU runs the same grouped kernels either way."""
+    return hot_expert_rules(plan, {layer: list(range(num_experts)) for layer in layers},
+                            gpu_device)
 
 
 def write_rules(base: Path, rules: list[dict[str, Any]], out: Path, note: str) -> Path:

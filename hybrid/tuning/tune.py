@@ -132,7 +132,8 @@ def tune(opts: TuneOptions, status: Callable[[str], None] = lambda s: None) -> T
     whole = whole_layers(layers, sizes, free, spec.num_experts)
     c = candidate(f"whole layers ({len(whole)})",
                   {layer: list(range(spec.num_experts)) for layer in whole})
-    c.rules = write_rules(planned.rules_path, whole_layer_rules(whole, device),
+    c.rules = write_rules(planned.rules_path,
+                          whole_layer_rules(plan, whole, spec.num_experts, device),
                           work / "whole-layers.yaml", "hybrid tune: whole layers on the GPU "
                           "(llama.cpp's --n-cpu-moe), the same budget")
     result.placements.append(c)
