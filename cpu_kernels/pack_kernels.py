@@ -185,34 +185,36 @@ def _iq2_xxs(a, out, o, out32, o32):
 
 
 @njit(inline="always", cache=True)
+def _rows_last(a, r, src, n, width, out, o):
+    """Row r's n fields of `width` bytes at a[r, src:] into [n][8 rows][width] at out[o:]
+    (packed_iquants._rows_last)."""
+    for k in range(n):
+        for b in range(width):
+            out[o + 8 * width * k + width * r + b] = a[r, src + width * k + b]
+
+
+@njit(inline="always", cache=True)
 def _iq2_xs(a, out, o, out32, o32):
     for r in range(8):
-        for k in range(32):
-            out[o + 16 * k + 2 * r] = a[r, 2 + 2 * k]
-            out[o + 16 * k + 2 * r + 1] = a[r, 3 + 2 * k]
-        for s in range(8):
-            out[o + 512 + 8 * s + r] = a[r, 66 + s]
+        _rows_last(a, r, 2, 32, 2, out, o)
+        _rows_last(a, r, 66, 8, 1, out, o + 512)
         _f16_as_f32(a, r, 0, out32, o32 + 144 + r)
 
 
 @njit(inline="always", cache=True)
 def _iq2_s(a, out, o, out32, o32):
     for r in range(8):
-        for k in range(32):
-            out[o + 8 * k + r] = a[r, 2 + k]
-            out[o + 256 + 8 * k + r] = a[r, 34 + k]
-        for s in range(8):
-            out[o + 512 + 8 * s + r] = a[r, 66 + s]
-            out[o + 576 + 8 * s + r] = a[r, 74 + s]
+        _rows_last(a, r, 2, 32, 1, out, o)
+        _rows_last(a, r, 34, 32, 1, out, o + 256)
+        _rows_last(a, r, 66, 8, 1, out, o + 512)
+        _rows_last(a, r, 74, 8, 1, out, o + 576)
         _f16_as_f32(a, r, 0, out32, o32 + 160 + r)
 
 
 @njit(inline="always", cache=True)
 def _iq3_xxs(a, out, o, out32, o32):
     for r in range(8):
-        for k in range(32):
-            out[o + 16 * k + 2 * r] = a[r, 2 + 2 * k]
-            out[o + 16 * k + 2 * r + 1] = a[r, 3 + 2 * k]
+        _rows_last(a, r, 2, 32, 2, out, o)
         for s in range(8):
             _signs_scales(a, r, 66 + 4 * s, s, out, o + 512, o + 768)
         _f16_as_f32(a, r, 0, out32, o32 + 200 + r)
@@ -221,25 +223,18 @@ def _iq3_xxs(a, out, o, out32, o32):
 @njit(inline="always", cache=True)
 def _iq3_s(a, out, o, out32, o32):
     for r in range(8):
-        for k in range(32):
-            out[o + 16 * k + 2 * r] = a[r, 2 + 2 * k]
-            out[o + 16 * k + 2 * r + 1] = a[r, 3 + 2 * k]
-            out[o + 576 + 8 * k + r] = a[r, 74 + k]
-        for s in range(8):
-            out[o + 512 + 8 * s + r] = a[r, 66 + s]
-        for p in range(4):
-            out[o + 832 + 8 * p + r] = a[r, 106 + p]
+        _rows_last(a, r, 2, 32, 2, out, o)
+        _rows_last(a, r, 66, 8, 1, out, o + 512)
+        _rows_last(a, r, 74, 32, 1, out, o + 576)
+        _rows_last(a, r, 106, 4, 1, out, o + 832)
         _f16_as_f32(a, r, 0, out32, o32 + 216 + r)
 
 
 @njit(inline="always", cache=True)
 def _iq1_s(a, out, o, out32, o32):
     for r in range(8):
-        for k in range(32):
-            out[o + 8 * k + r] = a[r, 2 + k]
-        for s in range(8):
-            out[o + 256 + 16 * s + 2 * r] = a[r, 34 + 2 * s]
-            out[o + 257 + 16 * s + 2 * r] = a[r, 35 + 2 * s]
+        _rows_last(a, r, 2, 32, 1, out, o)
+        _rows_last(a, r, 34, 8, 2, out, o + 256)
         _f16_as_f32(a, r, 0, out32, o32 + 96 + r)
 
 
@@ -253,10 +248,8 @@ def _iq1_m_scale(a, r, n):
 @njit(inline="always", cache=True)
 def _iq1_m(a, out, o, out32, o32):
     for r in range(8):
-        for k in range(32):
-            out[o + 8 * k + r] = a[r, k]
-        for p in range(16):
-            out[o + 256 + 8 * p + r] = a[r, 32 + p]
+        _rows_last(a, r, 0, 32, 1, out, o)
+        _rows_last(a, r, 32, 16, 1, out, o + 256)
         for s in range(8):
             out[o + 384 + 8 * s + r] = u8(_iq1_m_scale(a, r, 2 * s) | (_iq1_m_scale(a, r, 2 * s + 1)
                                                                       << 4))
