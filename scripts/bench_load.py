@@ -7,9 +7,9 @@ start (maps the cache), and packing in memory every start, each in a fresh proce
 Per start: seconds to build the model from the file (load_with_rules: reading, packing, and
 the GPU's share; not the engine's kernel warm-up), GB/s of GGUF bytes, the process's peak RSS
 (ru_maxrss), its RSS once loaded and once every expert byte the kernels read was paged in
-(steady state: a mapped cache is lazy until read), beside the routed experts' GGUF bytes and the rest's. A
-mix whose experts have no packed layout (the i-quants) runs on the blocks: its three starts
-differ only by the page cache. `--drop-caches` empties the page cache before each start where
+(steady state: a mapped cache is lazy until read), beside the routed experts' GGUF bytes and the
+rest's; that steady RSS split into the process's own memory (anonymous) and mapped file pages
+(the packed cache, GGUF pages still held), and the RSS before loading (Python, torch, CUDA). `--drop-caches` empties the page cache before each start where
 the process may (root), so "cold" includes the disk read. The last lines extrapolate the
 packing time to a full 61-layer V3 (58 MoE layers) from the per-MoE-layer time measured.
 """
@@ -37,6 +37,7 @@ def child(path: str, rules: str, cache: bool) -> dict:
 
     from hybrid.model.loader import load_with_rules
 
+    base = psutil.Process().memory_info().rss
     # without a GPU the rule file's GPU placements land on the CPU, as GGUF blocks
     device_map = None if torch.cuda.is_available() else {"cuda": "cpu"}
     t = time.perf_counter()
@@ -51,7 +52,19 @@ def child(path: str, rules: str, cache: bool) -> dict:
         int(flat[::4096].sum())
     return {"seconds": seconds, "gguf_bytes": gguf.total_bytes, "expert_bytes": experts,
             "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "rss": rss, "rss_touched": psutil.Process().memory_info().rss}
+            "rss": rss, "rss_touched": psutil.Process().memory_info().rss, "rss_base": base,
+            **_rss_split()}
+
+
+def _rss_split() -> dict:
+    """Resident anonymous and file-backed bytes (Linux /proc/self/status; empty elsewhere)."""
+    try:
+        lines = Path("/proc/self/status").read_text().splitlines()
+    except OSError:
+        return {}
+    kb = {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in lines)
+          if k in ("RssAnon", "RssFile")}
+    return {"rss_anon": kb.get("RssAnon", 0), "rss_file": kb.get("RssFile", 0)}
 
 
 def compile_packers() -> None:
@@ -146,13 +159,15 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     moe_layers = preset.num_layers - preset.first_k_dense
-    print("\n| quant | start | s | GB/s | peak RSS GB | RSS loaded | RSS experts read | "
-          "experts GB | rest GB |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| quant | start | s | GB/s | peak RSS GB | RSS loaded | RSS experts read "
+          "(anon + file) | RSS before loading | experts GB | rest GB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['quant']} | {r['start']} | {r['seconds']:.1f} | {r['gb_s']:.2f} | "
               f"{r['peak_rss'] / 1e9:.2f} | {r['rss'] / 1e9:.2f} | {r['rss_touched'] / 1e9:.2f} "
-              f"| {r['expert_bytes'] / 1e9:.2f} | {(r['gguf_bytes'] - r['expert_bytes']) / 1e9:.2f} |")
+              f"({r.get('rss_anon', 0) / 1e9:.2f} + {r.get('rss_file', 0) / 1e9:.2f}) | "
+              f"{r['rss_base'] / 1e9:.2f} | {r['expert_bytes'] / 1e9:.2f} | "
+              f"{(r['gguf_bytes'] - r['expert_bytes']) / 1e9:.2f} |")
     for quant in args.quant.split(","):
         by = {r["start"]: r for r in rows if r["quant"] == quant}
         extra = by["cold"]["seconds"] - by["warm"]["seconds"]
