@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -12,8 +14,11 @@ from hybrid.synth.make_model import MakeModelOptions, make_model
 from hybrid.synth.presets import get_preset
 from hybrid.synth.vocab import get_vocab
 
-# fast mode's packed-expert cache of the session's throwaway models: not the user's cache
-os.environ.setdefault("HYBRID_PACKED_CACHE_DIR", tempfile.mkdtemp(prefix="hybrid-packed-"))
+# fast mode's packed-expert cache of the session's throwaway models: not the user's cache, and
+# gone with the session (servers the tests start inherit it)
+if "HYBRID_PACKED_CACHE_DIR" not in os.environ:
+    os.environ["HYBRID_PACKED_CACHE_DIR"] = tempfile.mkdtemp(prefix="hybrid-packed-")
+    atexit.register(shutil.rmtree, os.environ["HYBRID_PACKED_CACHE_DIR"], ignore_errors=True)
 
 
 class ModelFactory:
