@@ -16,19 +16,16 @@ from numba import njit
 from cpu_kernels import iquant_tables as tables
 from cpu_kernels import qtypes as qt
 from cpu_kernels.simd_grid import (
-    dup_f32,
-    dup_nibbles,
-    dup_words,
     grid_run,
     grid_run4,
     grid_run4_high,
     grid_run_high8,
     grid_run_high16,
     grid_run_u16,
-    i32x16_to_f32,
     signed_run,
     signed_run7,
 )
+from cpu_kernels.simd_lane_pairs import dup_f32, dup_nibbles, dup_words, i32x16_to_f32
 from cpu_kernels.simd_pairs import f32x16_mul
 
 f32 = np.float32

@@ -20,7 +20,7 @@ from numba import njit
 
 from cpu_kernels.grid_blocks import block_bytes, per16, runs, scales
 from cpu_kernels.packed_tiles import _prefetch_block, plane_sum
-from cpu_kernels.simd_grid import bcast8x8, i32x16_sub_mul, store_pair_sums
+from cpu_kernels.simd_lane_pairs import bcast8x8, i32x16_sub_mul, store_pair_sums
 from cpu_kernels.simd_pairs import (
     U7_DOT_DIFFERS,
     dpbusd16,
