@@ -15,6 +15,7 @@ from numba import njit
 
 from cpu_kernels import iquant_tables as tables
 from cpu_kernels import qtypes as qt
+from cpu_kernels.iquant_decode import G_IQ2_S, G_IQ2_XS, G_IQ2_XXS
 from cpu_kernels.simd_grid import (
     grid_run,
     grid_run4,
@@ -25,7 +26,7 @@ from cpu_kernels.simd_grid import (
     signed_run,
     signed_run7,
 )
-from cpu_kernels.simd_lane_pairs import dup_f32, dup_nibbles, dup_words, i32x16_to_f32
+from cpu_kernels.simd_lane_pairs import dup_f32, dup_nibbles, dup_words, i32x16_fill, i32x16_to_f32
 from cpu_kernels.simd_pairs import f32x16_mul
 
 f32 = np.float32
@@ -38,9 +39,8 @@ def _rows(values: np.ndarray, dtype) -> np.ndarray:
     return np.ascontiguousarray(values.astype(np.uint8)).view(dtype).reshape(-1)
 
 
-GRID2_XXS = _rows(tables.GRID_IQ2_XXS, np.uint64)
-GRID2_XS = _rows(tables.GRID_IQ2_XS, np.uint64)
-GRID2_S = _rows(tables.GRID_IQ2_S, np.uint64)
+# the IQ2 grids as iquant_decode holds them (its values are positive: the same bytes unsigned)
+GRID2_XXS, GRID2_XS, GRID2_S = G_IQ2_XXS, G_IQ2_XS, G_IQ2_S
 GRID3_XXS = _rows(tables.GRID_IQ3_XXS, np.uint32)
 GRID3_S = _rows(tables.GRID_IQ3_S, np.uint32)
 _G1 = 8 * tables.GRID_IQ1_S.astype(np.int16)
@@ -54,21 +54,14 @@ IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M = (qt.IQ2_XXS, qt.IQ2_XS, q
                                                         qt.IQ3_XXS, qt.IQ3_S, qt.IQ1_S, qt.IQ1_M)
 
 
+_SIZES = np.zeros(max(BLOCK_BYTES) + 1, np.int64)  # BLOCK_BYTES by type id, for the kernels
+for _qtype, _size in BLOCK_BYTES.items():
+    _SIZES[_qtype] = _size
+
+
 @njit(cache=True)
 def block_bytes(qtype):
-    if qtype == IQ2_XXS:
-        return 576
-    if qtype == IQ2_XS:
-        return 608
-    if qtype == IQ2_S:
-        return 672
-    if qtype == IQ3_XXS:
-        return 832
-    if qtype == IQ3_S:
-        return 896
-    if qtype == IQ1_S:
-        return 416
-    return 480
+    return _SIZES[qtype]
 
 
 @njit(cache=True)
@@ -112,7 +105,7 @@ def _nibble_scale(pk, so, sh, d, a, b):
 @njit(cache=True)
 def scales(qtype, pk, o, s):
     """(scale of columns 0-15, of 16-31, offsets c) of sub-block s, per row."""
-    c = dup_words(pk, o, 0, 0, 0, C)  # C in every lane (mask 0)
+    c = i32x16_fill(C)
     if qtype == IQ2_XXS or qtype == IQ3_XXS:
         d_at, sc_at = (544, 512) if qtype == IQ2_XXS else (800, 768)
         d = f32x16_mul(dup_f32(pk, o + d_at), f32(0.25 if qtype == IQ2_XXS else 0.5))
@@ -133,4 +126,4 @@ def scales(qtype, pk, o, s):
         return lo, lo, dup_words(pk, oh, 15, 1, 2, 7)
     d = f32x16_mul(dup_f32(pk, o + 448), f32(0.125))
     return (_nibble_scale(pk, o + 384 + 8 * s, 0, d, 2.0, 1.0),
-            _nibble_scale(pk, o + 384 + 8 * s, 4, d, 2.0, 1.0), dup_words(pk, o, 0, 0, 0, IQ1_C))
+            _nibble_scale(pk, o + 384 + 8 * s, 4, d, 2.0, 1.0), i32x16_fill(IQ1_C))

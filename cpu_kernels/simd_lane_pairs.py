@@ -104,6 +104,17 @@ def dup_f32(typingctx, pk, o):
 
 
 @intrinsic
+def i32x16_fill(typingctx, c):
+    """c in every lane."""
+    if not _ints(c):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _splat(builder, context.cast(builder, args[0], sig.args[0], types.int32), _V16I32)
+    return i32x16(c), codegen
+
+
+@intrinsic
 def i32x16_to_f32(typingctx, v):
     if v != i32x16:
         return None
