@@ -31,7 +31,8 @@ def is_packed(p: PlacedExperts) -> bool:
 
 
 def packed_layers(layers: list[PlacedExperts]) -> tuple:
-    """The per-layer argument of drive_layers; needs every layer `is_packed`."""
+    """The layers argument of drive_layers: (the tile family of them all, per layer (gate_type,
+    gate, up_type, up, down_type, down)), made once; needs every layer `is_packed`."""
     out = []
     for p in layers:
         if not is_packed(p):
@@ -39,7 +40,7 @@ def packed_layers(layers: list[PlacedExperts]) -> tuple:
         pk = p.slices[0].packed
         out.append((pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data, pk.down.qtype,
                     pk.down.data))
-    return tuple(out)
+    return max((tile_family(g[0], g[2], g[4]) for g in out), default=0), tuple(out)
 
 
 @njit(nogil=True, cache=True)
@@ -64,8 +65,8 @@ def drive_layers(ready: np.ndarray, done: np.ndarray, seq: int, n: int, x: np.nd
     weights: [T, K] f32  out: [T, H] f32, rows :n used. stamps: [L, 2] int64 kernel cycle
     stamps (optional). -> layers completed: len(layers), or the layer whose inputs did not
     come within timeout_cycles (its done flag and the later ones are not set)."""
+    family, per_layer = layers
     if stamps is None:
-        stamps = np.empty((len(layers), 2), np.int64)
-    family = max((tile_family(g[0], g[2], g[4]) for g in layers), default=0)
-    return _drive(family, ready, done, seq, n, x, ids, weights, out, layers,
+        stamps = np.empty((len(per_layer), 2), np.int64)
+    return _drive(family, ready, done, seq, n, x, ids, weights, out, per_layer,
                   numba.get_num_threads(), timeout_cycles, stamps)
