@@ -35,6 +35,8 @@ import numpy as np
 from cpu_kernels import packed_iquants as iq
 from cpu_kernels import qtypes as qt
 from cpu_kernels.grid_blocks import BLOCK_BYTES as GRID_BLOCK_BYTES
+from cpu_kernels.packed_tiles_iq4 import IQ4_NL_BYTES, IQ4_XS_BYTES
+from cpu_kernels.scalars import f16_bytes_as_f32
 from cpu_kernels.weights import ExpertWeights, QuantMatrix
 
 ROWS = 8
@@ -47,8 +49,8 @@ PACKED_GEOMETRY: dict[int, tuple[int, int]] = {
     qt.Q2_K: (256, 704),
     qt.Q3_K: (256, 928),
     **{qtype: (256, size) for qtype, size in GRID_BLOCK_BYTES.items()},
-    qt.IQ4_XS: (256, 1120),
-    qt.IQ4_NL: (32, 160),
+    qt.IQ4_XS: (256, IQ4_XS_BYTES),
+    qt.IQ4_NL: (32, IQ4_NL_BYTES),
 }
 
 
@@ -144,12 +146,6 @@ def can_pack(qtype: int) -> bool:
     return qtype in PACKED_GEOMETRY
 
 
-def _f16_to_f32_bytes(b: np.ndarray) -> np.ndarray:
-    """[..., 8 rows, 2] f16 bytes -> [..., 32] bytes of 8 float32."""
-    vals = np.ascontiguousarray(b).view(np.float16)[..., 0].astype(np.float32)
-    return np.ascontiguousarray(vals).view(np.uint8)
-
-
 def _steps(codes: np.ndarray) -> np.ndarray:
     """codes [G, B, 8 rows, n] -> [G, B, n/4 steps, 32]: byte 4r + j of step s = row r, col 4s+j."""
     g, b, r, n = codes.shape
@@ -166,8 +162,8 @@ def _pack_q4_k(raw: np.ndarray) -> np.ndarray:
     mn = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], -1)
     sc = sc.transpose(0, 1, 3, 2).reshape(g, b, 64)  # [sub][row]
     mn = mn.transpose(0, 1, 3, 2).reshape(g, b, 64)
-    return np.concatenate([qs, sc, mn, _f16_to_f32_bytes(a[..., 0:2]),
-                           _f16_to_f32_bytes(a[..., 2:4])], -1)
+    return np.concatenate([qs, sc, mn, f16_bytes_as_f32(a[..., 0:2]),
+                           f16_bytes_as_f32(a[..., 2:4])], -1)
 
 
 def _q6_k_codes(a: np.ndarray) -> np.ndarray:
@@ -193,7 +189,7 @@ def _pack_q6_k(raw: np.ndarray) -> np.ndarray:
         (v[:, :, :, 3] >> 4) << 6)
     quads = np.stack([n01, n23, hb], 3).reshape(g, b, 1536)
     scales = a[..., 192:208].transpose(0, 1, 3, 2).reshape(g, b, 128)
-    return np.concatenate([quads, scales, _f16_to_f32_bytes(a[..., 208:210])], -1)
+    return np.concatenate([quads, scales, f16_bytes_as_f32(a[..., 208:210])], -1)
 
 
 def _pack_q8_0(raw: np.ndarray) -> np.ndarray:
@@ -201,7 +197,7 @@ def _pack_q8_0(raw: np.ndarray) -> np.ndarray:
     a = raw.transpose(0, 2, 1, 3)
     g, b = a.shape[:2]
     codes = _steps(a[..., 2:] ^ np.uint8(0x80)).reshape(g, b, 256)
-    return np.concatenate([codes, _f16_to_f32_bytes(a[..., 0:2])], -1)
+    return np.concatenate([codes, f16_bytes_as_f32(a[..., 0:2])], -1)
 
 
 def _pack_q5_0(raw: np.ndarray) -> np.ndarray:
@@ -214,7 +210,7 @@ def _pack_q5_0(raw: np.ndarray) -> np.ndarray:
     v = _steps(codes)  # [G, B, 8 steps, 32]
     nib = [(v[:, :, 2 * m] & 15) | ((v[:, :, 2 * m + 1] & 15) << 4) for m in range(4)]
     hb = sum(((v[:, :, i] >> 4) & 1) << i for i in range(8)).astype(np.uint8)
-    return np.concatenate([*nib, hb, _f16_to_f32_bytes(a[..., 0:2])], -1)
+    return np.concatenate([*nib, hb, f16_bytes_as_f32(a[..., 0:2])], -1)
 
 
 def _low_codes(qs: np.ndarray) -> np.ndarray:
@@ -236,8 +232,8 @@ def _pack_q2_k(raw: np.ndarray) -> np.ndarray:
     g, b = a.shape[:2]
     codes = _two_bit_steps(_low_codes(a[..., 16:80])).reshape(g, b, 512)
     scales = a[..., 0:16].transpose(0, 1, 3, 2).reshape(g, b, 128)
-    return np.concatenate([codes, scales, _f16_to_f32_bytes(a[..., 80:82]),
-                           _f16_to_f32_bytes(a[..., 82:84])], -1)
+    return np.concatenate([codes, scales, f16_bytes_as_f32(a[..., 80:82]),
+                           f16_bytes_as_f32(a[..., 82:84])], -1)
 
 
 def _pack_q3_k(raw: np.ndarray) -> np.ndarray:
@@ -256,7 +252,7 @@ def _pack_q3_k(raw: np.ndarray) -> np.ndarray:
     hi = np.concatenate([(s[..., 8:12] >> (2 * k)) & 3 for k in range(4)], -1)
     sc = ((lo | (hi << 4)).astype(np.int16) - 32).astype(np.int8).view(np.uint8)
     scales = sc.transpose(0, 1, 3, 2).reshape(g, b, 128)
-    return np.concatenate([low, high, scales, _f16_to_f32_bytes(a[..., 108:110])], -1)
+    return np.concatenate([low, high, scales, f16_bytes_as_f32(a[..., 108:110])], -1)
 
 
 _PACKERS = {qt.Q4_K: _pack_q4_k, qt.Q6_K: _pack_q6_k, qt.Q8_0: _pack_q8_0, qt.Q5_0: _pack_q5_0,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from cpu_kernels.iquant_tables import SIGNS
+from cpu_kernels.scalars import f16_bytes_as_f32
 
 # ksigns_iq2xs as bytes: bit j set where weight j of the run is negative (7 stored bits + parity)
 SIGN_BYTES = (SIGNS < 0).astype(np.uint8).dot(1 << np.arange(8)).astype(np.uint8)
@@ -22,12 +23,6 @@ def _rows_last(v: np.ndarray) -> np.ndarray:
     return moved.view(np.uint8).reshape(*v.shape[:2], -1)
 
 
-def _f32_d(a: np.ndarray, at: int) -> np.ndarray:
-    """The f16 at byte `at` of each row's block, as 8 float32 ([G, B, 32] bytes)."""
-    vals = np.ascontiguousarray(a[..., at:at + 2]).view(np.float16)[..., 0].astype(np.float32)
-    return np.ascontiguousarray(vals).view(np.uint8)
-
-
 def pack_iq2_xxs(raw: np.ndarray) -> np.ndarray:
     # raw: [G, 8 rows, B, 66] -> [G, B, 576]
     a = raw.transpose(0, 2, 1, 3)  # [G, B, 8 rows, 66]
@@ -35,7 +30,7 @@ def pack_iq2_xxs(raw: np.ndarray) -> np.ndarray:
     sub = a[..., 2:].reshape(g, b, 8, 8, 8)  # [row, sub-block, 4 codes + u32]
     codes = sub[..., :4].reshape(g, b, 8, 32)
     signs, scales = _signs_scales(np.ascontiguousarray(sub[..., 4:]).view(np.uint32)[..., 0])
-    return np.concatenate([_rows_last(codes), signs, scales, _f32_d(a, 0)], -1)
+    return np.concatenate([_rows_last(codes), signs, scales, f16_bytes_as_f32(a[..., 0:2])], -1)
 
 
 def _signs_scales(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -52,7 +47,7 @@ def pack_iq2_xs(raw: np.ndarray) -> np.ndarray:
     # raw: [G, 8 rows, B, 74] -> [G, B, 608]: u16 (code | sign7 << 9) [32][8]; scales [8][8]; d
     a = raw.transpose(0, 2, 1, 3)
     qs = np.ascontiguousarray(a[..., 2:66]).view(np.uint16)  # [G, B, row, 32]
-    return np.concatenate([_rows_last(qs), _rows_last(a[..., 66:74]), _f32_d(a, 0)], -1)
+    return np.concatenate([_rows_last(qs), _rows_last(a[..., 66:74]), f16_bytes_as_f32(a[..., 0:2])], -1)
 
 
 def pack_iq2_s(raw: np.ndarray) -> np.ndarray:
@@ -61,7 +56,7 @@ def pack_iq2_s(raw: np.ndarray) -> np.ndarray:
     a = raw.transpose(0, 2, 1, 3)
     return np.concatenate([_rows_last(a[..., 2:34]), _rows_last(a[..., 34:66]),
                            _rows_last(a[..., 66:74]), _rows_last(a[..., 74:82]),
-                           _f32_d(a, 0)], -1)
+                           f16_bytes_as_f32(a[..., 0:2])], -1)
 
 
 def pack_iq3_xxs(raw: np.ndarray) -> np.ndarray:
@@ -71,7 +66,7 @@ def pack_iq3_xxs(raw: np.ndarray) -> np.ndarray:
     g, b = a.shape[:2]
     codes = a[..., 2:66].reshape(g, b, 8, 32, 2)
     signs, scales = _signs_scales(np.ascontiguousarray(a[..., 66:98]).view(np.uint32))
-    return np.concatenate([_rows_last(codes), signs, scales, _f32_d(a, 0)], -1)
+    return np.concatenate([_rows_last(codes), signs, scales, f16_bytes_as_f32(a[..., 0:2])], -1)
 
 
 def pack_iq3_s(raw: np.ndarray) -> np.ndarray:
@@ -81,7 +76,7 @@ def pack_iq3_s(raw: np.ndarray) -> np.ndarray:
     g, b = a.shape[:2]
     return np.concatenate([_rows_last(a[..., 2:66].reshape(g, b, 8, 32, 2)),
                            _rows_last(a[..., 66:74]), _rows_last(a[..., 74:106]),
-                           _rows_last(a[..., 106:110]), _f32_d(a, 0)], -1)
+                           _rows_last(a[..., 106:110]), f16_bytes_as_f32(a[..., 0:2])], -1)
 
 
 def pack_iq1_s(raw: np.ndarray) -> np.ndarray:
@@ -89,7 +84,7 @@ def pack_iq1_s(raw: np.ndarray) -> np.ndarray:
     a = raw.transpose(0, 2, 1, 3)
     low = a[..., 2:34]  # [G, B, row, 32 runs]
     qh = np.ascontiguousarray(a[..., 34:50]).view(np.uint16)  # [G, B, row, 8 sub-blocks]
-    return np.concatenate([_rows_last(low), _rows_last(qh), _f32_d(a, 0)], -1)
+    return np.concatenate([_rows_last(low), _rows_last(qh), f16_bytes_as_f32(a[..., 0:2])], -1)
 
 
 def pack_iq1_m(raw: np.ndarray) -> np.ndarray:
@@ -117,7 +112,7 @@ def pack_iq4_xs(raw: np.ndarray) -> np.ndarray:
     low = (a[..., 4 + (sub >> 1)] >> (4 * (sub & 1))) & 15  # [G, B, row, sub]
     scales = (low.astype(np.int16) | (((high[..., None] >> (2 * sub)) & 3) << 4)) - 32
     return np.concatenate([steps.reshape(g, b, 1024), _rows_last(scales.astype(np.int8)),
-                           _f32_d(a, 0)], -1)
+                           f16_bytes_as_f32(a[..., 0:2])], -1)
 
 
 def pack_iq4_nl(raw: np.ndarray) -> np.ndarray:
@@ -125,4 +120,4 @@ def pack_iq4_nl(raw: np.ndarray) -> np.ndarray:
     a = raw.transpose(0, 2, 1, 3)
     g, b = a.shape[:2]
     steps = a[..., 2:18].reshape(g, b, 8, 4, 4).transpose(0, 1, 3, 2, 4)
-    return np.concatenate([steps.reshape(g, b, 128), _f32_d(a, 0)], -1)
+    return np.concatenate([steps.reshape(g, b, 128), f16_bytes_as_f32(a[..., 0:2])], -1)

@@ -58,3 +58,10 @@ def k3_scale(s: np.ndarray, o: int, j: int) -> int:
     low = (s[o + (j & 7)] >> (4 * (j >> 3))) & 15
     high = (s[o + 8 + (j & 3)] >> (2 * (j >> 2))) & 3
     return np.int64(low | (high << 4)) - 32
+
+
+def f16_bytes_as_f32(b: np.ndarray) -> np.ndarray:
+    """[..., n, 2] little-endian f16 bytes -> [..., 4 n] bytes of the n values as float32 (the
+    packed layouts' per-row scales, packed.py and packed_iquants.py)."""
+    vals = np.ascontiguousarray(b).view(np.float16)[..., 0].astype(np.float32)
+    return np.ascontiguousarray(vals).view(np.uint8)
