@@ -57,6 +57,26 @@ def _drive(family, ready, done, seq, n, x, ids, weights, out, layers, threads, t
     return len(layers)
 
 
+# From Python one entry per family, the family a constant inside (packed_moe.PACKED_MOE: an
+# argument under `literally` would make every call type the kernels again, ~30 ms).
+
+@njit(nogil=True, cache=True)
+def _drive_kquant(ready, done, seq, n, x, ids, weights, out, layers, threads, timeout_cycles,
+                  stamps):
+    return _drive(0, ready, done, seq, n, x, ids, weights, out, layers, threads,
+                  timeout_cycles, stamps)
+
+
+@njit(nogil=True, cache=True)
+def _drive_iquant(ready, done, seq, n, x, ids, weights, out, layers, threads, timeout_cycles,
+                  stamps):
+    return _drive(1, ready, done, seq, n, x, ids, weights, out, layers, threads,
+                  timeout_cycles, stamps)
+
+
+DRIVE = (_drive_kquant, _drive_iquant)  # by packed_moe.tile_family
+
+
 def drive_layers(ready: np.ndarray, done: np.ndarray, seq: int, n: int, x: np.ndarray,
                  ids: np.ndarray, weights: np.ndarray, out: np.ndarray, layers: tuple,
                  timeout_cycles: int, stamps: np.ndarray | None = None) -> int:
@@ -68,5 +88,5 @@ def drive_layers(ready: np.ndarray, done: np.ndarray, seq: int, n: int, x: np.nd
     family, per_layer = layers
     if stamps is None:
         stamps = np.empty((len(per_layer), 2), np.int64)
-    return _drive(family, ready, done, seq, n, x, ids, weights, out, per_layer,
-                  numba.get_num_threads(), timeout_cycles, stamps)
+    return DRIVE[family](ready, done, seq, n, x, ids, weights, out, per_layer,
+                         numba.get_num_threads(), timeout_cycles, stamps)

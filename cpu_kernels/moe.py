@@ -29,7 +29,7 @@ from cpu_kernels.amx_bf16_moe import (
 from cpu_kernels.clock import cycles
 from cpu_kernels.iquant_decode import decode_row, is_iquant, scratch
 from cpu_kernels.matmul import check_mode
-from cpu_kernels.packed_moe import packed_moe_kernel, tile_family
+from cpu_kernels.packed_moe import packed_moe
 from cpu_kernels.q8_activations import quantize_row
 from cpu_kernels.qtypes import row_nbytes
 from cpu_kernels.routing import route
@@ -198,9 +198,8 @@ def run_moe(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
                                 pk.down.qtype, pk.down.data, x, topk_ids, topk_weights, out,
                                 stamps, TILE_CONFIG_BF16, MIN_TOKENS, numba.get_num_threads())
             return
-        packed_moe_kernel(tile_family(pk.gate.qtype, pk.up.qtype, pk.down.qtype), pk.gate.qtype,
-                          pk.gate.data, pk.up.qtype, pk.up.data, pk.down.qtype, pk.down.data, x,
-                          topk_ids, topk_weights, out, stamps, numba.get_num_threads())
+        packed_moe(pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data, pk.down.qtype,
+                   pk.down.data, x, topk_ids, topk_weights, out, stamps, numba.get_num_threads())
         return
     i_hi = experts.intermediate_size if i_hi is None else i_hi
     g, u, d = experts.gate, experts.up, experts.down

@@ -174,3 +174,35 @@ def tile_family(gate_type: int, up_type: int, down_type: int) -> int:
     """The `family` argument of these kernels for a layer of these types: 1 where one is an
     i-quant (their tiles, packed_dot_iq), else 0 (packed_dot's alone)."""
     return int(any(t in qt.IQUANTS for t in (gate_type, up_type, down_type)))
+
+
+# Entries from Python, one per family, with the family a constant inside. A jitted function
+# that calls `literally` on an argument cannot be dispatched from Python on the fast path: every
+# call types the whole kernel again to find the literal (~30 ms a call on the GPU machine's
+# cores, 10x a decode layer's kernel); called from jitted code with a constant it costs nothing.
+
+@njit(nogil=True, cache=True)
+def _kquant_moe(gate_type, gate_pk, up_type, up_pk, down_type, down_pk, x, topk_ids, topk_weights,
+                out, stamps, threads):
+    packed_moe_kernel(0, gate_type, gate_pk, up_type, up_pk, down_type, down_pk, x, topk_ids,
+                      topk_weights, out, stamps, threads)
+
+
+@njit(nogil=True, cache=True)
+def _iquant_moe(gate_type, gate_pk, up_type, up_pk, down_type, down_pk, x, topk_ids, topk_weights,
+                out, stamps, threads):
+    packed_moe_kernel(1, gate_type, gate_pk, up_type, up_pk, down_type, down_pk, x, topk_ids,
+                      topk_weights, out, stamps, threads)
+
+
+PACKED_MOE = (_kquant_moe, _iquant_moe)  # by tile_family: packed_moe_kernel's arguments less it
+
+
+def packed_moe(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk: np.ndarray,
+               down_type: int, down_pk: np.ndarray, x: np.ndarray, topk_ids: np.ndarray,
+               topk_weights: np.ndarray, out: np.ndarray, stamps: np.ndarray,
+               threads: int) -> None:
+    """packed_moe_kernel from Python (shapes there), its tile family chosen from the types."""
+    PACKED_MOE[tile_family(gate_type, up_type, down_type)](
+        gate_type, gate_pk, up_type, up_pk, down_type, down_pk, x, topk_ids, topk_weights, out,
+        stamps, threads)

@@ -60,7 +60,9 @@ def kernel_call(pkg: str, packed, threads: int):
                 pk.down.data, x, ids, weights, out, stamps)
         if has_amx:
             amx.amx_bf16_moe_kernel(*args, amx.TILE_CONFIG_BF16, amx.MIN_TOKENS, threads)
-        elif hasattr(vnni, "tile_family"):  # since the i-quants' tiles: the family first
+        elif hasattr(vnni, "packed_moe"):  # the Python entry that picks the tile family
+            vnni.packed_moe(*args, threads)
+        elif hasattr(vnni, "tile_family"):  # the i-quants' first tiles: the family first
             vnni.packed_moe_kernel(vnni.tile_family(*args[0:6:2]), *args, threads)
         else:
             vnni.packed_moe_kernel(*args, threads)

@@ -29,7 +29,7 @@ from bench_cpu_moe import SHAPES
 
 from cpu_kernels.amx import HAS_AMX
 from cpu_kernels.amx_bf16_moe import TILE_CONFIG_BF16, amx_bf16_moe_kernel
-from cpu_kernels.packed_moe import packed_moe_kernel, tile_family
+from cpu_kernels.packed_moe import packed_moe
 from cpu_kernels.random_blocks import random_experts
 
 
@@ -43,8 +43,7 @@ def make_call(packed, threads: int):
         args = (pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data, pk.down.qtype,
                 pk.down.data, x, ids, weights, out, stamps)
         if min_tokens is None:
-            packed_moe_kernel(tile_family(pk.gate.qtype, pk.up.qtype, pk.down.qtype), *args,
-                              threads)
+            packed_moe(*args, threads)
         else:
             amx_bf16_moe_kernel(*args, TILE_CONFIG_BF16, min_tokens, threads)
     call.stamps = stamps

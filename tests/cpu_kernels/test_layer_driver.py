@@ -87,3 +87,24 @@ def test_needs_packed_layers(layers):
     with pytest.raises(ValueError, match="fast-mode"):
         packed_layers([pool.place(experts[0], mode="exact")])
     pool.close()
+
+
+def test_python_entries_take_numba_fast_dispatch(layers, monkeypatch):
+    """The kernels take their tile family under `literally`; called from Python with it as an
+    argument, every call would type the whole kernel again (~30 ms, 10x a decode layer). The
+    entries from Python (drive_layers, moe_forward's packed_moe) must dispatch without typing
+    once compiled: here any typing raises."""
+    from cpu_kernels import layer_driver, packed_moe
+
+    experts, placed = layers
+    x, out = np.zeros((1, 256), np.float32), np.zeros((1, 256), np.float32)
+    ids, w = np.zeros((1, 2), np.int64), np.ones((1, 2), np.float32)
+    moe_forward(x, ids, w, experts[0], out, mode="fast")  # compiled (the fixture compiled drive)
+
+    def typed_again(*args, **kwargs):
+        raise AssertionError("a Python entry typed its kernel again")
+    for entry in (*layer_driver.DRIVE, *packed_moe.PACKED_MOE):
+        monkeypatch.setattr(entry, "_compile_for_args", typed_again)
+    ready, done = np.ones(3, np.int64), np.zeros(3, np.int64)
+    assert drive_layers(ready, done, 1, 1, x, ids, w, out, packed_layers(placed), SECOND) == 3
+    moe_forward(x, ids, w, experts[0], out, mode="fast")
