@@ -24,8 +24,10 @@ pieces do nothing.
 A layer whose CPU experts share it with GPU-held "hot" experts (`gpu_experts`) is bridged too:
 the held experts' slots go to the host as -1 (never read there) and the held experts run on
 the GPU meanwhile, their output added with the host's; no host sync, so it stays capturable.
-Layers whose experts run elsewhere (wholly on a GPU, torch backends) are run in place, as
-transformers' MoE block; they keep the step eager (`can_capture` is false).
+Layers whose experts run elsewhere are run in place, as transformers' MoE block. Wholly on a
+GPU in gpu_kernels' grouped launches (`ExpertsOp.device_only`) that block is device work without
+a host sync and stays in the captured step; the torch loops (types gpu_kernels lacks) keep the
+step eager (`can_capture` is false).
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ class DecoderProgram:
         self.recorder = None  # a RoutingRecorder (set by the model runner) counts expert choices
         self.pieces = self._plan()
         self.can_capture = all(not _is_moe(layer.mlp) or _bridged(layer.mlp)
-                               for layer in self.inner.layers)
+                               or _device_only(layer.mlp) for layer in self.inner.layers)
 
     def run(self, st: StepState) -> torch.Tensor:
         for piece in self.pieces:
@@ -229,6 +231,12 @@ def _input_bits(consumer: nn.Module | None, tokens: int, device: torch.device) -
 
 def _is_moe(mlp: nn.Module) -> bool:
     return hasattr(mlp, "experts") and hasattr(mlp, "gate")
+
+
+def _device_only(mlp: nn.Module) -> bool:
+    """A MoE block run in place whose router and experts are device ops only (capturable)."""
+    return isinstance(mlp.experts, ExpertsOp) and mlp.experts.device_only \
+        and hasattr(mlp.gate, "route")
 
 
 def _bridged(mlp: nn.Module) -> bool:

@@ -126,6 +126,12 @@ class ExpertsOp(nn.Module):
         layer over as host arrays, splitting off the held experts' slots (hand_off)."""
         return self.backend == "cpu"
 
+    @property
+    def device_only(self) -> bool:
+        """Every expert on one device in gpu_kernels' grouped launches (forward makes no host
+        round trip and no data-dependent shape: a CUDA graph can hold it)."""
+        return self.on_device is not None and self.gpu_experts is None
+
     def hand_off(self, ids: torch.Tensor, weights: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Split a step's choices [N, K]: (ids for the host, the held experts' slots -1 so the
@@ -161,7 +167,7 @@ class ExpertsOp(nn.Module):
 
     def forward(self, hidden: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """hidden: [N, H]  ids: [N, K]  weights: [N, K] -> [N, H]"""
-        if self.on_device is not None and self.gpu_experts is None:
+        if self.device_only:
             # the whole layer on the device: no split by expert, nothing waits for the host
             return self.on_device(hidden, ids, weights).to(hidden.device, hidden.dtype)
         gpu_mask = self.on_gpu[ids.cpu()].to(ids.device)  # [N, K]
