@@ -12,7 +12,7 @@ import yaml
 from hybrid.rules.plan import Plan
 
 
-def _experts_rule(layer: int, kwargs: dict[str, Any]) -> dict[str, Any]:
+def experts_rule(layer: int, kwargs: dict[str, Any]) -> dict[str, Any]:
     return {"match": {"name": f"^model\\.layers\\.{layer}\\.mlp\\.experts$"},
             "replace": {"class": "experts", "kwargs": kwargs}, "recursive": False}
 
@@ -24,7 +24,7 @@ def hot_expert_rules(plan: Plan, hot: dict[int, list[int]], gpu_device: str
     for layer, ids in hot.items():
         base = plan.placements[f"model.layers.{layer}.mlp.experts"].options
         kwargs = {k: v for k, v in base.items() if k not in ("gpu_experts", "gpu_device")}
-        rules.append(_experts_rule(layer, {**kwargs, "gpu_experts": list(ids),
+        rules.append(experts_rule(layer, {**kwargs, "gpu_experts": list(ids),
                                            "gpu_device": gpu_device}))
     return rules
 
