@@ -164,16 +164,23 @@ def itl_during_prefill(llm: LLM, n: int, gen: int) -> dict:
     params = SamplingParams(temperature=0, max_tokens=2 * gen + 256, ignore_eos=True)
     stream = llm._submit([1000 + j for j in range(32)], params, lambda e: None)
     stamps: list[float] = []
+    steps: list[tuple] = []  # per step while the prompt prefills: (ms, token out, job layers)
+    runner = llm.engine.runner
 
     def step() -> None:
-        before = stream.num_output_tokens
+        before, t0 = stream.num_output_tokens, time.perf_counter()
         llm.worker.step()
-        if stream.num_output_tokens > before:
+        out = stream.num_output_tokens > before
+        if out:
             stamps.append(time.perf_counter())
+        job = runner.job  # the layered chunk in flight (layered_prefill.py): MoE layers passed
+        steps.append((round((time.perf_counter() - t0) * 1e3, 2), int(out),
+                      -1 if job is None else job.done))
     while len(stamps) < gen:
         step()
     idle = np.diff(stamps[-gen // 2:])
     stamps.clear()
+    steps.clear()
     prompt = llm._submit([2000 + (j * 37) % 90000 for j in range(n)],
                          SamplingParams(temperature=0, max_tokens=1, ignore_eos=True),
                          lambda e: None)
@@ -189,7 +196,8 @@ def itl_during_prefill(llm: LLM, n: int, gen: int) -> dict:
     return {"prompt": n, "idle_itl_ms": float(np.median(idle) * 1e3),
             "max_itl_ms": float(busy.max() * 1e3), "median_itl_ms": float(np.median(busy) * 1e3),
             "p90_itl_ms": float(np.percentile(busy, 90) * 1e3), "ttft_s": ttft,
-            "gaps_ms": [round(float(g) * 1e3, 2) for g in busy]}  # in order: where the max falls
+            "gaps_ms": [round(float(g) * 1e3, 2) for g in busy],  # in order: where the max falls
+            "steps": steps}
 
 
 def chat_turns(llm: LLM, history: int) -> dict:
