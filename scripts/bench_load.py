@@ -109,6 +109,9 @@ def run_start(path: str, rules: str, cache_dir: str, cache: bool, drop: bool) ->
     proc = subprocess.run([sys.executable, __file__, "--child", path, "--optimize-rules", rules,
                            *([] if cache else ["--no-cache"])], env=env, capture_output=True,
                           text=True, check=True)
+    for line in proc.stderr.splitlines():  # e.g. the cache's "disk is short: packing in memory"
+        if "packed-expert cache" in line or "warning" in line.lower():
+            print(f"  ({line.strip()})", flush=True)
     return {**json.loads(proc.stdout.strip().splitlines()[-1]), "page_cache_dropped": dropped}
 
 
@@ -124,6 +127,7 @@ def main() -> int:
                          "in their GGUF blocks, on a machine without one)")
     ap.add_argument("--models", default=None, help="folder for the synthetic models")
     ap.add_argument("--drop-caches", action="store_true")
+    ap.add_argument("--keep", action="store_true", help="keep the model files this run writes")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.child:
@@ -145,7 +149,8 @@ def main() -> int:
     rows = []
     for quant in args.quant.split(","):
         path = folder / f"{preset.name}-{args.layers}-{quant}.gguf"
-        if not path.exists():
+        made = not path.exists()
+        if made:
             t = time.perf_counter()
             make_model(MakeModelOptions(preset, quant, "legacy", vocab="deepseek"),
                        get_vocab("deepseek", preset.vocab_size), path)
@@ -156,6 +161,8 @@ def main() -> int:
                 r.update(quant=quant, start=start, gb_s=r["gguf_bytes"] / r["seconds"] / 1e9)
                 rows.append(r)
                 print(json.dumps(r), flush=True)
+        if made and not args.keep:  # V3-sized files: the next quant's file and cache need the disk
+            path.unlink()
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     moe_layers = preset.num_layers - preset.first_k_dense

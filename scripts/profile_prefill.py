@@ -1,0 +1,116 @@
+"""Where a long prompt's step goes on the GPU: CUDA kernel time by kernel, one prefill chunk.
+
+    python scripts/profile_prefill.py [--gguf-path P] [--tokens 2048] [--mode fast]
+
+Without --gguf-path it writes a V2-Lite-shaped Q4_K_M model. Runs a prompt of --tokens tokens
+(one chunk, every MoE layer streamed or on the CPU as the start-up cost model picks) a few times,
+then once under torch.profiler, and prints the step's wall time beside the CUDA time of each
+kernel name (summed over launches), largest first, and the GFLOP/s of the step's products.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_e2e import build_model, rules_with_mode
+
+from hybrid.engine.config import EngineConfig
+from hybrid.engine.llm import LLM
+from hybrid.engine.sampling_params import SamplingParams
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def prompt_once(llm: LLM, n: int, seed: int) -> float:
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    t = time.perf_counter()
+    r = llm._submit([1000 + (j * 31 + seed) % 90000 for j in range(n)], params, lambda e: None)
+    while not r.is_finished:
+        llm.worker.step()
+    _sync()
+    return time.perf_counter() - t
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gguf-path")
+    ap.add_argument("--preset", default="v2-lite")
+    ap.add_argument("--optimize-rules", default="DeepSeek-V2-Lite")
+    ap.add_argument("--mode", choices=["fast", "exact"], default="fast")
+    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--itl", action="store_true",
+                    help="also profile the steps of a decoding stream beside a 4x longer prompt")
+    args = ap.parse_args()
+    path = args.gguf_path or build_model(args.preset, Path(tempfile.mkdtemp()))
+    config = EngineConfig(max_batch_size=2, chunk_size=args.tokens, decode_chunk_size=args.tokens,
+                          cache_lens=max(16 * 1024, 2 * args.tokens), prefix_cache=False)
+    llm = LLM(path, rules_with_mode(args.optimize_rules, args.mode), engine_config=config,
+              status=lambda m: print("start-up:", m, flush=True))
+    runner = llm.engine.runner
+    streamed = runner.placement.streamed(args.tokens, True)
+    print(f"{args.tokens} tokens: {len(streamed)} of {len(runner.program.moe_layers)} MoE "
+          f"layers streamed", flush=True)
+    walls = [prompt_once(llm, args.tokens, s) for s in range(3)]
+    print("wall ms:", [round(w * 1e3, 1) for w in walls], flush=True)
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        wall = prompt_once(llm, args.tokens, 7)
+    table(prof, f"a {args.tokens}-token prompt alone: wall {wall * 1e3:.1f} ms", args.top)
+    if args.itl:
+        itl_steps(llm, args.tokens * 4, args.top)
+    return 0
+
+
+def table(prof, title: str, top: int) -> None:
+    kernels = sorted(((e.self_device_time_total, e.count, e.key) for e in prof.key_averages()
+                      if e.self_device_time_total > 0), reverse=True)
+    total = sum(k[0] for k in kernels)
+    print(f"\n{title}, CUDA kernel time {total / 1e3:.1f} ms")
+    print("| kernel | launches | ms | share |\n|---|---|---|---|")
+    for us, count, key in kernels[:top]:
+        print(f"| {key[:90]} | {count} | {us / 1e3:.2f} | {us / total:.0%} |")
+
+
+def itl_steps(llm: LLM, n: int, top: int) -> None:
+    """A decoding stream, then an n-token prompt: the step that starts the prompt's first
+    chunk (layered_prefill.py) and the next one, each profiled alone."""
+    params = SamplingParams(temperature=0, max_tokens=4096, ignore_eos=True)
+    stream = llm._submit([1000 + j for j in range(32)], params, lambda e: None)
+    for _ in range(8):
+        llm.worker.step()
+    prompt = llm._submit([2000 + (j * 37) % 90000 for j in range(n)],
+                         SamplingParams(temperature=0, max_tokens=1, ignore_eos=True),
+                         lambda e: None)
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    for name in ("first step beside the prompt", "second step"):
+        _sync()
+        with torch.profiler.profile(activities=acts) as prof:
+            t = time.perf_counter()
+            llm.worker.step()
+            _sync()
+            wall = time.perf_counter() - t
+        job = llm.engine.runner.job
+        table(prof, f"{name}: wall {wall * 1e3:.1f} ms, layered job "
+              f"{'none' if job is None else f'{job.done} layers passed'}", top)
+    while not prompt.is_finished:
+        llm.worker.step()
+    stream.cancel()
+    while llm.engine.has_work:
+        llm.worker.step()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
