@@ -11,6 +11,8 @@ How a tile is multiplied depends on the token count M:
   integer dot products (qdot_i8.py; int16 x: ~3e-5 relative error, 1.5-3.8x the fp32 speed).
 - M <= 8 (decode): fp32 products summed over k in registers: exact to fp32 rounding.
 - M > 8: tensor cores, `tl.dot` in tf32x3 (three tf32 products: fp32 accuracy, ~1e-6).
+- M >= dequant_rows.SCRATCH_MIN_TOKENS (long prompts): the rows dequantized once into an fp32
+  scratch and multiplied by cuBLAS in fp32 (dequant_rows.py).
 The weights are read once per program and M-block: decode reads each weight once.
 qmatmul's per-type bodies are qdot.py's (wide loads of the packed codes); qmatmul_t reads
 dequant_tile.py's gathered tiles (only MLA's legacy kv_b absorption uses it).
@@ -25,6 +27,7 @@ import triton.language as tl
 
 from gpu_kernels import qtypes as qt
 from gpu_kernels.dequant_ref import dequantize
+from gpu_kernels.dequant_rows import SCRATCH_MIN_TOKENS, scratch_matmul
 from gpu_kernels.dequant_tile import dequant_tile, plane_args
 from gpu_kernels.qdot import CHUNK, PART, chunks_per_step, qdot_step
 from gpu_kernels.qdot_i8 import I8_TYPES, XQ, qmatmul_i8, quantize_x
@@ -135,6 +138,9 @@ def qmatmul(x: torch.Tensor, w: GpuQuant, out_rows: int | None = None, row0: int
     y = out if out is not None else torch.empty(*x.shape[:-1], n_rows, dtype=torch.float32,
                                                  device=x.device)
     y3 = y.reshape(m, g, n_rows)
+    if tiles is None and m >= SCRATCH_MIN_TOKENS:  # many tokens: decode each weight once
+        scratch_matmul(x3, w, n_rows, row0, gstride, y3)
+        return y
     bm, dot = _tiles(m)
     if tiles is None and uses_int_path(w, m):
         if xq is None or xq.q.element_size() * 8 != w.x_bits:
