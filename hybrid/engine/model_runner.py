@@ -103,11 +103,17 @@ class ModelRunner:
         self.deferred = self.finished = None
         chunks = batch.chunks
         layers = len(self.program.moe_layers)
+        new = None
         if self.job is None and self.stream is not None \
-                and (c := layered_prefill.candidate(batch, self.placement, layers)) is not None:
-            self._start_job(c)
-            chunks = [x for x in chunks if x is not c]
-        logits = self._run(chunks, may_stream=self.job is None)
+                and (new := layered_prefill.candidate(batch, self.placement, layers)) is not None:
+            chunks = [x for x in chunks if x is not new]
+        logits = self._run(chunks, may_stream=self.job is None and new is None)
+        if new is not None:
+            # after the decodes are queued: the pass's first expert copies (two layers' worth)
+            # would otherwise sit in the host-to-device queue ahead of the decode step's
+            # per-layer copies of the CPU experts' output, and stretch it by their length
+            # (H200: the first step of each chunk's pass took 24 ms more than the next)
+            self._start_job(new)
         if self.job is not None:
             done = self._advance_job(decodes=bool(chunks))
             if done is not None:
