@@ -4,8 +4,10 @@
 
 Without --gguf-path it writes a V2-Lite-shaped Q4_K_M model. Runs a prompt of --tokens tokens
 (one chunk, every MoE layer streamed or on the CPU as the start-up cost model picks) a few times,
-then once under torch.profiler, and prints the step's wall time beside the CUDA time of each
-kernel name (summed over launches), largest first, and the GFLOP/s of the step's products.
+then once under torch.profiler, and prints the wall time beside the CUDA time of each kernel
+name (summed over launches; torch ops that launch kernels appear beside their kernels), largest
+first. --itl also profiles, alone, the first two steps of a stream decoding beside a prompt of
+4x --tokens (the first and second step of a chunk's pass spread over steps).
 """
 
 from __future__ import annotations
