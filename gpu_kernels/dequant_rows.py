@@ -45,15 +45,14 @@ def _bk(cols: int) -> int:
     return next(b for b in (128, 64, 32) if cols % b == 0)
 
 
-def dequant_rows(w: GpuQuant, n: int, row0: int = 0, gstride: int = 0, groups: int = 1,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+def dequant_rows(w: GpuQuant, n: int, row0: int = 0, gstride: int = 0,
+                 groups: int = 1) -> torch.Tensor:
     """-> [groups, n, K] fp32: rows row0 + g * gstride + [0, n) of w for each group g."""
-    k = w.cols
-    y = out if out is not None else torch.empty(groups, n, k, dtype=torch.float32,
-                                                 device=w.planes[0].device)
-    grid = (triton.cdiv(n, ROWS), k // _bk(k), groups)
+    k, bk = w.cols, _bk(w.cols)
+    y = torch.empty(groups, n, k, dtype=torch.float32, device=w.planes[0].device)
+    grid = (triton.cdiv(n, ROWS), k // bk, groups)
     _dequant_rows_kernel[grid](y, *plane_args(w.planes), n, k, row0, gstride,
-                               QT=w.qtype, BR=ROWS, BK=_bk(k), num_warps=4)
+                               QT=w.qtype, BR=ROWS, BK=bk, num_warps=4)
     return y
 
 

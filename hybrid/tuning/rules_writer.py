@@ -25,7 +25,7 @@ def hot_expert_rules(plan: Plan, hot: dict[int, list[int]], gpu_device: str
         base = plan.placements[f"model.layers.{layer}.mlp.experts"].options
         kwargs = {k: v for k, v in base.items() if k not in ("gpu_experts", "gpu_device")}
         rules.append(experts_rule(layer, {**kwargs, "gpu_experts": list(ids),
-                                           "gpu_device": gpu_device}))
+                                          "gpu_device": gpu_device}))
     return rules
 
 
