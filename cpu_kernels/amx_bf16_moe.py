@@ -29,7 +29,14 @@ from cpu_kernels.amx import HAS_AMX, tile_shapes_bf16
 from cpu_kernels.amx_bf16_rows import activation_rows, down_rows, gate_up_rows
 from cpu_kernels.amx_bf16_tiles import BF16_TILE_TYPES, has_bf16_tiles, to_bf16
 from cpu_kernels.clock import cycles
-from cpu_kernels.packed_moe import CHUNK, down_group, gate_up_group, quantize_h, quantize_x
+from cpu_kernels.packed_moe import (
+    CHUNK,
+    KQUANT_TILES,
+    down_group,
+    gate_up_group,
+    quantize_h,
+    quantize_x,
+)
 from cpu_kernels.packed_tiles import prefetch_start
 from cpu_kernels.routing import route
 from cpu_kernels.task_queue import claim
@@ -48,7 +55,7 @@ MIN_TOKENS = 12
 
 def runs_on_amx(gate_type: int, up_type: int, down_type: int) -> bool:
     """Whether fast mode on packed experts of these types uses amx_bf16_moe_kernel. Not for a
-    layer with an i-quant: its VNNI half calls the K-quant tiles alone (family 0,
+    layer with an i-quant: its VNNI half calls the K-quant tiles alone (KQUANT_TILES,
     packed_moe.tile_family)."""
     return HAS_AMX and not any(t in qt.IQUANTS for t in (gate_type, up_type, down_type)) and (
         (has_bf16_tiles(gate_type) and has_bf16_tiles(up_type)) or has_bf16_tiles(down_type))
@@ -111,7 +118,7 @@ def amx_bf16_moe_kernel(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk
                                  up_pk[e, ga], up_pk[e, gb], xs, weights, k_lo, k_hi - k_lo, h,
                                  8 * ga, wbuf[tid, 0], wbuf[tid, 1], cbuf[tid], cfg)
                 else:
-                    gate_up_group(0, gate_type, gate_pk[e, ga], gate_pk[e, gb], up_type,
+                    gate_up_group(KQUANT_TILES, gate_type, gate_pk[e, ga], gate_pk[e, gb], up_type,
                                   up_pk[e, ga], up_pk[e, gb], xq, dx, xqsum, xsum16, token_ids,
                                   weights, k_lo, k_hi, h, 8 * ga, inter)
             c = claim(counter)
@@ -138,6 +145,6 @@ def amx_bf16_moe_kernel(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk
                 down_rows(down_type, down_pk[e, ga], down_pk[e, gb], hs, k_lo, k_hi - k_lo,
                           token_ids, out, r0, lanes, wbuf[tid, 0], cbuf[tid], cfg)
             else:
-                down_group(0, down_type, down_pk[e, ga], down_pk[e, gb], hq, h_lo, hd, hqsum,
+                down_group(KQUANT_TILES, down_type, down_pk[e, ga], down_pk[e, gb], hq, h_lo, hd, hqsum,
                            hsum_flat, token_ids, k_lo, k_hi, out, r0, lanes)
     stamps[1] = cycles()

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import literally, njit
+from numba import njit
 
 from cpu_kernels.handshake import store_release, wait_equal
-from cpu_kernels.packed_moe import packed_moe_kernel, tile_family
+from cpu_kernels.packed_moe import KQUANT_TILES, TILE_FAMILIES, packed_moe_kernel, tile_family
 from cpu_kernels.placement import PlacedExperts
 
 
@@ -40,13 +40,14 @@ def packed_layers(layers: list[PlacedExperts]) -> tuple:
         pk = p.slices[0].packed
         out.append((pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data, pk.down.qtype,
                     pk.down.data))
-    return max((tile_family(g[0], g[2], g[4]) for g in out), default=0), tuple(out)
+    family = max((int(tile_family(g[0], g[2], g[4])) for g in out), default=int(KQUANT_TILES))
+    return TILE_FAMILIES[family], tuple(out)
 
 
 @njit(nogil=True, cache=True)
 def _drive(family, ready, done, seq, n, x, ids, weights, out, layers, threads, timeout_cycles,
            stamps):
-    literally(family)  # packed_moe_kernel's tile family, one for all layers
+    # family: packed_moe_kernel's tile family (a numba type, see there), one for all layers
     for layer in range(len(layers)):
         if not wait_equal(ready, layer, seq, timeout_cycles):
             return layer
@@ -55,26 +56,6 @@ def _drive(family, ready, done, seq, n, x, ids, weights, out, layers, threads, t
                           weights[:n], out[:n], stamps[layer], threads)
         store_release(done, layer, seq)
     return len(layers)
-
-
-# From Python one entry per family, the family a constant inside (packed_moe.PACKED_MOE: an
-# argument under `literally` would make every call type the kernels again, ~30 ms).
-
-@njit(nogil=True, cache=True)
-def _drive_kquant(ready, done, seq, n, x, ids, weights, out, layers, threads, timeout_cycles,
-                  stamps):
-    return _drive(0, ready, done, seq, n, x, ids, weights, out, layers, threads,
-                  timeout_cycles, stamps)
-
-
-@njit(nogil=True, cache=True)
-def _drive_iquant(ready, done, seq, n, x, ids, weights, out, layers, threads, timeout_cycles,
-                  stamps):
-    return _drive(1, ready, done, seq, n, x, ids, weights, out, layers, threads,
-                  timeout_cycles, stamps)
-
-
-DRIVE = (_drive_kquant, _drive_iquant)  # by packed_moe.tile_family
 
 
 def drive_layers(ready: np.ndarray, done: np.ndarray, seq: int, n: int, x: np.ndarray,
@@ -88,5 +69,5 @@ def drive_layers(ready: np.ndarray, done: np.ndarray, seq: int, n: int, x: np.nd
     family, per_layer = layers
     if stamps is None:
         stamps = np.empty((len(per_layer), 2), np.int64)
-    return DRIVE[family](ready, done, seq, n, x, ids, weights, out, per_layer,
-                         numba.get_num_threads(), timeout_cycles, stamps)
+    return _drive(family, ready, done, seq, n, x, ids, weights, out, per_layer,
+                  numba.get_num_threads(), timeout_cycles, stamps)

@@ -3,15 +3,15 @@ packed_tiles_iq4), and packed_dot's for the other types of a mixed layer.
 
 packed_tile_iq has packed_tile's arguments. It is a separate function because a numba kernel
 compiles every tile variant its dispatch names: ~80 s for the K-quants' 48 on a 2-core box,
-~220 s with the i-quants' 72 more. The kernels call `tile_of(family, ...)`, family a literal
-(packed_moe.tile_family): 0 types packed_tile alone, so a model without i-quants never compiles
-theirs.
+~220 s with the i-quants' 72 more. The kernels call `tile_of(family, ...)`, family one of
+packed_moe.TILE_FAMILIES, told apart by its numba *type*: KQUANT_TILES types packed_tile alone,
+so a model without i-quants never compiles theirs.
 """
 
 from __future__ import annotations
 
 from numba import njit, types
-from numba.core.errors import RequireLiteralValue
+from numba.core.errors import TypingError
 from numba.extending import overload
 
 from cpu_kernels import qtypes as qt
@@ -78,14 +78,14 @@ def packed_tile_iq(qtype, pa, pb, xq, lo_off, dx, xqsum, xsum16, t0, t1, t2, t3,
 
 
 def tile_of(family, qtype, pa, pb, xq, lo_off, dx, xqsum, xsum16, t0, t1, t2, t3, nt, res):
-    """packed_tile (family 0) or packed_tile_iq (1); family must be a compile-time literal."""
+    """packed_tile (family KQUANT_TILES, an int8) or packed_tile_iq (IQUANT_TILES, an int16)."""
 
 
 @overload(tile_of)
 def _tile_of(family, qtype, pa, pb, xq, lo_off, dx, xqsum, xsum16, t0, t1, t2, t3, nt, res):
-    if not isinstance(family, types.IntegerLiteral):  # the caller retries with the literal
-        raise RequireLiteralValue("tile_of's family must be a literal")
-    fn = packed_tile_iq if family.literal_value else packed_tile
+    if not isinstance(family, types.Integer) or family.bitwidth not in (8, 16):
+        raise TypingError(f"tile_of's family is packed_moe.KQUANT_TILES or IQUANT_TILES, not {family}")
+    fn = packed_tile_iq if family.bitwidth == 16 else packed_tile
 
     def impl(family, qtype, pa, pb, xq, lo_off, dx, xqsum, xsum16, t0, t1, t2, t3, nt, res):
         fn(qtype, pa, pb, xq, lo_off, dx, xqsum, xsum16, t0, t1, t2, t3, nt, res)

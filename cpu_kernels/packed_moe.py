@@ -16,7 +16,7 @@ expert (all-core clocks). Phase 1 (gate/up) is 42-51% of a call.
 from __future__ import annotations
 
 import numpy as np
-from numba import literally, njit, prange
+from numba import njit, prange
 
 from cpu_kernels import qtypes as qt
 from cpu_kernels.clock import cycles
@@ -28,6 +28,14 @@ from cpu_kernels.task_queue import claim
 
 f32 = np.float32
 TILE = 4
+# The tile family (packed_dot_iq.tile_of) travels as a numba *type*: numba compiles one
+# specialization per argument type, and a type survives the on-disk cache, calls from jitted
+# code and numba's fast dispatch from Python. A literal int under `literally` did not: a call
+# from jitted code was resolved against the other family's compiled code (once a K-quant model
+# had run in the process, an IQ1_S layer's memory-mapped packed experts ran the K-quant tiles and
+# returned NaN), and every call from Python typed the whole kernel again (~30 ms).
+KQUANT_TILES, IQUANT_TILES = np.int8(0), np.int16(1)
+TILE_FAMILIES = (KQUANT_TILES, IQUANT_TILES)
 CHUNK = 4  # phase-1 tasks (16 rows of one expert each) claimed at once
 
 
@@ -40,8 +48,7 @@ def packed_moe_kernel(family: int, gate_type: int, gate_pk: np.ndarray, up_type:
     # topk_ids: [T, K] int64  topk_weights: [T, K] f32  out: [T, H] f32
     # stamps: [2] or [3] int64, cycle counter at entry, exit (and where phase 1 ended)
     # threads: numba.get_num_threads() of the caller (workers claiming phase 1's tasks)
-    # family: tile_family(the types), a compile-time constant (packed_dot_iq.tile_of)
-    literally(family)
+    # family: tile_family(the types): KQUANT_TILES or IQUANT_TILES (see there)
     stamps[0] = cycles()
     expert_ids, offsets, token_ids, weights = route(topk_ids, topk_weights, gate_pk.shape[0])
     num_used = expert_ids.shape[0]
@@ -78,7 +85,6 @@ def gate_up_group(family, gate_type, gate_a, gate_b, up_type, up_a, up_b, xq, dx
     """h[k, r0:r0+16] = w_k * silu(gate x_t) * up x_t for the slots k_lo:k_hi of one expert
     (t = token_ids[k]); gate_a/b, up_a/b: two row groups [bytes] (rows r0..r0+7, r0+8..r0+15;
     b = a for an odd last group). Rows >= inter are padding."""
-    literally(family)
     gres = np.empty(4 * 16, f32)
     ures = np.empty(4 * 16, f32)
     lanes = min(16, inter - r0)
@@ -103,7 +109,6 @@ def down_group(family, down_type, down_a, down_b, hq, h_lo, hd, hqsum, hsum_flat
     """out[t, r0:r0+lanes] += down(h_k) for the slots k_lo:k_hi of one expert (t = token_ids[k]);
     down_a/b: two row groups [bytes] (b = a for an odd last group, then lanes <= 8); h as two
     int8 planes (hq, lo plane at flat offset h_lo)."""
-    literally(family)
     res = np.empty(4 * 16, f32)
     for k0 in range(k_lo, k_hi, TILE):
         nt = min(TILE, k_hi - k0)
@@ -149,7 +154,6 @@ def down_phase(family, h, down_type, down_pk, expert_ids, offsets, token_ids, ou
 
     Groups of 8 H rows are split across threads, each summing over all experts into its own rows
     of out (no two threads write the same element)."""
-    literally(family)
     num_tokens, hidden = out.shape
     num_used = expert_ids.shape[0]
     hq, h_lo, hd, hqsum, hsum_flat = quantize_h(h)
@@ -170,32 +174,11 @@ def down_phase(family, h, down_type, down_pk, expert_ids, offsets, token_ids, ou
                        token_ids, offsets[u], offsets[u + 1], out, r0, lanes)
 
 
-def tile_family(gate_type: int, up_type: int, down_type: int) -> int:
-    """The `family` argument of these kernels for a layer of these types: 1 where one is an
-    i-quant (their tiles, packed_dot_iq), else 0 (packed_dot's alone)."""
-    return int(any(t in qt.IQUANTS for t in (gate_type, up_type, down_type)))
+def tile_family(gate_type: int, up_type: int, down_type: int) -> np.integer:
+    """The `family` argument of these kernels for a layer of these types: IQUANT_TILES where
+    one is an i-quant (their tiles, packed_dot_iq), else KQUANT_TILES (packed_dot's alone)."""
+    return TILE_FAMILIES[int(any(t in qt.IQUANTS for t in (gate_type, up_type, down_type)))]
 
-
-# Entries from Python, one per family, with the family a constant inside. A jitted function
-# that calls `literally` on an argument cannot be dispatched from Python on the fast path: every
-# call types the whole kernel again to find the literal (~30 ms a call on the GPU machine's
-# cores, 10x a decode layer's kernel); called from jitted code with a constant it costs nothing.
-
-@njit(nogil=True, cache=True)
-def _kquant_moe(gate_type, gate_pk, up_type, up_pk, down_type, down_pk, x, topk_ids, topk_weights,
-                out, stamps, threads):
-    packed_moe_kernel(0, gate_type, gate_pk, up_type, up_pk, down_type, down_pk, x, topk_ids,
-                      topk_weights, out, stamps, threads)
-
-
-@njit(nogil=True, cache=True)
-def _iquant_moe(gate_type, gate_pk, up_type, up_pk, down_type, down_pk, x, topk_ids, topk_weights,
-                out, stamps, threads):
-    packed_moe_kernel(1, gate_type, gate_pk, up_type, up_pk, down_type, down_pk, x, topk_ids,
-                      topk_weights, out, stamps, threads)
-
-
-PACKED_MOE = (_kquant_moe, _iquant_moe)  # by tile_family: packed_moe_kernel's arguments less it
 
 
 def packed_moe(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk: np.ndarray,
@@ -203,6 +186,5 @@ def packed_moe(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk: np.ndar
                topk_weights: np.ndarray, out: np.ndarray, stamps: np.ndarray,
                threads: int) -> None:
     """packed_moe_kernel from Python (shapes there), its tile family chosen from the types."""
-    PACKED_MOE[tile_family(gate_type, up_type, down_type)](
-        gate_type, gate_pk, up_type, up_pk, down_type, down_pk, x, topk_ids, topk_weights, out,
-        stamps, threads)
+    packed_moe_kernel(tile_family(gate_type, up_type, down_type), gate_type, gate_pk, up_type,
+                      up_pk, down_type, down_pk, x, topk_ids, topk_weights, out, stamps, threads)

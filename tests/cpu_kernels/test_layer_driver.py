@@ -90,10 +90,10 @@ def test_needs_packed_layers(layers):
 
 
 def test_python_entries_take_numba_fast_dispatch(layers, monkeypatch):
-    """The kernels take their tile family under `literally`; called from Python with it as an
-    argument, every call would type the whole kernel again (~30 ms, 10x a decode layer). The
-    entries from Python (drive_layers, moe_forward's packed_moe) must dispatch without typing
-    once compiled: here any typing raises."""
+    """The kernels take their tile family as a numba type; a literal argument would make every
+    call from Python type the whole kernel again (~30 ms, 10x a decode layer). The entries from
+    Python (drive_layers, moe_forward's packed_moe) must dispatch without typing once compiled:
+    here any typing raises."""
     from cpu_kernels import layer_driver, packed_moe
 
     experts, placed = layers
@@ -103,8 +103,34 @@ def test_python_entries_take_numba_fast_dispatch(layers, monkeypatch):
 
     def typed_again(*args, **kwargs):
         raise AssertionError("a Python entry typed its kernel again")
-    for entry in (*layer_driver.DRIVE, *packed_moe.PACKED_MOE):
+    for entry in (layer_driver._drive, packed_moe.packed_moe_kernel):
         monkeypatch.setattr(entry, "_compile_for_args", typed_again)
     ready, done = np.ones(3, np.int64), np.zeros(3, np.int64)
     assert drive_layers(ready, done, 1, 1, x, ids, w, out, packed_layers(placed), SECOND) == 3
     moe_forward(x, ids, w, experts[0], out, mode="fast")
+
+
+def test_each_tile_family_runs_its_own_tiles_on_read_only_experts():
+    """Memory-mapped packed experts (the disk cache's, read-only) of a K-quant layer and then of
+    an IQ1_S one, in one process: each equals the reference. With the family a literal int, the
+    i-quant call ran the K-quant tiles compiled first and returned NaN."""
+    from cpu_kernels.packed_moe import IQUANT_TILES, KQUANT_TILES, packed_moe, tile_family
+    from cpu_kernels.reference import moe_forward_ref, rel_error
+
+    rng = np.random.default_rng(5)
+    for types, family in (((qt.Q2_K, qt.Q2_K, qt.Q3_K), KQUANT_TILES),
+                          ((qt.IQ1_S, qt.IQ1_S, qt.IQ2_XXS), IQUANT_TILES)):
+        experts = random_experts(rng, 8, 256, 256, *types)
+        assert tile_family(*types) is family
+        pk = experts.pack().packed
+        mats = [m.data.copy() for m in (pk.gate, pk.up, pk.down)]
+        for m in mats:
+            m.flags.writeable = False
+        x = rng.standard_normal((3, 256)).astype(np.float32)
+        ids = np.stack([rng.choice(8, 2, replace=False) for _ in range(3)])
+        w = rng.random((3, 2)).astype(np.float32)
+        out = np.zeros_like(x)
+        packed_moe(types[0], mats[0], types[1], mats[1], types[2], mats[2], x, ids, w, out,
+                   np.zeros(2, np.int64), 2)
+        want = moe_forward_ref(x, ids, w, experts)
+        assert rel_error(out, want) <= 1e-2, types  # test_moe's FAST_TOL
