@@ -11,6 +11,8 @@ shapes; without a GPU they run in Triton's interpreter, TRITON_INTERPRET=1):
 - mla_decode.py: MLA attention of a batch of decodes over the paged latent cache.
 - fused.py: RMSNorm with the residual add, RoPE with the latent cache write, SiLU times up.
 - router.py: the MoE router's top-k (V2 softmax, V3 sigmoid + bias + groups).
+- device_function.py: the decorator of helpers kernels call (triton.jit; under the interpreter
+  the plain function, without the interpreter's re-patching on every call).
 
 Modules that define Triton kernels import triton at import time: import them only where a
 kernel runs (a CUDA device, or the interpreter).

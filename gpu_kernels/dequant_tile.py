@@ -11,10 +11,10 @@ tile's loads hit the same cache lines.
 
 from __future__ import annotations
 
-import triton
 import triton.language as tl
 
 from gpu_kernels import qtypes as qt
+from gpu_kernels.device_function import device_function
 
 # constexpr globals: triton folds the comparisons against a constexpr type id
 _F32, _F16, _BF16 = tl.constexpr(qt.F32), tl.constexpr(qt.F16), tl.constexpr(qt.BF16)
@@ -37,7 +37,7 @@ def _level_words() -> list[int]:
 _LV0, _LV1, _LV2, _LV3 = (tl.constexpr(w) for w in _level_words())
 
 
-@triton.jit
+@device_function
 def iq4_level(v):
     """IQ4_LEVELS[v] (v int32 in 0..15) as fp32, from the 4 words: no table in memory."""
     word = tl.where(v < 8, tl.where(v < 4, _LV0, _LV1), tl.where(v < 12, _LV2, _LV3))
@@ -45,19 +45,19 @@ def iq4_level(v):
     return ((byte ^ 128) - 128).to(tl.float32)
 
 
-@triton.jit
+@device_function
 def _i32(p, r, stride, col, m):
     """Plane p at rows r [BN, 1] (int64; `stride` elements per row) and columns col [1, BK]
     (int32): the row offset is 64-bit, the column offsets stay 32-bit."""
     return tl.load((p + r * stride) + col, mask=m, other=0).to(tl.int32)
 
 
-@triton.jit
+@device_function
 def _f32(p, r, stride, col, m):
     return tl.load((p + r * stride) + col, mask=m, other=0).to(tl.float32)
 
 
-@triton.jit
+@device_function
 def dequant_tile(QT: tl.constexpr, p0, p1, p2, p3, p4, p5, r, e, K, rmask):
     if QT == _F32 or QT == _F16 or QT == _BF16:
         w = _f32(p0, r, K, e, rmask)

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gpu_kernels.device_function import device_function
 from gpu_kernels.qdot_i8 import _QMAX, XQ, quant_store
 from gpu_kernels.reference import add_rmsnorm_ref, rope_cache_ref, silu_mul_ref  # noqa: F401
 
@@ -74,7 +75,7 @@ def _qmax(xq: XQ | None, width: int) -> float:
     return _QMAX[xq.q.element_size() * 8]
 
 
-@triton.jit
+@device_function
 def _rotate(v_ptr, pos, inv_ptr, rope_scale, R: tl.constexpr):
     """Rotate R values at v_ptr (adjacent pairs) in place by angle pos * inv_freq."""
     j = tl.arange(0, R // 2)

@@ -20,11 +20,13 @@ import torch
 import triton
 import triton.language as tl
 
+from gpu_kernels.device_function import device_function
+
 BLOCK_TOKENS = 16
 PRECISION = "tf32"
 
 
-@triton.jit
+@device_function
 def softmax_step(s, kv, m_i, l_i, acc, PREC: tl.constexpr):
     """One block of keys into a running softmax (flash attention): s [rows, BS] scaled scores
     (-inf where a key is not seen; every row must see a key of its first block), kv [BS, C]

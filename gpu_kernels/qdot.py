@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import os
 
-import triton
 import triton.language as tl
 
 from gpu_kernels import qtypes as qt
 from gpu_kernels.dequant_tile import iq4_level
+from gpu_kernels.device_function import device_function
 
 _F32, _F16, _BF16 = tl.constexpr(qt.F32), tl.constexpr(qt.F16), tl.constexpr(qt.BF16)
 _Q4_0, _Q4_1, _Q5_0 = tl.constexpr(qt.Q4_0), tl.constexpr(qt.Q4_1), tl.constexpr(qt.Q5_0)
@@ -40,7 +40,7 @@ PART = {qt.F32: 32, qt.F16: 32, qt.BF16: 32, qt.Q8_0: 32, qt.Q4_0: 16, qt.Q4_1: 
         qt.Q3_K: 32, qt.IQ4_NL: 16, qt.IQ4_XS: 16}
 
 
-@triton.jit
+@device_function
 def _mac(acc, w, x_row, xcol, mmask, NC: tl.constexpr, S: tl.constexpr, DOT: tl.constexpr):
     """acc += x[:, xcol] * w. w: [BN, NC, S] f32; xcol: [NC, S] int32 columns of x.
 
@@ -65,12 +65,12 @@ def _mac(acc, w, x_row, xcol, mmask, NC: tl.constexpr, S: tl.constexpr, DOT: tl.
     return acc
 
 
-@triton.jit
+@device_function
 def _ld(p, off, m):
     return tl.load(p + off, mask=m, other=0)
 
 
-@triton.jit
+@device_function
 def _k4_scales(sc_p, mn_p, d_p, dm_p, r, rmask, K, j):
     """Q4_K/Q5_K: the scales and mins of 64-chunk j's two sub-blocks, and d, dmin."""
     d = _ld(d_p, r * (K // 256) + j // 4, rmask).to(tl.float32)
@@ -82,7 +82,7 @@ def _k4_scales(sc_p, mn_p, d_p, dm_p, r, rmask, K, j):
     return sc_lo, mn_lo, sc_hi, mn_hi, d, dmin
 
 
-@triton.jit
+@device_function
 def qdot_step(QT: tl.constexpr, acc, x_row, mmask, p0, p1, p2, p3, p4, p5, r, rmask, K, k0,
               NC: tl.constexpr, DOT: tl.constexpr):
     """acc += x[:, k0 : k0 + NC * CHUNK[QT]] times W[r, same] (see _mac for acc's shape; its

@@ -31,6 +31,7 @@ import triton.language as tl
 
 from gpu_kernels import qtypes as qt
 from gpu_kernels.dequant_ref import dequantize
+from gpu_kernels.device_function import device_function
 from gpu_kernels.qdot import chunks_per_step
 from gpu_kernels.qformat import GpuQuant
 
@@ -51,7 +52,7 @@ class XQ(NamedTuple):
 _ASM = os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 
-@triton.jit
+@device_function
 def quant_store(x, b, bmask, q_row, d_row, s_row, QMAX: tl.constexpr, PAIRS: tl.constexpr):
     """Quantize x [NB, 32] (blocks b [NB] of one row, bmask: blocks in the row) and store the
     codes at q_row (the row's first element; pair order when PAIRS), scales at d_row, sums at
@@ -142,7 +143,7 @@ def dequantize_x(xq: XQ) -> torch.Tensor:
     return q.double() * xq.d.double().repeat_interleave(QBLOCK, dim=1)
 
 
-@triton.jit
+@device_function
 def _dp4a(a, b, ASM: tl.constexpr):
     """sum over the 4 bytes of unsigned a times signed b, elementwise (int32 words)."""
     if ASM:
@@ -154,7 +155,7 @@ def _dp4a(a, b, ASM: tl.constexpr):
                 + ((a >> 16) & 255) * ((b << 8) >> 24) + ((a >> 24) & 255) * (b >> 24))
 
 
-@triton.jit
+@device_function
 def _dp2a(a, b, HI: tl.constexpr, c, ASM: tl.constexpr):
     """c + the two signed 16-bit halves of a times bytes 0-1 (HI: 2-3) of unsigned b."""
     if ASM:
@@ -170,7 +171,7 @@ def _dp2a(a, b, HI: tl.constexpr, c, ASM: tl.constexpr):
                 + (a >> 16) * ((b >> (sh + 8)) & 255))
 
 
-@triton.jit
+@device_function
 def _xdot(codes, xw, X16: tl.constexpr, ASM: tl.constexpr):
     """Per word of 4 unsigned byte codes [.., 4]: its dot with its 4 columns of x (xw points
     at x's word for it: int8 x; int16 x in pair order, the second word 4 on)."""
