@@ -8,12 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpu_kernels import qmatmul
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.llm import LLM
 from hybrid.engine.request import RequestFailed, RequestStatus
 from hybrid.engine.sampling_params import SamplingParams
 from hybrid.rules.engine import with_experts_mode
+
+pytestmark = pytest.mark.usefixtures("wide_tiles")  # see conftest.WIDE_TILES
 
 PROMPTS = [[0, 42, 574, 81, 2058, 3, 223, 804, 853, 13], [5, 6]]
 
@@ -22,9 +23,6 @@ def greedy(path: str, rules: str, gpu_kernels: bool, monkeypatch,
            prefill_experts: str = "auto", prompts: list[list[int]] = PROMPTS) -> list[list[int]]:
     if gpu_kernels:
         monkeypatch.setenv("HYBRID_GPU_KERNELS_ON_CPU", "1")
-        # the interpreter pays per program, not per byte: few wide programs
-        monkeypatch.setattr(qmatmul, "DECODE_TILES", {None: (64, 1024, 1, 1)})
-        monkeypatch.setattr(qmatmul, "TOKEN_TILES", {})
     else:
         monkeypatch.delenv("HYBRID_GPU_KERNELS_ON_CPU", raising=False)
     config = EngineConfig(max_batch_size=4, chunk_size=8, cache_lens=256, page_size=16,
@@ -75,8 +73,6 @@ def test_cancelling_a_chunk_in_flight_leaves_the_others_whole(models, tmp_path, 
     before its pages are freed, the decoding request's tokens are those cpu.yaml gives it
     alone, and every page comes back; a step failing meanwhile fails both requests."""
     monkeypatch.setenv("HYBRID_GPU_KERNELS_ON_CPU", "1")
-    monkeypatch.setattr(qmatmul, "DECODE_TILES", {None: (64, 1024, 1, 1)})
-    monkeypatch.setattr(qmatmul, "TOKEN_TILES", {})
     path = str(models.path("tiny-v3", "q4_k_m", "legacy"))
     exact = str(with_experts_mode("DeepSeek-V3", "exact", tmp_path))
     config = EngineConfig(max_batch_size=4, chunk_size=8, cache_lens=256, page_size=16,
@@ -148,8 +144,6 @@ def test_prefix_cache_on_the_gpu_path(models, tmp_path, monkeypatch):
     base = list(range(40, 76))  # 36 tokens: two full pages of 16 to share
     prompts = [[5, 6], base + [90, 91, 92]]  # the second is admitted with 32 cached tokens
     monkeypatch.setenv("HYBRID_GPU_KERNELS_ON_CPU", "1")
-    monkeypatch.setattr(qmatmul, "DECODE_TILES", {None: (64, 1024, 1, 1)})
-    monkeypatch.setattr(qmatmul, "TOKEN_TILES", {})
     config = EngineConfig(max_batch_size=4, chunk_size=8, cache_lens=256, page_size=16,
                           prefill_experts="cpu")
     llm = LLM(path, exact, device_map={"cuda": "cpu"}, engine_config=config)

@@ -14,7 +14,6 @@ from gguf import GGMLQuantizationType as Q
 
 from cpu_kernels.packed import PackedMatrix
 from cpu_kernels.weights import QuantMatrix
-from gpu_kernels import qmatmul
 from gpu_kernels.moe_grouped import moe_experts_ref
 from gpu_kernels.qformat import to_planes
 from hybrid.engine.expert_stream import BYTES_PER_UNIT_BYTE, ExpertStream
@@ -25,12 +24,7 @@ from tests.gpu_kernels.conftest import rel_err
 E, K, H, INTER = 8, 2, 256, 256
 
 
-@pytest.fixture(autouse=True)
-def wide_tiles(device, monkeypatch):
-    """Triton's interpreter pays per program, not per byte: few wide programs on the CPU."""
-    if device.type == "cpu":
-        monkeypatch.setattr(qmatmul, "DECODE_TILES", {None: (64, 1024, 1, 1)})
-        monkeypatch.setattr(qmatmul, "TOKEN_TILES", {})
+pytestmark = pytest.mark.usefixtures("wide_tiles")
 
 
 def _own_pages(a: np.ndarray) -> np.ndarray:

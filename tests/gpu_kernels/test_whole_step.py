@@ -11,7 +11,6 @@ import threading
 import pytest
 import torch
 
-from gpu_kernels import qmatmul
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.decoder import StepState
 from hybrid.engine.forward_batch import ForwardBatch
@@ -19,12 +18,13 @@ from hybrid.engine.host_experts import HostExperts
 from hybrid.engine.llm import LLM
 from hybrid.rules.engine import with_experts_mode
 
+pytestmark = pytest.mark.usefixtures("wide_tiles")  # see conftest.WIDE_TILES
+
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="scripts/device_rules_check.py on GPUs")
 @pytest.mark.parametrize("mode,one_call", [("fast", True), ("exact", False)])
 def test_whole_step_equals_pieces(models, mode, one_call, tmp_path, monkeypatch):
     monkeypatch.setenv("HYBRID_GPU_KERNELS_ON_CPU", "1")
-    monkeypatch.setattr(qmatmul, "DECODE_TILES", {None: (64, 1024, 1, 1)})
     path = str(models.path("tiny-v3", "q4_k_m", "legacy"))
     rules = str(with_experts_mode("DeepSeek-V3", mode, tmp_path))
     llm = LLM(path, rules, device_map={"cuda": "cpu"},
