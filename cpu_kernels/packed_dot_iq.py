@@ -84,7 +84,8 @@ def tile_of(family, qtype, pa, pb, xq, lo_off, dx, xqsum, xsum16, t0, t1, t2, t3
 @overload(tile_of)
 def _tile_of(family, qtype, pa, pb, xq, lo_off, dx, xqsum, xsum16, t0, t1, t2, t3, nt, res):
     if not isinstance(family, types.Integer) or family.bitwidth not in (8, 16):
-        raise TypingError(f"tile_of's family is packed_moe.KQUANT_TILES or IQUANT_TILES, not {family}")
+        raise TypingError(
+            f"tile_of's family is packed_moe.KQUANT_TILES or IQUANT_TILES, not {family}")
     fn = packed_tile_iq if family.bitwidth == 16 else packed_tile
 
     def impl(family, qtype, pa, pb, xq, lo_off, dx, xqsum, xsum16, t0, t1, t2, t3, nt, res):

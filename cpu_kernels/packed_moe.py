@@ -40,7 +40,7 @@ CHUNK = 4  # phase-1 tasks (16 rows of one expert each) claimed at once
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def packed_moe_kernel(family: int, gate_type: int, gate_pk: np.ndarray, up_type: int,
+def packed_moe_kernel(family: np.integer, gate_type: int, gate_pk: np.ndarray, up_type: int,
                       up_pk: np.ndarray, down_type: int, down_pk: np.ndarray, x: np.ndarray,
                       topk_ids: np.ndarray, topk_weights: np.ndarray, out: np.ndarray,
                       stamps: np.ndarray, threads: int) -> None:
@@ -178,7 +178,6 @@ def tile_family(gate_type: int, up_type: int, down_type: int) -> np.integer:
     """The `family` argument of these kernels for a layer of these types: IQUANT_TILES where
     one is an i-quant (their tiles, packed_dot_iq), else KQUANT_TILES (packed_dot's alone)."""
     return TILE_FAMILIES[int(any(t in qt.IQUANTS for t in (gate_type, up_type, down_type)))]
-
 
 
 def packed_moe(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk: np.ndarray,
