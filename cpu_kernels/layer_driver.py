@@ -21,7 +21,7 @@ import numpy as np
 from numba import njit
 
 from cpu_kernels.handshake import store_release, wait_equal
-from cpu_kernels.packed_moe import KQUANT_TILES, TILE_FAMILIES, packed_moe_kernel, tile_family
+from cpu_kernels.packed_moe import packed_moe_kernel, tile_family
 from cpu_kernels.placement import PlacedExperts
 
 
@@ -40,8 +40,7 @@ def packed_layers(layers: list[PlacedExperts]) -> tuple:
         pk = p.slices[0].packed
         out.append((pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data, pk.down.qtype,
                     pk.down.data))
-    family = max((int(tile_family(g[0], g[2], g[4])) for g in out), default=int(KQUANT_TILES))
-    return TILE_FAMILIES[family], tuple(out)
+    return tile_family(*(t for g in out for t in g[0::2])), tuple(out)
 
 
 @njit(nogil=True, cache=True)

@@ -3,9 +3,9 @@ packed_tiles_iq4), and packed_dot's for the other types of a mixed layer.
 
 packed_tile_iq has packed_tile's arguments. It is a separate function because a numba kernel
 compiles every tile variant its dispatch names: ~80 s for the K-quants' 48 on a 2-core box,
-~220 s with the i-quants' 72 more. The kernels call `tile_of(family, ...)`, family one of
-packed_moe.TILE_FAMILIES, told apart by its numba *type*: KQUANT_TILES types packed_tile alone,
-so a model without i-quants never compiles theirs.
+~220 s with the i-quants' 72 more. The kernels call `tile_of(family, ...)`, family
+packed_moe.KQUANT_TILES or IQUANT_TILES, told apart by its numba *type*: KQUANT_TILES types
+packed_tile alone, so a model without i-quants never compiles theirs.
 """
 
 from __future__ import annotations

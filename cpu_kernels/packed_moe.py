@@ -35,7 +35,6 @@ TILE = 4
 # had run in the process, an IQ1_S layer's memory-mapped packed experts ran the K-quant tiles and
 # returned NaN), and every call from Python typed the whole kernel again (~30 ms).
 KQUANT_TILES, IQUANT_TILES = np.int8(0), np.int16(1)
-TILE_FAMILIES = (KQUANT_TILES, IQUANT_TILES)
 CHUNK = 4  # phase-1 tasks (16 rows of one expert each) claimed at once
 
 
@@ -174,10 +173,10 @@ def down_phase(family, h, down_type, down_pk, expert_ids, offsets, token_ids, ou
                        token_ids, offsets[u], offsets[u + 1], out, r0, lanes)
 
 
-def tile_family(gate_type: int, up_type: int, down_type: int) -> np.integer:
-    """The `family` argument of these kernels for a layer of these types: IQUANT_TILES where
+def tile_family(*qtypes: int) -> np.integer:
+    """The `family` argument of these kernels for layers of these types: IQUANT_TILES where
     one is an i-quant (their tiles, packed_dot_iq), else KQUANT_TILES (packed_dot's alone)."""
-    return TILE_FAMILIES[int(any(t in qt.IQUANTS for t in (gate_type, up_type, down_type)))]
+    return IQUANT_TILES if any(t in qt.IQUANTS for t in qtypes) else KQUANT_TILES
 
 
 def packed_moe(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk: np.ndarray,

@@ -14,13 +14,11 @@ the reference dequantization; only the summation order of the products differs.
 
 from __future__ import annotations
 
-import os
-
 import triton.language as tl
 
 from gpu_kernels import qtypes as qt
 from gpu_kernels.dequant_tile import iq4_level
-from gpu_kernels.device_function import device_function
+from gpu_kernels.device_function import INTERPRETED, device_function
 
 _F32, _F16, _BF16 = tl.constexpr(qt.F32), tl.constexpr(qt.F16), tl.constexpr(qt.BF16)
 _Q4_0, _Q4_1, _Q5_0 = tl.constexpr(qt.Q4_0), tl.constexpr(qt.Q4_1), tl.constexpr(qt.Q5_0)
@@ -28,7 +26,7 @@ _Q5_1, _Q8_0, _Q2_K = tl.constexpr(qt.Q5_1), tl.constexpr(qt.Q8_0), tl.constexpr
 _Q3_K, _Q4_K, _Q5_K = tl.constexpr(qt.Q3_K), tl.constexpr(qt.Q4_K), tl.constexpr(qt.Q5_K)
 _Q6_K = tl.constexpr(qt.Q6_K)
 _IQ4_NL, _IQ4_XS = tl.constexpr(qt.IQ4_NL), tl.constexpr(qt.IQ4_XS)
-_NATIVE_FP16 = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
+_NATIVE_FP16 = tl.constexpr(not INTERPRETED)
 
 # weights per chunk, per type (the launcher's step is NC chunks)
 CHUNK = {qt.F32: 32, qt.F16: 32, qt.BF16: 32, qt.Q8_0: 32, qt.Q4_0: 32, qt.Q4_1: 32,

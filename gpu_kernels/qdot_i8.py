@@ -22,7 +22,6 @@ kernel takes ASM=False there and forms the same integer products from shifts and
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
@@ -31,7 +30,7 @@ import triton.language as tl
 
 from gpu_kernels import qtypes as qt
 from gpu_kernels.dequant_ref import dequantize
-from gpu_kernels.device_function import device_function
+from gpu_kernels.device_function import INTERPRETED, device_function
 from gpu_kernels.qdot import chunks_per_step
 from gpu_kernels.qformat import GpuQuant
 
@@ -49,7 +48,7 @@ class XQ(NamedTuple):
 
 
 # Triton's interpreter runs no PTX; it is chosen before kernel modules are imported
-_ASM = os.environ.get("TRITON_INTERPRET", "0") != "1"
+_ASM = not INTERPRETED
 
 
 @device_function
