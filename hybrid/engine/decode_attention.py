@@ -1,0 +1,99 @@
+"""Which kernel attends the decode rows: ours (gpu_kernels.mla_decode, Triton: always there) or
+flashinfer's paged MLA decode (gpu_kernels.mla_decode_flashinfer, when flashinfer is installed).
+
+Measured side by side on an H200 (`scripts/bench_mla_peer.py`, one run): with V3's 128 heads
+flashinfer's Hopper kernel takes 24-54 us where ours takes 49-864 us from 4K cached tokens on,
+and about the same at 512 (19 against 17 us); with V2-Lite's 16 heads ours is faster up to a few
+thousand tokens (12 against 17 us at 512) and flashinfer from ~32K or many sequences. flashinfer
+also plans each step on the host (~0.6 ms, once per step for every layer). So "auto" takes
+flashinfer for models of >= 64 heads when it is importable, ours otherwise.
+
+A plan is per step: every layer's decode rows share the lengths and pages. Eager steps plan one
+wrapper from the chunks' host data; each CUDA graph bucket owns a wrapper whose fixed buffers
+its graph reads, planned again before each replay.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from hybrid.engine.config import ATTENTION_BACKENDS
+from hybrid.errors import HybridError
+
+log = logging.getLogger("hybrid.engine")
+
+FLASHINFER_MIN_HEADS = 64  # "auto": below this ours measured as fast or faster
+
+
+def resolve(choice: str, attention_ops: list) -> str:
+    """The backend the engine runs ("triton" or "flashinfer") for `choice` and the model's
+    attention operators. An explicit "flashinfer" that cannot run raises, naming why."""
+    from gpu_kernels.mla_decode_flashinfer import available
+
+    if choice not in ATTENTION_BACKENDS:
+        raise HybridError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
+                          f"got {choice!r}")
+    if choice == "triton":
+        return "triton"
+    first = attention_ops[0]
+    problem = None
+    if any(op.device.type != "cuda" for op in attention_ops):
+        problem = "attention runs on the CPU here (flashinfer needs every layer's on CUDA)"
+    elif len({str(op.device) for op in attention_ops}) > 1:
+        problem = "attention is spread over several GPUs (one flashinfer plan serves one)"
+    elif (first.kv_lora, first.rope) != (512, 64):
+        problem = (f"its MLA kernels take 512 latent + 64 rope dims (every DeepSeek-V2/V3-"
+                   f"architecture model's), this model has {first.kv_lora} + {first.rope}")
+    elif first.kv_dtype not in (torch.bfloat16, torch.float16):
+        problem = f"the KV cache is {first.kv_dtype} (flashinfer reads bf16 or f16)"
+    elif not available():
+        problem = "flashinfer is not installed: pip install -e \".[flashinfer]\""
+    if choice == "flashinfer":
+        if problem:
+            raise HybridError(f"--attention-backend flashinfer: {problem}; or use triton")
+        return "flashinfer"
+    if problem or first.heads < FLASHINFER_MIN_HEADS:
+        return "triton"
+    return "flashinfer"
+
+
+class FlashInferPlans:
+    """The flashinfer wrappers of one engine: one for eager steps, one per CUDA graph bucket."""
+
+    def __init__(self, op, page_size: int, max_pages: int) -> None:
+        """op: an MLAAttentionOp (every layer's match it: heads, dims, scale, cache dtype)."""
+        from gpu_kernels.mla_decode_flashinfer import WORKSPACE_BYTES, FlashInferMLADecode
+
+        # one scratch for every wrapper: steps run one after another on one stream
+        workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=op.device)
+        self._make = lambda **kw: FlashInferMLADecode(
+            op.device, op.heads, op.kv_lora, op.rope, page_size, op.scale, op.kv_dtype,
+            workspace=workspace, **kw)
+        self.page_size, self.max_pages = page_size, max_pages
+        self.eager = self._make()
+        self._graphs: dict[int, object] = {}
+        log.info("decode attention: flashinfer (%s)", self.eager.backend)
+
+    def for_graph(self, batch: int):
+        """The wrapper a CUDA graph of `batch` decode rows captures (made once)."""
+        if batch not in self._graphs:
+            self._graphs[batch] = self._make(graph_batch=batch, max_pages=self.max_pages)
+        return self._graphs[batch]
+
+    def plan_chunks(self, chunks: list[tuple[list[int], list[int], int, bool]]):
+        """The eager wrapper planned for the decode chunks (token, pages, position, samples)
+        that open a step, or None when it has none."""
+        # decodes open a step (ForwardBatch.pack's rule: up to the first longer chunk)
+        decodes = chunks[:next((i for i, c in enumerate(chunks) if len(c[0]) != 1),
+                               len(chunks))]
+        if not decodes:
+            return None
+        width = max(len(c[1]) for c in decodes)
+        table = torch.zeros(len(decodes), width, dtype=torch.int32)
+        for i, (_, pages, _, _) in enumerate(decodes):
+            table[i, :len(pages)] = torch.tensor(pages, dtype=torch.int32)
+        lens = torch.tensor([start + 1 for _, _, start, _ in decodes], dtype=torch.int32)
+        self.eager.plan(table, lens)
+        return self.eager

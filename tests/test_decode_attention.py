@@ -1,0 +1,83 @@
+"""Choosing the decode attention kernel (ours or flashinfer's) and flashinfer's page indices.
+
+flashinfer runs on CUDA only: the GPU machine checks its tokens against ours
+(scripts/device_rules_check.py) and times both (scripts/bench_mla_peer.py). Here: the choice,
+its errors, and the CSR page lists it is planned with."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from gpu_kernels.mla_decode_flashinfer import FlashInferMLADecode, available, csr_pages
+from hybrid.engine.config import EngineConfig
+from hybrid.engine.decode_attention import FLASHINFER_MIN_HEADS, resolve
+from hybrid.errors import HybridError
+
+
+def ops(device: str = "cpu", heads: int = 128, dtype=torch.bfloat16, n: int = 3,
+        kv_lora: int = 512) -> list:
+    return [SimpleNamespace(device=torch.device(device), heads=heads, kv_dtype=dtype,
+                            kv_lora=kv_lora, rope=64) for _ in range(n)]
+
+
+def test_triton_is_always_there():
+    assert resolve("triton", ops()) == "triton"
+    assert resolve("triton", ops("cuda:0")) == "triton"
+
+
+def test_auto_takes_ours_where_flashinfer_cannot_run_or_measured_slower():
+    assert resolve("auto", ops("cpu")) == "triton"
+    assert resolve("auto", ops("cuda:0", dtype=torch.float32)) == "triton"
+    assert resolve("auto", ops("cuda:0", kv_lora=128)) == "triton"
+    assert resolve("auto", ops("cuda:0", heads=FLASHINFER_MIN_HEADS // 4)) == "triton"
+    mixed = ops("cuda:0", n=2) + ops("cuda:1", n=1)
+    assert resolve("auto", mixed) == "triton"
+    big = ops("cuda:0", heads=FLASHINFER_MIN_HEADS)
+    assert resolve("auto", big) == ("flashinfer" if available() else "triton")
+
+
+@pytest.mark.parametrize("case, words", [
+    (ops("cpu"), "CPU"), (ops("cuda:0", dtype=torch.float32), "float32"),
+    (ops("cuda:0", kv_lora=256), "512 latent \\+ 64 rope dims .* has 256 \\+ 64"),
+    (ops("cuda:0", n=1) + ops("cuda:1", n=1), "several GPUs")])
+def test_asking_for_flashinfer_where_it_cannot_run_says_why(case, words):
+    with pytest.raises(HybridError, match=words):
+        resolve("flashinfer", case)
+
+
+@pytest.mark.skipif(available(), reason="flashinfer is installed here")
+def test_asking_for_flashinfer_without_it_says_how_to_install():
+    with pytest.raises(HybridError, match=r"pip install -e \"\.\[flashinfer\]\""):
+        resolve("flashinfer", ops("cuda:0"))
+    with pytest.raises(HybridError, match="needs flashinfer"):
+        FlashInferMLADecode(torch.device("cuda:0"), 16, 512, 64, 64, 0.1)
+
+
+def test_bad_backend_names_fail_in_the_config():
+    with pytest.raises(HybridError, match="attention_backend must be one of"):
+        EngineConfig(attention_backend="flash")
+    with pytest.raises(HybridError, match="attention_backend"):
+        resolve("flash", ops())
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+def test_csr_pages_lists_each_sequences_pages_in_order(seed, page_size):
+    g = torch.Generator().manual_seed(seed)
+    b = int(torch.randint(1, 9, (1,), generator=g))
+    width = int(torch.randint(1, 12, (1,), generator=g))
+    table = torch.randint(0, 1000, (b, width), generator=g, dtype=torch.int32)
+    lens = torch.randint(1, width * page_size + 1, (b,), generator=g, dtype=torch.int32)
+    indptr, indices = csr_pages(table, lens, page_size)
+    expected = [table[i, :-(-int(n) // page_size)].tolist() for i, n in enumerate(lens)]
+    assert indptr.tolist() == [0, *torch.tensor([len(e) for e in expected]).cumsum(0).tolist()]
+    assert indices.tolist() == [p for e in expected for p in e]
+    assert indptr.dtype == indices.dtype == torch.int32
+
+
+def test_csr_pages_refuses_a_length_past_the_table():
+    with pytest.raises(ValueError, match="needs more than the page table's 2 pages"):
+        csr_pages(torch.zeros(1, 2, dtype=torch.int32), torch.tensor([129]), 64)
