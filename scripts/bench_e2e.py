@@ -258,6 +258,8 @@ def main() -> int:
                     help="also time a stream's inter-token latency while N tokens prefill")
     ap.add_argument("--chat", type=int, default=None,
                     help="also time a chat's third turn with and without the prefix cache")
+    ap.add_argument("--attention-backend", choices=["auto", "triton", "flashinfer"],
+                    default="auto")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     path = args.gguf_path or build_model(args.preset, Path(tempfile.mkdtemp()), args.layers)
@@ -274,12 +276,13 @@ def main() -> int:
                           chunk_size=max(prompts),
                           cache_lens=max(16 * 1024, max(prompts) * 2), cpu_threads=args.threads,
                           decode_graph=args.decode_graph, prefill_experts=args.prefill_experts,
-                          prefix_cache=False)
+                          prefix_cache=False, attention_backend=args.attention_backend)
     llm = LLM(path, rules_with_mode(args.optimize_rules, args.mode), engine_config=config,
               status=lambda m: print("start-up:", m, flush=True))
     result["load_s"] = time.perf_counter() - t
     print(f"loaded in {result['load_s']:.1f} s", flush=True)
     runner = llm.engine.runner
+    result["attention_backend"] = runner.attention_backend
     costs = runner.placement.costs
     result["stream"] = None if runner.stream is None else {
         "pinned": runner.stream.pinned, "experts_per_unit": runner.stream.experts_per_unit,

@@ -11,6 +11,7 @@ $OUT/rules_check.json and prints a short table last.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -22,6 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpu_kernels.jit_cache import compiled_variants, new_variants
+from gpu_kernels.mla_decode_flashinfer import available
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.llm import LLM
 from hybrid.engine.sampling_params import SamplingParams
@@ -54,14 +56,16 @@ PROMPTS = [PROMPT, PROMPT[:5], [0, 9, 99, 999], PROMPT[3:] * 3]
 
 
 def greedy(path: str, rules: str, graphs: bool = True, decode_graph: str = "step",
-           alone: bool = False, late: dict | None = None) -> list[list[int]]:
+           alone: bool = False, late: dict | None = None,
+           attention: str = "triton") -> list[list[int]]:
     """Greedy tokens of PROMPTS, decoded together (a batch of 4) or each alone (batch 1: the
     one-token products, int16 x on Q4_K). `late` gathers the Triton variants compiled after
     start-up (odd prompt lengths, mixed steps: there should be none)."""
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     llm = LLM(path, rules, engine_config=EngineConfig(cuda_graphs=graphs, max_batch_size=8,
                                                       chunk_size=64, cache_lens=4096,
-                                                      decode_graph=decode_graph))
+                                                      decode_graph=decode_graph,
+                                                      attention_backend=attention))
     before = compiled_variants()
     batches = [[p] for p in PROMPTS] if alone else [PROMPTS]
     out = [o.outputs[0].token_ids for b in batches
@@ -101,15 +105,37 @@ def check_equal(path: str, rules: str) -> dict:
             fast_step == fast_layers, "compiled_after_start": late, "devices": devices}
 
 
+def check_flashinfer() -> dict:
+    """flashinfer's decode attention against ours in the engine: greedy tokens of a tiny V3
+    with DeepSeek's own attention dims (512 latent + 64 rope, which flashinfer's MLA kernels
+    take; the tiny presets are narrower) and 16 heads, in step graphs, layer graphs and eager
+    steps."""
+    p = dataclasses.replace(get_preset("tiny-v3"), kv_lora_rank=512, qk_rope_head_dim=64,
+                            num_heads=16)
+    (path,) = make_model(MakeModelOptions(p, "q4_k_m", "legacy"), get_vocab("small", p.vocab_size),
+                         WORK / "tiny-v3-512-q4_k_m.gguf")
+    path = str(path)
+    ours = greedy(path, "DeepSeek-V3")
+    fi = {"step": greedy(path, "DeepSeek-V3", attention="flashinfer"),
+          "layers": greedy(path, "DeepSeek-V3", decode_graph="layers", attention="flashinfer"),
+          "eager": greedy(path, "DeepSeek-V3", graphs=False, attention="flashinfer")}
+    return {"model": Path(path).name, **{f"flashinfer_{k}_equal_ours":
+                               f"{sum(a == b for a, b in zip(v, ours))}/{len(v)}"
+                               for k, v in fi.items()}}
+
+
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     rows = []
-    for preset, quant, layout, rules in (("tiny-v3", "q4_k_m", "legacy", "DeepSeek-V3"),
+    only_flashinfer = os.environ.get("ONLY") == "flashinfer"
+    for preset, quant, layout, rules in () if only_flashinfer else (("tiny-v3", "q4_k_m", "legacy", "DeepSeek-V3"),
                                          ("tiny-v3", "q4_k_m", "mla", "DeepSeek-V3-gpu-experts"),
                                          ("tiny-v2-lite", "q4_k_m", "mla", "DeepSeek-V2-Lite")):
         rows.append(check_equal(build(preset, quant, layout), rules))
         print(rows[-1], flush=True)
-    (OUT / "rules_check.json").write_text(json.dumps({"equal": rows}, indent=2))
+    fi = check_flashinfer() if available() else None
+    print("flashinfer:", fi, flush=True)
+    (OUT / "rules_check.json").write_text(json.dumps({"equal": rows, "flashinfer": fi}, indent=2))
     print("\n| model | rules | rel L2 vs CPU reference | greedy equal to cpu.yaml | "
           "same, batch 1 (int16 x) | step graph == layer graphs == eager | "
           "fast: step == layers | Triton variants compiled after start-up |")

@@ -13,6 +13,7 @@ SERVE_SETTINGS = ("gguf_path", "optimize_rules", "max_batch_size", "chunk_size",
                   "page_size", "cpu_threads", "host", "port", "max_new_tokens", "api_key",
                   "served_model_name", "max_request_bytes", "log_level", "force_think",
                   "cuda_graphs", "decode_graph", "prefill_experts", "stream_memory_gib",
+                  "attention_backend",
                   "packed_cache", "prefix_cache", "chat_template", "routing_profile", "device_map")
 
 
@@ -26,7 +27,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:
-    from hybrid.engine.config import DECODE_GRAPHS, EngineConfig
+    from hybrid.engine.config import ATTENTION_BACKENDS, DECODE_GRAPHS, EngineConfig
     from hybrid.engine.prefill_costs import PREFILL_EXPERTS
     from hybrid.tokenizer.bundled_templates import BUNDLED_TEMPLATES
     from server.config import LOG_LEVELS, ServerConfig
@@ -74,6 +75,11 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stream-memory-gib", type=float, default=e["stream_memory_gib"],
                    help="GPU memory for streamed experts (default: a whole layer's worth, "
                         "within half the memory free after start-up)")
+    p.add_argument("--attention-backend", choices=list(ATTENTION_BACKENDS),
+                   default=e["attention_backend"],
+                   help="the decode attention kernel: triton (ours), flashinfer (its paged MLA "
+                        "decode; pip install -e \".[flashinfer]\"), auto: flashinfer for models "
+                        "of 64 or more heads when it is installed, where it measured faster")
     p.add_argument("--no-packed-cache", dest="packed_cache", action="store_false",
                    default=e["packed_cache"],
                    help="pack fast mode's CPU experts in memory on every start instead of "

@@ -8,6 +8,7 @@ from hybrid.engine.prefill_costs import PREFILL_EXPERTS
 from hybrid.errors import HybridError
 
 DECODE_GRAPHS = ("step", "layers")
+ATTENTION_BACKENDS = ("auto", "triton", "flashinfer")  # decode_attention.py
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,9 @@ class EngineConfig:
     the GPU when the cost model measured at start-up says that beats the CPU for the step's
     token count, "cpu" never streams, "stream" always does; `stream_memory_gib` bounds the GPU
     memory the streaming buffers take (None: a whole layer's worth, within half the memory
-    free after start-up).
+    free after start-up). `attention_backend` picks the decode rows' attention kernel: "triton"
+    ours, "flashinfer" flashinfer's paged MLA decode (installed apart), "auto" flashinfer where
+    it measured faster (decode_attention.py).
     """
 
     gguf_path: str | None = None  # None: the built-in demo model
@@ -46,6 +49,7 @@ class EngineConfig:
     decode_graph: str = "step"  # "step": one graph per step; "layers": one per piece
     prefill_experts: str = "auto"  # "auto" | "cpu" | "stream" (prefill_costs.py)
     stream_memory_gib: float | None = None  # GPU memory for streamed experts (None: auto)
+    attention_backend: str = "auto"  # "auto" | "triton" | "flashinfer" (decode_attention.py)
     # fast mode's packed experts kept under ~/.cache/hybrid/packed and mapped on later starts
     packed_cache: bool = True
     # share the KV pages of equal prompt prefixes across requests (prefix_cache.py)
@@ -74,6 +78,9 @@ class EngineConfig:
         if self.prefill_experts not in PREFILL_EXPERTS:
             raise HybridError(f"prefill_experts must be one of {', '.join(PREFILL_EXPERTS)}, "
                               f"got {self.prefill_experts!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise HybridError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}"
+                              f", got {self.attention_backend!r}")
         if self.stream_memory_gib is not None and not self.stream_memory_gib > 0:
             raise HybridError(f"stream_memory_gib must be positive, got {self.stream_memory_gib}")
         if self.device_map is not None:

@@ -56,9 +56,12 @@ class DecodeGraphs:
     def __init__(self, program: DecoderProgram, cache: PagedLatentCache, page_size: int,
                  max_pages: int, max_batch_size: int, device: torch.device,
                  num_splits: Callable[[int], int],
-                 progress: Callable[[str], None] | None = None, whole_step: bool = False
-                 ) -> None:
+                 progress: Callable[[str], None] | None = None, whole_step: bool = False,
+                 flashinfer=None) -> None:
+        """flashinfer: the engine's FlashInferPlans when flashinfer attends the decode rows
+        (each bucket's wrapper planned before each replay), else None (ours)."""
         self.program, self.cache, self.page_size = program, cache, page_size
+        self.flashinfer = flashinfer
         self.max_pages, self.device = max_pages, device
         self.host = None
         if whole_step:
@@ -84,6 +87,9 @@ class DecodeGraphs:
     def _state(self, b: int, num_splits: int) -> tuple[StepLayout, torch.Tensor, StepState]:
         layout = StepLayout(b, b, self.max_pages, b)
         inputs, fb = ForwardBatch.scratch_decode(layout, self.page_size, self.cache, self.device)
+        if self.flashinfer is not None:  # padding rows: planned as one token of page 0
+            fb.decode_attention = self.flashinfer.for_graph(b)
+            fb.decode_attention.plan(fb.page_table.cpu(), fb.seq_lens.cpu())
         return layout, inputs, StepState(fb, num_real=b, num_splits=num_splits)
 
     def _capture(self, b: int, num_splits: int) -> _Captured:
@@ -120,6 +126,9 @@ class DecodeGraphs:
         at = cap.layout.fields["sample_rows"][0]
         packed[at + b:at + size] = np.arange(b, size)  # padding rows sample too (discarded)
         cap.staging.numpy()[:] = packed
+        if self.flashinfer is not None:  # rewrites the buffers the graph reads
+            host = cap.layout.views(cap.staging)
+            cap.state.fb.decode_attention.plan(host["page_table"], host["seq_lens"])
         cap.inputs.copy_(cap.staging, non_blocking=True)
         cap.state.num_real = b
         if self.host is not None:

@@ -87,6 +87,9 @@ class ForwardBatch:
     # prefill_slots) and every span's kv_slots end to end; views of the step's one copy
     prefill_meta: torch.Tensor | None = None
     prefill_slots: torch.Tensor | None = None
+    # the decode rows' attention when not ours: a flashinfer wrapper planned for this step
+    # (hybrid/engine/decode_attention.py), on the attention's device
+    decode_attention: object | None = None
     _moved: dict = field(default_factory=dict, repr=False)  # per-step memo of on()
 
     @staticmethod
@@ -206,5 +209,6 @@ class ForwardBatch:
                      for s in self.prefill_spans]
             self._moved[key] = ForwardBatch(self.num_tokens, self.num_decodes, self.max_decode_len,
                                             self.page_size, **moved, prefill_spans=spans,
-                                            cache=self.cache)
+                                            cache=self.cache,
+                                            decode_attention=self.decode_attention)
         return self._moved[key]

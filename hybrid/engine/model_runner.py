@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from hybrid.engine import layered_prefill, prefill_setup
+from hybrid.engine import decode_attention, layered_prefill, prefill_setup
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.decoder import DecoderProgram, StepState
 from hybrid.engine.experts_bridge import ExpertsBridge
@@ -61,6 +61,10 @@ class ModelRunner:
         self.recorder = install_recorder(model, self.program) if config.record_routing else None
         self.max_pages = -(-max_request_tokens // config.page_size)
         self.graphs = None
+        self.attention_backend = decode_attention.resolve(config.attention_backend, attention)
+        self.flashinfer = decode_attention.FlashInferPlans(attention[0], self.page_size,
+                                                           self.max_pages) \
+            if self.attention_backend == "flashinfer" else None
         self.stream = prefill_setup.build_stream(self.program.moe_layers, config, self.device)
         self.program.stream = self.stream
         if self.stream is not None:  # its grouped launches first: warm-up steps stream
@@ -92,7 +96,8 @@ class ModelRunner:
         return DecodeGraphs(self.program, self.cache, self.page_size, self.max_pages,
                             self.config.max_batch_size, self.device,
                             lambda b: choose_splits(b, heads, capacity), progress,
-                            whole_step=decode_graph == "step" and bool(self.program.moe_layers))
+                            whole_step=decode_graph == "step" and bool(self.program.moe_layers),
+                            flashinfer=self.flashinfer)
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> torch.Tensor:
@@ -163,6 +168,8 @@ class ModelRunner:
             self.expert_layer_counts["cpu"] += len(self.program.moe_layers)
             return self.graphs.run(chunks)
         fb = ForwardBatch.build(chunks, self.page_size, self.cache, self.device)
+        if self.flashinfer is not None:
+            fb.decode_attention = self.flashinfer.plan_chunks(chunks)
         streamed = self.placement.streamed(fb.num_tokens, any(len(c[0]) > 1 for c in chunks)) \
             if may_stream else ()
         if streamed:
@@ -205,6 +212,9 @@ class ModelRunner:
         if decode:
             _, fb = ForwardBatch.scratch_decode(StepLayout(1, 1, self.max_pages, 1),
                                                 self.page_size, self.cache, self.device)
+            if self.flashinfer is not None:  # compiles its kernels (JIT) on the first plan
+                self.flashinfer.eager.plan(fb.page_table.cpu(), fb.seq_lens.cpu())
+                fb.decode_attention = self.flashinfer.eager
             self.program.run(StepState(fb, num_real=1))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

@@ -2,7 +2,8 @@
 chunks; see hybrid/engine/forward_batch.py).
 
 Decode rows: one launch of gpu_kernels.mla_decode on CUDA (every sequence, any length, one
-launch per layer), the same arithmetic in torch elsewhere. Prefill chunks: one launch of
+launch per layer; or flashinfer's, hybrid/engine/decode_attention.py), the same arithmetic in
+torch elsewhere. Prefill chunks: one launch of
 gpu_kernels.mla_prefill for all of them (flash attention, causal, reading their keys from the
 cache); elsewhere torch, one chunk at a time.
 """
@@ -38,14 +39,17 @@ def paged_attention(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tens
     already written; fb: the step's ForwardBatch on this device -> o_c [N, h, c] fp32.
     `num_splits` fixes the decode kernel's split count (a CUDA graph's, sized for the longest
     sequence the cache can hold); by default it follows this step's longest sequence.
-    `kernels`: decode rows through gpu_kernels.mla_decode, prefill chunks through
+    `kernels`: decode rows through gpu_kernels.mla_decode (or fb.decode_attention, a
+    flashinfer wrapper planned for the step), prefill chunks through
     gpu_kernels.mla_prefill (else torch). `prefill` False: the decode rows only (q_lat may hold
     just those; the caller attends to the chunks another way)."""
     n, h, c = q_lat.shape
     b = fb.num_decodes
     out = torch.empty(n, h, c, dtype=torch.float32, device=q_lat.device)
     if b:
-        if kernels:
+        if kernels and fb.decode_attention is not None:  # planned for this step's rows
+            fb.decode_attention.run(q_lat[:b], q_rope[:b], cache, out=out[:b])
+        elif kernels:
             from gpu_kernels.mla_decode import choose_splits, mla_decode
 
             splits = num_splits or choose_splits(b, h, max(fb.max_decode_len, 1))
