@@ -115,8 +115,9 @@ def variants() -> Iterator[Variant]:
         yield Variant(f"mla_decode split H={heads}", mla_decode._split_kernel,
                       {**sig, "C": "constexpr", "R": "constexpr", "BH": "constexpr",
                        "BS": "constexpr", "PREC": "constexpr"},
-                      {"C": 512, "R": 64, "BH": 16, "BS": mla_decode.BLOCK_TOKENS,
-                       "PREC": mla_decode.PRECISION}, 8)
+                      {"C": 512, "R": 64, "BH": mla_decode.decode_tiles(heads)[0],
+                       "BS": mla_decode.decode_tiles(heads)[1], "PREC": mla_decode.PRECISION},
+                      mla_decode.decode_tiles(heads)[2])
     for heads in (4, 16, 128):
         bh = mla_prefill._heads_per_program(heads)
         yield Variant(f"mla_prefill H={heads}", mla_prefill._prefill_kernel,

@@ -22,7 +22,6 @@ import triton.language as tl
 
 from gpu_kernels.device_function import device_function
 
-BLOCK_TOKENS = 16
 PRECISION = "tf32"
 
 
@@ -99,21 +98,35 @@ def _merge_kernel(o_ptr, lse_ptr, out_ptr, NSPLIT, C: tl.constexpr):
     tl.store(out_ptr + bh * C + c, acc / tl.maximum(total, 1e-30))
 
 
-def choose_splits(batch: int, heads: int, max_len: int, num_sms: int = 132) -> int:
-    """Splits per sequence: enough programs to fill the GPU twice, none shorter than a block."""
-    blocks = batch * triton.cdiv(heads, _heads_per_program(heads))
-    want = triton.cdiv(2 * num_sms, blocks)
-    return max(1, min(want, triton.cdiv(max_len, BLOCK_TOKENS), 64))
+def decode_tiles(heads: int) -> tuple[int, int, int]:
+    """(heads per program, cache rows per block, warps). Swept on an H200 (bench_mla_peer.py
+    --sweep, 12 choices): from 16 heads/16 rows/8 warps to these, V3's 128 heads 306 -> 150 us
+    at 32K tokens, 201 -> 80 at 8 x 2K, 845 -> 232 at 8 mixed lengths, 17 -> 21 at 512;
+    V2-Lite's 16 heads 105 -> 70 at 32K, 22 -> 18 at 8 x 1K, 12.5 -> 14 at 512. Longer blocks
+    make the score and value products large enough for the tensor cores; more heads per
+    program read each cache row for more of them."""
+    if heads >= 64:
+        return 32, 64, 8
+    return max(16, triton.next_power_of_2(min(heads, 16))), 32, 4
 
 
-def _heads_per_program(heads: int) -> int:
-    return 16 if heads >= 16 else max(16, triton.next_power_of_2(heads))
+def choose_splits(batch: int, heads: int, max_len: int, num_sms: int = 132,
+                  heads_per_program: int | None = None, fill: int = 2,
+                  block_tokens: int | None = None) -> int:
+    """Splits per sequence: enough programs to fill the GPU `fill` times, none shorter than a
+    block (the tiles decode_tiles picks unless given)."""
+    bh, bs, _ = decode_tiles(heads)
+    blocks = batch * triton.cdiv(heads, heads_per_program or bh)
+    want = triton.cdiv(fill * num_sms, blocks)
+    return max(1, min(want, triton.cdiv(max_len, block_tokens or bs), 64))
 
 
 def mla_decode(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor,
                page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, scale: float,
                num_splits: int, out: torch.Tensor | None = None,
-               block_tokens: int = BLOCK_TOKENS, precision: str = PRECISION) -> torch.Tensor:
+               block_tokens: int | None = None, precision: str = PRECISION,
+               heads_per_program: int | None = None, num_warps: int | None = None
+               ) -> torch.Tensor:
     """q_lat [B, H, C] f32, q_rope [B, H, R] f32 (any row strides), cache [slots, C + R]
     (bf16/f16/f32), page_table [B, P] int32, seq_lens [B] int32 -> out [B, H, C] f32."""
     b, h, c = q_lat.shape
@@ -127,11 +140,12 @@ def mla_decode(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor,
         q_rope = q_rope.contiguous()
     o_part = torch.empty(b, h, num_splits, c, dtype=torch.float32, device=q_lat.device)
     lse = torch.empty(b, h, num_splits, dtype=torch.float32, device=q_lat.device)
-    bh = _heads_per_program(h)
+    tiles = decode_tiles(h)
+    bh, bs, warps = heads_per_program or tiles[0], block_tokens or tiles[1], num_warps or tiles[2]
     _split_kernel[(b, triton.cdiv(h, bh), num_splits)](
         q_lat, q_rope, cache, page_table, seq_lens, o_part, lse, h, page_table.shape[1],
         page_size, scale, num_splits, q_rope.stride(0), q_rope.stride(1), C=c, R=r, BH=bh,
-        BS=block_tokens, PREC=precision, num_warps=8)
+        BS=bs, PREC=precision, num_warps=warps)
     out = out if out is not None else torch.empty(b, h, c, dtype=torch.float32,
                                                   device=q_lat.device)
     _merge_kernel[(b * h,)](o_part, lse, out, num_splits, C=c, num_warps=4)

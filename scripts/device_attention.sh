@@ -26,7 +26,7 @@ if [[ $WHAT == *e2e* ]]; then
   mkdir -p /tmp/v2l
   MODEL=$(python3 -c "import sys; from pathlib import Path; sys.path.insert(0, 'scripts')
 from bench_e2e import build_model; print(build_model('v2-lite', Path('/tmp/v2l')))" | tail -1)
-  for be in triton flashinfer; do
+  for be in ${BACKENDS:-triton flashinfer}; do
     timeout ${E2E_TIMEOUT:-240} python3 scripts/bench_e2e.py --gguf-path $MODEL --mode fast \
       --attention-backend $be --streams ${STREAMS:-1,8} --prefill ${PREFILL:-512} \
       ${E2E_ARGS:-} --json "$OUT/e2e_$be.json" 2>&1 | tee "$OUT/e2e_$be.log" | tail -8

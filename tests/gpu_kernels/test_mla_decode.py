@@ -42,4 +42,23 @@ def test_mla_decode(heads, c, r, page, lens, splits, device) -> None:
 def test_splits_fill_the_gpu() -> None:
     assert choose_splits(1, 16, 4096) == 64  # 1 x 1 head blocks: 2 x 132 SMs, at most 64
     assert choose_splits(1, 16, 10) == 1  # never more splits than token blocks
-    assert choose_splits(64, 128, 4096) == 1
+    assert choose_splits(64, 128, 4096) == 2  # 64 x 4 blocks of 32 heads: twice 132 SMs
+
+
+@pytest.mark.parametrize("tiles", [(16, 16, 8), (16, 64, 8), (32, 64, 8), (32, 32, 4)])
+def test_mla_decode_any_tiles(tiles, device) -> None:
+    """Every tile choice the sweep tries computes the same attention (the defaults come from
+    decode_tiles)."""
+    bh, bs, warps = tiles
+    g = torch.Generator().manual_seed(bh + bs)
+    heads, c, r, page, lens = 40, 64, 32, 16, [100, 3, 0, 33]
+    b, pages = len(lens), 8
+    cache = torch.randn(page * (pages * b + 1), c + r, generator=g).bfloat16().to(device)
+    table = torch.randperm(pages * b, generator=g).reshape(b, pages).int().to(device)
+    q = (torch.randn(b, heads, c, generator=g) * 0.1).to(device)
+    qr = (torch.randn(b, heads, r, generator=g) * 0.1).to(device)
+    seq = torch.tensor(lens, dtype=torch.int32, device=device)
+    out = mla_decode(q, qr, cache, table, seq, page, 0.07, 3, block_tokens=bs,
+                     heads_per_program=bh, num_warps=warps)
+    assert rel_err(out, mla_decode_ref(q, qr, cache, table, seq, page, 0.07)) < 3e-3
+    assert (out[2] == 0).all()
