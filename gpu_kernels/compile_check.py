@@ -116,7 +116,8 @@ def variants() -> Iterator[Variant]:
                       {**sig, "C": "constexpr", "R": "constexpr", "BH": "constexpr",
                        "BS": "constexpr", "PREC": "constexpr"},
                       {"C": 512, "R": 64, "BH": mla_decode.decode_tiles(heads)[0],
-                       "BS": mla_decode.decode_tiles(heads)[1], "PREC": mla_decode.PRECISION},
+                       "BS": mla_decode.decode_tiles(heads)[1],
+                       "PREC": mla_decode.DECODE_PRECISION},
                       mla_decode.decode_tiles(heads)[2])
     for heads in (4, 16, 128):
         bh = mla_prefill._heads_per_program(heads)

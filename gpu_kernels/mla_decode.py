@@ -9,9 +9,10 @@ block of heads and reads each cache row once for all of them. Long sequences are
 `num_splits` programs (flash-decoding); a second kernel merges the splits by their
 log-sum-exp. The split count is fixed at launch while the lengths are read on the device, so
 one launch (or one captured CUDA graph) serves sequences of any length. A sequence of length 0
-(a padding row) gets zeros. Products run on tensor cores in tf32 (bf16 cache rows are exact in
-tf32; the queries and probabilities are rounded to it: ~1e-3 relative error in the output);
-softmax and sums in fp32.
+(a padding row) gets zeros. Products run on tensor cores in bf16x2 for a bf16 cache: its rows
+as they are, each fp32 query and probability as the sum of two bf16 (two products), so the
+output is within ~3e-6 of the float64 reference (tf32 products: ~4e-4) at the same speed on an
+H200 (bench_mla_peer.py --sweep); other caches in tf32. Softmax and sums in fp32.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import torch
 import triton
 import triton.language as tl
 
-from gpu_kernels.device_function import device_function
+from gpu_kernels.device_function import INTERPRETED, device_function
 
-PRECISION = "tf32"
+PRECISION = "tf32"  # the prefill kernels' products (mla_prefill*.py)
+DECODE_PRECISION = "bf16x2"  # for a bf16 cache (else tf32)
 
 
 @device_function
@@ -36,6 +38,29 @@ def softmax_step(s, kv, m_i, l_i, acc, PREC: tl.constexpr):
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None] + tl.dot(p, kv, input_precision=PREC)
     return m_new, l_i, acc
+
+
+@device_function
+def split_bf16(x):
+    """x fp32 -> (hi, lo) bf16 with hi + lo = x to ~2^-16 relative: two bf16 products with an
+    exact bf16 operand then equal an fp32 product to that (tf32 keeps ~2^-11)."""
+    hi = x.to(tl.bfloat16)
+    return hi, (x - hi.to(tl.float32)).to(tl.bfloat16)
+
+
+# Triton's interpreter multiplies bf16 tiles wrongly (3.9: values ~1e10 off); the same products
+# in fp32 there are exact (a bf16 x bf16 product fits fp32)
+_NATIVE_BF16 = tl.constexpr(not INTERPRETED)
+
+
+@device_function
+def dot_bf16x2(x_hi, x_lo, y):
+    """(x_hi + x_lo) @ y in fp32, y bf16 (exact): two bf16 tensor-core products."""
+    if _NATIVE_BF16:
+        return tl.dot(x_hi, y) + tl.dot(x_lo, y)
+    y32 = y.to(tl.float32)
+    return (tl.dot(x_hi.to(tl.float32), y32, input_precision="ieee")
+            + tl.dot(x_lo.to(tl.float32), y32, input_precision="ieee"))
 
 
 @triton.jit(do_not_specialize=["P", "NSPLIT"])  # P: page-table width, per eager step
@@ -53,6 +78,9 @@ def _split_kernel(q_ptr, qr_ptr, cache_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr,
     q = tl.load(q_ptr + (b * H + h)[:, None] * C + c[None, :], mask=hmask[:, None], other=0.0)
     qr = tl.load(qr_ptr + b * sqrb + h[:, None] * sqrh + rr[None, :], mask=hmask[:, None],
                  other=0.0)
+    if PREC == "bf16x2":  # the cache is bf16: its rows stay so, the queries split in two
+        q_hi, q_lo = split_bf16(q)
+        qr_hi, qr_lo = split_bf16(qr)
     length = tl.load(lens_ptr + b)
     chunk = tl.cdiv(tl.cdiv(length, NSPLIT), BS) * BS
     start = sp * chunk
@@ -67,11 +95,22 @@ def _split_kernel(q_ptr, qr_ptr, cache_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr,
         slot = (page.to(tl.int64) * page_size + t % page_size) * (C + R)  # [BS]
         kv = tl.load(cache_ptr + slot[:, None] + c[None, :], mask=tmask[:, None], other=0.0)
         kr = tl.load(cache_ptr + slot[:, None] + C + rr[None, :], mask=tmask[:, None], other=0.0)
-        kv = kv.to(tl.float32)
-        s = tl.dot(q, tl.trans(kv), input_precision=PREC)
-        s += tl.dot(qr, tl.trans(kr.to(tl.float32)), input_precision=PREC)
-        s = tl.where(tmask[None, :], s * scale, float("-inf"))  # [BH, BS]
-        m_i, l_i, acc = softmax_step(s, kv, m_i, l_i, acc, PREC)
+        if PREC == "bf16x2":
+            s = dot_bf16x2(q_hi, q_lo, tl.trans(kv)) + dot_bf16x2(qr_hi, qr_lo, tl.trans(kr))
+            s = tl.where(tmask[None, :], s * scale, float("-inf"))  # [BH, BS]
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            p = tl.exp(s - m_new[:, None])
+            alpha = tl.exp(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            p_hi, p_lo = split_bf16(p)
+            acc = acc * alpha[:, None] + dot_bf16x2(p_hi, p_lo, kv)
+            m_i = m_new
+        else:
+            kv = kv.to(tl.float32)
+            s = tl.dot(q, tl.trans(kv), input_precision=PREC)
+            s += tl.dot(qr, tl.trans(kr.to(tl.float32)), input_precision=PREC)
+            s = tl.where(tmask[None, :], s * scale, float("-inf"))  # [BH, BS]
+            m_i, l_i, acc = softmax_step(s, kv, m_i, l_i, acc, PREC)
     row = (b * H + h) * NSPLIT + sp  # [BH]
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
@@ -101,8 +140,9 @@ def _merge_kernel(o_ptr, lse_ptr, out_ptr, NSPLIT, C: tl.constexpr):
 def decode_tiles(heads: int) -> tuple[int, int, int]:
     """(heads per program, cache rows per block, warps). Swept on an H200 (bench_mla_peer.py
     --sweep, 12 choices): from 16 heads/16 rows/8 warps to these, V3's 128 heads 306 -> 150 us
-    at 32K tokens, 201 -> 80 at 8 x 2K, 845 -> 232 at 8 mixed lengths, 17 -> 21 at 512;
-    V2-Lite's 16 heads 105 -> 70 at 32K, 22 -> 18 at 8 x 1K, 12.5 -> 14 at 512. Longer blocks
+    at 32K tokens, 201 -> 80 at 8 x 2K, 845 -> 232 at 8 mixed lengths, 17 -> 17-21 at 512;
+    V2-Lite's 16 heads 105 -> 70 at 32K, 22 -> 18 at 8 x 1K, 12.5 -> 12-14 at 512 (tf32; bf16x2
+    products measured the same, +-5%). Longer blocks
     make the score and value products large enough for the tensor cores; more heads per
     program read each cache row for more of them."""
     if heads >= 64:
@@ -124,7 +164,7 @@ def choose_splits(batch: int, heads: int, max_len: int, num_sms: int = 132,
 def mla_decode(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor,
                page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, scale: float,
                num_splits: int, out: torch.Tensor | None = None,
-               block_tokens: int | None = None, precision: str = PRECISION,
+               block_tokens: int | None = None, precision: str = DECODE_PRECISION,
                heads_per_program: int | None = None, num_warps: int | None = None
                ) -> torch.Tensor:
     """q_lat [B, H, C] f32, q_rope [B, H, R] f32 (any row strides), cache [slots, C + R]
@@ -142,6 +182,8 @@ def mla_decode(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor,
     lse = torch.empty(b, h, num_splits, dtype=torch.float32, device=q_lat.device)
     tiles = decode_tiles(h)
     bh, bs, warps = heads_per_program or tiles[0], block_tokens or tiles[1], num_warps or tiles[2]
+    if precision == "bf16x2" and cache.dtype != torch.bfloat16:
+        precision = "tf32"  # its rows are exact in bf16 only when they are bf16
     _split_kernel[(b, triton.cdiv(h, bh), num_splits)](
         q_lat, q_rope, cache, page_table, seq_lens, o_part, lse, h, page_table.shape[1],
         page_size, scale, num_splits, q_rope.stride(0), q_rope.stride(1), C=c, R=r, BH=bh,

@@ -107,10 +107,12 @@ def bench_case(heads: int, lens: list[int], backends: list[str]) -> dict:
 SWEEP_CASES = [(128, [4096]), (128, [32768]), (128, [2048] * 8),
                (128, [300, 7000, 50, 2048, 1, 900, 15000, 64]), (16, [4096]), (16, [32768]),
                (16, [512]), (16, [1024] * 8), (128, [512]), (16, [2048] * 32)]
-# ours: (heads per program, tokens per block, warps, GPU fill factor of the split count)
-SWEEP = [(16, 16, 8, 2), (16, 64, 8, 2), (16, 64, 4, 2), (16, 64, 8, 4), (16, 64, 4, 4),
-         (16, 128, 8, 2), (16, 128, 4, 2), (16, 128, 8, 4), (32, 64, 8, 2), (32, 64, 8, 4),
-         (16, 32, 4, 2), (16, 64, 4, 8)]
+# ours: (heads per program, tokens per block, warps, GPU fill factor of the split count,
+# product precision)
+SWEEP = [(32, 64, 8, 2, "tf32"), (16, 32, 4, 2, "tf32"), (32, 64, 8, 2, "bf16x2"),
+         (16, 32, 4, 2, "bf16x2"), (16, 64, 8, 2, "bf16x2"), (64, 64, 8, 2, "bf16x2"),
+         (32, 32, 4, 2, "bf16x2"), (64, 32, 8, 2, "bf16x2"), (32, 128, 8, 2, "bf16x2"),
+         (16, 64, 4, 2, "bf16x2"), (64, 64, 4, 2, "bf16x2"), (32, 64, 4, 2, "bf16x2")]
 
 
 def sweep() -> list[dict]:
@@ -121,8 +123,9 @@ def sweep() -> list[dict]:
         ref = mla_decode_ref(q, qr, cache, table, seq, PAGE, SCALE)
         out = torch.empty(len(lens), heads, C, device="cuda")
         line = []
-        for bh, bs, warps, fill in SWEEP:
-            kw = {"heads_per_program": bh, "block_tokens": bs, "num_warps": warps}
+        for bh, bs, warps, fill, prec in SWEEP:
+            kw = {"heads_per_program": bh, "block_tokens": bs, "num_warps": warps,
+                  "precision": prec}
             splits = choose_splits(len(lens), heads, max(lens), heads_per_program=bh, fill=fill)
             args = (q, qr, cache, table, seq, PAGE, SCALE, splits)
             try:
@@ -132,8 +135,9 @@ def sweep() -> list[dict]:
             except Exception as e:  # noqa: BLE001 (a tile that does not fit: say so, go on)
                 us, err = float("nan"), str(e)[:80]
             rows.append({"heads": heads, "lens": lens, "bh": bh, "bs": bs, "warps": warps,
-                         "fill": fill, "splits": splits, "us": us, "err": err})
-            line.append(f"{bh}/{bs}/{warps}/{fill}: {us:.1f}")
+                         "fill": fill, "precision": prec, "splits": splits, "us": us,
+                         "err": err})
+            line.append(f"{bh}/{bs}/{warps}/{fill}/{prec}: {us:.1f}")
         print(f"sweep H={heads} B={len(lens)} tokens={sum(lens)}: " + "  ".join(line),
               flush=True)
     return rows
@@ -144,7 +148,8 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--backends", default="fa2,fa3")
     ap.add_argument("--sweep", action="store_true",
-                    help="only our kernel's tile and split choices (heads/tokens/warps/fill)")
+                    help="only our kernel's tile, split and precision choices "
+                         "(heads/tokens/warps/fill/precision)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")

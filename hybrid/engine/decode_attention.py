@@ -8,7 +8,8 @@ V2-Lite's 16 heads ours is as fast or faster up to ~8K tokens a sequence (12 aga
 512) and flashinfer 1.4-1.9x faster from ~32K or many long sequences. flashinfer also plans each
 step on the host (~0.6 ms, once per step for every layer): on a V2-Lite-shaped file, decode at
 short contexts ran 58 tok/s with it against 65 with ours. So "auto" takes flashinfer for models
-of >= 64 heads when it is importable, ours otherwise.
+of >= 64 heads when it is importable, ours otherwise. Error against the float64 reference: ours
+~3e-6 (bf16x2 products), flashinfer's ~4e-3 (bf16 queries and probabilities).
 
 A plan is per step: every layer's decode rows share the lengths and pages. Eager steps plan one
 wrapper from the chunks' host data; each CUDA graph bucket owns a wrapper whose fixed buffers
