@@ -37,7 +37,7 @@ from cpu_kernels import qtypes as qt
 from cpu_kernels.grid_blocks import BLOCK_BYTES as GRID_BLOCK_BYTES
 from cpu_kernels.packed_tiles_iq4 import IQ4_NL_BYTES, IQ4_XS_BYTES
 from cpu_kernels.scalars import f16_bytes_as_f32
-from cpu_kernels.weights import ExpertWeights, QuantMatrix
+from cpu_kernels.weights import ExpertWeights, QuantMatrix, read_only
 
 ROWS = 8
 # qtype -> (columns per packed block, packed bytes per 8 rows x block)
@@ -63,7 +63,10 @@ class PackedMatrix:
 
     qtype: int
     shape: tuple[int, int, int]
-    data: np.ndarray  # [E, RG, row_group_bytes] uint8
+    data: np.ndarray  # [E, RG, row_group_bytes] uint8, read-only (weights.read_only)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "data", read_only(self.data))
 
     @classmethod
     def of(cls, w: QuantMatrix, rows: tuple[int, int] | None = None,

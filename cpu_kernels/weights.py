@@ -13,6 +13,18 @@ if TYPE_CHECKING:
     from cpu_kernels.packed import PackedExperts
 
 
+def read_only(a: np.ndarray) -> np.ndarray:
+    """`a`, or a view of it that cannot be written. Kernels see weights only so: numba compiles
+    a read-only array as a type of its own, so weights from a file (memory-mapped read-only) and
+    weights built in memory (packing, synthetic blocks) would each compile every kernel again,
+    twice the minutes on a cold start and twice the on-disk cache."""
+    if not a.flags.writeable:
+        return a
+    view = a.view()
+    view.flags.writeable = False
+    return view
+
+
 @dataclass(frozen=True)
 class QuantMatrix:
     """A stack of quantized matrices as stored in GGUF.
@@ -24,7 +36,10 @@ class QuantMatrix:
 
     qtype: int
     shape: tuple[int, int, int]
-    blocks: np.ndarray  # [E, rows, row_bytes] uint8
+    blocks: np.ndarray  # [E, rows, row_bytes] uint8, read-only
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "blocks", read_only(self.blocks))
 
     @classmethod
     def from_raw(cls, qtype: int, shape: tuple[int, ...], raw: np.ndarray) -> QuantMatrix:

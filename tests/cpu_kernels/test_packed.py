@@ -11,8 +11,9 @@ from cpu_kernels.moe import moe_forward
 from cpu_kernels.packed import PackedMatrix
 from cpu_kernels.packed_dot_iq import packed_tile_iq as packed_tile  # every packed type
 from cpu_kernels.q8_activations import Q8Activations, dequantize_ref
-from cpu_kernels.random_blocks import random_experts, random_matrix
+from cpu_kernels.random_blocks import random_blocks, random_experts, random_matrix
 from cpu_kernels.reference import dequantize, moe_forward_ref, rel_error
+from cpu_kernels.weights import QuantMatrix
 
 TYPES = [qt.Q4_K, qt.Q6_K, qt.Q8_0, qt.Q5_0, qt.Q2_K, qt.Q3_K, qt.IQ2_XXS, qt.IQ2_XS, qt.IQ2_S,
          qt.IQ3_XXS, qt.IQ3_S, qt.IQ1_S, qt.IQ1_M, qt.IQ4_XS, qt.IQ4_NL]
@@ -86,3 +87,17 @@ def test_pack_keeps_unpackable_types_on_blocks() -> None:
     rng = np.random.default_rng(0)
     experts = random_experts(rng, 2, 256, 64, qt.Q5_K, qt.Q5_K, qt.BF16)
     assert experts.pack() is experts and experts.packed is None
+
+
+def test_weights_reach_the_kernels_read_only_whatever_made_them() -> None:
+    """numba compiles a read-only array as a type of its own: a file's weights (mapped
+    read-only) and weights made in memory (synthetic, packed) must be the same type, or every
+    kernel compiles twice. The caller's own array stays writable."""
+    rng = np.random.default_rng(0)
+    raw = random_blocks(rng, qt.Q4_K, (2, 16, 512))
+    w = QuantMatrix(qt.Q4_K, (2, 16, 512), raw)
+    assert raw.flags.writeable and not w.blocks.flags.writeable
+    assert np.shares_memory(raw, w.blocks)
+    packed = PackedMatrix.of(w)
+    assert not packed.data.flags.writeable
+    assert not numba.typeof(w.blocks).mutable and not numba.typeof(packed.data).mutable
