@@ -81,3 +81,29 @@ def test_csr_pages_lists_each_sequences_pages_in_order(seed, page_size):
 def test_csr_pages_refuses_a_length_past_the_table():
     with pytest.raises(ValueError, match="needs more than the page table's 2 pages"):
         csr_pages(torch.zeros(1, 2, dtype=torch.int32), torch.tensor([129]), 64)
+
+
+@pytest.mark.parametrize("choice", ["auto", "flashinfer"])
+def test_flashinfer_failing_to_start_falls_back_under_auto_only(choice, monkeypatch, caplog):
+    """Its kernels build at start-up (nvcc); a failed build must not take a server down under
+    "auto", and must say what failed when asked for by name."""
+    from hybrid.engine import decode_attention
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("nvcc not found")
+
+    monkeypatch.setattr(decode_attention, "resolve", lambda choice, ops: "flashinfer")
+    monkeypatch.setattr(decode_attention, "FlashInferPlans", broken)
+    if choice == "auto":
+        assert decode_attention.build(choice, ops("cuda:0"), 64, 8) == ("triton", None)
+        assert "nvcc not found" in caplog.text and "triton" in caplog.text
+    else:
+        with pytest.raises(HybridError, match="failed to start .*nvcc not found.* triton"):
+            decode_attention.build(choice, ops("cuda:0"), 64, 8)
+
+
+def test_ours_needs_no_flashinfer_plans():
+    from hybrid.engine.decode_attention import build
+
+    assert build("auto", ops("cpu"), 64, 8) == ("triton", None)
+    assert build("triton", ops("cuda:0"), 64, 8) == ("triton", None)

@@ -77,7 +77,33 @@ class FlashInferPlans:
         self.page_size, self.max_pages = page_size, max_pages
         self.eager = self._make()
         self._graphs: dict[int, object] = {}
+        # one row over page 0 of a scratch cache: builds flashinfer's kernels now (JIT, nvcc),
+        # so a build that fails fails at start-up, not in a request
+        scratch = torch.zeros(page_size + 1, op.kv_lora + op.rope, dtype=op.kv_dtype,
+                              device=op.device)
+        self.eager.plan(torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32))
+        q = torch.zeros(1, op.heads, op.kv_lora + op.rope, device=op.device)
+        self.eager.run(q[..., :op.kv_lora], q[..., op.kv_lora:], scratch)
         log.info("decode attention: flashinfer (%s)", self.eager.backend)
+
+
+def build(choice: str, attention_ops: list, page_size: int, max_pages: int
+          ) -> tuple[str, FlashInferPlans | None]:
+    """(the backend the engine runs, its FlashInferPlans or None). flashinfer failing to start
+    (its kernels fail to build: no nvcc, an unsupported GPU) falls back to ours under "auto"
+    with a warning, and raises naming the failure when asked for by name."""
+    backend = resolve(choice, attention_ops)
+    if backend == "triton":
+        return backend, None
+    try:
+        return backend, FlashInferPlans(attention_ops[0], page_size, max_pages)
+    except Exception as e:  # flashinfer's build and runtime errors vary
+        if choice == "flashinfer":
+            raise HybridError(f"flashinfer's MLA decode failed to start ({type(e).__name__}: "
+                              f"{str(e)[:300]}); use --attention-backend triton") from e
+        log.warning("flashinfer's MLA decode failed to start (%s: %s); decode attention runs "
+                    "on ours (triton)", type(e).__name__, str(e)[:300])
+        return "triton", None
 
     def for_graph(self, batch: int):
         """The wrapper a CUDA graph of `batch` decode rows captures (made once)."""

@@ -61,10 +61,8 @@ class ModelRunner:
         self.recorder = install_recorder(model, self.program) if config.record_routing else None
         self.max_pages = -(-max_request_tokens // config.page_size)
         self.graphs = None
-        self.attention_backend = decode_attention.resolve(config.attention_backend, attention)
-        self.flashinfer = decode_attention.FlashInferPlans(attention[0], self.page_size,
-                                                           self.max_pages) \
-            if self.attention_backend == "flashinfer" else None
+        self.attention_backend, self.flashinfer = decode_attention.build(
+            config.attention_backend, attention, self.page_size, self.max_pages)
         self.stream = prefill_setup.build_stream(self.program.moe_layers, config, self.device)
         self.program.stream = self.stream
         if self.stream is not None:  # its grouped launches first: warm-up steps stream
