@@ -28,19 +28,6 @@ DECODE_PRECISION = "bf16x2"  # for a bf16 cache (else tf32)
 
 
 @device_function
-def softmax_step(s, kv, m_i, l_i, acc, PREC: tl.constexpr):
-    """One block of keys into a running softmax (flash attention): s [rows, BS] scaled scores
-    (-inf where a key is not seen; every row must see a key of its first block), kv [BS, C]
-    values; m_i, l_i [rows] the running max and sum, acc [rows, C] -> the three updated."""
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    p = tl.exp(s - m_new[:, None])
-    alpha = tl.exp(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p, kv, input_precision=PREC)
-    return m_new, l_i, acc
-
-
-@device_function
 def split_bf16(x):
     """x fp32 -> (hi, lo) bf16 with hi + lo = x to ~2^-16 relative: two bf16 products with an
     exact bf16 operand then equal an fp32 product to that (tf32 keeps ~2^-11)."""
@@ -61,6 +48,24 @@ def dot_bf16x2(x_hi, x_lo, y):
     y32 = y.to(tl.float32)
     return (tl.dot(x_hi.to(tl.float32), y32, input_precision="ieee")
             + tl.dot(x_lo.to(tl.float32), y32, input_precision="ieee"))
+
+
+@device_function
+def softmax_step(s, kv, m_i, l_i, acc, PREC: tl.constexpr):
+    """One block of keys into a running softmax (flash attention): s [rows, BS] scaled scores
+    (-inf where a key is not seen; every row must see a key of its first block), kv [BS, C]
+    values (bf16 for PREC "bf16x2"); m_i, l_i [rows] the running max and sum, acc [rows, C]
+    -> the three updated."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    p = tl.exp(s - m_new[:, None])
+    alpha = tl.exp(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if PREC == "bf16x2":
+        p_hi, p_lo = split_bf16(p)
+        acc = acc * alpha[:, None] + dot_bf16x2(p_hi, p_lo, kv)
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p, kv, input_precision=PREC)
+    return m_new, l_i, acc
 
 
 @triton.jit(do_not_specialize=["P", "NSPLIT"])  # P: page-table width, per eager step
@@ -97,20 +102,12 @@ def _split_kernel(q_ptr, qr_ptr, cache_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr,
         kr = tl.load(cache_ptr + slot[:, None] + C + rr[None, :], mask=tmask[:, None], other=0.0)
         if PREC == "bf16x2":
             s = dot_bf16x2(q_hi, q_lo, tl.trans(kv)) + dot_bf16x2(qr_hi, qr_lo, tl.trans(kr))
-            s = tl.where(tmask[None, :], s * scale, float("-inf"))  # [BH, BS]
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            p = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            p_hi, p_lo = split_bf16(p)
-            acc = acc * alpha[:, None] + dot_bf16x2(p_hi, p_lo, kv)
-            m_i = m_new
         else:
             kv = kv.to(tl.float32)
             s = tl.dot(q, tl.trans(kv), input_precision=PREC)
             s += tl.dot(qr, tl.trans(kr.to(tl.float32)), input_precision=PREC)
-            s = tl.where(tmask[None, :], s * scale, float("-inf"))  # [BH, BS]
-            m_i, l_i, acc = softmax_step(s, kv, m_i, l_i, acc, PREC)
+        s = tl.where(tmask[None, :], s * scale, float("-inf"))  # [BH, BS]
+        m_i, l_i, acc = softmax_step(s, kv, m_i, l_i, acc, PREC)
     row = (b * H + h) * NSPLIT + sp  # [BH]
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
@@ -142,12 +139,12 @@ def decode_tiles(heads: int) -> tuple[int, int, int]:
     --sweep, 12 choices): from 16 heads/16 rows/8 warps to these, V3's 128 heads 306 -> 150 us
     at 32K tokens, 201 -> 80 at 8 x 2K, 845 -> 232 at 8 mixed lengths, 17 -> 17-21 at 512;
     V2-Lite's 16 heads 105 -> 70 at 32K, 22 -> 18 at 8 x 1K, 12.5 -> 12-14 at 512 (tf32; bf16x2
-    products measured the same, +-5%). Longer blocks
-    make the score and value products large enough for the tensor cores; more heads per
-    program read each cache row for more of them."""
+    products measured the same, +-5%). Longer blocks make the score and value products large
+    enough for the tensor cores; more heads per program read each cache row for more of them
+    (fewer than 16 heads still take a 16-row product: the tensor cores' least)."""
     if heads >= 64:
         return 32, 64, 8
-    return max(16, triton.next_power_of_2(min(heads, 16))), 32, 4
+    return 16, 32, 4
 
 
 def choose_splits(batch: int, heads: int, max_len: int, num_sms: int = 132,

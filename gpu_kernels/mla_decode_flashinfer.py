@@ -82,7 +82,6 @@ class FlashInferMLADecode:
         self.backend = backend
         self._wrapper = flashinfer.mla.BatchMLAPagedAttentionWrapper(workspace, backend=backend,
                                                                      **buffers)
-        self.batch = 0
 
     def plan(self, page_table: torch.Tensor, seq_lens: torch.Tensor) -> None:
         """page_table [B, P], seq_lens [B] (host or device; host saves a sync) for the next
@@ -90,15 +89,13 @@ class FlashInferMLADecode:
         row means nothing."""
         lens = seq_lens.to(torch.int32).cpu().clamp(min=1)
         indptr, indices = csr_pages(page_table.cpu(), lens, self.page_size)
-        b = len(lens)
-        qo_indptr = torch.arange(b + 1, dtype=torch.int32)  # one query token per sequence
+        qo_indptr = torch.arange(len(lens) + 1, dtype=torch.int32)  # one query token per sequence
         with warnings.catch_warnings():  # newer flashinfer prefers a metadata object
             warnings.simplefilter("ignore", DeprecationWarning)
             warnings.simplefilter("ignore", FutureWarning)
             self._wrapper.plan(qo_indptr, indptr, indices.to(self.device), lens, self.heads,
                                self.kv_lora, self.rope, self.page_size, False, self.scale,
                                self.kv_dtype, self.kv_dtype)
-        self.batch = b
 
     def run(self, q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor,
             out: torch.Tensor | None = None) -> torch.Tensor:

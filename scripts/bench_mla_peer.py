@@ -24,6 +24,8 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench_gpu_kernels import graph_ms  # kernel calls replayed as one CUDA graph
+
 from gpu_kernels.mla_decode import choose_splits, mla_decode, mla_decode_ref
 from gpu_kernels.mla_decode_flashinfer import FlashInferMLADecode, available
 
@@ -33,21 +35,6 @@ CASES = [(16, [512]), (16, [4096]), (16, [32768]), (16, [1024] * 8), (16, [2048]
          (16, [300, 7000, 50, 2048, 1, 900, 15000, 64]),
          (128, [512]), (128, [4096]), (128, [32768]), (128, [2048] * 8), (128, [4096] * 16),
          (128, [300, 7000, 50, 2048, 1, 900, 15000, 64])]
-
-
-def graph_ms(fn, calls: int = 20) -> float:
-    """Milliseconds per call of fn(), replayed as one CUDA graph of `calls` calls."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    return triton.testing.do_bench(g.replay, return_mode="median") / calls
 
 
 def make_case(heads: int, lens: list[int]):

@@ -210,7 +210,7 @@ class ModelRunner:
         if decode:
             _, fb = ForwardBatch.scratch_decode(StepLayout(1, 1, self.max_pages, 1),
                                                 self.page_size, self.cache, self.device)
-            if self.flashinfer is not None:  # compiles its kernels (JIT) on the first plan
+            if self.flashinfer is not None:  # the padding row planned as one token
                 self.flashinfer.eager.plan(fb.page_table.cpu(), fb.seq_lens.cpu())
                 fb.decode_attention = self.flashinfer.eager
             self.program.run(StepState(fb, num_real=1))

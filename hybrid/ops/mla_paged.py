@@ -3,9 +3,8 @@ chunks; see hybrid/engine/forward_batch.py).
 
 Decode rows: one launch of gpu_kernels.mla_decode on CUDA (every sequence, any length, one
 launch per layer; or flashinfer's, hybrid/engine/decode_attention.py), the same arithmetic in
-torch elsewhere. Prefill chunks: one launch of
-gpu_kernels.mla_prefill for all of them (flash attention, causal, reading their keys from the
-cache); elsewhere torch, one chunk at a time.
+torch elsewhere. Prefill chunks: one launch of gpu_kernels.mla_prefill for all of them (flash
+attention, causal, reading their keys from the cache); elsewhere torch, one chunk at a time.
 """
 
 from __future__ import annotations
