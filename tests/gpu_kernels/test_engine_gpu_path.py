@@ -67,6 +67,17 @@ def test_streamed_experts_equal_cpu_rules(models, tmp_path, monkeypatch):
         greedy(path, "cpu", False, monkeypatch, prompts=prompts)
 
 
+def start_layered_job(llm, runner, steps: int = 20) -> None:
+    """Step until a chunk passes the layers over steps; a step that fails instead (its
+    requests end) fails here rather than looping."""
+    for _ in range(steps):
+        if runner.job is not None:
+            return
+        assert llm.engine.has_work, "the requests ended before a chunk passed the layers"
+        llm.worker.step()
+    assert runner.job is not None, f"no chunk passed the layers in {steps} steps"
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="scripts/device_rules_check.py on GPUs")
 def test_cancelling_a_chunk_in_flight_leaves_the_others_whole(models, tmp_path, monkeypatch):
     """A request cancelled while its chunk is part-way through the layers: its job is dropped
@@ -82,8 +93,7 @@ def test_cancelling_a_chunk_in_flight_leaves_the_others_whole(models, tmp_path, 
     short = llm._submit([5, 6], params, lambda e: None)
     long = llm._submit(list(range(20, 32)), params, lambda e: None)  # 6 now, 6 beside a decode
     runner = llm.engine.runner
-    while runner.job is None:
-        llm.worker.step()
+    start_layered_job(llm, runner)
     assert long.in_flight
     llm.worker.cancel(long)
     while llm.engine.has_work:
@@ -95,8 +105,7 @@ def test_cancelling_a_chunk_in_flight_leaves_the_others_whole(models, tmp_path, 
     events: list = []
     short = llm._submit([5, 6], params, events.append)
     long = llm._submit(list(range(20, 32)), params, events.append)
-    while runner.job is None:
-        llm.worker.step()
+    start_layered_job(llm, runner)
 
     def broken(*args):
         raise RuntimeError("device lost")
