@@ -107,3 +107,40 @@ def test_ours_needs_no_flashinfer_plans():
 
     assert build("auto", ops("cpu"), 64, 8) == ("triton", None)
     assert build("triton", ops("cuda:0"), 64, 8) == ("triton", None)
+
+
+class FakeWrapper:
+    """Stands in for FlashInferMLADecode (CUDA only): records its plans and runs."""
+
+    backend = "fake"
+
+    def __init__(self, *args, **kwargs):
+        self.kwargs, self.plans, self.runs = kwargs, [], 0
+
+    def plan(self, page_table, seq_lens):
+        self.plans.append((torch.as_tensor(page_table).tolist(),
+                           torch.as_tensor(seq_lens).tolist()))
+
+    def run(self, q_lat, q_rope, cache, out=None):
+        self.runs += 1
+
+
+def test_flashinfer_plans_build_at_start_and_serve_graphs_and_eager_steps(monkeypatch):
+    """The engine's glue around flashinfer's wrappers, with a stand-in for them: its kernels
+    run once at start-up, each graph bucket gets its own wrapper (made once, with fixed
+    buffers), and an eager step's decodes are planned from their pages and lengths."""
+    import gpu_kernels.mla_decode_flashinfer as fi
+    from hybrid.engine.decode_attention import FlashInferPlans
+
+    monkeypatch.setattr(fi, "FlashInferMLADecode", FakeWrapper)
+    op = SimpleNamespace(device=torch.device("cpu"), heads=16, kv_lora=512, rope=64,
+                         scale=0.1, kv_dtype=torch.bfloat16)
+    plans = FlashInferPlans(op, page_size=16, max_pages=4)
+    assert plans.eager.runs == 1 and plans.eager.plans == [([[0]], [1])]
+    graph = plans.for_graph(4)
+    assert plans.for_graph(4) is graph and graph.kwargs["graph_batch"] == 4
+    assert graph.kwargs["max_pages"] == 4
+    chunks = [([7], [3, 5], 20, True), ([8], [2], 0, True), ([1, 2, 3], [9], 0, True)]
+    assert plans.plan_chunks(chunks) is plans.eager
+    assert plans.eager.plans[-1] == ([[3, 5], [2, 0]], [21, 1])
+    assert plans.plan_chunks([([1, 2], [9], 0, True)]) is None

@@ -86,25 +86,6 @@ class FlashInferPlans:
         self.eager.run(q[..., :op.kv_lora], q[..., op.kv_lora:], scratch)
         log.info("decode attention: flashinfer (%s)", self.eager.backend)
 
-
-def build(choice: str, attention_ops: list, page_size: int, max_pages: int
-          ) -> tuple[str, FlashInferPlans | None]:
-    """(the backend the engine runs, its FlashInferPlans or None). flashinfer failing to start
-    (its kernels fail to build: no nvcc, an unsupported GPU) falls back to ours under "auto"
-    with a warning, and raises naming the failure when asked for by name."""
-    backend = resolve(choice, attention_ops)
-    if backend == "triton":
-        return backend, None
-    try:
-        return backend, FlashInferPlans(attention_ops[0], page_size, max_pages)
-    except Exception as e:  # flashinfer's build and runtime errors vary
-        if choice == "flashinfer":
-            raise HybridError(f"flashinfer's MLA decode failed to start ({type(e).__name__}: "
-                              f"{str(e)[:300]}); use --attention-backend triton") from e
-        log.warning("flashinfer's MLA decode failed to start (%s: %s); decode attention runs "
-                    "on ours (triton)", type(e).__name__, str(e)[:300])
-        return "triton", None
-
     def for_graph(self, batch: int):
         """The wrapper a CUDA graph of `batch` decode rows captures (made once)."""
         if batch not in self._graphs:
@@ -126,3 +107,22 @@ def build(choice: str, attention_ops: list, page_size: int, max_pages: int
         lens = torch.tensor([start + 1 for _, _, start, _ in decodes], dtype=torch.int32)
         self.eager.plan(table, lens)
         return self.eager
+
+
+def build(choice: str, attention_ops: list, page_size: int, max_pages: int
+          ) -> tuple[str, FlashInferPlans | None]:
+    """(the backend the engine runs, its FlashInferPlans or None). flashinfer failing to start
+    (its kernels fail to build: no nvcc, an unsupported GPU) falls back to ours under "auto"
+    with a warning, and raises naming the failure when asked for by name."""
+    backend = resolve(choice, attention_ops)
+    if backend == "triton":
+        return backend, None
+    try:
+        return backend, FlashInferPlans(attention_ops[0], page_size, max_pages)
+    except Exception as e:  # flashinfer's build and runtime errors vary
+        if choice == "flashinfer":
+            raise HybridError(f"flashinfer's MLA decode failed to start ({type(e).__name__}: "
+                              f"{str(e)[:300]}); use --attention-backend triton") from e
+        log.warning("flashinfer's MLA decode failed to start (%s: %s); decode attention runs "
+                    "on ours (triton)", type(e).__name__, str(e)[:300])
+        return "triton", None
