@@ -84,11 +84,11 @@ class FlashInferMLADecode:
                                                                      **buffers)
 
     def plan(self, page_table: torch.Tensor, seq_lens: torch.Tensor) -> None:
-        """page_table [B, P], seq_lens [B] (host or device; host saves a sync) for the next
-        runs. A padding row (length 0) is planned as one token of its first page: its output
-        row means nothing."""
-        lens = seq_lens.to(torch.int32).cpu().clamp(min=1)
-        indptr, indices = csr_pages(page_table.cpu(), lens, self.page_size)
+        """page_table [B, P], seq_lens [B] (tensors or numpy arrays; on the host saves a sync)
+        for the next runs. A padding row (length 0) is planned as one token of its first page:
+        its output row means nothing."""
+        lens = torch.as_tensor(seq_lens).to(torch.int32).cpu().clamp(min=1)
+        indptr, indices = csr_pages(torch.as_tensor(page_table), lens, self.page_size)
         qo_indptr = torch.arange(len(lens) + 1, dtype=torch.int32)  # one query token per sequence
         with warnings.catch_warnings():  # newer flashinfer prefers a metadata object
             warnings.simplefilter("ignore", DeprecationWarning)

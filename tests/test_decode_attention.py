@@ -14,6 +14,8 @@ import torch
 from gpu_kernels.mla_decode_flashinfer import FlashInferMLADecode, available, csr_pages
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.decode_attention import FLASHINFER_MIN_HEADS, resolve
+from hybrid.engine.forward_batch import ForwardBatch
+from hybrid.engine.kv_cache import PagedLatentCache
 from hybrid.errors import HybridError
 
 
@@ -140,7 +142,13 @@ def test_flashinfer_plans_build_at_start_and_serve_graphs_and_eager_steps(monkey
     graph = plans.for_graph(4)
     assert plans.for_graph(4) is graph and graph.kwargs["graph_batch"] == 4
     assert graph.kwargs["max_pages"] == 4
+    cache = PagedLatentCache([op], 16 * 10)
     chunks = [([7], [3, 5], 20, True), ([8], [2], 0, True), ([1, 2, 3], [9], 0, True)]
-    assert plans.plan_chunks(chunks) is plans.eager
-    assert plans.eager.plans[-1] == ([[3, 5], [2, 0]], [21, 1])
-    assert plans.plan_chunks([([1, 2], [9], 0, True)]) is None
+    fb = ForwardBatch.build(chunks, 16, cache, torch.device("cpu"))
+    plans.attach(fb)
+    assert fb.decode_attention is plans.eager
+    assert plans.eager.plans[-1] == ([[3, 5], [2, 0]], [21, 1])  # from the packed indices
+    assert fb.on(torch.device("meta")).decode_attention is plans.eager
+    prompt = ForwardBatch.build([([1, 2], [9], 0, True)], 16, cache, torch.device("cpu"))
+    plans.attach(prompt)
+    assert prompt.decode_attention is None and len(plans.eager.plans) == 2

@@ -88,8 +88,7 @@ class DecodeGraphs:
         layout = StepLayout(b, b, self.max_pages, b)
         inputs, fb = ForwardBatch.scratch_decode(layout, self.page_size, self.cache, self.device)
         if self.flashinfer is not None:  # padding rows: planned as one token of page 0
-            fb.decode_attention = self.flashinfer.for_graph(b)
-            fb.decode_attention.plan(fb.page_table.cpu(), fb.seq_lens.cpu())
+            self.flashinfer.attach(fb, self.flashinfer.for_graph(b))
         return layout, inputs, StepState(fb, num_real=b, num_splits=num_splits)
 
     def _capture(self, b: int, num_splits: int) -> _Captured:

@@ -12,8 +12,8 @@ of >= 64 heads when it is importable, ours otherwise. Error against the float64 
 ~3e-6 (bf16x2 products), flashinfer's ~4e-3 (bf16 queries and probabilities).
 
 A plan is per step: every layer's decode rows share the lengths and pages. Eager steps plan one
-wrapper from the chunks' host data; each CUDA graph bucket owns a wrapper whose fixed buffers
-its graph reads, planned again before each replay.
+wrapper from the step's packed host indices; each CUDA graph bucket owns a wrapper whose fixed
+buffers its graph reads, planned again from the staged indices before each replay.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class FlashInferPlans:
         self._make = lambda **kw: FlashInferMLADecode(
             op.device, op.heads, op.kv_lora, op.rope, page_size, op.scale, op.kv_dtype,
             workspace=workspace, **kw)
-        self.page_size, self.max_pages = page_size, max_pages
+        self.max_pages = max_pages
         self.eager = self._make()
         self._graphs: dict[int, object] = {}
         # one row over page 0 of a scratch cache: builds flashinfer's kernels now (JIT, nvcc),
@@ -92,22 +92,14 @@ class FlashInferPlans:
             self._graphs[batch] = self._make(graph_batch=batch, max_pages=self.max_pages)
         return self._graphs[batch]
 
-    def plan_chunks(self, chunks: list[tuple[list[int], list[int], int, bool]]):
-        """The eager wrapper planned for the decode chunks (token, pages, position, samples)
-        that open a step, or None when it has none."""
-        # decodes open a step (ForwardBatch.pack's rule: up to the first longer chunk)
-        decodes = chunks[:next((i for i, c in enumerate(chunks) if len(c[0]) != 1),
-                               len(chunks))]
-        if not decodes:
-            return None
-        width = max(len(c[1]) for c in decodes)
-        table = torch.zeros(len(decodes), width, dtype=torch.int32)
-        for i, (_, pages, _, _) in enumerate(decodes):
-            table[i, :len(pages)] = torch.tensor(pages, dtype=torch.int32)
-        lens = torch.tensor([start + 1 for _, _, start, _ in decodes], dtype=torch.int32)
-        self.eager.plan(table, lens)
-        return self.eager
-
+    def attach(self, fb, wrapper=None) -> None:
+        """Plan `wrapper` (the eager one unless given) for fb's decode rows from their host
+        page table and lengths (ForwardBatch.host_decodes), and let fb's attention use it; a
+        batch without decode rows is left to ours (nothing to attend)."""
+        if fb.num_decodes:
+            wrapper = wrapper or self.eager
+            wrapper.plan(*fb.host_decodes)
+            fb.decode_attention = wrapper
 
 def build(choice: str, attention_ops: list, page_size: int, max_pages: int
           ) -> tuple[str, FlashInferPlans | None]:

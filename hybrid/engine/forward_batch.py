@@ -90,6 +90,8 @@ class ForwardBatch:
     # the decode rows' attention when not ours: a flashinfer wrapper planned for this step
     # (hybrid/engine/decode_attention.py), on the attention's device
     decode_attention: object | None = None
+    # (page_table [B, P], seq_lens [B]) as packed on the host, for planners that run there
+    host_decodes: tuple | None = None
     _moved: dict = field(default_factory=dict, repr=False)  # per-step memo of on()
 
     @staticmethod
@@ -160,7 +162,14 @@ class ForwardBatch:
         """Pack the chunks' indices and copy them to `device` in one copy."""
         packed, layout, spans, max_len = cls.pack(chunks, page_size, cache.scratch_slot)
         dev = torch.from_numpy(packed).to(device)
-        return cls.from_device(dev, layout, spans, max_len, page_size, cache)
+        return cls._with_host(cls.from_device(dev, layout, spans, max_len, page_size, cache),
+                              layout, packed)
+
+    @staticmethod
+    def _with_host(fb: ForwardBatch, layout: StepLayout, packed: np.ndarray) -> ForwardBatch:
+        host = layout.views(packed)
+        fb.host_decodes = (host["page_table"], host["seq_lens"])
+        return fb
 
     @classmethod
     def scratch_prefill(cls, n: int, page_size: int, cache: PagedLatentCache,
@@ -186,8 +195,9 @@ class ForwardBatch:
         at = layout.fields["sample_rows"][0]
         packed[at:at + b] = np.arange(b)
         inputs = torch.from_numpy(packed).to(device)
-        return inputs, cls.from_device(inputs, layout, [], layout.max_pages * page_size,
-                                       page_size, cache)
+        return inputs, cls._with_host(cls.from_device(inputs, layout, [],
+                                                      layout.max_pages * page_size, page_size,
+                                                      cache), layout, packed)
 
     def prefill_index(self) -> tuple[torch.Tensor, torch.Tensor, int]:
         """The prefill chunks for one attention launch: prefill_meta, prefill_slots and the
@@ -210,5 +220,6 @@ class ForwardBatch:
             self._moved[key] = ForwardBatch(self.num_tokens, self.num_decodes, self.max_decode_len,
                                             self.page_size, **moved, prefill_spans=spans,
                                             cache=self.cache,
-                                            decode_attention=self.decode_attention)
+                                            decode_attention=self.decode_attention,
+                                            host_decodes=self.host_decodes)
         return self._moved[key]

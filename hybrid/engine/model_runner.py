@@ -167,7 +167,7 @@ class ModelRunner:
             return self.graphs.run(chunks)
         fb = ForwardBatch.build(chunks, self.page_size, self.cache, self.device)
         if self.flashinfer is not None:
-            fb.decode_attention = self.flashinfer.plan_chunks(chunks)
+            self.flashinfer.attach(fb)
         streamed = self.placement.streamed(fb.num_tokens, any(len(c[0]) > 1 for c in chunks)) \
             if may_stream else ()
         if streamed:
@@ -211,8 +211,7 @@ class ModelRunner:
             _, fb = ForwardBatch.scratch_decode(StepLayout(1, 1, self.max_pages, 1),
                                                 self.page_size, self.cache, self.device)
             if self.flashinfer is not None:  # the padding row planned as one token
-                self.flashinfer.eager.plan(fb.page_table.cpu(), fb.seq_lens.cpu())
-                fb.decode_attention = self.flashinfer.eager
+                self.flashinfer.attach(fb)
             self.program.run(StepState(fb, num_real=1))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
