@@ -135,6 +135,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    from hybrid.engine.heap import freeze_start_up_heap
     from server.cli_chat import RemoteChat, chat_loop, openai_sampling
 
     params = _sampling_from(args)
@@ -142,6 +143,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         return chat_loop(RemoteChat(args.url, args.api_key, args.model, openai_sampling(params)),
                          args.system)
     llm = _load_llm(args)
+    freeze_start_up_heap()  # this process holds one engine for its life (hybrid/engine/heap.py)
 
     def respond(messages: list[dict[str, str]]):
         for event in llm.stream(llm.tokenizer.encode_chat(messages), params):

@@ -11,6 +11,7 @@ from hybrid.engine.sampling_params import SamplingParams
 from server.config import ServerConfig
 from server.state import ServedModel, ServerState
 
+log = logging.getLogger(__name__)
 DEMO_MODEL_NAME = "demo"  # what clients call the built-in demo model
 
 
@@ -57,10 +58,15 @@ def _model_name(path: Path) -> str:
 def serve(config: ServerConfig, progress: Callable[[int, int], None] | None = None) -> int:
     import uvicorn
 
+    from hybrid.engine.heap import freeze_start_up_heap
     from server.app import create_app
 
     logging.basicConfig(level=config.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     state = build_state(config, progress)
+    # This process serves one engine for its life: the collector need not walk start-up's
+    # objects again (a full collection was a host stall in one step; hybrid/engine/heap.py).
+    frozen = freeze_start_up_heap()
+    log.debug("froze %d objects left by start-up", frozen)
     app = create_app(state)
     writer = None
     if config.routing_profile:
