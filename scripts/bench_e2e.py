@@ -11,7 +11,9 @@ DeepSeek vocabulary). Rows:
   `--prefill-experts` chooses (default auto: streamed to the GPU or on the CPU per layer, by the
   cost model measured at start-up) and again with the CPU experts only;
 - `--itl-prompt N`: a running stream's inter-token latency while a prompt of N tokens
-  prefills, against its idle value;
+  prefills, against its idle value, and the time each step spent in Python's cyclic collector
+  (`--gc both` times the row before and after freezing start-up's heap, as `hybrid serve` does;
+  default `freeze`: every row after it);
 - `--chat N`: the third turn of a chat whose history reaches ~N tokens (scripts/
   bench_prefix_cache.py's turns), time to first token with the prefix cache and without;
   every other row runs with the prefix cache off (their prompts repeat: they time prefill);
@@ -23,6 +25,7 @@ DeepSeek vocabulary). Rows:
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -33,9 +36,13 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# the repository and scripts/ (its neighbours), also when another script runs this file
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent)]
+
+from step_probe import StepProbe, slowest
 
 from hybrid.engine.config import EngineConfig
+from hybrid.engine.heap import freeze_start_up_heap
 from hybrid.engine.llm import LLM
 from hybrid.engine.prefill_costs import ExpertPlacement
 from hybrid.engine.sampling_params import SamplingParams
@@ -164,31 +171,36 @@ def itl_during_prefill(llm: LLM, n: int, gen: int) -> dict:
     params = SamplingParams(temperature=0, max_tokens=2 * gen + 256, ignore_eos=True)
     stream = llm._submit([1000 + j for j in range(32)], params, lambda e: None)
     stamps: list[float] = []
-    steps: list[tuple] = []  # per step while the prompt prefills: (ms, token out, job layers)
+    # per step while the prompt prefills: (ms, token out, job layers, ms in the cyclic
+    # collector, the oldest generation it collected or -1); `probe` has the rest of each step
+    steps: list[tuple] = []
     runner = llm.engine.runner
+    probe = StepProbe(runner)
 
     def step() -> None:
-        before, t0 = stream.num_output_tokens, time.perf_counter()
-        llm.worker.step()
+        before = stream.num_output_tokens
+        row = probe.step(llm.worker.step)
         out = stream.num_output_tokens > before
         if out:
             stamps.append(time.perf_counter())
         job = runner.job  # the layered chunk in flight (layered_prefill.py): MoE layers passed
-        steps.append((round((time.perf_counter() - t0) * 1e3, 2), int(out),
-                      -1 if job is None else job.done))
-    while len(stamps) < gen:
-        step()
-    idle = np.diff(stamps[-gen // 2:])
-    stamps.clear()
-    steps.clear()
-    prompt = llm._submit([2000 + (j * 37) % 90000 for j in range(n)],
-                         SamplingParams(temperature=0, max_tokens=1, ignore_eos=True),
-                         lambda e: None)
-    t = time.perf_counter()
-    stamps.append(t)
-    while not prompt.is_finished:
-        step()
-    ttft = time.perf_counter() - t
+        steps.append((row["wall_ms"], int(out), -1 if job is None else job.done,
+                      round(row["gc_ms"], 2), row["gc_generation"]))
+    with probe:
+        while len(stamps) < gen:
+            step()
+        idle = np.diff(stamps[-gen // 2:])
+        stamps.clear()
+        steps.clear()
+        probe.rows.clear()
+        prompt = llm._submit([2000 + (j * 37) % 90000 for j in range(n)],
+                             SamplingParams(temperature=0, max_tokens=1, ignore_eos=True),
+                             lambda e: None)
+        t = time.perf_counter()
+        stamps.append(t)
+        while not prompt.is_finished:
+            step()
+        ttft = time.perf_counter() - t
     stream.cancel()
     while llm.engine.has_work:
         llm.worker.step()
@@ -197,7 +209,9 @@ def itl_during_prefill(llm: LLM, n: int, gen: int) -> dict:
             "max_itl_ms": float(busy.max() * 1e3), "median_itl_ms": float(np.median(busy) * 1e3),
             "p90_itl_ms": float(np.percentile(busy, 90) * 1e3), "ttft_s": ttft,
             "gaps_ms": [round(float(g) * 1e3, 2) for g in busy],  # in order: where the max falls
-            "steps": steps}
+            "gc_ms": round(sum(s[3] for s in steps), 2),
+            "full_collections": sum(s[4] == 2 for s in steps), "frozen": gc.get_freeze_count(),
+            "steps": steps, "slowest": slowest(probe.rows), "probe": probe.rows}
 
 
 def chat_turns(llm: LLM, history: int) -> dict:
@@ -256,6 +270,9 @@ def main() -> int:
     ap.add_argument("--prefill-experts", choices=["auto", "cpu", "stream"], default="auto")
     ap.add_argument("--itl-prompt", type=int, default=None,
                     help="also time a stream's inter-token latency while N tokens prefill")
+    ap.add_argument("--gc", choices=["freeze", "off", "both"], default="freeze",
+                    help="freeze start-up's heap as hybrid serve does (both: the ITL row first "
+                         "without, then with)")
     ap.add_argument("--chat", type=int, default=None,
                     help="also time a chat's third turn with and without the prefix cache")
     ap.add_argument("--attention-backend", choices=["auto", "triton", "flashinfer"],
@@ -281,6 +298,8 @@ def main() -> int:
               status=lambda m: print("start-up:", m, flush=True))
     result["load_s"] = time.perf_counter() - t
     print(f"loaded in {result['load_s']:.1f} s", flush=True)
+    if args.gc == "freeze":
+        result["frozen"] = freeze_start_up_heap()
     runner = llm.engine.runner
     result["attention_backend"] = runner.attention_backend
     costs = runner.placement.costs
@@ -291,8 +310,14 @@ def main() -> int:
     print("streamed experts:", result["stream"], flush=True)
     compiled = _variants()
     result["prefill"] = [prefill(llm, n) for n in prompts]
+    if args.itl_prompt and args.gc == "both":
+        result["itl_unfrozen"] = [itl_during_prefill(llm, args.itl_prompt, args.gen)
+                                  for _ in range(2)]
+        result["frozen"] = freeze_start_up_heap()
     if args.itl_prompt:
         result["itl"] = itl_during_prefill(llm, args.itl_prompt, args.gen)
+        if args.gc == "both":
+            result["itl_frozen"] = [itl_during_prefill(llm, args.itl_prompt, args.gen)]
     if runner.stream is not None and args.prefill_experts != "cpu":
         placement, runner.placement = runner.placement, ExpertPlacement("cpu", ())
         result["prefill_cpu"] = [prefill(llm, n) for n in prompts]
@@ -356,13 +381,16 @@ def print_table(r: dict) -> None:
         print(f"| chat, third turn of {c['history']} tokens: TTFT prefix cache off / on | "
               f"{c['off'][2] * 1e3:.0f} / {c['on'][2] * 1e3:.0f} ms | | "
               f"{c['off'][2] / c['on'][2]:.1f}x | | | | |")
-    for key in ("itl", "itl_cpu"):
-        if key in r:
-            d = r[key]
-            print(f"| decode ITL while {d['prompt']} tokens prefill{', CPU experts' if key == 'itl_cpu' else ''} "
+    labels = {"itl_unfrozen": ", heap not frozen", "itl": "", "itl_frozen": ", again",
+              "itl_cpu": ", CPU experts"}
+    for key, label in labels.items():
+        for d in ([r[key]] if isinstance(r.get(key), dict) else r.get(key, [])):
+            print(f"| decode ITL while {d['prompt']} tokens prefill{label} "
                   f"| idle {d['idle_itl_ms']:.1f} ms, median {d['median_itl_ms']:.1f}, p90 "
-                  f"{d['p90_itl_ms']:.1f}, max "
-                  f"{d['max_itl_ms']:.1f} (TTFT {d['ttft_s']:.2f} s) | | | | | | |")
+                  f"{d['p90_itl_ms']:.1f}, max {d['max_itl_ms']:.1f} (TTFT {d['ttft_s']:.2f} s; "
+                  f"collector {d['gc_ms']:.1f} ms, {d['full_collections']} full) | | | | | | |")
+            for row in d["slowest"][:2]:
+                print("slow step:", json.dumps(row))
 
 
 def _calls(d: dict) -> str:
