@@ -100,6 +100,10 @@ class Engine:
         """Run the batch and sample; requests are not retired here (see `retire`)."""
         if not batch.chunks and self.runner.job is None:
             return []
+        with self.runner.on_stream():  # the forward, the grammar masks, sampling
+            return self._execute(batch)
+
+    def _execute(self, batch: ScheduledBatch) -> list[StepOutput]:
         logits = self.runner.run(batch)  # [R, V] on the model's device
         # a chunk may pass the layers over several steps (layered_prefill.py): it completes,
         # and samples, in the step its pass ends
