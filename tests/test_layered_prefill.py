@@ -57,3 +57,17 @@ def test_a_deferred_chunk_holds_its_request_back_until_complete() -> None:
     short.append(99)
     assert long.num_computed_tokens == 64 and not long.in_flight
     assert {c.request.request_id for c in s.schedule().chunks} == {"r1", "r100"}
+
+
+def test_a_job_runs_the_part_before_the_first_moe_layer_alone_then_layers() -> None:
+    from hybrid.engine.layered_prefill import LayeredPrefill
+
+    job = LayeredPrefill(chunk=None, state=None, layers_per_step=2)
+    pieces = 1 + 4 * 5  # five MoE layers and the head
+    stops = []
+    while job.pieces < pieces:
+        stops.append((job.next_stop(pieces, decodes=True), job.done))
+        job.pieces = stops[-1][0]
+    assert stops == [(1, 0), (9, 0), (17, 2), (21, 4)] and job.done == 5
+    # no decode waits: everything left at once
+    assert LayeredPrefill(None, None, 1, pieces=9).next_stop(pieces, decodes=False) == pieces

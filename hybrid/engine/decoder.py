@@ -89,17 +89,19 @@ class DecoderProgram:
             piece.run(st)
         return st.logits
 
-    def run_layers(self, st: StepState, first: int, last: int) -> torch.Tensor | None:
-        """Run the step from MoE layer `first` up to (not including) `last` (indices into
-        moe_layers; layer 0's stretch starts with the embedding): a pass spread over several
-        calls. With last == len(moe_layers) the final norm and head run too: -> logits, else
-        None. Each MoE layer owns four pieces (device, mark, shared, experts)."""
-        for piece in self.pieces[4 * first:4 * last]:
+    @property
+    def num_pieces(self) -> int:
+        return len(self.pieces)
+
+    def run_pieces(self, st: StepState, start: int, stop: int) -> torch.Tensor | None:
+        """Run pieces [start, stop) of the step: a pass spread over several calls. Piece 0 is
+        all before the first MoE layer's hand-over (the embedding, dense layers, that layer's
+        attention and router); MoE layer i then owns pieces 1 + 4i .. 4 + 4i: its mark, shared
+        expert and routed experts, then the next layer's attention and router (the last one's:
+        the final norm and head). With stop == num_pieces -> logits, else None."""
+        for piece in self.pieces[start:stop]:
             piece.run(st)
-        if last < len(self.moe_layers):
-            return None
-        self.pieces[-1].run(st)
-        return st.logits
+        return st.logits if stop == len(self.pieces) else None
 
     def run_on_device(self, st: StepState) -> torch.Tensor:
         """The step as device work only (to capture whole): host pieces become their twins,

@@ -109,7 +109,7 @@ def test_cancelling_a_chunk_in_flight_leaves_the_others_whole(models, tmp_path, 
 
     def broken(*args):
         raise RuntimeError("device lost")
-    monkeypatch.setattr(runner.program, "run_layers", broken)
+    monkeypatch.setattr(runner.program, "run_pieces", broken)
     llm.worker.step()
     assert short.status is RequestStatus.FINISHED_FAILED
     assert long.status is RequestStatus.FINISHED_FAILED and runner.job is None
