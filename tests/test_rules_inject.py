@@ -24,7 +24,7 @@ CASES = [
     for quant, layout in (("q4_k_m", "legacy"), ("f32", "mla"))
 ] + [
     ("tiny-v2-lite", rules, quant, layout)
-    for rules in ("cpu.yaml", "DeepSeek-V2-Lite.yaml")
+    for rules in ("cpu.yaml", "DeepSeek-V2-Lite.yaml", "DeepSeek-V2-Lite-gpu.yaml")
     for quant, layout in (("q4_k_m", "mla"), ("q8_0", "legacy"))
 ]
 
