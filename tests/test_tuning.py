@@ -251,3 +251,19 @@ def test_hot_experts_give_the_same_tokens_as_the_cpu_alone(models, tmp_path, mod
         # fast mode's int8 activations against the held experts' fp32: its stated error
         tol = 1e-4 if mode == "exact" else 2e-2
         assert g.outputs[0].logprobs == pytest.approx(w.outputs[0].logprobs, abs=tol)
+
+
+def test_the_decode_model_fits_a_cost_per_cpu_layer_from_a_third_point() -> None:
+    from hybrid.tuning.predict import DecodeModel
+
+    def truth(gb: float, n: int) -> float:
+        return 10.0 + 40.0 * gb + 1.5 * n
+    points = [(g * 1e9, n, truth(g, n)) for g, n in ((0.6, 26), (0.3, 26), (0.45, 20))]
+    m = DecodeModel.fit(points)
+    assert (m.fixed_ms, m.ms_per_gb, m.ms_per_layer) == pytest.approx((10.0, 40.0, 1.5))
+    assert m.ms(0.2e9, 13) == pytest.approx(truth(0.2, 13))
+    # two points (or one layer count): no per-layer term, as before
+    two = DecodeModel.fit(points[:2])
+    assert two.ms_per_layer == 0.0 and two.ms(0.6e9, 26) == pytest.approx(points[0][2])
+    with pytest.raises(HybridError, match="same CPU bytes"):
+        DecodeModel.fit([(1e9, 26, 50.0), (1e9, 20, 40.0)])

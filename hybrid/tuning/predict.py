@@ -1,9 +1,13 @@
 """Decode time from where the experts live: a fixed part (attention, dense layers, the head,
-the step's overheads) plus the routed experts' bytes the CPU reads per step over its read
-rate. Both constants are fitted to two measured decodes (no experts on the GPU, and the most
-the budget holds), so every other placement's time is a prediction to check (`hybrid tune
---measure`). The GPU-held experts' own time is left in the fixed part: they are read at the
-GPU's bandwidth, an order of magnitude faster than the CPU's.
+the step's overheads), the routed experts' bytes the CPU reads per step over its read rate, and
+a cost per MoE layer that still hands rows to the CPU (the copies out and back, the pool's start
+and barrier, the GPU waiting): a layer whose experts all moved to the GPU pays none of it.
+The constants are fitted to measured decodes (no experts on the GPU, the most the budget holds,
+and with `hybrid tune --measure` whole layers in half the budget: a layer count apart), so every
+other placement's time is a prediction to check. Fitted to the first two alone, the per-layer
+cost hid in the per-GB one and whole layers came out 25% slower than measured (stop 28). The
+GPU-held experts' own time is left in the fixed part: they are read at the GPU's bandwidth, an
+order of magnitude faster than the CPU's.
 """
 
 from __future__ import annotations
@@ -30,23 +34,35 @@ def cpu_bytes_per_step(freq: np.ndarray, layers: tuple[int, ...], sizes: ExpertB
     return total
 
 
+def cpu_layers_per_step(layers: tuple[int, ...], sizes: ExpertBytes,
+                        on_gpu: dict[int, list[int]], num_experts: int) -> int:
+    """MoE layers that keep some routed experts on the CPU."""
+    return sum(1 for layer in layers if layer in sizes.cpu_layers
+               and len(set(on_gpu.get(layer, ()))) < num_experts)
+
+
 @dataclass(frozen=True)
 class DecodeModel:
     fixed_ms: float
     ms_per_gb: float  # CPU expert time per GB read
+    ms_per_layer: float = 0.0  # per MoE layer with CPU experts left
 
     @classmethod
-    def fit(cls, a: tuple[float, float], b: tuple[float, float]) -> DecodeModel:
-        """From two (CPU bytes per step, measured ms per step) points."""
-        (x0, y0), (x1, y1) = a, b
-        if abs(x1 - x0) < 1:
-            raise HybridError("the two calibration decodes read the same CPU bytes: give the "
-                              "GPU a budget that holds some experts")
-        slope = (y1 - y0) / (x1 - x0) * 1e9
-        return cls(y0 - slope * x0 / 1e9, slope)
+    def fit(cls, points: list[tuple[float, int, float]]) -> DecodeModel:
+        """From measured (CPU bytes per step, MoE layers with CPU work, ms per step) points:
+        the per-layer cost only where the points' layer counts differ."""
+        x = np.array([[1.0, b / 1e9, n] for b, n, _ in points])  # [P, 3]
+        y = np.array([ms for _, _, ms in points])  # [P]
+        if np.ptp(x[:, 1]) * 1e9 < 1:
+            raise HybridError("the calibration decodes read the same CPU bytes: give the GPU a "
+                              "budget that holds some experts")
+        if len(points) < 3 or np.ptp(x[:, 2]) == 0:
+            x = x[:, :2]
+        coef = np.linalg.lstsq(x, y, rcond=None)[0]
+        return cls(float(coef[0]), float(coef[1]), float(coef[2]) if len(coef) > 2 else 0.0)
 
-    def ms(self, cpu_bytes: float) -> float:
-        return self.fixed_ms + self.ms_per_gb * cpu_bytes / 1e9
+    def ms(self, cpu_bytes: float, cpu_layers: int = 0) -> float:
+        return self.fixed_ms + self.ms_per_gb * cpu_bytes / 1e9 + self.ms_per_layer * cpu_layers
 
-    def tokens_per_s(self, cpu_bytes: float, batch: int = 1) -> float:
-        return 1000.0 * batch / self.ms(cpu_bytes)
+    def tokens_per_s(self, cpu_bytes: float, cpu_layers: int = 0, batch: int = 1) -> float:
+        return 1000.0 * batch / self.ms(cpu_bytes, cpu_layers)

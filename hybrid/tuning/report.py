@@ -31,6 +31,8 @@ def summary(result: TuneResult, batch: int = 1) -> str:
     for p in result.placements:
         err = (f"{(p.predicted_ms - p.measured_ms) / p.measured_ms:+.0%}"
                if p.predicted_ms and p.measured_ms else "")
+        if p.calibration:
+            err = "fit"  # measured to fit the model, not a prediction
         floor = p.cpu_bytes / 1e6 / result.read_gbs if result.read_gbs else 0.0
         lines.append(f"{p.name:<28} {p.gpu_bytes / 2**30:8.2f} {p.hit_rate:8.1%} "
                      f"{p.cpu_bytes / 1e6:11.2f} {floor:9.2f} "
@@ -39,9 +41,10 @@ def summary(result: TuneResult, batch: int = 1) -> str:
     lines.append(f"CPU ms >=: the routed experts' bytes the CPU reads per step over its read "
                  f"bandwidth ({result.read_gbs:.1f} GB/s): the CPU side's floor")
     if result.model is not None:
-        lines.append(f"time model: {result.model.fixed_ms:.2f} ms fixed + "
-                     f"{result.model.ms_per_gb:.1f} ms per GB of CPU experts read "
-                     "(fitted to the 0% and 100% rows)")
+        m = result.model
+        lines.append(f"time model: {m.fixed_ms:.2f} ms fixed + {m.ms_per_gb:.1f} ms per GB of "
+                     f"CPU experts read + {m.ms_per_layer:.2f} ms per MoE layer with CPU "
+                     "experts (fitted to the 0% and 100% rows and the 'fit' row)")
     for t, ms in result.threads:
         lines.append(f"--cpu-threads {t}: {_tok_s(ms, batch).strip()} tok/s decode")
     for c, tok_s in result.chunks:
@@ -55,11 +58,13 @@ def to_json(result: TuneResult) -> dict[str, Any]:
         "cpu_read_gbs": result.read_gbs,
         "hot_experts": {str(k): v for k, v in result.hot.items()},
         "placements": [{"name": p.name, "gpu_bytes": p.gpu_bytes, "hit_rate": p.hit_rate,
-                        "cpu_bytes_per_step": p.cpu_bytes, "rules": str(p.rules),
+                        "cpu_bytes_per_step": p.cpu_bytes, "cpu_layers": p.cpu_layers,
+                        "calibration": p.calibration, "rules": str(p.rules),
                         "predicted_ms": p.predicted_ms, "measured_ms": p.measured_ms}
                        for p in result.placements],
         "threads": [{"cpu_threads": t, "ms": ms} for t, ms in result.threads],
         "chunk_sizes": [{"chunk_size": c, "prefill_tok_s": v} for c, v in result.chunks],
-        "model": None if result.model is None else {"fixed_ms": result.model.fixed_ms,
-                                                    "ms_per_gb": result.model.ms_per_gb},
+        "model": None if result.model is None else {
+            "fixed_ms": result.model.fixed_ms, "ms_per_gb": result.model.ms_per_gb,
+            "ms_per_layer": result.model.ms_per_layer},
     }

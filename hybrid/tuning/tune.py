@@ -5,9 +5,9 @@
 2. Fill it with the experts of highest step probability (planner.py) and write the rule file.
 3. Report the hit rate (the share of expert choices the GPU serves) and the CPU bytes read per
    decode step, beside the same bytes spent on whole layers (llama.cpp's `--n-cpu-moe`).
-4. `measure`: decode with no hot experts and with the full budget fits the time model
-   (predict.py); then a few budgets in between and the whole-layer placement are predicted and
-   measured side by side; the CPU thread counts (decode) and chunk sizes (prefill of one long
+4. `measure`: decode with no hot experts, with the full budget, and with whole layers in half
+   the budget fits the time model (predict.py); then a few budgets in between and the
+   whole-layer placement are predicted and measured side by side; the CPU thread counts (decode) and chunk sizes (prefill of one long
    prompt) are swept on the tuned rules.
 """
 
@@ -29,7 +29,7 @@ from hybrid.tuning.planner import (
     hot_experts,
     whole_layers,
 )
-from hybrid.tuning.predict import DecodeModel, cpu_bytes_per_step
+from hybrid.tuning.predict import DecodeModel, cpu_bytes_per_step, cpu_layers_per_step
 from hybrid.tuning.profile import RoutingProfile
 from hybrid.tuning.rules_writer import hot_expert_rules, whole_layer_rules, write_rules
 
@@ -42,6 +42,8 @@ class Placement:
     gpu_bytes: int
     hit_rate: float
     cpu_bytes: float  # routed expert bytes the CPU reads per decode step
+    cpu_layers: int = 0  # MoE layers that keep CPU experts
+    calibration: bool = False  # measured only to fit the time model (not a candidate)
     rules: Path | None = None
     predicted_ms: float | None = None
     measured_ms: float | None = None
@@ -105,7 +107,8 @@ def tune(opts: TuneOptions, status: Callable[[str], None] = lambda s: None) -> T
     def candidate(name: str, on_gpu: dict[int, list[int]]) -> Placement:
         nbytes = sum(sizes.per_layer[layer] * len(ids) for layer, ids in on_gpu.items())
         return Placement(name, nbytes, hit_rate(freq, layers, on_gpu),
-                         cpu_bytes_per_step(freq, layers, sizes, on_gpu, opts.batch))
+                         cpu_bytes_per_step(freq, layers, sizes, on_gpu, opts.batch),
+                         cpu_layers_per_step(layers, sizes, on_gpu, spec.num_experts))
 
     note = (f"hybrid tune: {profile.model}'s experts most used ({opts.phase} tokens, batch "
             f"{opts.batch}) on {device}, {sum(map(len, hot.values()))} experts in "
@@ -137,6 +140,18 @@ def tune(opts: TuneOptions, status: Callable[[str], None] = lambda s: None) -> T
                           work / "whole-layers.yaml", "hybrid tune: whole layers on the GPU "
                           "(llama.cpp's --n-cpu-moe), the same budget")
     result.placements.append(c)
+    half = whole_layers(layers, sizes, free // 2, spec.num_experts)
+    if opts.measure and 0 < len(half) < len(whole):
+        # a third calibration decode, a layer count apart from the other two: it fits the
+        # per-layer cost; the candidates (whole layers in the full budget too) stay predictions
+        c = candidate(f"whole layers ({len(half)}), fit",
+                      {layer: list(range(spec.num_experts)) for layer in half})
+        c.calibration = True
+        c.rules = write_rules(planned.rules_path,
+                              whole_layer_rules(plan, half, spec.num_experts, device),
+                              work / "whole-layers-half.yaml",
+                              "hybrid tune: whole layers in half the budget (calibration)")
+        result.placements.append(c)
     if opts.measure:
         _measure(opts, result, status)
     return result
@@ -154,10 +169,11 @@ def _measure(opts: TuneOptions, result: TuneResult, status: Callable[[str], None
 
     none, full = result.placements[0], next(p for p in result.placements
                                              if p.rules == result.rules)
-    model = DecodeModel.fit((none.cpu_bytes, run(none)), (full.cpu_bytes, run(full)))
+    fit = [none, full, *(p for p in result.placements if p.calibration)]
+    model = DecodeModel.fit([(p.cpu_bytes, p.cpu_layers, run(p)) for p in fit])
     result.model = model
     for p in result.placements:
-        p.predicted_ms = model.ms(p.cpu_bytes)
+        p.predicted_ms = model.ms(p.cpu_bytes, p.cpu_layers)
         if p.measured_ms is None:
             run(p)
     for t in opts.threads:
