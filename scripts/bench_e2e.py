@@ -164,11 +164,14 @@ def prefill(llm: LLM, n: int) -> dict:
     return {"tokens": n, "tok_s": n / dt, "ttft_s": dt}
 
 
-def itl_during_prefill(llm: LLM, n: int, gen: int) -> dict:
+IDLE_GAPS = 128
+
+
+def itl_during_prefill(llm: LLM, n: int) -> dict:
     """One stream decoding; its inter-token gaps idle, then while a prompt of n tokens
     prefills (every step to that prompt's first token)."""
     # enough tokens to outlast the prompt's steps; the stream is cancelled after them
-    params = SamplingParams(temperature=0, max_tokens=2 * gen + 256, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=IDLE_GAPS + 32 + 4096, ignore_eos=True)
     stream = llm._submit([1000 + j for j in range(32)], params, lambda e: None)
     stamps: list[float] = []
     # per step while the prompt prefills: (ms, token out, job layers, ms in the cyclic
@@ -187,9 +190,11 @@ def itl_during_prefill(llm: LLM, n: int, gen: int) -> dict:
         steps.append((row["wall_ms"], int(out), -1 if job is None else job.done,
                       round(row["gc_ms"], 2), row["gc_generation"]))
     with probe:
-        while len(stamps) < gen:
+        # idle gaps as many as a long prompt's steps (~110 for 8K tokens): their max is the
+        # like-for-like reference for the busy max (this host's own stalls show in both)
+        while len(stamps) < IDLE_GAPS + 32:
             step()
-        idle = np.diff(stamps[-gen // 2:])
+        idle = np.diff(stamps[-IDLE_GAPS - 1:])
         stamps.clear()
         steps.clear()
         probe.rows.clear()
@@ -206,6 +211,8 @@ def itl_during_prefill(llm: LLM, n: int, gen: int) -> dict:
         llm.worker.step()
     busy = np.diff(stamps)
     return {"prompt": n, "idle_itl_ms": float(np.median(idle) * 1e3),
+            "idle_max_itl_ms": float(idle.max() * 1e3),
+            "idle_p90_itl_ms": float(np.percentile(idle, 90) * 1e3),
             "max_itl_ms": float(busy.max() * 1e3), "median_itl_ms": float(np.median(busy) * 1e3),
             "p90_itl_ms": float(np.percentile(busy, 90) * 1e3), "ttft_s": ttft,
             "gaps_ms": [round(float(g) * 1e3, 2) for g in busy],  # in order: where the max falls
@@ -311,18 +318,18 @@ def main() -> int:
     compiled = _variants()
     result["prefill"] = [prefill(llm, n) for n in prompts]
     if args.itl_prompt and args.gc == "both":
-        result["itl_unfrozen"] = [itl_during_prefill(llm, args.itl_prompt, args.gen)
+        result["itl_unfrozen"] = [itl_during_prefill(llm, args.itl_prompt)
                                   for _ in range(2)]
         result["frozen"] = freeze_start_up_heap()
     if args.itl_prompt:
-        result["itl"] = itl_during_prefill(llm, args.itl_prompt, args.gen)
+        result["itl"] = itl_during_prefill(llm, args.itl_prompt)
         if args.gc == "both":
-            result["itl_frozen"] = [itl_during_prefill(llm, args.itl_prompt, args.gen)]
+            result["itl_frozen"] = [itl_during_prefill(llm, args.itl_prompt)]
     if runner.stream is not None and args.prefill_experts != "cpu":
         placement, runner.placement = runner.placement, ExpertPlacement("cpu", ())
         result["prefill_cpu"] = [prefill(llm, n) for n in prompts]
         if args.itl_prompt:
-            result["itl_cpu"] = itl_during_prefill(llm, args.itl_prompt, args.gen)
+            result["itl_cpu"] = itl_during_prefill(llm, args.itl_prompt)
         runner.placement = placement
     if args.chat:
         result["chat"] = chat_turns(llm, args.chat)
@@ -386,7 +393,7 @@ def print_table(r: dict) -> None:
     for key, label in labels.items():
         for d in ([r[key]] if isinstance(r.get(key), dict) else r.get(key, [])):
             print(f"| decode ITL while {d['prompt']} tokens prefill{label} "
-                  f"| idle {d['idle_itl_ms']:.1f} ms, median {d['median_itl_ms']:.1f}, p90 "
+                  f"| idle {d['idle_itl_ms']:.1f} ms (max {d['idle_max_itl_ms']:.1f}), median {d['median_itl_ms']:.1f}, p90 "
                   f"{d['p90_itl_ms']:.1f}, max {d['max_itl_ms']:.1f} (TTFT {d['ttft_s']:.2f} s; "
                   f"collector {d['gc_ms']:.1f} ms, {d['full_collections']} full) | | | | | | |")
             for row in d["slowest"][:2]:
