@@ -97,6 +97,7 @@ def test_table_output(capsys, v3_sparse: Path) -> None:
 @pytest.mark.parametrize("preset,rules", [
     ("tiny-v3", "cpu.yaml"), ("tiny-v2-lite", "cpu.yaml"), ("tiny-v3", "DeepSeek-V3.yaml"),
     ("tiny-v2-lite", "DeepSeek-V2-Lite.yaml"), ("tiny-v3", "DeepSeek-V3-gpu-experts.yaml"),
+    ("tiny-v2-lite", "DeepSeek-V2-Lite-gpu.yaml"),
 ])
 def test_bundled_rules_place_every_module(models, preset: str, rules: str) -> None:
     planned = plan_model(str(models.path(preset, "q4_k_m")), rules, check_devices=False,
@@ -115,6 +116,9 @@ def test_bundled_rules_place_every_module(models, preset: str, rules: str) -> No
         layer3 = plan.placements["model.layers.3.mlp.experts"]
         assert (layer3.options["backend"], layer3.generate_device) == ("torch", "cuda:0")
         assert plan.placements["model.layers.1.mlp.experts"].options["gpu_experts"] == list(range(8))
+    if rules == "DeepSeek-V2-Lite-gpu.yaml":  # nothing left on the CPU
+        assert {(p.generate_device, p.prefill_device) for p in plan.placements.values()
+                if p.operator != "default"} == {("cuda:0", "cuda:0")}
 
 
 
@@ -140,7 +144,8 @@ def test_shadowed_rules_are_not_warned_but_dead_ones_are(models, tmp_path) -> No
 
 def test_bundled_files_exist() -> None:
     assert set(bundled_rules()) == {"cpu.yaml", "DeepSeek-V3.yaml", "DeepSeek-V2-Lite.yaml",
-                                    "DeepSeek-V3-multi-gpu.yaml", "DeepSeek-V3-gpu-experts.yaml"}
+                                    "DeepSeek-V2-Lite-gpu.yaml", "DeepSeek-V3-multi-gpu.yaml",
+                                    "DeepSeek-V3-gpu-experts.yaml"}
 
 
 def test_cuda_rules_without_a_gpu_suggest_cpu_yaml(models) -> None:
