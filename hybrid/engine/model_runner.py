@@ -61,11 +61,11 @@ class ModelRunner:
         self.recorder = install_recorder(model, self.program) if config.record_routing else None
         self.max_pages = -(-max_request_tokens // config.page_size)
         # The model's own stream, not CUDA's legacy default one: there, a small pinned
-        # host-to-device copy (the CPU experts' sum coming back, per layer and decode step)
+        # host-to-device copy (as the CPU experts' sum coming back, per layer and step)
         # waited for the expert stream's unit copies on their side stream (H100: 11.4 ms
         # behind two 300 MB copies, 0.004 ms on a stream of its own; scripts/
-        # probe_stream_overlap.py), so a running stream's steps stalled behind a prompt's
-        # streamed layers. Start-up (warm-up, costs, capture) and every step run on it.
+        # probe_stream_overlap.py). Start-up (warm-up, costs, capture) and every step run
+        # on it.
         self.model_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" \
             else None
         with self.on_stream():
