@@ -174,21 +174,17 @@ def itl_during_prefill(llm: LLM, n: int) -> dict:
     params = SamplingParams(temperature=0, max_tokens=IDLE_GAPS + 32 + 4096, ignore_eos=True)
     stream = llm._submit([1000 + j for j in range(32)], params, lambda e: None)
     stamps: list[float] = []
-    # per step while the prompt prefills: (ms, token out, job layers, ms in the cyclic
-    # collector, the oldest generation it collected or -1); `probe` has the rest of each step
-    steps: list[tuple] = []
     runner = llm.engine.runner
-    probe = StepProbe(runner)
+    probe = StepProbe(runner)  # its rows: every step while the prompt prefills
 
     def step() -> None:
         before = stream.num_output_tokens
         row = probe.step(llm.worker.step)
-        out = stream.num_output_tokens > before
-        if out:
+        row["token"] = int(stream.num_output_tokens > before)
+        if row["token"]:
             stamps.append(time.perf_counter())
         job = runner.job  # the layered chunk in flight (layered_prefill.py): MoE layers passed
-        steps.append((row["wall_ms"], int(out), -1 if job is None else job.done,
-                      round(row["gc_ms"], 2), row["gc_generation"]))
+        row["job_layers"] = -1 if job is None else job.done
     with probe:
         # idle gaps as many as a long prompt's steps (~110 for 8K tokens): their max is the
         # like-for-like reference for the busy max (this host's own stalls show in both)
@@ -196,7 +192,6 @@ def itl_during_prefill(llm: LLM, n: int) -> dict:
             step()
         idle = np.diff(stamps[-IDLE_GAPS - 1:])
         stamps.clear()
-        steps.clear()
         probe.rows.clear()
         prompt = llm._submit([2000 + (j * 37) % 90000 for j in range(n)],
                              SamplingParams(temperature=0, max_tokens=1, ignore_eos=True),
@@ -216,9 +211,9 @@ def itl_during_prefill(llm: LLM, n: int) -> dict:
             "max_itl_ms": float(busy.max() * 1e3), "median_itl_ms": float(np.median(busy) * 1e3),
             "p90_itl_ms": float(np.percentile(busy, 90) * 1e3), "ttft_s": ttft,
             "gaps_ms": [round(float(g) * 1e3, 2) for g in busy],  # in order: where the max falls
-            "gc_ms": round(sum(s[3] for s in steps), 2),
-            "full_collections": sum(s[4] == 2 for s in steps), "frozen": gc.get_freeze_count(),
-            "steps": steps, "slowest": slowest(probe.rows), "probe": probe.rows}
+            "gc_ms": round(sum(r["gc_ms"] for r in probe.rows), 2),
+            "full_collections": sum(r["gc_generation"] == 2 for r in probe.rows),
+            "frozen": gc.get_freeze_count(), "slowest": slowest(probe.rows), "probe": probe.rows}
 
 
 def chat_turns(llm: LLM, history: int) -> dict:

@@ -101,6 +101,7 @@ class FlashInferPlans:
             wrapper.plan(*fb.host_decodes)
             fb.decode_attention = wrapper
 
+
 def build(choice: str, attention_ops: list, page_size: int, max_pages: int
           ) -> tuple[str, FlashInferPlans | None]:
     """(the backend the engine runs, its FlashInferPlans or None). flashinfer failing to start

@@ -132,25 +132,26 @@ def tune(opts: TuneOptions, status: Callable[[str], None] = lambda s: None) -> T
             planned.rules_path, hot_expert_rules(plan, on_gpu, device),
             work / f"hot-{int(f * 100)}.yaml", f"hybrid tune: {f:.0%} of the free GPU memory")
         result.placements.append(c)
+
+    def whole_layer_placement(name: str, chosen: list[int], file: str, note: str) -> Placement:
+        c = candidate(name, {layer: list(range(spec.num_experts)) for layer in chosen})
+        c.rules = write_rules(planned.rules_path,
+                              whole_layer_rules(plan, chosen, spec.num_experts, device),
+                              work / file, note)
+        return c
+
     whole = whole_layers(layers, sizes, free, spec.num_experts)
-    c = candidate(f"whole layers ({len(whole)})",
-                  {layer: list(range(spec.num_experts)) for layer in whole})
-    c.rules = write_rules(planned.rules_path,
-                          whole_layer_rules(plan, whole, spec.num_experts, device),
-                          work / "whole-layers.yaml", "hybrid tune: whole layers on the GPU "
-                          "(llama.cpp's --n-cpu-moe), the same budget")
-    result.placements.append(c)
+    result.placements.append(whole_layer_placement(
+        f"whole layers ({len(whole)})", whole, "whole-layers.yaml",
+        "hybrid tune: whole layers on the GPU (llama.cpp's --n-cpu-moe), the same budget"))
     half = whole_layers(layers, sizes, free // 2, spec.num_experts)
     if opts.measure and 0 < len(half) < len(whole):
         # a third calibration decode, a layer count apart from the other two: it fits the
         # per-layer cost; the candidates (whole layers in the full budget too) stay predictions
-        c = candidate(f"whole layers ({len(half)}), fit",
-                      {layer: list(range(spec.num_experts)) for layer in half})
+        c = whole_layer_placement(f"whole layers ({len(half)}), fit", half,
+                                  "whole-layers-half.yaml",
+                                  "hybrid tune: whole layers in half the budget (calibration)")
         c.calibration = True
-        c.rules = write_rules(planned.rules_path,
-                              whole_layer_rules(plan, half, spec.num_experts, device),
-                              work / "whole-layers-half.yaml",
-                              "hybrid tune: whole layers in half the budget (calibration)")
         result.placements.append(c)
     if opts.measure:
         _measure(opts, result, status)
