@@ -10,8 +10,9 @@ run of 8 columns:
 
 and one vpdpbusd sums it (simd_lane_pairs.py has the rest of that layout's intrinsics).
 vpdpbusd multiplies unsigned weights by signed activations, so signed weights are stored as
-C + w (`signed_run`, C = 64 keeps every grid type's |w| <= 62 in 2..126) and C * (the group's
-activation sum) comes off later.
+C + w and C * (the group's activation sum) comes off later. The grid tables of the signed types
+already hold C + |w| (C = 64 keeps every grid type's |w| <= 62 in 2..126), so a negative weight
+costs one masked subtract from 2C (`signed_run`), not an add and a select.
 
 LLVM lowers llvm.masked.gather to vpgatherqq (zmm with AVX-512, two ymm with AVX2) and the
 select on 64 sign bits to a masked vpsubb with AVX512BW.
@@ -148,26 +149,33 @@ def grid_run4_high(typingctx, table, pk, o, oq, k):
     return b64(table, pk, o, oq, k), codegen
 
 
+def _flip(builder, neg, w, two_c):
+    """2C - w where the sign bit is set, w elsewhere: w holds C + |weight| (one masked vpsubb)."""
+    cc = _splat(builder, builder.trunc(two_c, _I8), _V64I8)
+    return builder.select(neg, builder.sub(cc, w), w)
+
+
 @intrinsic
-def signed_run(typingctx, w, pk, o, c):
-    """C + w, or C - w where bit j of byte pk[o + r] is set (weight j of row r): 64 sign bits."""
-    if not (w == b64 and _u8(pk) and _ints(o, c)):
+def signed_run(typingctx, w, pk, o, two_c):
+    """C + |w| -> C - |w| where bit j of byte pk[o + r] is set (weight j of row r): 64 sign bits.
+    w comes from a table of C + |w| rows; two_c is 2C."""
+    if not (w == b64 and _u8(pk) and _ints(o, two_c)):
         return None
 
     def codegen(context, builder, sig, args):
         bits = builder.load(_element_ptr(context, builder, sig.args[1], args[1], args[2],
                                          sig.args[2], _I64), align=1)
         neg = builder.bitcast(bits, ir.VectorType(_I1, 64))
-        cc = _splat(builder, builder.trunc(args[3], _I8), _V64I8)
-        return builder.select(neg, builder.sub(cc, args[0]), builder.add(cc, args[0]))
-    return b64(w, pk, o, c), codegen
+        return _flip(builder, neg, args[0], context.cast(builder, args[3], sig.args[3],
+                                                          types.int32))
+    return b64(w, pk, o, two_c), codegen
 
 
 @intrinsic
-def signed_run7(typingctx, w, pk, o, c):
+def signed_run7(typingctx, w, pk, o, two_c):
     """signed_run with the signs of row r in bits 9-15 of the u16 at pk[o + 2r] (IQ2_XS): 7 sign
     bits, the 8th their parity (an even count of minus signs)."""
-    if not (w == b64 and _u8(pk) and _ints(o, c)):
+    if not (w == b64 and _u8(pk) and _ints(o, two_c)):
         return None
 
     def codegen(context, builder, sig, args):
@@ -179,6 +187,6 @@ def signed_run7(typingctx, w, pk, o, c):
         byte = builder.or_(s7, builder.shl(parity, ir.Constant(v8, [7] * 8)))
         bits = builder.bitcast(builder.trunc(byte, ir.VectorType(_I8, 8)), _I64)
         neg = builder.bitcast(bits, ir.VectorType(_I1, 64))
-        cc = _splat(builder, builder.trunc(args[3], _I8), _V64I8)
-        return builder.select(neg, builder.sub(cc, args[0]), builder.add(cc, args[0]))
-    return b64(w, pk, o, c), codegen
+        return _flip(builder, neg, args[0], context.cast(builder, args[3], sig.args[3],
+                                                          types.int32))
+    return b64(w, pk, o, two_c), codegen

@@ -5,8 +5,9 @@ i-quants' packed tiles, packed_tiles_grid.py; the runs come from simd_grid.py's 
     2r + 1 both belong to row r
 
 One vpdpbusd against the run's 8 activations broadcast to every row (`bcast8x8`) sums a run.
-Scales are duplicated per lane pair (`dup_*`), an offset comes off one lane of each pair
-(`i32x16_sub_mul`), and a tile ends with the pair sums (`store_pair_sums`).
+Per scale group the two row groups' lane pairs are summed into one vector of 16 rows
+(`pair_sums16`), so the offset (`i32x16_sub_cs`), the scales (`nibbles16`, `words16`) and the
+float multiply-add each take one instruction for 16 rows, not two.
 """
 
 from __future__ import annotations
@@ -16,14 +17,13 @@ from numba import types
 from numba.extending import intrinsic
 
 from cpu_kernels.simd import _element_ptr
-from cpu_kernels.simd_pairs import _splat, _u8, b64, f32x16, i32x16
+from cpu_kernels.simd_pairs import _load_halves, _splat, _u8, b64, f32x16, i32x16
 
 _I8, _I16, _I32, _I64, _F32 = (ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64),
                                ir.FloatType())
 _V8I64, _V64I8, _V16I32, _V16F32 = (ir.VectorType(_I64, 8), ir.VectorType(_I8, 64),
                                     ir.VectorType(_I32, 16), ir.VectorType(_F32, 16))
 _DUP = ir.Constant(ir.VectorType(_I32, 16), [r // 2 for r in range(16)])  # lanes 2r, 2r+1 <- r
-_EVEN = ir.Constant(_V16I32, [1 - r % 2 for r in range(16)])
 
 
 def _load(context, builder, sig, args, k: int, elem: ir.Type, n: int):
@@ -56,51 +56,35 @@ def bcast8x8(typingctx, arr, idx):
 
 
 @intrinsic
-def dup_nibbles(typingctx, pk, o, shift, a, b):
-    """a * n + b for the 4-bit fields n at bit `shift` of the 8 bytes at pk[o] (one per row),
-    each in its row's lane pair, as f32x16."""
-    if not (_u8(pk) and _ints(o, shift) and all(isinstance(v, types.Float) for v in (a, b))):
+def nibbles16(typingctx, pa, pb, o, shift, a, b):
+    """a * n + b for the 4-bit fields n at bit `shift` of the 8 bytes at pa[o] and of the 8 at
+    pb[o] (rows 0-7 and 8-15), as f32x16: one scale per row and lane."""
+    if not (_u8(pa) and _u8(pb) and _ints(o, shift)
+            and all(isinstance(v, types.Float) for v in (a, b))):
         return None
 
     def codegen(context, builder, sig, args):
-        v8 = ir.VectorType(_I32, 8)
-        v = builder.zext(_load(context, builder, sig, args, 0, _I8, 8), v8)
-        s = _splat(builder, context.cast(builder, args[2], sig.args[2], types.int32), v8)
-        nib = builder.and_(builder.lshr(v, s), ir.Constant(v8, [15] * 8))
-        f = builder.sitofp(builder.shuffle_vector(nib, nib, _DUP), _V16F32)
+        v = builder.zext(_load_halves(context, builder, sig, args, _I8, 8), _V16I32)
+        s = _splat_arg(context, builder, sig, args, 3, _V16I32)
+        nib = builder.and_(builder.lshr(v, s), ir.Constant(_V16I32, [15] * 16))
         av, bv = (_splat(builder, context.cast(builder, args[k], sig.args[k], types.float32),
-                         _V16F32) for k in (3, 4))
-        return builder.fadd(builder.fmul(f, av), bv)
-    return f32x16(pk, o, shift, a, b), codegen
+                         _V16F32) for k in (4, 5))
+        return builder.fadd(builder.fmul(builder.sitofp(nib, _V16F32), av), bv)
+    return f32x16(pa, pb, o, shift, a, b), codegen
 
 
 @intrinsic
-def dup_words(typingctx, pk, o, shift, mask, a, b):
-    """a * f + b for the fields f = (u16 at pk[o + 2r] >> shift) & mask of 8 rows r, each in
-    its row's lane pair, as i32x16."""
-    if not (_u8(pk) and _ints(o, shift, mask, a, b)):
+def words16(typingctx, pa, pb, o, shift, mask, a, b):
+    """a * f + b for the fields f = (u16 at pa[o + 2r] >> shift) & mask of rows r < 8 and the
+    same at pb for rows 8-15, as i32x16."""
+    if not (_u8(pa) and _u8(pb) and _ints(o, shift, mask, a, b)):
         return None
 
     def codegen(context, builder, sig, args):
-        v8 = ir.VectorType(_I32, 8)
-        v = builder.zext(_load(context, builder, sig, args, 0, _I16, 8), v8)
-        s, m, av, bv = (_splat(builder, context.cast(builder, args[k], sig.args[k], types.int32),
-                               v8) for k in (2, 3, 4, 5))
-        f = builder.add(builder.mul(builder.and_(builder.lshr(v, s), m), av), bv)
-        return builder.shuffle_vector(f, f, _DUP)
-    return i32x16(pk, o, shift, mask, a, b), codegen
-
-
-@intrinsic
-def dup_f32(typingctx, pk, o):
-    """The 8 float32 at byte o of pk, each in its row's lane pair."""
-    if not (_u8(pk) and _ints(o)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        v = _load(context, builder, sig, args, 0, _F32, 8)
-        return builder.shuffle_vector(v, v, _DUP)
-    return f32x16(pk, o), codegen
+        v = builder.zext(_load_halves(context, builder, sig, args, _I16, 8), _V16I32)
+        s, m, av, bv = (_splat_arg(context, builder, sig, args, k, _V16I32) for k in (3, 4, 5, 6))
+        return builder.add(builder.mul(builder.and_(builder.lshr(v, s), m), av), bv)
+    return i32x16(pa, pb, o, shift, mask, a, b), codegen
 
 
 @intrinsic
@@ -125,34 +109,30 @@ def i32x16_to_f32(typingctx, v):
 
 
 @intrinsic
-def i32x16_sub_mul(typingctx, a, c, s):
-    """a - c * s on the even lanes (one per row), a elsewhere: c an i32x16 or an integer."""
+def i32x16_sub_cs(typingctx, a, c, s):
+    """a - c * s, c an i32x16 (one offset per row) or an integer, s an integer."""
     if not (a == i32x16 and (c == i32x16 or isinstance(c, types.Integer)) and _ints(s)):
         return None
 
     def codegen(context, builder, sig, args):
-        cv = args[1] if sig.args[1] == i32x16 else _splat(
-            builder, context.cast(builder, args[1], sig.args[1], types.int32), _V16I32)
-        sv = _splat(builder, context.cast(builder, args[2], sig.args[2], types.int32), _V16I32)
-        return builder.sub(args[0], builder.mul(builder.mul(cv, _EVEN), sv))
+        sv = context.cast(builder, args[2], sig.args[2], types.int32)
+        if sig.args[1] == i32x16:
+            return builder.sub(args[0], builder.mul(args[1], _splat(builder, sv, _V16I32)))
+        cs = builder.mul(context.cast(builder, args[1], sig.args[1], types.int32), sv)
+        return builder.sub(args[0], _splat(builder, cs, _V16I32))
     return i32x16(a, c, s), codegen
 
 
 @intrinsic
-def store_pair_sums(typingctx, res, idx, a, b):
-    """res[idx + r] = a[2r] + a[2r + 1], res[idx + 8 + r] = b[2r] + b[2r + 1] (r < 8)."""
-    if not (isinstance(res, types.Array) and res.dtype == types.float32 and _ints(idx)
-            and a == f32x16 and b == f32x16):
+def pair_sums16(typingctx, a, b):
+    """Lane r < 8: a[2r] + a[2r + 1]; lane 8 + r: b[2r] + b[2r + 1]: two groups' lane-pair sums
+    as one row per lane."""
+    if not (a == i32x16 and b == i32x16):
         return None
 
     def codegen(context, builder, sig, args):
-        even = ir.Constant(ir.VectorType(_I32, 16), [2 * r for r in range(8)]
-                           + [16 + 2 * r for r in range(8)])
-        odd = ir.Constant(ir.VectorType(_I32, 16), [2 * r + 1 for r in range(8)]
-                          + [17 + 2 * r for r in range(8)])
-        total = builder.fadd(builder.shuffle_vector(args[2], args[3], even),
-                             builder.shuffle_vector(args[2], args[3], odd))
-        ptr = _element_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], _V16F32)
-        builder.store(total, ptr, align=4)
-        return context.get_dummy_value()
-    return types.none(res, idx, a, b), codegen
+        even = ir.Constant(_V16I32, [2 * r for r in range(8)] + [16 + 2 * r for r in range(8)])
+        odd = ir.Constant(_V16I32, [2 * r + 1 for r in range(8)] + [17 + 2 * r for r in range(8)])
+        return builder.add(builder.shuffle_vector(args[0], args[1], even),
+                           builder.shuffle_vector(args[0], args[1], odd))
+    return i32x16(a, b), codegen
