@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections import deque
 from collections.abc import Callable
 
 import numba
@@ -57,6 +58,7 @@ SHAPES = {
 
 
 WARMUP_S = 0.25
+WARMUP_CAP_S = 10.0
 
 
 def bench_latency(name: str, mode: str, experts, pool: MoEPool, rng: np.random.Generator
@@ -156,17 +158,27 @@ def bench_shape(name: str, tokens: list[int], resident: int, mode: str, repeats:
         out = np.empty_like(x)
         routes = routings(rng, num_tokens, resident, top_k, repeats + 1)
         weights = rng.random(routes[0].shape).astype(np.float32)
-        # warm-up: calls for WARMUP_S at least (one at large T). Right after packing or after a
-        # MoEPool's latency rows, calls ran several times slower for tens of milliseconds on the
-        # GPU machine (T=1: 4-14 ms against 2.4-2.7); a serving engine never sees that gap.
-        # Not reproduced on 2026-11-23: T=1 calls back to back for 8 s right after packing 256
-        # V3 experts (compiled beforehand) had a median of 2.6-2.8 ms in every half second
-        end, warm = time.perf_counter() + WARMUP_S, 0
-        while warm == 0 or time.perf_counter() < end:
+        # warm-up: calls for WARMUP_S at least, then until the last 8 calls' median is within
+        # 25% of the fastest call (at most WARMUP_CAP_S). Right after packing, calls ran several
+        # times slower for a while on the GPU machine: T=1 4-14 ms against 2.4-2.7 (Nov 23),
+        # and an IQ1_S layer measured first in its process 19-24 ms against 2.4-2.6 in two runs
+        # of Nov 26, through a fixed 0.25 s warm-up and all 21 timed calls.
+        end, cap, warm = time.perf_counter() + WARMUP_S, time.perf_counter() + WARMUP_CAP_S, 0
+        recent: deque[float] = deque(maxlen=8)
+        while True:
             t = time.perf_counter()
             moe_forward(x, routes[warm % len(routes)], weights, experts, out, mode=mode,
                         use_amx=use_amx)
+            dt = time.perf_counter() - t
+            recent.append(dt)
             warm += 1
+            settled = dt > 0.1 or (len(recent) == recent.maxlen
+                                   and float(np.median(recent)) <= 1.25 * min(recent))
+            if t + dt >= cap or (t + dt >= end and settled):
+                break
+        if not settled:
+            print(f"{name} T={num_tokens}: calls had not settled after {WARMUP_CAP_S:.0f} s of "
+                  f"warm-up ({warm} calls)", flush=True)
         # large T: fewer repeats, about a second per row at most
         reps = max(1, min(repeats, int(1.0 / max(time.perf_counter() - t, 1e-6))))
         times = []
