@@ -111,7 +111,7 @@ def _nibble_scale(pa, pb, so, sh, d, a, b):
 @njit(cache=True)
 def scales(qtype, pa, pb, o, s):
     """(scale of columns 0-15, of 16-31, offsets c) of sub-block s, one row of the two groups
-    per lane; c an integer or (the 1-bit types' per-row offsets) an i32x16."""
+    per lane."""
     if qtype == IQ2_XXS or qtype == IQ3_XXS:
         d_at, sc_at = (544, 512) if qtype == IQ2_XXS else (800, 768)
         d = f32x16_mul(load_f32x16_at(pa, pb, o + d_at), f32(0.25 if qtype == IQ2_XXS else 0.5))

@@ -110,16 +110,13 @@ def i32x16_to_f32(typingctx, v):
 
 @intrinsic
 def i32x16_sub_cs(typingctx, a, c, s):
-    """a - c * s, c an i32x16 (one offset per row) or an integer, s an integer."""
-    if not (a == i32x16 and (c == i32x16 or isinstance(c, types.Integer)) and _ints(s)):
+    """a - c * s: c one offset per row (i32x16), s an integer."""
+    if not (a == i32x16 and c == i32x16 and _ints(s)):
         return None
 
     def codegen(context, builder, sig, args):
-        sv = context.cast(builder, args[2], sig.args[2], types.int32)
-        if sig.args[1] == i32x16:
-            return builder.sub(args[0], builder.mul(args[1], _splat(builder, sv, _V16I32)))
-        cs = builder.mul(context.cast(builder, args[1], sig.args[1], types.int32), sv)
-        return builder.sub(args[0], _splat(builder, cs, _V16I32))
+        sv = _splat(builder, context.cast(builder, args[2], sig.args[2], types.int32), _V16I32)
+        return builder.sub(args[0], builder.mul(args[1], sv))
     return i32x16(a, c, s), codegen
 
 
