@@ -43,11 +43,10 @@ def _rows(values: np.ndarray, dtype) -> np.ndarray:
 # The signed grids hold C + |w| per byte (every |w| < C: no carry between bytes), so a run needs
 # only its negative weights flipped to C - |w| (simd_grid.signed_run). iquant_decode's IQ2 grids
 # hold |w| as uint64 rows.
-_PLUS_C = np.uint64(0x4040404040404040)
-assert C == 0x40
-GRID2_XXS, GRID2_XS, GRID2_S = (g + _PLUS_C for g in (G_IQ2_XXS, G_IQ2_XS, G_IQ2_S))
-GRID3_XXS = _rows(tables.GRID_IQ3_XXS, np.uint32) + np.uint32(0x40404040)
-GRID3_S = _rows(tables.GRID_IQ3_S, np.uint32) + np.uint32(0x40404040)
+GRID2_XXS, GRID2_XS, GRID2_S = (g + np.uint64(C * 0x0101010101010101)
+                                 for g in (G_IQ2_XXS, G_IQ2_XS, G_IQ2_S))
+GRID3_XXS = _rows(tables.GRID_IQ3_XXS + C, np.uint32)
+GRID3_S = _rows(tables.GRID_IQ3_S + C, np.uint32)
 _G1 = 8 * tables.GRID_IQ1_S.astype(np.int16)
 GRID1_S = _rows(_G1 + 8, np.uint64)  # IQ1_S: c = 7 (delta +) or 9 (delta -) per sub-block
 GRID1_M = _rows(np.concatenate([_G1 + IQ1_C + 1, _G1 + IQ1_C - 1]), np.uint64)  # code | minus << 11

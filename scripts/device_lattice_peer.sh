@@ -4,8 +4,8 @@
 # beside llama.cpp's, in one run.
 #   1. ggml's CPU backend built alone (~1-2 min on 16 cores), scripts/probe_llama_lattice.c on it:
 #      16,384 x 7,168 products of every i-quant and Q4_K, >= 400 MB a type, 16 threads.
-#   2. scripts/bench_cpu_moe.py, V3 layer, 1 token, 16 threads, fast mode, the same types, beside
-#      the read bandwidth of the same run (SHAPES to choose; SKIP_OURS=1 to skip).
+#   2. our rows of the same types (and unsloth's two 1-bit mixes): device_files.sh's i-quant
+#      item in fast mode, beside the read bandwidth of the same run (SKIP_OURS=1 to skip).
 # Logs to $OUT (default /tmp/out).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -20,11 +20,6 @@ gcc -O2 scripts/probe_llama_lattice.c -I.llama/ggml/include -L"$LIB" -lggml-cpu 
 echo "llama.cpp (ggml CPU), 16 threads:"
 /tmp/probe_llama_lattice 16 | tee "$OUT/llama.md"
 if [[ -z ${SKIP_OURS:-} ]]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NUMBA_CACHE_DIR=/tmp/numba
-  SHAPES=${SHAPES:-v3-iq1_s,v3-iq1_m,v3-iq2_xxs,v3-iq2_xs,v3-iq2_s,v3-iq3_xxs,v3-iq3_s,v3-iq4_xs,v3-iq4_nl,v3}
   echo "hybrid (bench_cpu_moe.py, V3 layer, 1 token, fast):"
-  python3 scripts/bench_cpu_moe.py --threads 16 --shapes "$SHAPES" --modes fast --tokens 1 \
-    --resident 32 --repeats 21 --no-latency > "$OUT/ours.log" 2>&1
-  grep -E "^\||read bandwidth" "$OUT/ours.log" | grep -v "^|---"
+  OUT=$OUT WHAT=iquant MODES=fast bash scripts/device_files.sh
 fi

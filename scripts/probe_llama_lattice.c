@@ -26,7 +26,8 @@ static int cmp(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-// byte offsets of a block's f16 scale fields (random bytes elsewhere are valid blocks)
+// byte offsets of a block's f16 scale fields (random bytes elsewhere are valid blocks; the same
+// offsets as cpu_kernels/random_blocks.py's _F16_FIELDS)
 static void fix_scales(enum ggml_type t, uint8_t *blk) {
   const uint16_t d = 0x1c00;  // 2^-8
   switch (t) {

@@ -7,8 +7,8 @@
    decode step, beside the same bytes spent on whole layers (llama.cpp's `--n-cpu-moe`).
 4. `measure`: decode with no hot experts, with the full budget, and with whole layers in half
    the budget fits the time model (predict.py); then a few budgets in between and the
-   whole-layer placement are predicted and measured side by side; the CPU thread counts (decode) and chunk sizes (prefill of one long
-   prompt) are swept on the tuned rules.
+   whole-layer placement are predicted and measured side by side; the CPU thread counts
+   (decode) and chunk sizes (prefill of one long prompt) are swept on the tuned rules.
 """
 
 from __future__ import annotations
