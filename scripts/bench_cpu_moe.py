@@ -158,13 +158,16 @@ def bench_shape(name: str, tokens: list[int], resident: int, mode: str, repeats:
         out = np.empty_like(x)
         routes = routings(rng, num_tokens, resident, top_k, repeats + 1)
         weights = rng.random(routes[0].shape).astype(np.float32)
+        # The first call compiles the kernels where numba's cache is cold (~3 min on a fresh
+        # GPU machine): it runs before the warm-up's clock starts. Started before it, the clock
+        # had run out after that one call, which left 1 timed call (reps below) right after
+        # compiling: the first row of a fresh process read 19-34 ms against 2.0-2.6 (Nov 26).
+        moe_forward(x, routes[0], weights, experts, out, mode=mode, use_amx=use_amx)
         # warm-up: calls for WARMUP_S at least, then until the last 8 calls' median is within
         # 25% of the fastest call so far (at most WARMUP_CAP_S). Right after packing, calls ran
         # several times slower for a while on the GPU machine: T=1 4-14 ms against 2.4-2.7
-        # (Nov 23), and an IQ1_S layer measured first in its process 19-24 ms against 2.4-2.6
-        # in two runs of Nov 26, through a fixed 0.25 s warm-up and all 21 timed calls. (A
-        # phase slow from its very first call until the cap would still pass: nothing here
-        # tells it from a slow kernel.)
+        # (Nov 23). (A phase slow from its very first call until the cap would still pass:
+        # nothing here tells it from a slow kernel.)
         end, cap, warm = time.perf_counter() + WARMUP_S, time.perf_counter() + WARMUP_CAP_S, 0
         recent: deque[float] = deque(maxlen=8)
         best = float("inf")
