@@ -24,6 +24,10 @@ kernel file, delete cpu_kernels/__pycache__/*.nbi/*.nbc or callers in other file
 
 from __future__ import annotations
 
+from cpu_kernels import cache_lock
+
+cache_lock.install()  # before any kernel is compiled and cached (see there)
+
 from cpu_kernels.matmul import quant_matmul
 from cpu_kernels.moe import moe_forward
 from cpu_kernels.pool import MoEPool
