@@ -8,7 +8,7 @@ import time
 import pytest
 from numba.core import caching
 
-import cpu_kernels  # noqa: F401  (installs the lock)
+from cpu_kernels import cache_lock  # importing cpu_kernels installs the lock
 
 
 @pytest.mark.parametrize("locked", [True, False])
@@ -21,7 +21,6 @@ def test_concurrent_saves_keep_each_specialization(tmp_path, monkeypatch, locked
 
     monkeypatch.setattr(caching.IndexDataCacheFile, "_save_index", slow_save_index)
     if not locked:  # numba's own save: the race this module closes
-        from cpu_kernels import cache_lock
         monkeypatch.setattr(caching.IndexDataCacheFile, "save", cache_lock._numba_save)
     stamp = ("source stamp", 1)
     savers = [caching.IndexDataCacheFile(str(tmp_path), "kernel-1.py311", stamp) for _ in range(2)]
