@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,21 +15,25 @@ from server.state import ServedModel, ServerState
 
 log = logging.getLogger(__name__)
 DEMO_MODEL_NAME = "demo"  # what clients call the built-in demo model
+_STARTED = time.monotonic()  # this module loads at the start of `hybrid serve`
 
 
 def build_state(config: ServerConfig, progress: Callable[[int, int], None] | None = None,
-                warmup: bool = True) -> ServerState:
-    """Load the model and start its worker thread; the caller shuts the worker down."""
+                warmup: bool = True, start: bool = True) -> ServerState:
+    """Load the model and start its worker thread (with `start`; else the caller may step the
+    engine itself first, then starts it); the caller shuts the worker down."""
     from hybrid.engine.llm import LLM
     from hybrid.tokenizer.bundled_templates import load_template
 
     engine = config.engine
     template = load_template(config.chat_template) if config.chat_template else None
+    _status_line("loading the model")
     llm = LLM(engine.gguf_path, engine.optimize_rules, progress=progress, engine_config=engine,
               status=_status_line)
     if template is not None:
         llm.tokenizer.use_chat_template(template)
     if warmup:
+        _status_line("a first generation")
         # One tiny generation compiles the CPU kernels now, so the first client does not wait.
         for _ in llm.stream([llm.tokenizer.bos_token_id or 0], SamplingParams(temperature=0,
                                                                                max_tokens=2)):
@@ -37,13 +43,16 @@ def build_state(config: ServerConfig, progress: Callable[[int, int], None] | Non
     model = ServedModel(name, llm.tokenizer, llm.loaded.spec.vocab_size,
                         llm.loaded.spec.context_length, llm.tokenizer.eos_token_id,
                         llm.engine.scheduler.max_request_tokens)
-    worker = llm.worker
-    worker.start()
-    return ServerState(config, model, worker)
+    _status_line("ready")
+    if start:
+        llm.worker.start()
+    return ServerState(config, model, llm.worker)
 
 
 def _status_line(message: str) -> None:
-    print(f"start-up: {message}", file=sys.stderr, flush=True)
+    # seconds since the process started: which phase of a slow start took the time
+    print(f"start-up [{time.monotonic() - _STARTED:5.1f} s]: {message}", file=sys.stderr,
+          flush=True)
 
 
 def _model_name(path: Path) -> str:
@@ -60,9 +69,18 @@ def serve(config: ServerConfig, progress: Callable[[int, int], None] | None = No
 
     from hybrid.engine.heap import freeze_start_up_heap
     from server.app import create_app
+    from server.inprocess import server_options
+    from server.listen import bind_listener, bound_url
 
     logging.basicConfig(level=config.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    state = build_state(config, progress)
+    # NOTE: bound before loading, so a port in use or a bad --host fails in a moment, not after
+    # minutes of loading; clients are refused until uvicorn listens on it.
+    sock = bind_listener(config.host, config.port)
+    try:
+        state = build_state(config, progress, start=False)
+    except BaseException:
+        sock.close()
+        raise
     # This process serves one engine for its life: the collector need not walk start-up's
     # objects again (a full collection was a host stall in one step; hybrid/engine/heap.py).
     frozen = freeze_start_up_heap()
@@ -75,13 +93,51 @@ def serve(config: ServerConfig, progress: Callable[[int, int], None] | None = No
         writer = RoutingWriter(state.worker.engine, state.model.name, config.routing_profile)
         writer.start()
     auth = "API key required" if config.api_key else "no API key"
-    print(f"serving {state.model.name!r} on http://{config.host}:{config.port}/v1 ({auth}; "
+    print(f"serving {state.model.name!r} on {bound_url(sock)}/v1 ({auth}; "
           f"max {config.engine.max_batch_size} requests per batch, KV cache "
           f"{config.engine.cache_lens} tokens)", file=sys.stderr)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=config.log_level,
+                                           **server_options()))
     try:
-        uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level)
+        run_engine_and_http(state.worker, server, sock)
     finally:
-        state.worker.shutdown()
         if writer is not None:
             writer.stop()
-    return 0
+    # Everything is stopped and written: leave without the interpreter's teardown, where
+    # Triton's bindings print hundreds of lines of "leaked" objects after a clean shutdown.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def run_engine_and_http(worker, server, sock) -> None:
+    """The engine's loop on this (the main) thread, uvicorn on a thread of its own, until
+    SIGINT or SIGTERM, or until uvicorn stops by itself.
+
+    NOTE: the engine steps on the thread that loaded the model and ran its warm-up: on a
+    thread started later the same decode ran 19% slower on the GPU machine (docs/serving.md).
+    uvicorn installs no signal handlers off the main thread, so they are installed here."""
+    import signal
+    import threading
+
+    def stop(*_) -> None:
+        server.should_exit = True
+        worker.shutdown()
+
+    def serve_http() -> None:
+        try:
+            server.run(sockets=[sock])
+        finally:
+            worker.shutdown()  # uvicorn stopped (or failed): so does the engine
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    http = threading.Thread(target=serve_http, name="hybrid-http", daemon=True)
+    http.start()
+    try:
+        worker.run()
+    finally:
+        server.should_exit = True
+        http.join(30)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import socket
-import threading
 import time
 from collections.abc import Iterator
 
@@ -17,33 +16,15 @@ import pytest
 
 from hybrid.errors import HybridError
 from server.config import ServerConfig
-from server.state import ServerState
+from server.inprocess import InProcessServer
 
 API_KEY = "test-key"
 MAX_NEW_TOKENS = 200  # the server's cap: long enough to disconnect mid-stream, short to clamp
 MAX_REQUEST_BYTES = 64 * 1024
 
 
-class LiveServer:
-    def __init__(self, state: ServerState) -> None:
-        import uvicorn
-
-        from server.app import create_app
-
-        self.state = state
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))  # a free port, held from now on: no race with other tests
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        config = uvicorn.Config(create_app(state), log_level="warning", lifespan="off")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
-                                       daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            assert time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.02)
+class LiveServer(InProcessServer):
+    """The served app in a thread (server/inprocess.py), with the tests' helpers."""
 
     @functools.cached_property
     def llm(self):
@@ -67,9 +48,7 @@ class LiveServer:
             time.sleep(0.02)
 
     def close(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-        self.state.worker.shutdown()
+        self.stop()
 
 
 @pytest.fixture(scope="module")
@@ -142,3 +121,48 @@ def test_serve_cli_passes_every_flag_to_the_config(monkeypatch) -> None:
             config.engine.cpu_threads, config.engine.max_batch_size, config.force_think) == (
         128, 4096, 32, 3, 4, True)
     assert main(["serve", "--page-size", "64", "--cache-lens", "32"]) == 2  # one-line error
+
+
+def test_serve_fails_at_once_on_a_port_in_use_before_loading(capsys, monkeypatch) -> None:
+    """The address is bound before the model loads: a port in use is one line, no loading."""
+    import server.serve
+    from server.cli import main
+
+    monkeypatch.setattr(server.serve, "build_state", _no_loading)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: port {port} on 127.0.0.1 is already in use")
+    assert "--port" in err
+
+
+@pytest.mark.parametrize("host", ["no-such-host.invalid", "10.255.255.254", "300.1.1.1"])
+def test_serve_fails_at_once_on_a_bad_host(capsys, monkeypatch, host: str) -> None:
+    import server.serve
+    from server.cli import main
+
+    monkeypatch.setattr(server.serve, "build_state", _no_loading)
+    assert main(["serve", "--host", host, "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and host in err and "--host" in err
+    assert err.count("\n") == 1
+
+
+def test_bound_listener_is_refused_until_served() -> None:
+    """Bound but not listening: a client is refused (not left hanging) while the model loads."""
+    from server.listen import bind_listener, bound_url
+
+    sock = bind_listener("127.0.0.1", 0)
+    try:
+        url = bound_url(sock)
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{url}/health", timeout=2)
+    finally:
+        sock.close()
+
+
+def _no_loading(*args, **kwargs):
+    raise AssertionError("the model must not load when the address cannot be bound")

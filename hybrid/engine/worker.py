@@ -10,7 +10,10 @@ thread) `submit()` requests and `cancel()` them; the worker loops `step()`:
 - update: hand each token to its request's sink, retire finished requests (pages freed).
 
 A cancelled request therefore stops before its next token, whether it was running or queued.
-Without `start()`, callers may drive `step()` themselves (offline generation, tests).
+Without `start()`, callers may drive `step()` themselves (offline generation, tests), or give
+the loop their own thread with `run()`: `hybrid serve` steps the engine on the main thread,
+the thread that loaded the model and ran its warm-up (a thread started later decoded 19%
+slower on the GPU machine, docs/serving.md), and serves HTTP from another.
 Imports no torch: the engine is anything with `hybrid.engine.engine.Engine`'s methods.
 """
 
@@ -72,16 +75,26 @@ class EngineWorker:
         self._thread = threading.Thread(target=self._loop, name="hybrid-engine", daemon=True)
         self._thread.start()
 
+    def run(self) -> None:
+        """Run the worker's loop in the calling thread until `shutdown()` (from any thread, or
+        a signal handler of this one)."""
+        assert self._thread is None, "the worker is already started"
+        self._thread = threading.current_thread()
+        self._loop()
+
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Cancel everything, then stop the thread (waits at most `timeout` for the step)."""
+        """Cancel everything, then stop the loop (waits at most `timeout` for the step when
+        called from another thread than the loop's)."""
         with self._lock:
             self._stopping = True
             s = self.engine.scheduler
             for r in (*s.running, *s.waiting):
                 r.cancel()
             self._lock.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread() \
+                and thread is not threading.main_thread():
+            thread.join(timeout)
 
     def submit(self, request: Request) -> None:
         """Queue `request`; raises RequestRejected (nothing queued) if it can never run."""

@@ -1,0 +1,200 @@
+"""Served decode against the engine's own step rate, in one process: where the time between the
+engine's step and the client's SSE event goes.
+
+    python scripts/bench_served_decode.py [--gguf-path P] [--optimize-rules R] [--gen-len 128]
+        [--repeats 3] [--json FILE]
+
+One model is loaded once, served by a real uvicorn on a bound loopback socket (as `hybrid
+serve` runs it, with the same app), and the same single-stream greedy decode is timed four
+ways, `--repeats` times each:
+- `offline`: this thread steps the engine (as `hybrid.LLM` and bench_e2e.py do), before the
+  worker thread and the server start;
+- `engine`: the served engine (its loop on the main thread as in `hybrid serve`, or with
+  `--engine-thread worker` on a thread started after loading), a request submitted with a sink
+  that stamps each token (no event loop, no HTTP): the engine's step rate as served;
+- `http`: a client streaming `/v1/completions` (the token-id prompt of `hybrid bench`,
+  `logprobs: 0` so every token is its own SSE event) over loopback;
+- `http+chat`: the same through `/v1/chat/completions`.
+Reported: decode tokens/s (tokens after the first over the time after the first), median over
+repeats, and the ratio http/engine. The ratio is the number: speed targets live here, not in
+tests (tests/test_served_decode.py runs this at a tiny size and checks the rows are there).
+Without --gguf-path: the demo model with the machine's default rules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import statistics
+import sys
+import threading
+import time
+
+import httpx
+
+
+def offline_rate(state, prompt: list[int], gen_len: int) -> float:
+    """Tokens/s after the first, this thread stepping the (not yet started) worker's engine."""
+    from hybrid.engine.request import Request
+    from hybrid.engine.sampling_params import SamplingParams
+
+    stamps: list[float] = []
+    params = SamplingParams(temperature=0, max_tokens=gen_len, ignore_eos=True)
+    request = Request(f"offline-{time.monotonic_ns()}", prompt, params,
+                      lambda event: stamps.append(time.perf_counter()))
+    state.worker.submit(request)
+    while not request.is_finished:
+        state.worker.step()
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+
+def engine_rate(state, prompt: list[int], gen_len: int) -> float:
+    """Tokens/s after the first of one request on the served worker, stamped in its sink."""
+    from hybrid.engine.request import Request
+    from hybrid.engine.sampling_params import SamplingParams
+
+    stamps: list[float] = []
+    done = threading.Event()
+
+    def sink(event) -> None:
+        stamps.append(time.perf_counter())
+        if getattr(event, "finish_reason", "failed") is not None:
+            done.set()
+
+    params = SamplingParams(temperature=0, max_tokens=gen_len, ignore_eos=True)
+    state.worker.submit(Request(f"bench-{time.monotonic_ns()}", prompt, params, sink))
+    if not done.wait(600):
+        raise RuntimeError("the engine did not finish")
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+
+def http_rate(client: httpx.Client, url: str, model: str, prompt: list[int], gen_len: int,
+              chat: bool) -> float:
+    if chat:
+        path, body = "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "Tell me a long story."}],
+            "max_tokens": gen_len, "logprobs": True, "top_logprobs": 0}
+    else:
+        path, body = "/v1/completions", {"prompt": prompt, "max_tokens": gen_len, "logprobs": 0}
+    body.update(model=model, temperature=0, stream=True, ignore_eos=True)
+    stamps = []
+    with client.stream("POST", url + path, json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                stamps.append(time.perf_counter())
+    if chat:
+        stamps = stamps[1:]  # the role chunk comes before any token
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+
+def http_ttft(client: httpx.Client, url: str, model: str, n: int, salt: int) -> float:
+    """Seconds to the first streamed token of an n-token prompt new to the prefix cache."""
+    prompt = [1 + (salt * 7919 + j * 104729) % 90000 for j in range(n)]
+    body = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0,
+            "stream": True}
+    t0 = time.perf_counter()
+    with client.stream("POST", url + "/v1/completions", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                return time.perf_counter() - t0
+    raise RuntimeError("no token came back")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gguf-path", default=None)
+    ap.add_argument("--optimize-rules", default=None)
+    ap.add_argument("--gen-len", type=int, default=128)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", default=None, help="write the rows to this file")
+    ap.add_argument("--ttft", default="", help="prompt lengths whose time to first token "
+                    "through HTTP to measure too (median of --repeats), e.g. 512,2048,8192")
+    ap.add_argument("--engine-thread", choices=("main", "worker"), default="main",
+                    help="the thread that steps the engine while serving: main (as hybrid "
+                    "serve does) or a worker thread started after loading")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="an engine or server setting other than its default (e.g. "
+                         "cpu_threads=14), as a Python literal; repeatable")
+    args = ap.parse_args()
+
+    from server.config import ServerConfig
+    from server.inprocess import InProcessServer
+    from server.serve import build_state
+
+    settings = {"gguf_path": args.gguf_path, "optimize_rules": args.optimize_rules,
+                "log_level": "warning"}
+    for item in args.set:
+        name, _, value = item.partition("=")
+        settings[name] = ast.literal_eval(value)
+    config = ServerConfig.from_flat(settings)
+    t0 = time.perf_counter()
+    state = build_state(config, start=False)
+    print(f"loaded in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    prompt = [1 + (j * 104729) % 1000 for j in range(args.prompt_len)]
+    rows: dict[str, list[float]] = {"offline": [], "engine": [], "http": [], "http+chat": []}
+    offline_rate(state, prompt, 8)
+    rows["offline"] = [offline_rate(state, prompt, args.gen_len) for _ in range(args.repeats)]
+    server = InProcessServer(state)
+    ttft: dict[int, float] = {}
+    failure: list[BaseException] = []
+
+    def client_side() -> None:
+        try:
+            with httpx.Client(timeout=600) as client:
+                model = state.model.name
+                http_rate(client, server.url, model, prompt, 8, chat=False)  # warm the routes
+                http_rate(client, server.url, model, prompt, 8, chat=True)
+                for _ in range(args.repeats):
+                    rows["engine"].append(engine_rate(state, prompt, args.gen_len))
+                    rows["http"].append(http_rate(client, server.url, model, prompt,
+                                                  args.gen_len, chat=False))
+                    rows["http+chat"].append(http_rate(client, server.url, model, prompt,
+                                                       args.gen_len, chat=True))
+                for n in (int(v) for v in args.ttft.split(",") if v):
+                    ttft[n] = statistics.median(http_ttft(client, server.url, model, n, i)
+                                                for i in range(args.repeats))
+                    print(f"TTFT {n}: {ttft[n]:.3f} s", file=sys.stderr, flush=True)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            failure.append(e)
+        finally:
+            server.stop()
+
+    # as `hybrid serve` runs: the engine's loop on this thread (the one that loaded it),
+    # or, with --engine-thread worker, on a thread of its own (the old layout)
+    client = threading.Thread(target=client_side)
+    if args.engine_thread == "worker":
+        state.worker.start()
+        client.start()
+    else:
+        client.start()
+        state.worker.run()
+    client.join()
+    if failure:
+        raise failure[0]
+    medians = {k: statistics.median(v) for k, v in rows.items()}
+    result = {"gen_len": args.gen_len, "repeats": args.repeats, "settings": settings,
+              "engine_thread": args.engine_thread,
+              "tokens_per_s": rows,
+              "median_tokens_per_s": medians,
+              "ratio_http": medians["http"] / medians["engine"],
+              "ratio_http_offline": medians["http"] / medians["offline"],
+              "ratio_http_chat": medians["http+chat"] / medians["engine"], "ttft_s": ttft}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    print(f"| path | decode tok/s (median of {args.repeats}) | vs engine | vs offline |")
+    print("|---|---|---|---|")
+    for name, v in medians.items():
+        print(f"| {name} | {v:.1f} | {v / medians['engine']:.3f} | "
+              f"{v / medians['offline']:.3f} |")
+    for n, v in ttft.items():
+        print(f"| TTFT {n} tokens, s | {v:.3f} | | |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

