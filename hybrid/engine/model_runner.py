@@ -28,6 +28,7 @@ from hybrid.engine.decoder import DecoderProgram, StepState
 from hybrid.engine.experts_bridge import ExpertsBridge
 from hybrid.engine.forward_batch import ForwardBatch, StepLayout
 from hybrid.engine.kv_cache import PagedLatentCache
+from hybrid.engine.prefill_chunk import ModelShapes, activation_bytes_per_token, choose_chunk_size
 from hybrid.engine.routing_recorder import RoutingRecorder
 from hybrid.engine.scheduler import ScheduledBatch
 from hybrid.errors import HybridError
@@ -53,8 +54,10 @@ class ModelRunner:
         self.cache = PagedLatentCache(attention, config.num_pages * config.page_size)
         self.device = attention[0].device
         hf = model.config
+        self.chunk_size = config.chunk_size or self._auto_chunk_size(max_request_tokens,
+                                                                              progress)
         # a step carries at most max_batch_size decodes plus chunk_size prompt tokens
-        self.max_tokens = config.chunk_size + config.max_batch_size
+        self.max_tokens = self.chunk_size + config.max_batch_size
         self.bridge = ExpertsBridge(self.max_tokens, hf.hidden_size, hf.num_experts_per_tok,
                                     self.device)
         self.program = DecoderProgram(model, self.bridge)
@@ -70,6 +73,23 @@ class ModelRunner:
             else None
         with self.on_stream():
             self._start_up(config, attention, progress)
+
+    def _auto_chunk_size(self, max_request_tokens: int,
+                         progress: Callable[[str], None] | None) -> int:
+        """prefill_chunk.py's choice for this model and device, after weights and KV cache."""
+        can_stream = self.device.type == "cuda" and self.config.prefill_experts != "cpu" and \
+            any(isinstance(op, ExpertsOp) and op.stream_parts is not None
+                for op in self.model.modules())
+        free = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else 0
+        per_token = activation_bytes_per_token(ModelShapes.of(self.model.config))
+        chunk = choose_chunk_size(can_stream, per_token, free, max_request_tokens)
+        why = "they may stream experts to the GPU" if can_stream else "no streamed experts"
+        line = (f"prompt steps of up to {chunk} tokens ({why}; {per_token / 1024:.0f} KiB of "
+                f"activations a token; --chunk-size sets it)")
+        if progress is not None:
+            progress(line)
+        log.info("%s", line)
+        return chunk
 
     def on_stream(self):
         """The context every step's device work runs in: the model's stream made current on
@@ -215,7 +235,7 @@ class ModelRunner:
 
         largest = TOKEN_CLASSES[-1]
         counts = sorted({min(n, self.max_tokens) for n in (*TOKEN_CLASSES,
-                                                           self.config.chunk_size)})
+                                                           self.chunk_size)})
         for i, n in enumerate(counts):
             if progress is not None:
                 progress(f"compiling kernels: a step of {n} tokens ({i + 1}/{len(counts)})")

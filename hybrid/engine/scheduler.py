@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.page_allocator import PageAllocator
+from hybrid.engine.prefill_chunk import CPU_CHUNK
 from hybrid.engine.prefix_cache import PrefixCache
 from hybrid.engine.request import Request, RequestStatus
 from hybrid.errors import RequestRejected
@@ -57,6 +58,9 @@ class ScheduledBatch:
 class Scheduler:
     def __init__(self, config: EngineConfig, context_length: int) -> None:
         self.config = config
+        # prompt tokens a step takes; the engine sets the runner's choice when the config
+        # leaves it open (prefill_chunk.py)
+        self.chunk_size = config.chunk_size or CPU_CHUNK
         self.pages = PageAllocator(config.num_pages, config.page_size)
         # The most tokens (prompt + outputs) one request may hold.
         self.max_request_tokens = min(config.num_pages * config.page_size, context_length)
@@ -91,7 +95,7 @@ class Scheduler:
         chunks = [ScheduledChunk(r, r.num_computed_tokens,
                                  r.token_ids(r.num_computed_tokens, r.num_tokens), True)
                   for r in self.running if not r.is_prefilling]
-        budget = self.config.chunk_size
+        budget = self.chunk_size
         if chunks and self.config.decode_chunk_size is not None:
             budget = min(budget, self.config.decode_chunk_size)
         for r in self.running:

@@ -1,0 +1,120 @@
+"""`hybrid serve` as users start it (a process, the engine on its main thread, HTTP on another),
+the served-vs-engine benchmark at a CPU size, and the prefill chunk chosen at start-up."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from hybrid.engine.prefill_chunk import (
+    CPU_CHUNK,
+    STREAM_CHUNK,
+    ModelShapes,
+    activation_bytes_per_token,
+    choose_chunk_size,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_serve_process_answers_then_exits_cleanly_on_sigterm(models) -> None:
+    """The engine steps on the main thread: requests are answered, and SIGTERM ends the process
+    with exit 0 (uvicorn's thread and the engine's loop both stop) and no teardown noise."""
+    path = models.path("tiny-v3", "q4_k_m")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "server.cli", "serve", "--gguf-path", str(path),
+         "--optimize-rules", "cpu", "--port", "0", "--log-level", "warning"],
+        cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        url, lines = None, []
+        deadline = time.monotonic() + 300
+        while url is None:
+            line = proc.stderr.readline()
+            assert line or proc.poll() is None, "serve exited: " + "".join(lines)
+            assert time.monotonic() < deadline, "serve did not start"
+            lines.append(line)
+            if (m := re.search(r"on (http://127\.0\.0\.1:\d+)/v1", line)) is not None:
+                url = m.group(1)
+        assert any("prompt steps of up to 512 tokens" in x for x in lines)  # no GPU: 512
+        for _ in range(100):
+            try:
+                r = httpx.post(f"{url}/v1/completions", json={
+                    "model": path.stem, "prompt": [1, 2, 3], "max_tokens": 4,
+                    "temperature": 0, "ignore_eos": True}, timeout=60)
+                break
+            except httpx.ConnectError:  # uvicorn's thread is still starting
+                time.sleep(0.1)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 4
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert "leaked" not in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def test_bench_served_decode_reports_every_row(tmp_path, models) -> None:
+    """The CPU-sized served-vs-engine ratio: offline, engine, HTTP and chat rows, one run."""
+    out = tmp_path / "rows.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "scripts/bench_served_decode.py", "--gguf-path",
+                    str(models.path("tiny-v3", "q4_k_m")), "--optimize-rules", "cpu",
+                    "--gen-len", "6", "--repeats", "1", "--ttft", "40", "--json", str(out)],
+                   cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
+    rows = json.loads(out.read_text())
+    assert set(rows["median_tokens_per_s"]) == {"offline", "engine", "http", "http+chat"}
+    assert all(v > 0 for v in rows["median_tokens_per_s"].values())
+    assert rows["ratio_http"] > 0 and rows["ttft_s"]["40"] > 0
+    assert rows["engine_thread"] == "main"
+
+
+V2_LITE = ModelShapes(hidden_size=2048, num_attention_heads=16, qk_head_dim=192, v_head_dim=128,
+                      kv_lora_rank=512, intermediate_size=10944, moe_intermediate_size=1408,
+                      num_experts_per_tok=6)
+
+
+def test_activation_bytes_count_the_largest_layer_part() -> None:
+    # V2-Lite: the routed experts' 6 x (3 x 1408 + 2048) floats outweigh the dense MLP's
+    # 3 x 10944 and attention's 16 x 640 + 512; plus 4 x 2048 across layers (179 KiB)
+    assert activation_bytes_per_token(V2_LITE) == 4 * (4 * 2048 + 6 * (3 * 1408 + 2048))
+    v3 = ModelShapes(7168, 128, 192, 128, 512, 18432, 2048, 8)  # the routed experts' rows
+    assert activation_bytes_per_token(v3) == 4 * (4 * 7168 + 8 * (3 * 2048 + 7168))
+    many_heads = ModelShapes(7168, 256, 192, 128, 512, 18432, 2048, 8)  # attention's heads
+    assert activation_bytes_per_token(many_heads) == 4 * (4 * 7168 + 256 * 640 + 512)
+
+
+@pytest.mark.parametrize("can_stream,free_gib,max_request,expected", [
+    (False, 80, 32768, CPU_CHUNK),  # the CPU experts only: 512 whatever the memory
+    (True, 80, 32768, STREAM_CHUNK),  # room for the largest chunk
+    (True, 80, 3000, 2816),  # no more than a request holds, in whole 256-token steps
+    (True, 2, 32768, 2816),  # a quarter of 2 GiB at 179 KiB a token: 2928, in 256s
+    (True, 0.1, 32768, CPU_CHUNK),  # short of memory: never below 512
+])
+def test_chunk_size_follows_streaming_and_memory(can_stream: bool, free_gib: float,
+                                                max_request: int, expected: int) -> None:
+    per_token = activation_bytes_per_token(V2_LITE)
+    assert choose_chunk_size(can_stream, per_token, int(free_gib * 2**30), max_request) \
+        == expected
+
+
+def test_engine_takes_the_given_chunk_size_or_chooses_one(models) -> None:
+    from hybrid.engine.config import EngineConfig
+    from hybrid.engine.llm import LLM
+
+    path = str(models.path("tiny-v3", "q4_k_m"))
+    chosen = LLM(path, "cpu", engine_config=EngineConfig(cache_lens=1024)).engine
+    given = LLM(path, "cpu", engine_config=EngineConfig(chunk_size=96, cache_lens=1024)).engine
+    assert (chosen.runner.chunk_size, chosen.scheduler.chunk_size) == (CPU_CHUNK, CPU_CHUNK)
+    assert (given.runner.chunk_size, given.scheduler.chunk_size) == (96, 96)
