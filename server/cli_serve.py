@@ -53,7 +53,8 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                         "to 8192 where prompt steps stream experts to the GPU, else 512)")
     p.add_argument("--decode-chunk-size", type=int, default=e["decode_chunk_size"],
                    help="prompt tokens per step while other requests decode (their inter-token "
-                        "latency grows with it)")
+                        "latency grows with it; default: chosen at start-up, the most whose one "
+                        "streamed layer costs at most 2 decode steps, else the chunk size)")
     p.add_argument("--cache-lens", type=int, default=e["cache_lens"],
                    help="tokens the paged KV cache holds, over all requests")
     p.add_argument("--page-size", type=int, default=e["page_size"],

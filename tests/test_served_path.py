@@ -118,3 +118,35 @@ def test_engine_takes_the_given_chunk_size_or_chooses_one(models) -> None:
     given = LLM(path, "cpu", engine_config=EngineConfig(chunk_size=96, cache_lens=1024)).engine
     assert (chosen.runner.chunk_size, chosen.scheduler.chunk_size) == (CPU_CHUNK, CPU_CHUNK)
     assert (given.runner.chunk_size, given.scheduler.chunk_size) == (96, 96)
+
+
+def _placement(stream_ms, cpu_ms, layers: int = 4, nbytes: int = 1000, mode: str = "auto"):
+    from hybrid.engine.prefill_costs import ExpertPlacement, PrefillCosts
+
+    costs = PrefillCosts(nbytes, tuple(stream_ms), tuple(cpu_ms)) if stream_ms else None
+    return ExpertPlacement(mode, (nbytes,) * layers, costs)
+
+
+def test_decode_chunk_keeps_one_streamed_layer_within_two_decode_steps() -> None:
+    from hybrid.engine.prefill_chunk import choose_decode_chunk_size
+
+    # a decode step's CPU experts: 4 layers x 2 ms = 8 ms; budget 16 ms a streamed layer.
+    # Streamed: 6 ms up to 2048 tokens, then proportional: 16 ms at 5461 tokens -> 5376.
+    p = _placement([(128, 6.0), (2048, 6.0)], [(1, 2.0), (256, 40.0)])
+    assert choose_decode_chunk_size(p, 8192, 4) == 5376
+    assert choose_decode_chunk_size(p, 4096, 4) == 4096  # never above the chunk
+    # the budget below the fewest streaming tokens: that count (rounded up to 256)
+    # (the CPU's 0.5 ms at 1 token to 40 at 1024 passes the streamed 30 ms at 769 tokens)
+    slow = _placement([(128, 30.0), (2048, 30.0)], [(1, 0.5), (1024, 40.0)])
+    assert choose_decode_chunk_size(slow, 8192, 4) == 768
+
+
+def test_decode_chunk_without_measurements() -> None:
+    from hybrid.engine.prefill_chunk import choose_decode_chunk_size
+
+    assert choose_decode_chunk_size(_placement(None, None, mode="cpu"), 512, 4) == 512
+    assert choose_decode_chunk_size(_placement(None, None, mode="stream"), 8192, 4) == 2048
+    assert choose_decode_chunk_size(_placement(None, None, layers=0), 8192, 0) == CPU_CHUNK
+    # streaming never wins up to the chunk: the chunk's experts run on the CPU, 512 a step
+    never = _placement([(128, 50.0), (2048, 500.0)], [(1, 1.0), (256, 10.0)])
+    assert choose_decode_chunk_size(never, 8192, 4) == CPU_CHUNK

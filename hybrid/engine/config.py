@@ -41,9 +41,10 @@ class EngineConfig:
     # prompt tokens per step; None: chosen at start-up (prefill_chunk.py: as large as activation
     # memory allows where prompt steps may stream experts to the GPU, else 512)
     chunk_size: int | None = None
-    # prompt tokens per step while other requests decode (None: chunk_size): one layer of a
-    # long chunk passed beside decodes (layered_prefill.py) must stay near a decode step's time
-    decode_chunk_size: int | None = 2048
+    # prompt tokens per step while other requests decode; None: chosen at start-up from the
+    # cost model (prefill_chunk.py: one layer of a long chunk passed beside decodes,
+    # layered_prefill.py, must stay near a decode step's time)
+    decode_chunk_size: int | None = None
     cache_lens: int = 32768
     page_size: int = 64
     cpu_threads: int | None = None

@@ -56,7 +56,9 @@ class Engine:
         self.cpu_pool = _start_cpu_pool(loaded.model, config.cpu_threads)
         self.runner = ModelRunner(loaded.model, config, self.scheduler.max_request_tokens,
                                   progress)
-        self.scheduler.chunk_size = self.runner.chunk_size  # chosen at start-up when not set
+        # chosen at start-up where the config leaves them open
+        self.scheduler.chunk_size = self.runner.chunk_size
+        self.scheduler.decode_chunk_size = self.runner.decode_chunk_size
         self._outputs: dict[int, _OutputState] = {}  # id(request) -> its output state
         self._grammar_vocab: GrammarVocab | None = None  # built on the first grammar request
 

@@ -28,7 +28,12 @@ from hybrid.engine.decoder import DecoderProgram, StepState
 from hybrid.engine.experts_bridge import ExpertsBridge
 from hybrid.engine.forward_batch import ForwardBatch, StepLayout
 from hybrid.engine.kv_cache import PagedLatentCache
-from hybrid.engine.prefill_chunk import ModelShapes, activation_bytes_per_token, choose_chunk_size
+from hybrid.engine.prefill_chunk import (
+    ModelShapes,
+    activation_bytes_per_token,
+    choose_chunk_size,
+    choose_decode_chunk_size,
+)
 from hybrid.engine.routing_recorder import RoutingRecorder
 from hybrid.engine.scheduler import ScheduledBatch
 from hybrid.errors import HybridError
@@ -121,6 +126,11 @@ class ModelRunner:
             self.warm_up(progress, decode=True)
         self.placement = prefill_setup.placement(self.stream, self.program.moe_layers, config,
                                                  hf.hidden_size, progress)
+        self.decode_chunk_size = config.decode_chunk_size or choose_decode_chunk_size(
+            self.placement, self.chunk_size, len(self.program.moe_layers))
+        if config.decode_chunk_size is None and progress is not None:
+            progress(f"beside decoding requests, prompt steps of up to "
+                     f"{self.decode_chunk_size} tokens (--decode-chunk-size sets it)")
         if self.recorder is not None:
             self.recorder.reset()  # start-up's warm-up steps are not traffic
 

@@ -9,6 +9,13 @@ memory allows, up to STREAM_CHUNK; elsewhere (the CPU experts' cost grows with t
 whatever the chunk) it stays CPU_CHUNK, which keeps a long prompt from holding the batch for
 long on a CPU machine.
 
+Beside decodes a step takes fewer prompt tokens (`choose_decode_chunk_size`): a chunk that
+streams passes the layers over several steps (layered_prefill.py), one or more MoE layers a
+step, so each step's share of it must stay near a decode step's time for the decoding streams'
+gaps to stay within a few decode steps. The most tokens whose one streamed layer costs at most
+DECODE_STEP_SHARE times a decode step's CPU experts (both from the start-up cost model), so an
+8K prompt is uploaded once where a layer of it fits that budget, not once per 2048 tokens.
+
 Activation bytes a token are estimated from the model's shapes (`activation_bytes_per_token`):
 the float32 rows a prefill step holds at its peak, summed over the largest tensors of one layer
 (a step runs the layers one after another, so one layer's working set is live at a time) plus
@@ -19,10 +26,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hybrid.engine.prefill_costs import ExpertPlacement
+
 CPU_CHUNK = 512
 STREAM_CHUNK = 8192
 ACTIVATION_SHARE = 0.25  # of the GPU memory free after weights and KV cache (streaming takes half)
 CHUNK_STEP = 256  # chunks are whole multiples of this (the product kernels' largest tile)
+DECODE_STEP_SHARE = 2.0  # a layered chunk's layer beside decodes: at most this x a decode step
+UNMEASURED_DECODE_CHUNK = 2048  # beside decodes where nothing was measured (forced streaming)
 
 
 @dataclass(frozen=True)
@@ -69,3 +80,33 @@ def choose_chunk_size(can_stream: bool, bytes_per_token: int, free_bytes: int,
     fits = int(free_bytes * ACTIVATION_SHARE) // max(1, bytes_per_token)
     chunk = min(STREAM_CHUNK, fits, max(max_request_tokens, CPU_CHUNK))
     return max(CPU_CHUNK, chunk // CHUNK_STEP * CHUNK_STEP)
+
+
+def choose_decode_chunk_size(placement: ExpertPlacement, chunk_size: int,
+                             num_layers: int) -> int:
+    """Prompt tokens a step takes while others decode (at most `chunk_size`).
+
+    Nothing streams: CPU_CHUNK (the chunk's CPU experts run inside the decode step). Streaming
+    forced (nothing measured): UNMEASURED_DECODE_CHUNK. Measured: the most tokens, in whole
+    CHUNK_STEPs, whose one streamed layer costs at most DECODE_STEP_SHARE x a one-token decode
+    step's CPU experts, and at least the fewest tokens at which every layer streams (a chunk
+    that does not stream whole is no layered chunk)."""
+    if not placement.layer_nbytes or placement.mode == "cpu":
+        return min(chunk_size, CPU_CHUNK)
+    costs = placement.costs
+    if costs is None:
+        return min(chunk_size, UNMEASURED_DECODE_CHUNK if placement.mode == "stream"
+                   else CPU_CHUNK)
+    budget = DECODE_STEP_SHARE * num_layers * costs.costs(1, costs.layer_nbytes)[1]
+    fewest = None
+    for n in range(CHUNK_STEP, chunk_size + 1, CHUNK_STEP):
+        if len(placement.streamed(n, True)) == len(placement.layer_nbytes):
+            fewest = n
+            break
+    if fewest is None:
+        return min(chunk_size, CPU_CHUNK)
+    best = fewest
+    for n in range(fewest, chunk_size + 1, CHUNK_STEP):
+        if max(costs.costs(n, b)[0] for b in placement.layer_nbytes) <= budget:
+            best = n
+    return best

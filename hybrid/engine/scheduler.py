@@ -58,9 +58,10 @@ class ScheduledBatch:
 class Scheduler:
     def __init__(self, config: EngineConfig, context_length: int) -> None:
         self.config = config
-        # prompt tokens a step takes; the engine sets the runner's choice when the config
-        # leaves it open (prefill_chunk.py)
+        # prompt tokens a step takes (alone, beside decodes); the engine sets the runner's
+        # choices where the config leaves them open (prefill_chunk.py)
         self.chunk_size = config.chunk_size or CPU_CHUNK
+        self.decode_chunk_size = config.decode_chunk_size or self.chunk_size
         self.pages = PageAllocator(config.num_pages, config.page_size)
         # The most tokens (prompt + outputs) one request may hold.
         self.max_request_tokens = min(config.num_pages * config.page_size, context_length)
@@ -96,8 +97,8 @@ class Scheduler:
                                  r.token_ids(r.num_computed_tokens, r.num_tokens), True)
                   for r in self.running if not r.is_prefilling]
         budget = self.chunk_size
-        if chunks and self.config.decode_chunk_size is not None:
-            budget = min(budget, self.config.decode_chunk_size)
+        if chunks:
+            budget = min(budget, self.decode_chunk_size)
         for r in self.running:
             if budget and r.is_prefilling and not r.in_flight:
                 budget -= self._prefill_chunk(r, budget, chunks)
