@@ -95,6 +95,11 @@ def http_rate(client: httpx.Client, url: str, model: str, prompt: list[int], gen
 def http_ttft(client: httpx.Client, url: str, model: str, n: int, salt: int,
               vocab: int) -> float:
     """Seconds to the first streamed token of an n-token prompt new to the prefix cache."""
+    return _first_token(client, url, model, n, salt, vocab)[0]
+
+
+def _first_token(client: httpx.Client, url: str, model: str, n: int, salt: int,
+                 vocab: int) -> tuple[float, str]:
     prompt = [1 + (salt * 7919 + j * 104729) % (vocab - 1) for j in range(n)]
     body = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0,
             "stream": True}
@@ -103,34 +108,44 @@ def http_ttft(client: httpx.Client, url: str, model: str, n: int, salt: int,
         r.raise_for_status()
         for line in r.iter_lines():
             if line.startswith("data: {"):
-                return time.perf_counter() - t0
+                return time.perf_counter() - t0, json.loads(line[6:])["choices"][0]["text"]
     raise RuntimeError("no token came back")
+
+
+def _decode_stream(client: httpx.Client, url: str, model: str, prompt: list[int],
+                   gen_len: int, stamps: list[float], texts: list[str]) -> None:
+    body = {"model": model, "prompt": prompt, "max_tokens": gen_len, "temperature": 0,
+            "stream": True, "ignore_eos": True, "logprobs": 0}
+    with client.stream("POST", url + "/v1/completions", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                stamps.append(time.perf_counter())
+                texts.append(json.loads(line[6:])["choices"][0]["text"])
 
 
 def mixed(client: httpx.Client, url: str, model: str, prompt: list[int], n: int,
           vocab: int, gen_len: int = 384) -> dict:
-    """An n-token prompt arriving while one stream decodes: its TTFT, and the decoding
-    stream's inter-token gaps (p50, p99, max) over its whole run."""
+    """An n-token prompt arriving while one stream decodes: its TTFT, the decoding stream's
+    inter-token gaps (p50, p99, max) over its whole run, and whether both requests' tokens
+    equal the same requests run alone afterwards (greedy; the prompt's KV then comes from the
+    prefix cache)."""
     stamps: list[float] = []
-
-    def decode() -> None:
-        body = {"model": model, "prompt": prompt, "max_tokens": gen_len, "temperature": 0,
-                "stream": True, "ignore_eos": True, "logprobs": 0}
-        with client.stream("POST", url + "/v1/completions", json=body) as r:
-            r.raise_for_status()
-            for line in r.iter_lines():
-                if line.startswith("data: {"):
-                    stamps.append(time.perf_counter())
-
-    thread = threading.Thread(target=decode)
+    texts: list[str] = []
+    thread = threading.Thread(target=_decode_stream, args=(client, url, model, prompt,
+                                                           gen_len, stamps, texts))
     thread.start()
     while len(stamps) < 64 and thread.is_alive():
         time.sleep(0.002)
-    ttft = http_ttft(client, url, model, n, 99, vocab)
+    ttft, first = _first_token(client, url, model, n, 99, vocab)
     thread.join()
     gaps = sorted(b - a for a, b in itertools.pairwise(stamps))
+    alone: list[str] = []
+    _decode_stream(client, url, model, prompt, gen_len, [], alone)
+    first_alone = _first_token(client, url, model, n, 99, vocab)[1]
     return {"prompt": n, "ttft_s": ttft, "gap_p50_s": statistics.median(gaps),
-            "gap_p99_s": gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))], "gap_max_s": gaps[-1]}
+            "gap_p99_s": gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))], "gap_max_s": gaps[-1],
+            "same_first_token": first == first_alone, "same_stream_tokens": texts == alone}
 
 
 def main() -> int:
@@ -238,6 +253,8 @@ def main() -> int:
         print(f"| {mix['prompt']} tokens while 1 stream decodes: TTFT s | {mix['ttft_s']:.3f} "
               f"| gaps p50 / p99 / max ms | {1e3 * mix['gap_p50_s']:.1f} / "
               f"{1e3 * mix['gap_p99_s']:.1f} / {1e3 * mix['gap_max_s']:.1f} |")
+        print(f"| tokens as alone: prompt's first {mix['same_first_token']}, stream's "
+              f"{mix['same_stream_tokens']} | | | |")
     return 0
 
 

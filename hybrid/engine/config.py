@@ -53,6 +53,9 @@ class EngineConfig:
     prefill_experts: str = "auto"  # "auto" | "cpu" | "stream" (prefill_costs.py)
     stream_memory_gib: float | None = None  # GPU memory for streamed experts (None: auto)
     attention_backend: str = "auto"  # "auto" | "triton" | "flashinfer" (decode_attention.py)
+    # a prompt chunk passed over steps beside decodes runs on a CUDA stream of its own, so the
+    # GPU runs its layers while the host runs the decodes' CPU experts (model_runner.py)
+    overlap_prefill: bool = True
     # fast mode's packed experts kept under ~/.cache/hybrid/packed and mapped on later starts
     packed_cache: bool = True
     # share the KV pages of equal prompt prefixes across requests (prefix_cache.py)
