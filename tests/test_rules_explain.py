@@ -49,8 +49,16 @@ def test_full_v3_q4_k_m_on_24_gib(capsys, v3_sparse: Path) -> None:
     assert 9.5 < gpu["weights"] / GIB < 10.0
     assert out["kv_bytes_per_token"] == {"cuda:0": 61 * 576 * 2}  # 70,272 B: 70 KB per token
     assert gpu["kv_cache"] == 61 * 576 * 2 * 32768
-    assert gpu["total"] == gpu["weights"] + gpu["kv_cache"] + gpu["reserve"]
+    assert gpu["total"] == gpu["weights"] + gpu["kv_cache"] + gpu["reserve"] + \
+        gpu["activations"]
     assert out["fits"] is True and gpu["budget"] == 24 * GIB
+    # experts on the CPU: prompt steps may stream them, so the engine's chunk is as large as a
+    # quarter of what is left allows (model/activations.py), counted beyond the reserve
+    per_token = 4 * (4 * 7168 + 8 * (3 * 2048 + 7168))  # the routed rows: 528 KiB a token
+    left = gpu["budget"] - gpu["weights"] - gpu["kv_cache"] - gpu["reserve"]
+    assert gpu["prefill_chunk"] == min(8192, left // 4 // per_token) // 256 * 256 == 5120
+    assert gpu["activations"] == (5120 - 512) * per_token
+    assert cpu["prefill_chunk"] is None and cpu["activations"] == 0
 
 
 def test_over_budget_names_items_and_a_fix(capsys, v3_sparse: Path) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from hybrid.engine.prefill_chunk import (
+from hybrid.model.activations import (
     CPU_CHUNK,
     STREAM_CHUNK,
     ModelShapes,

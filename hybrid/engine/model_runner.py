@@ -28,15 +28,11 @@ from hybrid.engine.decoder import DecoderProgram, StepState
 from hybrid.engine.experts_bridge import ExpertsBridge
 from hybrid.engine.forward_batch import ForwardBatch, StepLayout
 from hybrid.engine.kv_cache import PagedLatentCache
-from hybrid.engine.prefill_chunk import (
-    ModelShapes,
-    activation_bytes_per_token,
-    choose_chunk_size,
-    choose_decode_chunk_size,
-)
+from hybrid.engine.prefill_chunk import choose_decode_chunk_size
 from hybrid.engine.routing_recorder import RoutingRecorder
 from hybrid.engine.scheduler import ScheduledBatch
 from hybrid.errors import HybridError
+from hybrid.model.activations import ModelShapes, activation_bytes_per_token, choose_chunk_size
 from hybrid.ops.experts import ExpertsOp
 from hybrid.ops.mla_attention import MLAAttentionOp
 

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.page_allocator import PageAllocator
-from hybrid.engine.prefill_chunk import CPU_CHUNK
 from hybrid.engine.prefix_cache import PrefixCache
 from hybrid.engine.request import Request, RequestStatus
 from hybrid.errors import RequestRejected
+from hybrid.model.activations import CPU_CHUNK
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from hybrid.errors import HybridError
 from hybrid.model.spec import ModelSpec
 from hybrid.rules.plan import Plan
 
-GPU_RESERVE_BYTES = int(1.5 * 2**30)  # activations at --chunk-size 512, CUDA graphs, context
+GPU_RESERVE_BYTES = int(1.5 * 2**30)  # activations at 512-token steps, CUDA graphs, context
 _KV_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(i?)B?\s*$", re.IGNORECASE)
 
@@ -52,10 +52,14 @@ class DeviceTotal:
     kv_cache: int = 0
     reserve: int = 0
     budget: int | None = None
+    # a GPU whose prompt steps may stream CPU experts: the chunk the engine would choose
+    # (hybrid/model/activations.py) and its activations beyond the reserve's 512-token share
+    prefill_chunk: int | None = None
+    activations: int = 0
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.reserve
+        return self.weights + self.kv_cache + self.reserve + self.activations
 
     @property
     def fits(self) -> bool:
@@ -84,6 +88,7 @@ class Explanation:
             "fits": self.fits,
             "cache_lens": self.cache_lens,
             "devices": {name: {"weights": d.weights, "kv_cache": d.kv_cache, "reserve": d.reserve,
+                               "activations": d.activations, "prefill_chunk": d.prefill_chunk,
                                "total": d.total, "budget": d.budget, "fits": d.fits}
                         for name, d in self.devices.items()},
             "kv_bytes_per_token": self.kv_bytes_per_token,
@@ -128,11 +133,36 @@ def explain(plan: Plan, spec: ModelSpec, cache_lens: int, gpu_memory: int,
             d.budget = cpu_memory
         else:
             d.reserve, d.budget = gpu_reserve, gpu_memory
+    _count_prefill_activations(plan, spec, cache_lens, devices)
     ordered = sorted(groups.values(), key=lambda g: (g.device, -g.nbytes))
     exp = Explanation(ordered, dict(sorted(devices.items())), cache_lens, kv_per_token,
                       list(plan.warnings), [], packed_from, packed_bytes)
     exp.advice = _advice(exp)
     return exp
+
+
+def _count_prefill_activations(plan: Plan, spec: ModelSpec, cache_lens: int,
+                               devices: dict[str, DeviceTotal]) -> None:
+    """Where attention runs on a GPU and routed experts on the CPU (prompt steps may stream
+    them), the engine chooses the prefill chunk from the memory left (model/activations.py):
+    the same choice from the budget, its activations counted beyond the reserve's share."""
+    from hybrid.model.activations import (
+        CPU_CHUNK,
+        ModelShapes,
+        activation_bytes_per_token,
+        choose_chunk_size,
+    )
+
+    cpu_experts = any(p.operator == "experts" and p.generate_device == "cpu"
+                      for p in plan.placements.values())
+    per_token = activation_bytes_per_token(ModelShapes.of_spec(spec))
+    for name, d in devices.items():
+        if name == "cpu" or not d.kv_cache or not cpu_experts or d.budget is None:
+            continue
+        free = max(0, d.budget - d.weights - d.kv_cache - d.reserve)
+        d.prefill_chunk = choose_chunk_size(True, per_token, free,
+                                            min(cache_lens, spec.context_length))
+        d.activations = max(0, d.prefill_chunk - CPU_CHUNK) * per_token
 
 
 def _packed_size(place, w) -> int | None:
@@ -197,8 +227,13 @@ def render_table(exp: Explanation, header: str) -> str:
     lines.append("")
     for dev, per_token in exp.kv_bytes_per_token.items():
         lines.append(f"KV cache: {per_token:,} bytes per token on {dev}, {exp.cache_lens:,} tokens")
-    lines.append(f"GPU reserve: {gib(GPU_RESERVE_BYTES)} per GPU for activations, CUDA graphs "
-                 "and the CUDA context")
+    lines.append(f"GPU reserve: {gib(GPU_RESERVE_BYTES)} per GPU for activations at 512 "
+                 "prompt tokens a step, CUDA graphs and the CUDA context")
+    for name, d in exp.devices.items():
+        if d.prefill_chunk is not None:
+            lines.append(f"prompt steps on {name}: up to {d.prefill_chunk} tokens (they may "
+                         f"stream experts; --chunk-size sets it), {gib(d.activations)} of "
+                         f"activations beyond the reserve's (counted above)")
     if exp.packed_bytes:
         lines.append(f"fast-mode CPU experts: a packed copy of {gib(exp.packed_bytes)} "
                      f"({exp.packed_bytes / exp.packed_from:.3f}x their {gib(exp.packed_from)} of "
