@@ -150,3 +150,21 @@ def test_decode_chunk_without_measurements() -> None:
     # streaming never wins up to the chunk: the chunk's experts run on the CPU, 512 a step
     never = _placement([(128, 50.0), (2048, 500.0)], [(1, 1.0), (256, 10.0)])
     assert choose_decode_chunk_size(never, 8192, 4) == CPU_CHUNK
+
+
+def test_bench_serve_peer_measures_hybrid_as_users_start_it(tmp_path, models) -> None:
+    """The peer benchmark's client half (the official openai client) on `hybrid serve` started
+    with its defaults: every row is there (the peer's rows need llama-server: GPU machine)."""
+    out = tmp_path / "peer.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "scripts/bench_serve_peer.py", "--gguf-path",
+                    str(models.path("tiny-v3", "q4_k_m")), "--ttft", "40", "--streams", "2",
+                    "--gen-len", "4", "--rates", "4", "--requests", "3", "--json", str(out),
+                    "--logs", str(tmp_path)],
+                   cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
+    rows = json.loads(out.read_text())
+    ours = rows["hybrid"]
+    assert rows["peer"] is None and ours["startup_s"] > 0 and ours["decode_tok_s"] > 0
+    assert ours["ttft_s"]["40"] > 0 and ours["aggregate_tok_s"]["2"] > 0
+    mixed = ours["mixed"]["4.0"]
+    assert mixed["requests"] == 3 and 0 <= mixed["goodput_req_s"] and mixed["ttft_p99_s"] > 0

@@ -1,0 +1,272 @@
+"""hybrid against llama.cpp's llama-server on the same GGUF, through HTTP, with the same client.
+
+    python scripts/bench_serve_peer.py --gguf-path FILE [--llama-server PATH [--peer-args ...]]
+        [--peer-url URL] [--ttft 512,2048,8192,32768] [--streams 4,8,16,32] [--gen-len 64]
+        [--rates 0.5,1] [--requests 32] [--itl-bound-ms 200] [--ttft-bound-s 5] [--json OUT]
+
+Both servers start as a user starts them: `hybrid serve --gguf-path FILE` with its defaults, and
+llama-server with the experts on the CPU (`-ngl 99 -ot exps=CPU`, slots for the most streams,
+`--kv-unified`, flash attention; `--peer-args` replaces those); or `--peer-url` names a running
+peer, and without either only hybrid is measured. One workload, one client (the official `openai`
+package, streaming `/v1/completions` with token-id prompts, `ignore_eos`), each server alone on
+the machine in turn:
+- decode: one stream, tokens/s after the first token;
+- TTFT at each `--ttft` prompt length (prompts new to either prefix cache);
+- aggregate: `--streams` concurrent streams, generated tokens/s over the wall time;
+- mixed: `--requests` requests with prompt and output lengths from a fixed-seed ShareGPT-like
+  distribution (log-normal: prompts median 256 tokens up to 4096, outputs median 128 up to 512),
+  arriving as a Poisson process at each `--rates` (requests/s): TTFT and inter-token gaps p50/p99,
+  and goodput, the requests/s that met both bounds (TTFT <= `--ttft-bound-s`, their own p99 gap
+  <= `--itl-bound-ms`).
+Prints a markdown table (hybrid, peer, ratio) and writes the rows as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import httpx
+from openai import AsyncOpenAI
+
+
+@dataclass
+class Timing:
+    """One streamed request: when it was sent, and each token's arrival."""
+
+    sent: float
+    stamps: list[float] = field(default_factory=list)
+
+    @property
+    def ttft(self) -> float:
+        return self.stamps[0] - self.sent
+
+    @property
+    def gaps(self) -> list[float]:
+        return [b - a for a, b in zip(self.stamps, self.stamps[1:], strict=False)]
+
+
+def _prompt(n: int, salt: int, vocab: int) -> list[int]:
+    """n token ids no earlier request of this run began with (prefix caches see them new)."""
+    rng = random.Random(salt)
+    return [rng.randrange(100, vocab - 1) for _ in range(n)]
+
+
+async def _stream(client: AsyncOpenAI, model: str, prompt: list[int], gen: int) -> Timing:
+    t = Timing(time.perf_counter())
+    stream = await client.completions.create(
+        model=model, prompt=prompt, max_tokens=gen, temperature=0, stream=True,
+        extra_body={"ignore_eos": True})
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].text is not None:
+            t.stamps.append(time.perf_counter())
+    if not t.stamps:
+        raise RuntimeError("the server streamed no token")
+    return t
+
+
+def _pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))] if s else math.nan
+
+
+class Workload:
+    def __init__(self, args: argparse.Namespace, vocab: int) -> None:
+        self.args, self.vocab, self.salt = args, vocab, random.randrange(1 << 30)
+
+    def prompt(self, n: int) -> list[int]:
+        self.salt += 1
+        return _prompt(n, self.salt, self.vocab)
+
+    async def run(self, url: str) -> dict:
+        a = self.args
+        async with AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0,
+                               timeout=1800) as client:
+            model = (await client.models.list()).data[0].id
+            await _stream(client, model, self.prompt(32), 8)  # warm: first-request costs
+            rows: dict = {"model": model}
+            t = await _stream(client, model, self.prompt(32), a.gen_len)
+            rows["decode_tok_s"] = (len(t.stamps) - 1) / (t.stamps[-1] - t.stamps[0])
+            rows["ttft_s"] = {}
+            for n in a.ttft:
+                rows["ttft_s"][n] = (await _stream(client, model, self.prompt(n), 1)).ttft
+                print(f"  TTFT {n}: {rows['ttft_s'][n]:.3f} s", file=sys.stderr, flush=True)
+            rows["aggregate_tok_s"] = {}
+            for s in a.streams:
+                start = time.perf_counter()
+                done = await asyncio.gather(*(_stream(client, model, self.prompt(32), a.gen_len)
+                                              for _ in range(s)))
+                wall = time.perf_counter() - start
+                rows["aggregate_tok_s"][s] = sum(len(d.stamps) for d in done) / wall
+                print(f"  {s} streams: {rows['aggregate_tok_s'][s]:.1f} tok/s", file=sys.stderr,
+                      flush=True)
+            rows["mixed"] = {r: await self.mixed(client, model, r) for r in a.rates}
+            return rows
+
+    async def mixed(self, client: AsyncOpenAI, model: str, rate: float) -> dict:
+        a = self.args
+        rng = random.Random(1234)  # the same requests and arrivals for every server
+        jobs = [(min(4096, max(4, int(rng.lognormvariate(math.log(256), 1.0)))),
+                 min(512, max(4, int(rng.lognormvariate(math.log(128), 0.8)))),
+                 rng.expovariate(rate)) for _ in range(a.requests)]
+        start = time.perf_counter()
+
+        async def one(prompt_len: int, gen: int, at: float) -> Timing:
+            await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
+            return await _stream(client, model, self.prompt(prompt_len), gen)
+
+        arrivals, t = [], 0.0
+        for p, g, gap in jobs:
+            t += gap
+            arrivals.append(one(p, g, t))
+        timings = await asyncio.gather(*arrivals)
+        wall = time.perf_counter() - start
+        gaps = [g for x in timings for g in x.gaps]
+        good = [x for x in timings if x.ttft <= a.ttft_bound_s
+                and (not x.gaps or _pct(x.gaps, 0.99) <= a.itl_bound_ms / 1e3)]
+        return {"rate": rate, "requests": len(timings), "wall_s": wall,
+                "ttft_p50_s": _pct([x.ttft for x in timings], 0.5),
+                "ttft_p99_s": _pct([x.ttft for x in timings], 0.99),
+                "itl_p50_ms": 1e3 * _pct(gaps, 0.5), "itl_p99_ms": 1e3 * _pct(gaps, 0.99),
+                "tok_s": sum(len(x.stamps) for x in timings) / wall,
+                "goodput_req_s": len(good) / wall}
+
+
+class Server:
+    """A server process started as a user would, on a free port; stopped with SIGTERM."""
+
+    def __init__(self, argv: list[str], name: str, port: int, log_path: str) -> None:
+        self.name, self.url = name, f"http://127.0.0.1:{port}"
+        self.log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
+        start = time.perf_counter()
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
+        while True:
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{name} exited while starting (see {log_path})")
+            time.sleep(0.5)
+        self.startup_s = time.perf_counter() - start
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _vocab(path: str) -> int:
+    from hybrid.gguf.reader import GGUFModelFile
+
+    return len(GGUFModelFile(path).get("tokenizer.ggml.tokens"))
+
+
+def _measure(server: Server, workload: Workload) -> dict:
+    print(f"{server.name}: up in {server.startup_s:.1f} s", file=sys.stderr, flush=True)
+    try:
+        return {"startup_s": server.startup_s, **asyncio.run(workload.run(server.url))}
+    finally:
+        server.stop()
+
+
+def _table(ours: dict, peer: dict | None) -> list[str]:
+    def row(name: str, a: float, b: float | None, fmt: str = "{:.1f}", lower: bool = False):
+        ratio = "" if b is None or not a or not b else f"{(b / a if lower else a / b):.2f}x"
+        return f"| {name} | {fmt.format(a)} | {'' if b is None else fmt.format(b)} | {ratio} |"
+
+    p = peer or {}
+    lines = ["| row | hybrid | llama-server | hybrid vs peer |", "|---|---|---|---|",
+             row("start-up to /health, s", ours["startup_s"], p.get("startup_s"), lower=True),
+             row("decode 1 stream, tok/s", ours["decode_tok_s"], p.get("decode_tok_s"))]
+    for n, v in ours["ttft_s"].items():
+        lines.append(row(f"TTFT {n} tokens, s", v, p.get("ttft_s", {}).get(n), "{:.3f}",
+                         lower=True))
+    for s, v in ours["aggregate_tok_s"].items():
+        lines.append(row(f"{s} streams, tok/s", v, p.get("aggregate_tok_s", {}).get(s)))
+    for r, m in ours["mixed"].items():
+        q = p.get("mixed", {}).get(r, {})
+        for key, label, fmt, lower in (("ttft_p50_s", "TTFT p50, s", "{:.3f}", True),
+                                       ("ttft_p99_s", "TTFT p99, s", "{:.3f}", True),
+                                       ("itl_p50_ms", "ITL p50, ms", "{:.1f}", True),
+                                       ("itl_p99_ms", "ITL p99, ms", "{:.1f}", True),
+                                       ("tok_s", "tok/s", "{:.1f}", False),
+                                       ("goodput_req_s", "goodput, req/s", "{:.3f}", False)):
+            lines.append(row(f"mixed {r} req/s: {label}", m[key], q.get(key), fmt, lower))
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gguf-path", required=True)
+    ap.add_argument("--llama-server", default=None, help="the llama-server binary to start")
+    ap.add_argument("--peer-args", default=None, help="llama-server's arguments after -m FILE "
+                    "(default: -ngl 99 -ot exps=CPU -t CORES -np MAXSTREAMS -c CTX "
+                    "--kv-unified -fa on)")
+    ap.add_argument("--peer-url", default=None, help="a running peer instead of starting one")
+    ap.add_argument("--hybrid-args", default="", help="extra `hybrid serve` flags (default none)")
+    ap.add_argument("--ttft", default="512,2048,8192,32768")
+    ap.add_argument("--streams", default="4,8,16,32")
+    ap.add_argument("--gen-len", type=int, default=64)
+    ap.add_argument("--rates", default="0.5,1")
+    ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--itl-bound-ms", type=float, default=200.0)
+    ap.add_argument("--ttft-bound-s", type=float, default=5.0)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--logs", default="/tmp", help="folder for the servers' logs")
+    args = ap.parse_args()
+    args.ttft = [int(x) for x in args.ttft.split(",") if x]
+    args.streams = [int(x) for x in args.streams.split(",") if x]
+    args.rates = [float(x) for x in args.rates.split(",") if x]
+    workload = Workload(args, _vocab(args.gguf_path))
+
+    port = _free_port()
+    hybrid = Server([sys.executable, "-m", "server.cli", "serve", "--gguf-path", args.gguf_path,
+                     "--port", str(port), "--log-level", "warning", *args.hybrid_args.split()],
+                    "hybrid", port, os.path.join(args.logs, "hybrid-serve.log"))
+    ours = _measure(hybrid, workload)
+    peer = None
+    if args.peer_url:
+        peer = asyncio.run(workload.run(args.peer_url))
+        peer["startup_s"] = math.nan
+    elif args.llama_server:
+        ctx = max(65536, 2 * max(args.ttft, default=0))
+        extra = args.peer_args or (f"-ngl 99 -ot exps=CPU -t {os.cpu_count()} "
+                                   f"-np {max(args.streams, default=1)} -c {ctx} --kv-unified "
+                                   f"-fa on")
+        port = _free_port()
+        peer = _measure(Server([args.llama_server, "-m", args.gguf_path, "--port", str(port),
+                                *extra.split()], "llama-server", port,
+                               os.path.join(args.logs, "llama-server.log")), workload)
+        peer["args"] = extra
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"hybrid": ours, "peer": peer, "options": {
+                k: v for k, v in vars(args).items() if k != "json"}}, f, indent=1)
+    print("\n".join(_table(ours, peer)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
