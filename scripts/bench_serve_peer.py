@@ -1,7 +1,7 @@
 """hybrid against llama.cpp's llama-server on the same GGUF, through HTTP, with the same client.
 
     python scripts/bench_serve_peer.py --gguf-path FILE [--llama-server PATH [--peer-args ...]]
-        [--peer-url URL] [--ttft 512,2048,8192,32768] [--streams 4,8,16,32] [--gen-len 64]
+        [--peer-url URL] [--only hybrid|peer] [--peer-json FILE] [--ttft 512,2048,8192,32768] [--streams 4,8,16,32] [--gen-len 64]
         [--rates 0.5,1] [--requests 32] [--itl-bound-ms 200] [--ttft-bound-s 5] [--json OUT]
 
 Both servers start as a user starts them: `hybrid serve --gguf-path FILE` with its defaults, and
@@ -233,6 +233,11 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--itl-bound-ms", type=float, default=200.0)
     ap.add_argument("--ttft-bound-s", type=float, default=5.0)
+    ap.add_argument("--only", choices=("hybrid", "peer"), default=None,
+                    help="measure one side (a lease too short for both: run each, then "
+                         "--peer-json merges)")
+    ap.add_argument("--peer-json", default=None, help="the peer's rows from an earlier --only "
+                    "peer run's --json, shown beside hybrid's")
     ap.add_argument("--json", default=None)
     ap.add_argument("--logs", default="/tmp", help="folder for the servers' logs")
     args = ap.parse_args()
@@ -241,13 +246,21 @@ def main() -> int:
     args.rates = [float(x) for x in args.rates.split(",") if x]
     workload = Workload(args, _vocab(args.gguf_path))
 
-    port = _free_port()
-    hybrid = Server([sys.executable, "-m", "server.cli", "serve", "--gguf-path", args.gguf_path,
-                     "--port", str(port), "--log-level", "warning", *args.hybrid_args.split()],
-                    "hybrid", port, os.path.join(args.logs, "hybrid-serve.log"))
-    ours = _measure(hybrid, workload)
+    ours = None
+    if args.only != "peer":
+        port = _free_port()
+        hybrid = Server([sys.executable, "-m", "server.cli", "serve", "--gguf-path",
+                         args.gguf_path, "--port", str(port), "--log-level", "warning",
+                         *args.hybrid_args.split()],
+                        "hybrid", port, os.path.join(args.logs, "hybrid-serve.log"))
+        ours = _measure(hybrid, workload)
     peer = None
-    if args.peer_url:
+    if args.peer_json:
+        with open(args.peer_json) as f:
+            peer = json.load(f)["peer"]
+    elif args.only == "hybrid":
+        pass
+    elif args.peer_url:
         peer = asyncio.run(workload.run(args.peer_url))
         peer["startup_s"] = math.nan
     elif args.llama_server:
@@ -264,7 +277,11 @@ def main() -> int:
         with open(args.json, "w") as f:
             json.dump({"hybrid": ours, "peer": peer, "options": {
                 k: v for k, v in vars(args).items() if k != "json"}}, f, indent=1)
-    print("\n".join(_table(ours, peer)))
+    if ours is not None:  # both as JSON has them (string keys), however they were made
+        print("\n".join(_table(json.loads(json.dumps(ours)),
+                                json.loads(json.dumps(peer)) if peer else None)))
+    elif peer is not None:
+        print(json.dumps(peer, indent=1))
     return 0
 
 
