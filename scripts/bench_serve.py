@@ -13,22 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
+from serve_process import ServerProcess, free_port
 
 from server.bench import BenchOptions, run_bench
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> int:
@@ -47,24 +39,18 @@ def main() -> int:
         path = str(Path(tmp.name) / f"{args.preset}.gguf")
         subprocess.run([sys.executable, "-m", "server.cli", "make-model", "--preset", args.preset,
                         "--quant", "q4_k_m", "--out", path], check=True, capture_output=True)
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--gguf-path", path,
-                               "--optimize-rules", args.optimize_rules, "--port", str(port),
-                               "--max-batch-size", "8", "--log-level", "warning"])
-    # NOTE: the server's own warm-up compiles the CPU kernels before /health answers.
+    port = free_port()
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                print("error: the server did not start", file=sys.stderr)
-                return 1
-            time.sleep(0.5)
+        # NOTE: the server's own warm-up compiles the CPU kernels before /health answers.
+        server = ServerProcess([sys.executable, "-m", "server.cli", "serve", "--gguf-path", path,
+                                "--optimize-rules", args.optimize_rules, "--port", str(port),
+                                "--max-batch-size", "8", "--log-level", "warning"],
+                               "hybrid", port, timeout=600)
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    url = server.url
+    try:
         # An unmeasured round first: the first requests pay one-time costs (allocator growth,
         # lazy imports) that would flatter every ratio against one stream.
         run_bench(BenchOptions(url, 2, args.prompt_len, args.gen_len, 2), progress=False)
@@ -85,8 +71,7 @@ def main() -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1))
     finally:
-        server.terminate()
-        server.wait(30)
+        server.stop()
         tmp.cleanup()
     return 0
 

@@ -29,15 +29,12 @@ import json
 import math
 import os
 import random
-import signal
-import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 
-import httpx
 from openai import AsyncOpenAI
+from serve_process import ServerProcess, free_port
 
 
 @dataclass
@@ -142,48 +139,13 @@ class Workload:
                 "goodput_req_s": len(good) / wall}
 
 
-class Server:
-    """A server process started as a user would, on a free port; stopped with SIGTERM."""
-
-    def __init__(self, argv: list[str], name: str, port: int, log_path: str) -> None:
-        self.name, self.url = name, f"http://127.0.0.1:{port}"
-        self.log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
-        start = time.perf_counter()
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
-        while True:
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{name} exited while starting (see {log_path})")
-            time.sleep(0.5)
-        self.startup_s = time.perf_counter() - start
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _vocab(path: str) -> int:
     from hybrid.gguf.reader import GGUFModelFile
 
     return len(GGUFModelFile(path).get("tokenizer.ggml.tokens"))
 
 
-def _measure(server: Server, workload: Workload) -> dict:
+def _measure(server: ServerProcess, workload: Workload) -> dict:
     print(f"{server.name}: up in {server.startup_s:.1f} s", file=sys.stderr, flush=True)
     try:
         return {"startup_s": server.startup_s, **asyncio.run(workload.run(server.url))}
@@ -248,8 +210,8 @@ def main() -> int:
 
     ours = None
     if args.only != "peer":
-        port = _free_port()
-        hybrid = Server([sys.executable, "-m", "server.cli", "serve", "--gguf-path",
+        port = free_port()
+        hybrid = ServerProcess([sys.executable, "-m", "server.cli", "serve", "--gguf-path",
                          args.gguf_path, "--port", str(port), "--log-level", "warning",
                          *args.hybrid_args.split()],
                         "hybrid", port, os.path.join(args.logs, "hybrid-serve.log"))
@@ -268,8 +230,8 @@ def main() -> int:
         extra = args.peer_args or (f"-ngl 99 -ot exps=CPU -t {os.cpu_count()} "
                                    f"-np {max(args.streams, default=1)} -c {ctx} --kv-unified "
                                    f"-fa on")
-        port = _free_port()
-        peer = _measure(Server([args.llama_server, "-m", args.gguf_path, "--port", str(port),
+        port = free_port()
+        peer = _measure(ServerProcess([args.llama_server, "-m", args.gguf_path, "--port", str(port),
                                 *extra.split()], "llama-server", port,
                                os.path.join(args.logs, "llama-server.log")), workload)
         peer["args"] = extra

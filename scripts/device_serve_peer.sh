@@ -9,18 +9,13 @@
 # pydantic pydantic-core annotated-types typing-inspection uvicorn opentelemetry-api
 # importlib-metadata zipp openai distro jiter sniffio. ARGS: the workload's flags.
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT" /tmp/models
-M=/tmp/models/v2-lite-q4_k_m.gguf
+source scripts/device_common.sh
 ARGS=${ARGS:---ttft 512,2048,8192 --streams 4,8,16,32 --rates 0.5,1 --requests 32}
 if [ "${SIDE:-peer}" = peer ]; then
   TARGETS=llama-server bash scripts/build_llama_bench.sh "$OUT/llama-build.log" &
   BUILD=$!
 fi
-python3 -m server.cli make-model --preset v2-lite --quant q4_k_m --layout legacy --vocab deepseek \
-  --out $M > "$OUT/make-model.log" 2>&1
+v2_lite_model
 if [ "${SIDE:-peer}" = peer ]; then
   wait $BUILD || { tail -20 "$OUT/llama-build.log"; exit 1; }
   # shellcheck disable=SC2086

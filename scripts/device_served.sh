@@ -8,14 +8,9 @@
 # prompt arriving while one stream decodes; then RUNS, each "name|arguments", ';' between
 # (default: the prompt's layers after the decodes instead of beside them; one 8192-token chunk).
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT" /tmp/models
-M=/tmp/models/v2-lite-q4_k_m.gguf
+source scripts/device_common.sh
 t0=$(date +%s)
-[ -f $M ] || python3 -m server.cli make-model --preset v2-lite --quant q4_k_m --layout legacy \
-  --vocab deepseek --out $M > "$OUT/make-model.log" 2>&1
+v2_lite_model
 echo "make-model: $(( $(date +%s) - t0 )) s"
 run() {  # name, seconds, extra arguments
   local name=$1 limit=$2; shift 2

@@ -41,19 +41,13 @@ class ModelShapes:
 
     @classmethod
     def of(cls, config) -> ModelShapes:
-        """From a transformers DeepSeek config."""
-        return cls(config.hidden_size, config.num_attention_heads,
+        """From a transformers DeepSeek config or a `hybrid.model.spec.ModelSpec` (the GGUF's
+        header; it names the head count `num_heads`)."""
+        heads = getattr(config, "num_attention_heads", None) or config.num_heads
+        return cls(config.hidden_size, heads,
                    config.qk_nope_head_dim + config.qk_rope_head_dim, config.v_head_dim,
                    config.kv_lora_rank, config.intermediate_size, config.moe_intermediate_size,
                    config.num_experts_per_tok)
-
-    @classmethod
-    def of_spec(cls, spec) -> ModelShapes:
-        """From a `hybrid.model.spec.ModelSpec` (the GGUF's header)."""
-        return cls(spec.hidden_size, spec.num_heads,
-                   spec.qk_nope_head_dim + spec.qk_rope_head_dim, spec.v_head_dim,
-                   spec.kv_lora_rank, spec.intermediate_size, spec.moe_intermediate_size,
-                   spec.num_experts_per_tok)
 
 
 def activation_bytes_per_token(s: ModelShapes) -> int:

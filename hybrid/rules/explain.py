@@ -155,7 +155,7 @@ def _count_prefill_activations(plan: Plan, spec: ModelSpec, cache_lens: int,
 
     cpu_experts = any(p.operator == "experts" and p.generate_device == "cpu"
                       for p in plan.placements.values())
-    per_token = activation_bytes_per_token(ModelShapes.of_spec(spec))
+    per_token = activation_bytes_per_token(ModelShapes.of(spec))
     for name, d in devices.items():
         if name == "cpu" or not d.kv_cache or not cpu_experts or d.budget is None:
             continue
