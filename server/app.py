@@ -8,7 +8,11 @@ from fastapi import FastAPI
 from server.errors import install_error_handlers
 from server.metrics import ServerMetrics
 from server.metrics import router as metrics_router
-from server.middleware import APIKeyMiddleware, BodySizeLimitMiddleware
+from server.middleware import (
+    APIKeyMiddleware,
+    BodySizeLimitMiddleware,
+    UnexpectedErrorMiddleware,
+)
 from server.ollama import router as ollama_router
 from server.routes import router
 from server.state import ServerState
@@ -23,7 +27,9 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(router)
     app.include_router(ollama_router)
     app.include_router(metrics_router)
-    # NOTE: the last middleware added runs first: the key is checked before the body is read.
+    # NOTE: the last middleware added runs first: the key is checked before the body is read,
+    # and an unexpected error is answered innermost, before Starlette would re-raise it.
+    app.add_middleware(UnexpectedErrorMiddleware)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=state.config.max_request_bytes)
     if state.config.api_key is not None:
         app.add_middleware(APIKeyMiddleware, api_key=state.config.api_key)

@@ -158,7 +158,12 @@ def cmd_rules_explain(args: argparse.Namespace) -> int:
     from hybrid.rules.engine import plan_model
     from hybrid.rules.explain import explain, parse_size, render_table
 
-    planned = plan_model(args.gguf_path, args.optimize_rules, check_devices=False,
+    gguf_path = args.gguf_path
+    if gguf_path is None:
+        from hybrid.demo import demo_model_path
+
+        gguf_path = str(demo_model_path())
+    planned = plan_model(gguf_path, args.optimize_rules, check_devices=False,
                          announce=not args.json)
     cpu_memory = parse_size(args.cpu_memory) if args.cpu_memory else psutil.virtual_memory().total
     exp = explain(planned.plan, planned.spec, args.cache_lens, parse_size(args.gpu_memory),
@@ -169,7 +174,7 @@ def cmd_rules_explain(args: argparse.Namespace) -> int:
     else:
         header = f"model {planned.gguf.path.name} ({planned.spec.name}), rules {planned.rules_path.name}"
         print(render_table(exp, header))
-    return 0
+    return 0 if exp.fits else 1  # scripts can test the verdict
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -205,7 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     rules = sub.add_parser("rules", help="inspect optimize rules").add_subparsers(
         dest="rules_command", required=True)
     ex = rules.add_parser("explain", help="what a rule file places where, and whether it fits")
-    ex.add_argument("--gguf-path", required=True)
+    ex.add_argument("--gguf-path", default=None,
+                    help="a .gguf file, split part or folder (default: the built-in demo model)")
     ex.add_argument("--optimize-rules", default=None,
                     help="a bundled rule file name or a path (default: the machine's default)")
     ex.add_argument("--cache-lens", type=int, default=32768, help="KV cache tokens to plan for")

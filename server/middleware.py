@@ -1,4 +1,5 @@
-"""ASGI middleware run before routing: the API key check and the request body-size cap.
+"""ASGI middleware run before routing: the API key check, the request body-size cap, and the
+500 of an unexpected error that keeps the connection open.
 
 Both answer with OpenAI-shaped errors (Ollama-shaped under /api/). The size cap looks at Content-Length first and also
 counts the bytes of chunked bodies as they arrive, so no body larger than the cap is ever
@@ -8,12 +9,45 @@ buffered whole.
 from __future__ import annotations
 
 import hmac
+import logging
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.errors import APIError
 
 OPEN_PATHS = ("/health",)  # left open for load balancers and probes
+log = logging.getLogger("hybrid.server")
+
+
+class UnexpectedErrorMiddleware:
+    """An exception no handler took becomes a 500 in the API's shape, and goes no further.
+
+    Starlette's own last-resort handler sends its 500 and then raises the exception again, and
+    uvicorn closes the connection of an app that raised: a client's next request on that
+    keep-alive connection failed with "connection reset". Here it stops, so the connection
+    serves on. A response already started (a stream) cannot become a 500: it ends there."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:  # the last resort: logged, answered, contained
+            log.exception("unexpected error on %s %s", scope.get("method"), scope["path"])
+            if not started:
+                err = APIError(500, f"internal error: {type(exc).__name__}",
+                               type="server_error", code="internal_error")
+                await err.response(scope["path"])(scope, receive, send)
 
 
 class APIKeyMiddleware:

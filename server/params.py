@@ -7,6 +7,7 @@ routes and the Ollama routes share `encode_chat`, `check_prompt` and `make_sampl
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,16 @@ from server.tools.setup import (
     tool_request,
 )
 
+log = logging.getLogger("hybrid.server")
+
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+# OpenAI's documented fields that only steer its own service: accepted, named in a log line
+IGNORED_FIELDS = frozenset({"store", "metadata", "service_tier", "verbosity", "prompt_cache_key",
+                            "safety_identifier", "web_search_options", "prediction"})
+# "none" and "minimal" turn a thinking model's reasoning off; the others leave it on
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
 
 
 def check_request(req: ChatCompletionRequest | CompletionRequest, state: ServerState,
@@ -43,6 +53,19 @@ def check_request(req: ChatCompletionRequest | CompletionRequest, state: ServerS
         raise unsupported("best_of", "best_of other than n")
     if req.logit_bias:
         raise unsupported("logit_bias", "logit_bias")
+    if isinstance(req, ChatCompletionRequest):
+        if req.audio is not None:
+            raise unsupported("audio", "audio output (this server writes text)")
+        if req.modalities is not None and set(req.modalities) - {"text"}:
+            raise unsupported("modalities", "audio output (this server writes text; "
+                                            "modalities [\"text\"] is)")
+        if req.reasoning_effort not in (None, *REASONING_EFFORTS):
+            raise bad_request(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}",
+                              "reasoning_effort")
+    ignored = sorted(set(req.model_fields_set) & IGNORED_FIELDS)
+    if ignored or req.user:
+        log.info("request%s: ignoring %s", f" from user {req.user!r}" if req.user else "",
+                 ", ".join(ignored) or "nothing")
 
 
 @dataclass(frozen=True)
@@ -75,7 +98,9 @@ def chat_prompt(req: ChatCompletionRequest, state: ServerState) -> ChatPrompt:
     if tools_setup is not None:
         messages = add_tools_to_messages(messages, tools, tools_setup,
                                          tokenizer.chat_template.source)
-    prompt = encode_chat(messages, state, "messages", tools=tools or None)
+    think = None if req.reasoning_effort is None else req.reasoning_effort not in ("none",
+                                                                                "minimal")
+    prompt = encode_chat(messages, state, "messages", tools=tools or None, think=think)
     return ChatPrompt(prompt.ids, prompt.think, tools_setup)
 
 
@@ -105,15 +130,20 @@ def calling_turn(text: str, calls: list[dict[str, Any]], fmt: ToolFormat) -> dic
 
 
 def encode_chat(messages: list[dict[str, Any]], state: ServerState, param: str,
-                tools: list[dict[str, Any]] | None = None) -> ChatPrompt:
-    """Checked messages -> the prompt, ending with "<think>\n" under --force-think."""
+                tools: list[dict[str, Any]] | None = None,
+                think: bool | None = None) -> ChatPrompt:
+    """Checked messages -> the prompt, ending with "<think>\n" under --force-think. `think`
+    (from reasoning_effort) switches a thinking model's reasoning on or off for this request:
+    the template's `thinking` variable (DeepSeek V3.1) and --force-think's prefix follow it."""
     tokenizer = state.model.tokenizer
+    extra = {} if think is None else {"thinking": think}
     try:
-        text = tokenizer.apply_chat_template(messages, tools=tools)
+        text = tokenizer.apply_chat_template(messages, tools=tools, **extra)
     except HybridError as e:
         raise bad_request(str(e), param) from None
-    thinking = state.config.force_think or is_thinking_template(tokenizer.chat_template.source)
-    if state.config.force_think and not opens_think(text):
+    force = state.config.force_think if think is None else state.config.force_think and think
+    thinking = force or is_thinking_template(tokenizer.chat_template.source)
+    if force and not opens_think(text):
         text += THINK_PREFIX
     bos = tokenizer.id_to_token(tokenizer.bos_token_id)  # the template writes its own BOS
     ids = tokenizer.encode(text, add_bos=not (bos and text.startswith(bos)))

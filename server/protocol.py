@@ -1,8 +1,9 @@
 """The OpenAI request bodies we accept, validated strictly (pydantic, strict types, no extras).
 
-Unknown fields are refused, as OpenAI does; known fields we do not honour yet (tools,
-response_format other than text, logit_bias, ...) are refused by `server/params.py` with a 400
-that names them, never silently ignored. Beside OpenAI's fields we take vLLM's sampling
+Unknown fields are refused, as OpenAI does; every documented field is accepted: those that
+cannot be honoured (logit_bias, audio output, ...) are refused by `server/params.py` with a 400
+that names them, those that only steer OpenAI's own service (store, service_tier, ...) are
+ignored with one log line. Beside OpenAI's fields we take vLLM's sampling
 extras: top_k, min_p, repetition_penalty and ignore_eos.
 """
 
@@ -24,6 +25,7 @@ class StrictModel(BaseModel):
 
 class StreamOptions(StrictModel):
     include_usage: bool = False
+    include_obfuscation: bool | None = None  # OpenAI pads chunks against side channels: off
 
 
 class ChatMessage(StrictModel):
@@ -71,6 +73,20 @@ class ChatCompletionRequest(_SamplingFields):
     functions: list[Any] | None = None
     function_call: Any = None
     response_format: dict[str, Any] | None = None
+    # OpenAI's other documented fields: honoured where they apply (reasoning_effort switches a
+    # thinking model's reasoning, user is logged), refused where they cannot be (audio output),
+    # otherwise accepted and named in one log line (server/params.py: IGNORED_FIELDS)
+    reasoning_effort: str | None = None
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    verbosity: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    web_search_options: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
 
 
 class CompletionRequest(_SamplingFields):

@@ -29,8 +29,11 @@ def v3_sparse(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def explain_json(capsys, *argv: str) -> dict:
-    assert main(["rules", "explain", *argv, "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
+    """The JSON; the exit status says the verdict (0 fits, 1 does not)."""
+    code = main(["rules", "explain", *argv, "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == (0 if out["fits"] else 1)
+    return out
 
 
 def test_full_v3_q4_k_m_on_24_gib(capsys, v3_sparse: Path) -> None:
@@ -203,3 +206,16 @@ def test_loading_refuses_a_plan_over_budget(v3_sparse: Path) -> None:
         refuse_if_over_budget(planned.plan, planned.spec, 32768, gpu_memory=12 * GIB)
     cpu = plan_model(str(v3_sparse), "cpu", check_devices=False, announce=False)
     refuse_if_over_budget(cpu.plan, cpu.spec, 32768, gpu_memory=1)  # no GPU in the plan
+
+
+def test_explain_defaults_to_the_demo_model_and_any_case_of_a_bundled_name(capsys) -> None:
+    assert main(["rules", "explain", "--optimize-rules", "CPU", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model"].endswith(".gguf") and "demo" in out["model"]
+    assert out["rules"].endswith("cpu.yaml")
+
+
+def test_explain_exits_1_when_it_does_not_fit(capsys, v3_sparse: Path) -> None:
+    assert main(["rules", "explain", "--gguf-path", str(v3_sparse), "--optimize-rules",
+                 "deepseek-v3", "--gpu-memory", "4GiB", "--cpu-memory", "512GiB"]) == 1
+    assert capsys.readouterr().out.rstrip().endswith("verdict: does not fit")

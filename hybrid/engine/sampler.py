@@ -3,7 +3,7 @@
 The order is vLLM's: penalties (repetition, then frequency and presence) on the raw logits,
 then temperature, min_p, top_k and top_p, then a draw. Greedy takes the argmax after the
 penalties, so penalties steer greedy decoding too. Reported log-probabilities are always those
-of the raw model distribution.
+of the raw model distribution (after a grammar's mask), at least MIN_LOGPROB.
 """
 
 from __future__ import annotations
@@ -14,6 +14,14 @@ from dataclasses import dataclass
 import torch
 
 from hybrid.engine.sampling_params import SamplingParams
+
+# A token masked out (by a grammar) has log-probability -inf, which JSON cannot carry: reported
+# as OpenAI reports such tokens.
+MIN_LOGPROB = -9999.0
+
+
+def _reported(logprob: float) -> float:
+    return max(MIN_LOGPROB, logprob)
 
 
 @dataclass(frozen=True)
@@ -47,8 +55,8 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     top: tuple[tuple[int, float], ...] = ()
     if params.logprobs:
         values, ids = torch.topk(logprobs, params.logprobs)
-        top = tuple((int(i), float(v)) for i, v in zip(ids, values))
-    return Sampled(token, float(logprobs[token]), top)
+        top = tuple((int(i), _reported(float(v))) for i, v in zip(ids, values))
+    return Sampled(token, _reported(float(logprobs[token])), top)
 
 
 def sample_batch(logits: torch.Tensor, rows: Sequence[tuple[SamplingParams, torch.Generator,
@@ -75,9 +83,9 @@ def sample_batch(logits: torch.Tensor, rows: Sequence[tuple[SamplingParams, torc
         for j, i in enumerate(fast):
             n = rows[i][0].logprobs
             r = host[j]
-            best = tuple((int(t), v) for t, v in zip(r[2:2 + n], r[2 + k:2 + k + n])) if n \
-                else ()
-            out[i] = Sampled(int(r[0]), r[1], best)
+            best = tuple((int(t), _reported(v)) for t, v in zip(r[2:2 + n], r[2 + k:2 + k + n])) \
+                if n else ()
+            out[i] = Sampled(int(r[0]), _reported(r[1]), best)
     for i, (p, gen, prompt_ids, output_ids) in enumerate(rows):
         if out[i] is None:
             out[i] = sample(logits[i].cpu(), p, gen, prompt_ids, output_ids)

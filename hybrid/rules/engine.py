@@ -24,14 +24,16 @@ def bundled_rules() -> dict[str, Path]:
 
 
 def find_rules(name: str) -> Path:
-    """A rule file by path, or a bundled one by name (with or without `.yaml`)."""
+    """A rule file by path, or a bundled one by name (with or without `.yaml`, in any case:
+    `deepseek-v3` is DeepSeek-V3.yaml)."""
     path = Path(name).expanduser()
     if path.is_file():
         return path
-    bundled = bundled_rules()
-    for candidate in (name, f"{name}.yaml"):
+    bundled = {key.lower(): value for key, value in bundled_rules().items()}
+    for candidate in (name.lower(), f"{name.lower()}.yaml"):
         if candidate in bundled:
             return bundled[candidate]
+    bundled = bundled_rules()
     raise RuleError(f"no rule file {name!r}: not a file, and not a bundled rule file "
                     f"({', '.join(sorted(bundled))})")
 
