@@ -123,3 +123,29 @@ def test_connection_serves_on_after_an_unexpected_error(live_server, monkeypatch
                                      "type": "server_error", "param": None,
                                      "code": "internal_error"}
         assert http.post("/v1/chat/completions", json=body).status_code == 200
+
+
+def test_reasoning_effort_none_turns_forced_thinking_off(live_server) -> None:  # noqa: F811
+    """Under --force-think a chat prompt ends with "<think>\\n"; reasoning_effort "none" or
+    "minimal" leaves it out (no reasoning), the other efforts keep it."""
+    from dataclasses import replace
+
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+
+    state = live_server.state
+    app = create_app(replace(state, config=replace(state.config, force_think=True)))
+    tok = state.model.tokenizer
+    plain = len(tok.encode(tok.apply_chat_template([{"role": "user", "content": "Why?"}]),
+                           add_bos=False))
+    body = {"model": state.model.name, "max_tokens": 2, "temperature": 0,
+            "messages": [{"role": "user", "content": "Why?"}]}
+    with TestClient(app, headers=AUTH) as http:
+        counts = {effort: http.post("/v1/chat/completions", json={
+            **body, "reasoning_effort": effort}).json()["usage"]["prompt_tokens"]
+            for effort in ("none", "minimal", "low", "high")}
+        bad = http.post("/v1/chat/completions", json={**body, "reasoning_effort": "max"})
+    assert counts["none"] == counts["minimal"] == plain
+    assert counts["low"] == counts["high"] > plain  # "<think>\n" appended
+    assert bad.status_code == 400 and "reasoning_effort must be one of" in bad.text
