@@ -15,7 +15,8 @@ SERVE_SETTINGS = ("gguf_path", "optimize_rules", "max_batch_size", "chunk_size",
                   "cuda_graphs", "decode_graph", "prefill_experts", "stream_memory_gib",
                   "overlap_prefill",
                   "attention_backend",
-                  "packed_cache", "prefix_cache", "chat_template", "routing_profile", "device_map")
+                  "packed_cache", "prefix_cache", "chat_template", "routing_profile", "device_map",
+                  "lenient_schemas")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -111,6 +112,10 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chat-template", default=d["chat_template"], metavar="NAME|FILE",
                    help="replace the file's chat template with a bundled family's ("
                         + ", ".join(BUNDLED_TEMPLATES) + ") or a .jinja file")
+    p.add_argument("--lenient-schemas", action="store_true", default=d["lenient_schemas"],
+                   help="let structured output and tool calls write object keys their JSON "
+                        "schema does not list where it does not forbid them (as JSON Schema "
+                        "reads it); by default they write none, as vLLM and SGLang do")
     p.add_argument("--record-routing", dest="routing_profile", default=d["routing_profile"],
                    metavar="FILE", help="record which experts the traffic uses into FILE (a "
                    "routing profile for `hybrid tune`, rewritten every 30 s)")

@@ -39,6 +39,9 @@ class ServerConfig:
     force_think: bool = False
     chat_template: str | None = None
     routing_profile: str | None = None  # --record-routing: the live profile's file
+    # JSON schemas (response_format, tool parameters) read as JSON Schema does: objects take
+    # keys their properties do not list unless the schema says no (default: they take none)
+    lenient_schemas: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

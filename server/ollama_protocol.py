@@ -178,5 +178,6 @@ def sampling(req: _OllamaFields, state: ServerState, prompt_len: int) -> Samplin
         values["grammar"] = structured_grammar({"type": "json_object"}, "format")
     elif isinstance(req.format, dict):
         values["grammar"] = structured_grammar({"type": "json_schema",
-                                                "json_schema": {"schema": req.format}}, "format")
+                                                "json_schema": {"schema": req.format}}, "format",
+                                               state.config.lenient_schemas)
     return make_sampling_params(state, prompt_len, asked, stop=stop, **values)

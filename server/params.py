@@ -222,25 +222,28 @@ def sampling_params(req: ChatCompletionRequest | CompletionRequest, state: Serve
     fmt = getattr(req, "response_format", None) or {}
     grammar = None
     if fmt.get("type") in ("json_object", "json_schema"):
-        grammar = structured_grammar(fmt, "response_format")
+        grammar = structured_grammar(fmt, "response_format", state.config.lenient_schemas)
     if prompt is not None and prompt.tools is not None and prompt.tools.forced:
         room = min(asked or state.config.max_new_tokens, state.config.max_new_tokens,
                    state.model.max_request_tokens - prompt_len)
-        grammar = prompt.tools.grammar(state.model.tokenizer, prompt.opens_think, room)
+        grammar = prompt.tools.grammar(state.model.tokenizer, prompt.opens_think, room,
+                                       state.config.lenient_schemas)
     return make_sampling_params(
         state, prompt_len, asked, stop=stop, logprobs=logprobs, ignore_eos=req.ignore_eos,
         seed=None if req.seed is None else req.seed + index, grammar=grammar,
         **{k: v for k, v in given.items() if v is not None})
 
 
-def structured_grammar(response_format: dict[str, Any], param: str) -> str:
+def structured_grammar(response_format: dict[str, Any], param: str,
+                       lenient: bool = False) -> str:
     """The grammar of an OpenAI-style response_format (json_object or json_schema); a 400
-    naming `param` when the schema cannot be used."""
+    naming `param` when the schema cannot be used. Objects take no keys their schema does not
+    list unless `lenient` (--lenient-schemas)."""
     from hybrid.engine.grammar import json_grammar, schema_of
     from hybrid.errors import RequestRejected
 
     try:
-        return json_grammar(schema_of(response_format))
+        return json_grammar(schema_of(response_format), lenient)
     except RequestRejected as e:
         raise bad_request(str(e), param) from None
 

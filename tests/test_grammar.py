@@ -75,3 +75,44 @@ def test_a_broken_schema_is_refused_in_one_line() -> None:
         json_grammar({"type": "object", "properties": {"a": {"type": "string",
                                                              "pattern": "(["}}})
     assert "\n" not in str(e.value)
+
+
+def test_objects_are_closed_unless_the_schema_opens_them() -> None:
+    from hybrid.engine.grammar import closed_objects
+
+    schema = {"type": "object", "properties": {
+        "zone": {"type": "string"},
+        "properties": {"type": "object", "properties": {"x": {"type": "integer"}}},
+        "free": {"type": "object"},  # no properties: any object, as written
+        "open": {"type": "object", "properties": {"y": {}}, "additionalProperties": True},
+        "list": {"type": "array", "items": {"properties": {"z": {}}}}},
+        "$defs": {"p": {"properties": {"q": {}}}},
+        "allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]}
+    closed = closed_objects(schema)
+    assert closed["additionalProperties"] is False
+    props = closed["properties"]
+    assert props["properties"]["additionalProperties"] is False  # a key named "properties"
+    assert "additionalProperties" not in props["properties"]["properties"]  # its map untouched
+    assert "additionalProperties" not in props["free"]
+    assert props["open"]["additionalProperties"] is True
+    assert props["list"]["items"]["additionalProperties"] is False
+    assert closed["$defs"]["p"]["additionalProperties"] is False
+    assert all("additionalProperties" not in s for s in closed["allOf"])  # parts of one object
+    assert "additionalProperties" not in schema  # the caller's schema is not changed
+
+
+def test_a_schema_without_additional_properties_takes_no_invented_key(llm: LLM) -> None:
+    """The grammar accepts the listed key and refuses another, unless lenient."""
+    from hybrid.engine.grammar import GrammarVocab
+
+    tok = llm.tokenizer
+    vocab = GrammarVocab(tok.hf_json(), llm.loaded.spec.vocab_size, tok.eos_token_id)
+    schema = {"type": "object", "properties": {"zone": {"type": "string"}}}
+
+    def takes(text: str, lenient: bool) -> bool:
+        m = vocab.matcher(json_grammar(schema, lenient=lenient))
+        return all(m.accept(t) for t in tok.encode(text, add_bos=False))
+
+    assert takes('{"zone": "a"}', lenient=False)
+    assert not takes('{"zone": "a", "extra": 1}', lenient=False)
+    assert takes('{"zone": "a", "extra": 1}', lenient=True)

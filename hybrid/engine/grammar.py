@@ -28,11 +28,15 @@ from hybrid.errors import RequestRejected
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
-def json_grammar(schema: dict[str, Any] | None) -> str:
+def json_grammar(schema: dict[str, Any] | None, lenient: bool = False) -> str:
     """The grammar text for output that is a JSON value of `schema`; None: any JSON object.
-    RequestRejected (the server's 400) names what is wrong with a schema llguidance refuses."""
+    Objects with `properties` and no word on other keys take no other keys unless `lenient`
+    (`closed_objects`). RequestRejected (the server's 400) names what is wrong with a schema
+    llguidance refuses."""
     import llguidance
 
+    if schema is not None and not lenient:
+        schema = closed_objects(schema)
     text = llguidance.LLMatcher.grammar_from_json_schema(
         schema if schema is not None else {"type": "object"}, defaults=JSON_OPTIONS)
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text)
@@ -40,6 +44,42 @@ def json_grammar(schema: dict[str, Any] | None) -> str:
         reason = " ".join(str(messages[0]).split())[:300]  # one line
         raise RequestRejected(f"the JSON schema cannot be used: {reason}; fix the schema")
     return text
+
+
+# keywords whose value is a map of names to schemas, one schema, or a list of schemas
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_ONE = ("items", "additionalItems", "contains", "not", "if", "then", "else",
+               "additionalProperties", "propertyNames", "unevaluatedItems",
+               "unevaluatedProperties")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
+_OTHER_KEYS = ("additionalProperties", "unevaluatedProperties", "patternProperties")
+
+
+def closed_objects(schema: Any, in_all_of: bool = False) -> Any:
+    """A copy of `schema` where every object schema that lists `properties` and says nothing
+    of other keys (additionalProperties, unevaluatedProperties, patternProperties) takes no
+    other keys, as vLLM's and SGLang's grammar backends read schemas: JSON Schema allows any
+    key there, and a model given that freedom invents keys (the demo model wrote one 400 tokens
+    long under a tool call). `{"type": "object"}` without properties stays any object; the
+    members of an allOf stay open (each sees only part of the keys)."""
+    if isinstance(schema, list):
+        return [closed_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: closed_objects(s) for name, s in value.items()}
+        elif key in _SCHEMA_ONE or key in _SCHEMA_LISTS:
+            out[key] = closed_objects(value)
+        elif key == "allOf" and isinstance(value, list):
+            out[key] = [closed_objects(s, in_all_of=True) for s in value]
+        else:
+            out[key] = value  # enum, const, default, examples...: values, not schemas
+    if not in_all_of and isinstance(out.get("properties"), dict) \
+            and not any(k in out for k in _OTHER_KEYS):
+        out["additionalProperties"] = False
+    return out
 
 
 class GrammarVocab:

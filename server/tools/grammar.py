@@ -13,17 +13,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from hybrid.engine.grammar import JSON_OPTIONS, closed_objects
 from hybrid.errors import RequestRejected
 from server.tools.formats import ToolFormat
 
-JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 MAX_PARALLEL_CALLS = 8  # calls in one reply under a required choice: no runaway list
 
 
 def tool_call_grammar(fmt: ToolFormat, functions: dict[str, dict[str, Any]],
                       token_of: Any, parallel: bool, think_end: str | None,
-                      reasoning_tokens: int) -> str:
-    """Lark text for one or more calls of `functions` (name -> parameters schema).
+                      reasoning_tokens: int, lenient: bool = False) -> str:
+    """Lark text for one or more calls of `functions` (name -> parameters schema), objects
+    closed to keys they do not list unless `lenient` (hybrid/engine/grammar.closed_objects).
     `token_of(text)` is the id of the special token spelling `text`, or None."""
 
     def lit(text: str) -> str:
@@ -32,7 +33,8 @@ def tool_call_grammar(fmt: ToolFormat, functions: dict[str, dict[str, Any]],
 
     rules = []
     for k, (name, schema) in enumerate(functions.items()):
-        schema = {**(schema or {"type": "object"}), "x-guidance": JSON_OPTIONS}
+        schema = schema or {"type": "object"}
+        schema = {**(schema if lenient else closed_objects(schema)), "x-guidance": JSON_OPTIONS}
         rules.append(f"fn_{k}: {fmt.header_grammar(name, lit)} {lit(fmt.header_end)} "
                      f"{_fence_open(fmt)}%json {json.dumps(schema)} {_fence_close(fmt)}"
                      f"{lit(fmt.call_end)}")

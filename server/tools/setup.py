@@ -49,8 +49,10 @@ class ToolSetup:
     def forced(self) -> bool:
         return self.mode != "auto"
 
-    def grammar(self, tokenizer: Any, opens_think: bool, max_tokens: int) -> str | None:
-        """The reply's grammar when a call is required (None for auto)."""
+    def grammar(self, tokenizer: Any, opens_think: bool, max_tokens: int,
+                lenient: bool = False) -> str | None:
+        """The reply's grammar when a call is required (None for auto); `lenient`: parameter
+        objects take keys their schema does not list (--lenient-schemas)."""
         if not self.forced:
             return None
         from server.tools.grammar import tool_call_grammar
@@ -60,7 +62,8 @@ class ToolSetup:
         parallel = self.parallel and self.named is None
         try:
             return tool_call_grammar(self.fmt, functions, tokenizer.single_token, parallel,
-                                     THINK_END if opens_think else None, max_tokens // 2)
+                                     THINK_END if opens_think else None, max_tokens // 2,
+                                     lenient)
         except RequestRejected as e:
             raise bad_request(str(e), "tools") from None
 
