@@ -43,7 +43,8 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--optimize-rules", default=e["optimize_rules"],
                    help="bundled rule file name or path (default: cpu.yaml without a GPU)")
     p.add_argument("--host", default=d["host"], help="address to listen on (0.0.0.0: all)")
-    p.add_argument("--port", type=int, default=d["port"])
+    p.add_argument("--port", type=int, default=d["port"],
+                   help="TCP port to listen on (0: any free port, printed at start)")
     p.add_argument("--max-new-tokens", type=int, default=d["max_new_tokens"],
                    help="cap on tokens per request; larger max_tokens are clamped to it")
     p.add_argument("--max-batch-size", type=int, default=e["max_batch_size"],
@@ -105,7 +106,8 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="the model name clients pass (default: the GGUF file's stem)")
     p.add_argument("--max-request-bytes", type=int, default=d["max_request_bytes"],
                    help="larger request bodies get a 413")
-    p.add_argument("--log-level", default=d["log_level"], choices=list(LOG_LEVELS))
+    p.add_argument("--log-level", default=d["log_level"], choices=list(LOG_LEVELS),
+                   help="the server's and the engine's log level")
     p.add_argument("--force-think", action="store_true", default=d["force_think"],
                    help="end chat prompts with '<think>\\n' (DeepSeek R1): the model reasons "
                         "first; chat replies carry it apart (reasoning_content)")
@@ -141,11 +143,13 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     d = {f.name: f.default for f in fields(BenchOptions)}
     p = sub.add_parser("bench", help="load a running server with concurrent streams")
     p.add_argument("--url", default=d["url"], help="the server's base URL (without /v1)")
-    p.add_argument("--concurrency", type=int, default=d["concurrency"])
+    p.add_argument("--concurrency", type=int, default=d["concurrency"],
+                   help="streams in flight at once")
     p.add_argument("--prompt-len", type=int, default=d["prompt_len"], help="prompt tokens")
     p.add_argument("--gen-len", type=int, default=d["gen_len"], help="tokens per request")
-    p.add_argument("--num-requests", type=int, default=d["num_requests"])
+    p.add_argument("--num-requests", type=int, default=d["num_requests"],
+                   help="requests in all")
     p.add_argument("--model", default=d["model"], help="default: the server's first model")
-    p.add_argument("--api-key", default=d["api_key"])
+    p.add_argument("--api-key", default=d["api_key"], help="the server's API key, if it has one")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_bench)

@@ -29,11 +29,13 @@ def add_tune_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profile", help="record which experts each layer's router chooses over "
                                        "a file of prompts")
     p.add_argument("--gguf-path", default=None, help="the model (default: the demo model)")
-    p.add_argument("--optimize-rules", default=None)
+    p.add_argument("--optimize-rules", default=None,
+                   help="bundled rule file name or path (default: the machine's default)")
     p.add_argument("--prompts", required=True,
                    help='JSON lines: {"prompt": "..."}, {"messages": [...]} or a string')
     p.add_argument("--max-tokens", type=int, default=128, help="tokens generated per prompt")
-    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--temperature", type=float, default=0.7,
+                   help="sampling temperature of the profiled answers")
     p.add_argument("--batch", type=int, default=16, help="prompts in flight at once")
     p.add_argument("--out", required=True, help="the profile's JSON file")
     p.set_defaults(func=cmd_profile)
@@ -55,7 +57,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     chunks = tuple(int(x) for x in args.sweep_chunk_sizes.split(",") if x.strip())
     device_map = parse_device_map(args.device_map)
     out = Path(args.out)
-    opts = TuneOptions(args.gguf_path, args.profile, parse_size(args.gpu_memory), out,
+    gguf_path = args.gguf_path
+    if gguf_path is None:  # as the help says: the demo model
+        from hybrid.demo import demo_model_path
+
+        gguf_path = str(demo_model_path())
+    opts = TuneOptions(gguf_path, args.profile, parse_size(args.gpu_memory), out,
                        args.optimize_rules, args.cache_lens or EngineConfig().cache_lens,
                        args.gpu_device, args.batch, args.phase, fractions, args.measure,
                        args.steps, threads, chunks, args.prefill_tokens, device_map,
@@ -113,6 +120,7 @@ def _add_tune_parser(sub: argparse._SubParsersAction) -> None:
                    help="with --measure: run the rule files' devices elsewhere (cuda=cpu)")
     p.add_argument("--cpu-bandwidth", type=float, default=None, metavar="GB/s",
                    help="the CPU's read bandwidth for the CPU-time floor (default: measured now)")
-    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--no-plots", action="store_true",
+                   help="write no PNG plots beside the rule file")
     p.add_argument("--out", required=True, help="the rule file to write (.yaml)")
     p.set_defaults(func=cmd_tune)

@@ -33,7 +33,9 @@ def build_state(config: ServerConfig, progress: Callable[[int, int], None] | Non
     if template is not None:
         llm.tokenizer.use_chat_template(template)
     if warmup:
-        _status_line("a first generation")
+        # numba compiles the CPU expert kernels here on a first start (about a minute), and
+        # loads them from its cache on later ones
+        _status_line("a first generation (a first start compiles the CPU kernels: ~1 min)")
         # One tiny generation compiles the CPU kernels now, so the first client does not wait.
         for _ in llm.stream([llm.tokenizer.bos_token_id or 0], SamplingParams(temperature=0,
                                                                                max_tokens=2)):

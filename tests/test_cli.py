@@ -161,3 +161,58 @@ def test_bench_reports_latency_and_speed(capsys, live_server) -> None:  # noqa: 
     code, out, _ = run(capsys, "bench", "--url", live_server.url, "--api-key", API_KEY,
                        "--num-requests", "1", "--gen-len", "2")
     assert code == 0 and "TTFT mean / p50" in out and "aggregate tokens/s" in out
+
+
+def test_progress_in_a_log_is_one_line_at_start_and_one_at_the_end(capsys) -> None:
+    """Not a terminal (a log, a pipe, this test): no carriage-return updates, sane totals."""
+    from server.cli import progress_bar
+
+    update = progress_bar("loading")
+    for done in range(0, 3 * 10**9 + 1, 10**8):
+        update(done, 3 * 10**9)
+    update(3 * 10**9, 3 * 10**9)  # a repeated last call prints nothing more
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and "\r" not in "".join(lines)
+    assert lines[0] == "loading: 3.00 GB ..."
+    assert lines[1].startswith("loading: 3.00 GB in ") and lines[1].endswith(" GB/s")
+
+
+def test_tune_without_gguf_path_tunes_the_demo_model(monkeypatch, tmp_path) -> None:
+    import hybrid.tuning.tune
+    from hybrid.demo import demo_model_path
+    from server.cli import main
+
+    seen = []
+
+    def fake_tune(opts, status=None):
+        seen.append(opts)
+        raise KeyboardInterrupt  # stop here: only the options are under test
+
+    monkeypatch.setattr(hybrid.tuning.tune, "tune", fake_tune)
+    assert main(["tune", "--profile", str(tmp_path / "p.json"), "--gpu-memory", "1GiB",
+                 "--out", str(tmp_path / "t.yaml")]) == 130
+    assert seen[0].gguf_path == str(demo_model_path())
+
+
+def test_every_option_has_help_that_shows_its_default() -> None:
+    import argparse
+
+    from server.cli import build_parser
+
+    missing, parser = [], build_parser()
+
+    def walk(p: argparse.ArgumentParser, path: str) -> None:
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sub in a.choices.items():
+                    walk(sub, f"{path} {name}")
+            elif a.option_strings and not isinstance(a, argparse._HelpAction):
+                if not a.help:
+                    missing.append(f"{path} {a.option_strings[0]}: no help")
+                elif a.default not in (None, False, argparse.SUPPRESS):
+                    text = p.formatter_class("x")._get_help_string(a) % {"default": a.default}
+                    if str(a.default) not in text:
+                        missing.append(f"{path} {a.option_strings[0]}: default not shown")
+
+    walk(parser, "hybrid")
+    assert missing == []
