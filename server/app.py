@@ -11,6 +11,7 @@ from server.metrics import router as metrics_router
 from server.middleware import (
     APIKeyMiddleware,
     BodySizeLimitMiddleware,
+    DrainMiddleware,
     UnexpectedErrorMiddleware,
 )
 from server.ollama import router as ollama_router
@@ -33,4 +34,5 @@ def create_app(state: ServerState) -> FastAPI:
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=state.config.max_request_bytes)
     if state.config.api_key is not None:
         app.add_middleware(APIKeyMiddleware, api_key=state.config.api_key)
+    app.add_middleware(DrainMiddleware, draining=state.draining)
     return app

@@ -16,7 +16,7 @@ SERVE_SETTINGS = ("gguf_path", "optimize_rules", "max_batch_size", "chunk_size",
                   "overlap_prefill",
                   "attention_backend",
                   "packed_cache", "prefix_cache", "chat_template", "routing_profile", "device_map",
-                  "lenient_schemas")
+                  "lenient_schemas", "shutdown_timeout")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -118,6 +118,9 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="let structured output and tool calls write object keys their JSON "
                         "schema does not list where it does not forbid them (as JSON Schema "
                         "reads it); by default they write none, as vLLM and SGLang do")
+    p.add_argument("--shutdown-timeout", type=float, default=d["shutdown_timeout"],
+                   metavar="S", help="on SIGTERM or Ctrl-C: new requests get a 503 while the "
+                   "running ones have S seconds to finish; then they are cancelled")
     p.add_argument("--record-routing", dest="routing_profile", default=d["routing_profile"],
                    metavar="FILE", help="record which experts the traffic uses into FILE (a "
                    "routing profile for `hybrid tune`, rewritten every 30 s)")

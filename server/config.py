@@ -42,6 +42,9 @@ class ServerConfig:
     # JSON schemas (response_format, tool parameters) read as JSON Schema does: objects take
     # keys their properties do not list unless the schema says no (default: they take none)
     lenient_schemas: bool = False
+    # on SIGTERM/SIGINT: seconds the running requests may take to finish before they are
+    # cancelled (new ones get a 503 meanwhile; server/lifecycle.py)
+    shutdown_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -57,6 +60,9 @@ class ServerConfig:
         if self.max_request_bytes < 1024:
             raise HybridError(f"max_request_bytes must be at least 1024, got "
                               f"{self.max_request_bytes}")
+        if not self.shutdown_timeout >= 0:
+            raise HybridError(f"shutdown_timeout must be >= 0 seconds, got "
+                              f"{self.shutdown_timeout}")
         if self.log_level not in LOG_LEVELS:
             raise HybridError(f"log_level must be one of {', '.join(LOG_LEVELS)}, "
                               f"got {self.log_level!r}")

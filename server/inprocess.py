@@ -42,5 +42,6 @@ class InProcessServer:
 
 
 def server_options() -> dict:
-    """uvicorn settings every served process uses (`hybrid serve` too)."""
-    return {}
+    """uvicorn settings every served process uses (`hybrid serve` too): once stopping, open
+    connections (streams the engine has ended) get 10 s to close."""
+    return {"timeout_graceful_shutdown": 10}

@@ -71,6 +71,27 @@ class APIKeyMiddleware:
         await err.response(scope["path"])(scope, receive, send)
 
 
+class DrainMiddleware:
+    """While the server shuts down (server/lifecycle.py): a 503 with Retry-After for every
+    request, /health included, so clients and load balancers go elsewhere or come back."""
+
+    RETRY_AFTER_S = 10
+
+    def __init__(self, app: ASGIApp, draining) -> None:  # draining: threading.Event
+        self.app = app
+        self.draining = draining
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.draining.is_set():
+            return await self.app(scope, receive, send)
+        err = APIError(503, "the server is shutting down: it finishes the requests it has "
+                       "and takes no new ones; retry later or on another server",
+                       type="server_error", code="server_shutting_down")
+        response = err.response(scope["path"])
+        response.headers["Retry-After"] = str(self.RETRY_AFTER_S)
+        await response(scope, receive, send)
+
+
 class BodySizeLimitMiddleware:
     """Refuse request bodies over `max_bytes` with a 413."""
 

@@ -72,6 +72,7 @@ def serve(config: ServerConfig, progress: Callable[[int, int], None] | None = No
     from hybrid.engine.heap import freeze_start_up_heap
     from server.app import create_app
     from server.inprocess import server_options
+    from server.lifecycle import run_engine_and_http
     from server.listen import bind_listener, bound_url
 
     logging.basicConfig(level=config.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
@@ -101,7 +102,8 @@ def serve(config: ServerConfig, progress: Callable[[int, int], None] | None = No
     server = uvicorn.Server(uvicorn.Config(app, log_level=config.log_level,
                                            **server_options()))
     try:
-        run_engine_and_http(state.worker, server, sock)
+        run_engine_and_http(state.worker, server, sock, state.draining,
+                            config.shutdown_timeout)
     finally:
         if writer is not None:
             writer.stop()
@@ -112,34 +114,3 @@ def serve(config: ServerConfig, progress: Callable[[int, int], None] | None = No
     sys.stderr.flush()
     os._exit(0)
 
-
-def run_engine_and_http(worker, server, sock) -> None:
-    """The engine's loop on this (the main) thread, uvicorn on a thread of its own, until
-    SIGINT or SIGTERM, or until uvicorn stops by itself.
-
-    NOTE: the engine steps on the thread that loaded the model and ran its warm-up: on a
-    thread started later the same decode ran 19% slower on the GPU machine (docs/serving.md).
-    uvicorn installs no signal handlers off the main thread, so they are installed here."""
-    import signal
-    import threading
-
-    def stop(*_) -> None:
-        server.should_exit = True
-        worker.shutdown()
-
-    def serve_http() -> None:
-        try:
-            server.run(sockets=[sock])
-        finally:
-            worker.shutdown()  # uvicorn stopped (or failed): so does the engine
-
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    http = threading.Thread(target=serve_http, name="hybrid-http", daemon=True)
-    http.start()
-    try:
-        worker.run()
-    finally:
-        server.should_exit = True
-        http.join(30)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,3 +31,5 @@ class ServerState:
     config: ServerConfig
     model: ServedModel
     worker: EngineWorker
+    # set once shutdown begins: requests get a 503 while the running ones finish (lifecycle.py)
+    draining: threading.Event = field(default_factory=threading.Event)

@@ -26,39 +26,108 @@ from hybrid.model.activations import (
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _start_serve(path: Path, *flags: str) -> tuple[subprocess.Popen, str, list[str]]:
+    """`hybrid serve` as a process on a free port -> (process, base URL, start-up lines)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "server.cli", "serve", "--gguf-path", str(path),
+         "--optimize-rules", "cpu", "--port", "0", "--log-level", "warning", *flags],
+        cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    deadline = time.monotonic() + 300
+    while True:
+        line = proc.stderr.readline()
+        assert line or proc.poll() is None, "serve exited: " + "".join(lines)
+        assert time.monotonic() < deadline, "serve did not start"
+        lines.append(line)
+        if (m := re.search(r"on (http://127\.0\.0\.1:\d+)/v1", line)) is not None:
+            break
+    url = m.group(1)
+    for _ in range(100):  # uvicorn's thread may still be starting
+        try:
+            httpx.get(f"{url}/health", timeout=5)
+            break
+        except httpx.ConnectError:
+            time.sleep(0.1)
+    return proc, url, lines
+
+
 def test_serve_process_answers_then_exits_cleanly_on_sigterm(models) -> None:
     """The engine steps on the main thread: requests are answered, and SIGTERM ends the process
     with exit 0 (uvicorn's thread and the engine's loop both stop) and no teardown noise."""
     path = models.path("tiny-v3", "q4_k_m")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "server.cli", "serve", "--gguf-path", str(path),
-         "--optimize-rules", "cpu", "--port", "0", "--log-level", "warning"],
-        cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    proc, url, lines = _start_serve(path)
     try:
-        url, lines = None, []
-        deadline = time.monotonic() + 300
-        while url is None:
-            line = proc.stderr.readline()
-            assert line or proc.poll() is None, "serve exited: " + "".join(lines)
-            assert time.monotonic() < deadline, "serve did not start"
-            lines.append(line)
-            if (m := re.search(r"on (http://127\.0\.0\.1:\d+)/v1", line)) is not None:
-                url = m.group(1)
         assert any("prompt steps of up to 512 tokens" in x for x in lines)  # no GPU: 512
-        for _ in range(100):
-            try:
-                r = httpx.post(f"{url}/v1/completions", json={
-                    "model": path.stem, "prompt": [1, 2, 3], "max_tokens": 4,
-                    "temperature": 0, "ignore_eos": True}, timeout=60)
-                break
-            except httpx.ConnectError:  # uvicorn's thread is still starting
-                time.sleep(0.1)
+        r = httpx.post(f"{url}/v1/completions", json={
+            "model": path.stem, "prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0,
+            "ignore_eos": True}, timeout=60)
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] == 4
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
         assert "leaked" not in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def test_sigterm_drains_running_requests_and_refuses_new_ones(models) -> None:
+    """SIGTERM while a stream runs: new requests (and /health) get a 503 with Retry-After, the
+    stream runs to its end, then the process exits 0."""
+    path = models.path("tiny-v3", "q4_k_m")
+    proc, url, _ = _start_serve(path, "--shutdown-timeout", "120")
+    try:
+        body = {"model": path.stem, "prompt": [1, 2, 3], "max_tokens": 48, "temperature": 0,
+                "ignore_eos": True, "stream": True, "logprobs": 0}  # a chunk every token
+        texts, refused = [], []
+        with httpx.Client(timeout=120) as client, \
+                client.stream("POST", f"{url}/v1/completions", json=body) as stream:
+            for line in stream.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                texts.append(json.loads(line[6:])["choices"][0])
+                if len(texts) == 2:
+                    proc.send_signal(signal.SIGTERM)
+                    time.sleep(0.2)  # the handler runs between two steps
+                    with httpx.Client(timeout=30) as other:  # a connection of its own
+                        refused.append(other.post(f"{url}/v1/completions", json={
+                            **body, "stream": False}))
+                        refused.append(other.get(f"{url}/health"))
+        assert len(texts) == 48 and texts[-1]["finish_reason"] == "length"
+        assert [r.status_code for r in refused] == [503, 503]
+        assert refused[0].headers["retry-after"] == "10"
+        assert refused[0].json()["error"]["code"] == "server_shutting_down"
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert "shutting down: admitting nothing more, finishing 1 running" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def test_sigterm_cancels_what_outlasts_the_shutdown_timeout(models) -> None:
+    path = models.path("tiny-v3", "q4_k_m")
+    proc, url, _ = _start_serve(path, "--shutdown-timeout", "0.5")
+    try:
+        body = {"model": path.stem, "prompt": [1, 2, 3], "max_tokens": 2000, "temperature": 0,
+                "ignore_eos": True, "stream": True, "logprobs": 0}
+        tokens = 0
+        with httpx.Client(timeout=120) as client, \
+                client.stream("POST", f"{url}/v1/completions", json=body) as stream:
+            try:
+                for line in stream.iter_lines():
+                    tokens += line.startswith("data: {")
+                    if tokens == 2:
+                        proc.send_signal(signal.SIGTERM)
+            except httpx.HTTPError:
+                pass  # the stream is cut when its request is cancelled
+        assert 2 <= tokens < 2000
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert "cancelling the requests still running after 0 s" in err
     finally:
         if proc.poll() is None:
             proc.kill()
