@@ -219,3 +219,27 @@ def test_explain_exits_1_when_it_does_not_fit(capsys, v3_sparse: Path) -> None:
     assert main(["rules", "explain", "--gguf-path", str(v3_sparse), "--optimize-rules",
                  "deepseek-v3", "--gpu-memory", "4GiB", "--cpu-memory", "512GiB"]) == 1
     assert capsys.readouterr().out.rstrip().endswith("verdict: does not fit")
+
+
+def test_loading_checks_the_plan_with_the_engines_kv_cache(models, monkeypatch) -> None:
+    """The check before loading counts the KV cache the engine will allocate (it counted 4096
+    tokens whatever --cache-lens said, so a plan could pass and then not fit)."""
+    import hybrid.rules.explain
+    from hybrid.engine.config import EngineConfig
+    from hybrid.engine.llm import LLM
+
+    seen = []
+    monkeypatch.setattr(hybrid.rules.explain, "refuse_if_over_budget",
+                        lambda plan, spec, cache_lens, gpu_memory=None: seen.append(cache_lens))
+    LLM(str(models.path("tiny-v3", "f32")), "cpu", engine_config=EngineConfig(cache_lens=8192))
+    assert seen == [8192]
+
+
+def test_a_cpu_share_over_the_machines_ram_is_said_before_loading(v3_sparse: Path,
+                                                                  caplog) -> None:
+    from hybrid.rules.explain import refuse_if_over_budget
+
+    planned = plan_model(str(v3_sparse), "cpu", check_devices=False, announce=False)
+    with caplog.at_level("WARNING", logger="hybrid.model"):
+        refuse_if_over_budget(planned.plan, planned.spec, 4096)  # 377 GiB on a CI box: said
+    assert "more than this machine's" in caplog.text and "GiB of RAM" in caplog.text

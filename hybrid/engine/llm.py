@@ -58,7 +58,9 @@ class LLM:
             from hybrid.rules.devices import parse_device_map
 
             device_map = parse_device_map(config.device_map)
+        # the plan is checked against the GPUs with the KV cache this engine will allocate
         self.loaded: LoadedModel = load_with_rules(gguf_path, optimize_rules, device_map, progress,
+                                                   cache_lens=config.cache_lens,
                                                    packed_cache=config.packed_cache)
         self.tokenizer = self.loaded.tokenizer
         self.engine = Engine(self.loaded, config, status)

@@ -252,6 +252,7 @@ def refuse_if_over_budget(plan: Plan, spec: ModelSpec, cache_lens: int,
 
     `gpu_memory` None reads each GPU's total memory (the smallest, for the shared budget).
     """
+    _warn_if_over_ram(plan, spec, cache_lens)
     gpus = {w.device for w in plan.weights if w.device != "cpu"}
     if not gpus:
         return
@@ -264,3 +265,20 @@ def refuse_if_over_budget(plan: Plan, spec: ModelSpec, cache_lens: int,
     if not exp.fits:
         raise HybridError(f"{plan.source}: the plan does not fit: {'; '.join(exp.advice)} "
                           f"(see hybrid rules explain)")
+
+
+def _warn_if_over_ram(plan: Plan, spec: ModelSpec, cache_lens: int) -> None:
+    """What the CPU holds beyond this machine's RAM still runs, from the memory-mapped file at
+    the disk's speed (as llama.cpp's mmap does): said in one line before loading, not refused."""
+    import logging
+
+    import psutil
+
+    ram = psutil.virtual_memory().total
+    exp = explain(plan, spec, cache_lens, gpu_memory=0, cpu_memory=ram)
+    cpu = exp.devices.get("cpu")
+    if cpu is not None and not cpu.fits:
+        logging.getLogger("hybrid.model").warning(
+            "the CPU's share of this plan, %s, is more than this machine's %s of RAM: it "
+            "runs from the memory-mapped file at the disk's speed (hybrid rules explain shows "
+            "the plan; put more on the GPU or use a smaller quant)", gib(cpu.total), gib(ram))
