@@ -149,3 +149,28 @@ def test_reasoning_effort_none_turns_forced_thinking_off(live_server) -> None:  
     assert counts["none"] == counts["minimal"] == plain
     assert counts["low"] == counts["high"] > plain  # "<think>\n" appended
     assert bad.status_code == 400 and "reasoning_effort must be one of" in bad.text
+
+
+def test_a_failing_step_ends_its_requests_with_a_500_naming_it_and_serving_goes_on(
+        live_server, monkeypatch) -> None:  # noqa: F811
+    runner = live_server.state.worker.engine.runner
+    real, calls = runner.run, []
+
+    def fails_once(batch):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected kernel fault")
+        return real(batch)
+
+    monkeypatch.setattr(runner, "run", fails_once)
+    body = {"model": live_server.state.model.name, "prompt": [1, 2, 3], "max_tokens": 3}
+    with httpx.Client(base_url=live_server.url, headers=AUTH, timeout=60) as http:
+        r = http.post("/v1/completions", json=body)
+        assert r.status_code == 500
+        error = r.json()["error"]
+        assert error["code"] == "generation_failed"
+        assert error["message"] == "generation failed: RuntimeError: injected kernel fault"
+        again = http.post("/v1/completions", json=body)
+        assert again.status_code == 200 and again.json()["usage"]["completion_tokens"] == 3
+    health = live_server.wait_idle()
+    assert health["num_failed"] >= 1 and health["kv_pages_used"] == 0
