@@ -51,6 +51,13 @@ def _start_serve(path: Path, *flags: str) -> tuple[subprocess.Popen, str, list[s
     return proc, url, lines
 
 
+def _kill(proc: subprocess.Popen) -> None:
+    """A test's server that has not exited by itself (a failed assertion) goes now."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
 def test_serve_process_answers_then_exits_cleanly_on_sigterm(models) -> None:
     """The engine steps on the main thread: requests are answered, and SIGTERM ends the process
     with exit 0 (uvicorn's thread and the engine's loop both stop) and no teardown noise."""
@@ -68,9 +75,7 @@ def test_serve_process_answers_then_exits_cleanly_on_sigterm(models) -> None:
         assert proc.returncode == 0, err
         assert "leaked" not in err
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        _kill(proc)
 
 
 def test_sigterm_drains_running_requests_and_refuses_new_ones(models) -> None:
@@ -103,9 +108,7 @@ def test_sigterm_drains_running_requests_and_refuses_new_ones(models) -> None:
         assert proc.returncode == 0, err
         assert "shutting down: admitting nothing more, finishing 1 running" in err
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        _kill(proc)
 
 
 def test_sigterm_cancels_what_outlasts_the_shutdown_timeout(models) -> None:
@@ -129,9 +132,7 @@ def test_sigterm_cancels_what_outlasts_the_shutdown_timeout(models) -> None:
         assert proc.returncode == 0, err
         assert "cancelling the requests still running after 0 s" in err
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        _kill(proc)
 
 
 def test_bench_served_decode_reports_every_row(tmp_path, models) -> None:

@@ -267,3 +267,15 @@ def test_the_decode_model_fits_a_cost_per_cpu_layer_from_a_third_point() -> None
     assert two.ms_per_layer == 0.0 and two.ms(0.6e9, 26) == pytest.approx(points[0][2])
     with pytest.raises(HybridError, match="same CPU bytes"):
         DecodeModel.fit([(1e9, 26, 50.0), (1e9, 20, 40.0)])
+
+
+def test_hot_experts_get_the_room_a_large_prefill_chunk_would_take() -> None:
+    """explain counts the activations of the chunk the engine would choose; tune gives that
+    room to hot experts (the engine then picks a chunk that fits what is left)."""
+    from hybrid.rules.explain import DeviceTotal, Explanation
+    from hybrid.tuning.planner import free_gpu_bytes
+
+    gpu = DeviceTotal(weights=10, kv_cache=5, reserve=2, budget=100, prefill_chunk=1024,
+                      activations=20)
+    exp = Explanation([], {"cuda:0": gpu}, 4096, {}, [], [])
+    assert gpu.total == 37 and free_gpu_bytes(exp, "cuda:0") == 83

@@ -49,7 +49,8 @@ def expert_bytes(plan: Plan, num_experts: int) -> ExpertBytes:
 
 def free_gpu_bytes(exp: Explanation, device: str) -> int:
     """What `device` has left for hot experts under its budget (the whole budget less the
-    reserve when the rule file puts nothing there)."""
+    reserve when the rule file puts nothing there), the prefill chunk's activations beyond the
+    reserve included."""
     d = exp.devices.get(device)
     if d is None:
         budget = next((x.budget for name, x in exp.devices.items() if name != "cpu"), None)
@@ -60,7 +61,9 @@ def free_gpu_bytes(exp: Explanation, device: str) -> int:
         return max(0, budget - GPU_RESERVE_BYTES)
     if d.budget is None:
         raise HybridError(f"no GPU budget for {device}: pass --gpu-memory")
-    return max(0, d.budget - d.total)
+    # the room a large prefill chunk's activations would take goes to hot experts: decode is
+    # what they serve, and the engine then chooses the chunk that fits what is left
+    return max(0, d.budget - (d.total - d.activations))
 
 
 def step_probability(freq: np.ndarray, batch: int) -> np.ndarray:
