@@ -92,7 +92,9 @@ def _add_tune_parser(sub: argparse._SubParsersAction) -> None:
                                     "within its memory: writes a rule file")
     p.add_argument("--gguf-path", default=None, help="the model (default: the demo model)")
     p.add_argument("--optimize-rules", default=None,
-                   help="the base rule file (default: this machine's); its CPU experts are tuned")
+                   help="the base rule file whose CPU experts are tuned (default: the "
+                        "bundled 24 GB GPU rules of the model's family, also on a machine "
+                        "without a GPU)")
     p.add_argument("--profile", required=True, help="from `hybrid profile` or serve "
                                                     "--record-routing")
     p.add_argument("--gpu-memory", required=True, help="the GPU's budget, e.g. 24GiB")

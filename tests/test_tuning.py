@@ -279,3 +279,18 @@ def test_hot_experts_get_the_room_a_large_prefill_chunk_would_take() -> None:
                       activations=20)
     exp = Explanation([], {"cuda:0": gpu}, 4096, {}, [], [])
     assert gpu.total == 37 and free_gpu_bytes(exp, "cuda:0") == 83
+
+
+def test_tune_on_a_machine_without_a_gpu_starts_from_the_familys_gpu_rules(skewed,
+                                                                            capsys) -> None:
+    """Tuning on a laptop for a GPU server: no --optimize-rules takes the family's bundled GPU
+    rules (it took cpu.yaml here and said "no GPU budget for cuda:0" though one was passed)."""
+    from server.cli import main
+
+    path, root, _ = skewed
+    out = root / "laptop.yaml"
+    assert main(["tune", "--gguf-path", str(path), "--profile", str(root / "profile.json"),
+                 "--gpu-memory", "24GiB", "--cache-lens", "1024", "--out", str(out),
+                 "--no-plots"]) == 0
+    assert "gpu_experts" in out.read_text()
+    assert "DeepSeek-V3" in capsys.readouterr().out + out.read_text()

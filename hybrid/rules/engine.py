@@ -44,6 +44,11 @@ def default_rules_name(spec: ModelSpec) -> str:
 
     if not torch.cuda.is_available():
         return "cpu.yaml"
+    return family_gpu_rules_name(spec)
+
+
+def family_gpu_rules_name(spec: ModelSpec) -> str:
+    """The bundled rules for one 24 GB GPU of this model's family, whatever this machine has."""
     return "DeepSeek-V3.yaml" if spec.is_v3 else "DeepSeek-V2-Lite.yaml"
 
 

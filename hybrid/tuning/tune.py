@@ -89,7 +89,12 @@ def tune(opts: TuneOptions, status: Callable[[str], None] = lambda s: None) -> T
     from hybrid.rules.engine import plan_model
     from hybrid.rules.explain import explain
 
-    planned = plan_model(opts.gguf_path, opts.base_rules, check_devices=False, announce=False)
+    base = opts.base_rules
+    if base is None:  # tuning is for a GPU server, also when it runs on a laptop
+        from hybrid.rules.engine import family_gpu_rules_name, open_model
+
+        base = family_gpu_rules_name(open_model(opts.gguf_path)[1])
+    planned = plan_model(opts.gguf_path, base, check_devices=False, announce=False)
     spec, plan = planned.spec, planned.plan
     profile = RoutingProfile.load(opts.profile)
     _check_profile(profile, spec, opts.profile)
