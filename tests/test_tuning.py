@@ -294,3 +294,30 @@ def test_tune_on_a_machine_without_a_gpu_starts_from_the_familys_gpu_rules(skewe
                  "--no-plots"]) == 0
     assert "gpu_experts" in out.read_text()
     assert "DeepSeek-V3" in capsys.readouterr().out + out.read_text()
+
+
+def test_a_budget_that_holds_no_expert_fails_at_once(skewed, capsys) -> None:
+    """Before minutes of --measure: one line naming the room left and the smallest expert."""
+    from server.cli import main
+
+    path, root, _ = skewed
+    code = main(["tune", "--gguf-path", str(path), "--optimize-rules", "DeepSeek-V3",
+                 "--profile", str(root / "profile.json"), "--gpu-memory", "1MiB",
+                 "--cache-lens", "1024", "--out", str(root / "none.yaml"), "--measure"])
+    err = capsys.readouterr().err
+    assert code == 2 and "not one expert" in err and "raise --gpu-memory" in err
+    assert "measuring" not in err
+
+
+def test_a_negative_cost_per_gb_is_flagged_not_printed_as_a_model(skewed) -> None:
+    from hybrid.tuning.predict import DecodeModel
+    from hybrid.tuning.report import summary
+    from hybrid.tuning.tune import TuneResult
+
+    noise = DecodeModel.fit([(0.6e9, 26, 30.0), (0.3e9, 26, 34.0)])
+    assert noise.is_noise and not DecodeModel.fit([(0.6e9, 26, 34.0), (0.3e9, 26, 30.0)]).is_noise
+    _, root, profile = skewed
+    result = TuneResult(root / "x.yaml", 0, profile.layers, profile.frequencies("decode"), {},
+                        None, 20.0, model=noise)
+    text = summary(result)
+    assert "the step times are noise, not a model" in text and "time model:" not in text

@@ -61,6 +61,12 @@ class DecodeModel:
         coef = np.linalg.lstsq(x, y, rcond=None)[0]
         return cls(float(coef[0]), float(coef[1]), float(coef[2]) if len(coef) > 2 else 0.0)
 
+    @property
+    def is_noise(self) -> bool:
+        """Reading more bytes on the CPU cannot make a step faster: a cost per GB <= 0 says the
+        calibration decodes measured noise, not the machine."""
+        return self.ms_per_gb <= 0
+
     def ms(self, cpu_bytes: float, cpu_layers: int = 0) -> float:
         return self.fixed_ms + self.ms_per_gb * cpu_bytes / 1e9 + self.ms_per_layer * cpu_layers
 

@@ -40,7 +40,12 @@ def summary(result: TuneResult, batch: int = 1) -> str:
                      f"{_tok_s(p.measured_ms, batch):>10} {err:>6}")
     lines.append(f"CPU ms >=: the routed experts' bytes the CPU reads per step over its read "
                  f"bandwidth ({result.read_gbs:.1f} GB/s): the CPU side's floor")
-    if result.model is not None:
+    if result.model is not None and result.model.is_noise:
+        lines.append(f"warning: the calibration decodes fit {result.model.ms_per_gb:.1f} ms per "
+                     "GB of CPU expert reads (more bytes were not slower): the step times are "
+                     "noise, not a model, and the predictions above mean nothing; rerun with "
+                     "more --steps on a quieter machine")
+    elif result.model is not None:
         m = result.model
         lines.append(f"time model: {m.fixed_ms:.2f} ms fixed + {m.ms_per_gb:.1f} ms per GB of "
                      f"CPU experts read + {m.ms_per_layer:.2f} ms per MoE layer with CPU "
@@ -66,5 +71,5 @@ def to_json(result: TuneResult) -> dict[str, Any]:
         "chunk_sizes": [{"chunk_size": c, "prefill_tok_s": v} for c, v in result.chunks],
         "model": None if result.model is None else {
             "fixed_ms": result.model.fixed_ms, "ms_per_gb": result.model.ms_per_gb,
-            "ms_per_layer": result.model.ms_per_layer},
+            "ms_per_layer": result.model.ms_per_layer, "is_noise": result.model.is_noise},
     }

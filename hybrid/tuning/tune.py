@@ -108,6 +108,13 @@ def tune(opts: TuneOptions, status: Callable[[str], None] = lambda s: None) -> T
     freq = profile.frequencies(opts.phase)
     layers = profile.layers
     hot = hot_experts(freq, layers, sizes, free, opts.batch)
+    if not any(hot.values()):  # before minutes of --measure that would end in the same place
+        smallest = min(sizes.per_layer.values())
+        raise HybridError(
+            f"--gpu-memory {opts.gpu_memory / 2**30:.2f} GiB leaves {free / 2**20:.0f} MiB on "
+            f"{device} after the base rules' weights, KV cache and reserve: not one expert "
+            f"({smallest / 2**20:.1f} MiB) fits; raise --gpu-memory or lower --cache-lens "
+            f"(hybrid rules explain shows the budget)")
 
     def candidate(name: str, on_gpu: dict[int, list[int]]) -> Placement:
         nbytes = sum(sizes.per_layer[layer] * len(ids) for layer, ids in on_gpu.items())
