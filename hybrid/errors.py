@@ -20,6 +20,20 @@ class RequestRejected(HybridError):
     """A request the engine can never run (e.g. longer than the KV cache); the server's 400."""
 
 
+class DeviceLost(HybridError):
+    """The GPU stopped answering mid-step: no later step can run, so the server stops."""
+
+
+# How a CUDA error reads once torch raises it (RuntimeError or torch.AcceleratorError): the
+# context is then unusable, every later launch fails the same way. Out-of-memory is not one.
+_CUDA_ERROR_MARKERS = ("CUDA error", "cudaError", "CUBLAS_STATUS", "CUDA driver error")
+
+
+def is_device_lost(error: BaseException) -> bool:
+    """The step failed because the GPU did: an unrecoverable CUDA error or a lost device."""
+    return isinstance(error, DeviceLost) or any(m in str(error) for m in _CUDA_ERROR_MARKERS)
+
+
 def shown(value: object, limit: int = 64) -> str:
     """`value` as one short printable line for an error message: bytes that are not UTF-8 and
     characters that are not printable escaped (`\\xff`, `\\n`), cut to `limit` characters with

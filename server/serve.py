@@ -107,10 +107,15 @@ def serve(config: ServerConfig, progress: Callable[[int, int], None] | None = No
     finally:
         if writer is not None:
             writer.stop()
+    code = 0
+    if state.worker.fatal is not None:
+        print(f"error: the GPU failed ({state.worker.fatal}); the server stopped: restart it "
+              f"(the log above has the failing step)", file=sys.stderr)
+        code = 1
     # Everything is stopped and written: leave without the interpreter's teardown, where
     # Triton's bindings print hundreds of lines of "leaked" objects after a clean shutdown.
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 

@@ -18,10 +18,11 @@ class FakeStepOutput:
 
 class FakeEngine:
     def __init__(self, config: EngineConfig | None = None, context_length: int = 4096,
-                 fail_on: int | None = None) -> None:
+                 fail_on: int | None = None, error: Exception | None = None) -> None:
         self.scheduler = Scheduler(config or EngineConfig(cache_lens=4096, page_size=16),
                                    context_length)
         self.fail_on = fail_on
+        self.error = error or RuntimeError("boom")  # what the failing forward raises
         self.batches: list[ScheduledBatch] = []
         self.expert_layer_counts = {"stream": 0, "cpu": 0}
 
@@ -38,7 +39,7 @@ class FakeEngine:
     def execute(self, batch: ScheduledBatch) -> list[FakeStepOutput]:
         self.batches.append(batch)
         if any(t == self.fail_on for c in batch.chunks for t in c.token_ids):
-            raise RuntimeError("boom")
+            raise self.error
         self.scheduler.complete(batch.chunks)
         outs = []
         for c in batch.chunks:

@@ -123,3 +123,26 @@ def test_scheduling_code_imports_no_torch() -> None:
     code = ("import sys; import hybrid.engine.worker, hybrid.engine.scheduler; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+@pytest.mark.parametrize("error", [
+    RuntimeError("CUDA error: an illegal memory access was encountered"),
+    __import__("hybrid.errors", fromlist=["DeviceLost"]).DeviceLost("the GPU did not hand over"),
+])
+def test_a_lost_gpu_fails_everything_and_ends_the_loop(error: Exception) -> None:
+    """An unrecoverable CUDA error: the step's requests, the running and the queued ones all
+    fail with a message naming it, and the worker stops (`fatal`), never serving on broken."""
+    worker = EngineWorker(FakeEngine(EngineConfig(max_batch_size=1, cache_lens=1024,
+                                                  page_size=16), fail_on=22, error=error))
+    (a, ea), (b, eb) = make([20], 4), make([40], 3)  # b waits: one request per batch
+    worker.submit(a)
+    worker.submit(b)
+    run_until_idle(worker)
+    for events in (ea, eb):
+        assert isinstance(events[-1], RequestFailed)
+        assert events[-1].message.startswith("the GPU failed (") and "server stops" in events[-1].message
+    assert worker.fatal is not None and str(error) in worker.fatal
+    assert not worker.has_work and worker.stats().kv_pages_used == 0
+    with pytest.raises(RuntimeError, match="shutting down"):
+        worker.submit(make([60], 2)[0])
+    worker.run()  # the loop returns at once: stopping and idle

@@ -29,7 +29,7 @@ import torch
 from hybrid.engine.decoder import DecoderProgram, StepState
 from hybrid.engine.forward_batch import ForwardBatch, StepLayout
 from hybrid.engine.kv_cache import PagedLatentCache
-from hybrid.errors import HybridError
+from hybrid.errors import DeviceLost
 
 log = logging.getLogger("hybrid.engine")
 
@@ -143,7 +143,7 @@ class DecodeGraphs:
     def _run_whole(self, cap: _Captured, b: int) -> None:
         bridge = self.program.bridge
         if bridge.gave_up:
-            raise HybridError("a CUDA graph stopped waiting for the CPU experts (see the log "
+            raise DeviceLost("a CUDA graph stopped waiting for the CPU experts (see the log "
                               "for the failure before it); restart the server")
         seq = bridge.next_seq()  # before the replay, on its stream
         cap.graphs[0].replay()

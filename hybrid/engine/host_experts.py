@@ -19,7 +19,7 @@ from cpu_kernels.clock import cycles_per_us
 from cpu_kernels.handshake import set_flag, wait_equal
 from cpu_kernels.layer_driver import drive_layers, is_packed, packed_layers
 from hybrid.engine.experts_bridge import ExpertsBridge
-from hybrid.errors import HybridError
+from hybrid.errors import DeviceLost
 from hybrid.ops.experts import ExpertsOp
 
 TIMEOUT_S = 60.0  # the GPU reaches the next layer's flag in microseconds; this is a lost GPU
@@ -56,7 +56,7 @@ class HostExperts:
         return self._packed is not None
 
     def run(self, seq: int, n: int) -> None:
-        """Answer step `seq`'s flags for its first n rows, every layer; raises HybridError."""
+        """Answer step `seq`'s flags for its first n rows, every layer; raises DeviceLost."""
         try:
             if self._packed is not None:
                 self._pool.use_inline_threads()
@@ -70,7 +70,7 @@ class HostExperts:
             raise
         if reached < len(self.layers):
             self._release(seq)
-            raise HybridError(f"the GPU did not hand over MoE layer {reached}'s rows within "
+            raise DeviceLost(f"the GPU did not hand over MoE layer {reached}'s rows within "
                               f"{TIMEOUT_S:.0f} s; the CUDA device may have failed (see the "
                               f"log), restart the server")
 

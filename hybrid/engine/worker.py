@@ -25,6 +25,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from hybrid.engine.request import Request, RequestEvent, RequestFailed, RequestStatus
+from hybrid.errors import is_device_lost
 
 log = logging.getLogger("hybrid.engine")
 
@@ -65,6 +66,7 @@ class EngineWorker:
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self.fatal: str | None = None  # an unrecoverable device error ended the loop
         self._counts = dict.fromkeys(_COUNTERS, 0)
         self.step_log: deque[tuple[int, int, int]] = deque(maxlen=64)  # (requests, decodes, tokens)
 
@@ -164,9 +166,23 @@ class EngineWorker:
             log.exception("a step of %d requests failed", len(batch.chunks))
             failed = [c.request for c in batch.chunks]
             failed += [r for r in self.engine.abandon_in_flight() if r not in failed]
+            message = f"generation failed: {type(e).__name__}: {e}"
+            lost = is_device_lost(e)
+            if lost:
+                self._stop_for_good(f"{type(e).__name__}: {e}")
+                message = f"the GPU failed ({type(e).__name__}: {e}); the server stops"
+                failed += [r for r in self.engine.scheduler.running if r not in failed]
             for request in failed:
-                self._emit(request, RequestFailed(f"generation failed: {type(e).__name__}: {e}"))
+                self._emit(request, RequestFailed(message))
                 self._retire(request, RequestStatus.FINISHED_FAILED)
+            if lost:  # the queue too: cancelled, told why, dropped with their pages
+                with self._lock:
+                    waiting = list(self.engine.scheduler.waiting)
+                    for request in waiting:
+                        request.cancel()
+                    self.engine.schedule()
+                for request in waiting:
+                    self._emit(request, RequestFailed(message))
             return 0
         for out in outputs:
             status = out.status
@@ -177,6 +193,15 @@ class EngineWorker:
         with self._lock:
             self._counts["tokens"] += len(outputs)
         return len(outputs)
+
+    def _stop_for_good(self, cause: str) -> None:
+        """An unrecoverable device error: every later step would fail the same way, so the
+        loop ends (after this step's requests and the queue are failed) and `fatal` says why;
+        `hybrid serve` then exits non-zero rather than failing requests while looking alive."""
+        log.critical("the GPU failed: %s; failing every request and stopping", cause)
+        with self._lock:
+            self.fatal = cause
+            self._stopping = True
 
     def _emit(self, request: Request, event: RequestEvent) -> bool:
         try:
