@@ -173,6 +173,7 @@ def test_profile_tune_serve_end_to_end(skewed, capsys) -> None:
                  "--cpu-bandwidth", "20"]) == 0
     text = capsys.readouterr().out
     assert "hot experts 100% of free" in text and "whole layers" in text
+    assert f"the compared placements' rule files: {root / 'tuned-variants'}/" in text
     assert "read bandwidth (20.0 GB/s)" in text
     report = json.loads(out.with_suffix(".json").read_text())
     hot = {int(k): v for k, v in report["hot_experts"].items()}
@@ -186,7 +187,7 @@ def test_profile_tune_serve_end_to_end(skewed, capsys) -> None:
     assert full["hit_rate"] > 0.25  # skewed: a quarter of the experts serve more than that
     assert all(p["measured_ms"] and p["predicted_ms"] for p in report["placements"])
     # whole layers are written as every expert held, so the decode step stays capturable
-    whole = plan_model(str(path), str(root / ".tuned-variants" / "whole-layers.yaml"),
+    whole = plan_model(str(path), str(root / "tuned-variants" / "whole-layers.yaml"),
                        check_devices=False, announce=False).plan
     held = [p.options.get("gpu_experts") for n, p in whole.placements.items()
             if n.endswith("mlp.experts") and p.options.get("gpu_experts")]

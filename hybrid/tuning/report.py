@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from hybrid.tuning.tune import TuneResult
+from hybrid.tuning.tune import TuneResult, variants_folder
 
 
 def _tok_s(ms: float | None, batch: int) -> str:
@@ -19,7 +19,8 @@ def summary(result: TuneResult, batch: int = 1) -> str:
     quarter = max(1, freq.shape[1] // 4)
     share = float(top[:, :quarter].sum() / max(freq.sum(), 1e-12))
     lines = [
-        f"wrote {result.rules}",
+        (f"wrote {result.rules} (the compared placements' rule files: "
+         f"{variants_folder(result.rules)}/)"),
         (f"GPU memory free for experts: {result.free_bytes / 2**30:.2f} GiB; "
         f"{sum(map(len, result.hot.values()))} experts in {len(result.hot)} layers"),
         (f"routing skew: the most used quarter of each layer's experts takes {share:.0%} of "

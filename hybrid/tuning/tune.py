@@ -64,6 +64,12 @@ class TuneResult:
     model: DecodeModel | None = None
 
 
+def variants_folder(out: Path) -> Path:
+    """Where tune writes the rule files of the placements it compares (beside `out`, visible:
+    they are results too)."""
+    return out.parent / f"{out.stem}-variants"
+
+
 @dataclass(frozen=True)
 class TuneOptions:
     gguf_path: str
@@ -136,7 +142,8 @@ def tune(opts: TuneOptions, status: Callable[[str], None] = lambda s: None) -> T
         read_gbs = read_bandwidth(1 << 30)
     result = TuneResult(rules_path, free, layers, freq, hot, sizes, read_gbs)
     budgets = sorted({0.0, *opts.fractions, 1.0})
-    work = opts.out.parent / f".{opts.out.stem}-variants"
+    # the other placements' rule files, each one `hybrid serve --optimize-rules` takes as is
+    work = variants_folder(opts.out)
     for f in budgets:
         on_gpu = hot if f == 1.0 else hot_experts(freq, layers, sizes, int(free * f), opts.batch)
         c = candidate(f"hot experts {f:.0%} of free", on_gpu)
