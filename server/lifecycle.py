@@ -1,9 +1,9 @@
 """The serving process's life: the engine on the main thread, HTTP on another, and a shutdown
 that drains.
 
-The engine steps on the thread that loaded the model and ran its warm-up: on a thread started
-later the same decode ran 19% slower on the GPU machine (docs/serving.md). uvicorn runs on a
-thread of its own and installs no signal handlers there, so they are installed here.
+The engine steps on the thread that loaded the model and ran its warm-up (a thread started
+later decodes slower: docs/serving.md). uvicorn runs on a thread of its own and installs no
+signal handlers there, so they are installed here.
 
 SIGTERM or SIGINT drains: from then on every request gets a 503 with Retry-After (and /health
 too, so a load balancer moves traffic away), the requests already admitted run to their end for
@@ -67,3 +67,9 @@ def run_engine_and_http(worker, server, sock, draining: threading.Event,
         http.join(30)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def server_options() -> dict:
+    """uvicorn settings every served process uses (`hybrid serve`, server/inprocess.py): once
+    stopping, open connections (streams the engine has ended) get 10 s to close."""
+    return {"timeout_graceful_shutdown": 10}

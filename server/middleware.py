@@ -24,7 +24,7 @@ class UnexpectedErrorMiddleware:
 
     Starlette's own last-resort handler sends its 500 and then raises the exception again, and
     uvicorn closes the connection of an app that raised: a client's next request on that
-    keep-alive connection failed with "connection reset". Here it stops, so the connection
+    keep-alive connection fails with "connection reset". Here it stops, so the connection
     serves on. A response already started (a stream) cannot become a 500: it ends there."""
 
     def __init__(self, app: ASGIApp) -> None:

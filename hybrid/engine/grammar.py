@@ -59,8 +59,8 @@ def closed_objects(schema: Any, in_all_of: bool = False) -> Any:
     """A copy of `schema` where every object schema that lists `properties` and says nothing
     of other keys (additionalProperties, unevaluatedProperties, patternProperties) takes no
     other keys, as vLLM's and SGLang's grammar backends read schemas: JSON Schema allows any
-    key there, and a model given that freedom invents keys (the demo model wrote one 400 tokens
-    long under a tool call). `{"type": "object"}` without properties stays any object; the
+    key there, and a model given that freedom invents keys. `{"type": "object"}` without
+    properties stays any object; the
     members of an allOf stay open (each sees only part of the keys)."""
     if isinstance(schema, list):
         return [closed_objects(s) for s in schema]

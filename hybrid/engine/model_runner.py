@@ -74,8 +74,8 @@ class ModelRunner:
             if self.device.type == "cuda" else None
         # A prompt chunk passed over steps (layered_prefill.py) runs its layers on a stream of
         # its own, launched before the step's decodes: the GPU runs them while the host runs
-        # the decodes' CPU experts (the GPU otherwise waits there, 13 of a 17 ms step on
-        # V2-Lite), not after. The model stream's higher priority keeps decode kernels first.
+        # the decodes' CPU experts (the GPU otherwise idles there), not after them
+        # (docs/serving.md). The model stream's higher priority keeps decode kernels first.
         self.job_stream = torch.cuda.Stream(self.device, priority=0) \
             if self.device.type == "cuda" and config.overlap_prefill \
             and not config.record_routing else None

@@ -12,8 +12,8 @@ thread) `submit()` requests and `cancel()` them; the worker loops `step()`:
 A cancelled request therefore stops before its next token, whether it was running or queued.
 Without `start()`, callers may drive `step()` themselves (offline generation, tests), or give
 the loop their own thread with `run()`: `hybrid serve` steps the engine on the main thread,
-the thread that loaded the model and ran its warm-up (a thread started later decoded 19%
-slower on the GPU machine, docs/serving.md), and serves HTTP from another.
+the thread that loaded the model and ran its warm-up (a thread started later decodes slower:
+docs/serving.md), and serves HTTP from another.
 Imports no torch: the engine is anything with `hybrid.engine.engine.Engine`'s methods.
 """
 
