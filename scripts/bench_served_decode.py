@@ -37,23 +37,9 @@ import time
 import httpx
 
 
-def offline_rate(state, prompt: list[int], gen_len: int) -> float:
-    """Tokens/s after the first, this thread stepping the (not yet started) worker's engine."""
-    from hybrid.engine.request import Request
-    from hybrid.engine.sampling_params import SamplingParams
-
-    stamps: list[float] = []
-    params = SamplingParams(temperature=0, max_tokens=gen_len, ignore_eos=True)
-    request = Request(f"offline-{time.monotonic_ns()}", prompt, params,
-                      lambda event: stamps.append(time.perf_counter()))
-    state.worker.submit(request)
-    while not request.is_finished:
-        state.worker.step()
-    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
-
-
-def engine_rate(state, prompt: list[int], gen_len: int) -> float:
-    """Tokens/s after the first of one request on the served worker, stamped in its sink."""
+def _submit_stamped(state, prompt: list[int], gen_len: int):
+    """One greedy request of gen_len tokens submitted to the served worker -> (request, token
+    arrival times, an event set when it ends)."""
     from hybrid.engine.request import Request
     from hybrid.engine.sampling_params import SamplingParams
 
@@ -66,10 +52,29 @@ def engine_rate(state, prompt: list[int], gen_len: int) -> float:
             done.set()
 
     params = SamplingParams(temperature=0, max_tokens=gen_len, ignore_eos=True)
-    state.worker.submit(Request(f"bench-{time.monotonic_ns()}", prompt, params, sink))
+    request = Request(f"bench-{time.monotonic_ns()}", prompt, params, sink)
+    state.worker.submit(request)
+    return request, stamps, done
+
+
+def _rate(stamps: list[float]) -> float:
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+
+def offline_rate(state, prompt: list[int], gen_len: int) -> float:
+    """Tokens/s after the first, this thread stepping the (not yet started) worker's engine."""
+    request, stamps, _ = _submit_stamped(state, prompt, gen_len)
+    while not request.is_finished:
+        state.worker.step()
+    return _rate(stamps)
+
+
+def engine_rate(state, prompt: list[int], gen_len: int) -> float:
+    """Tokens/s after the first of one request on the served worker, stamped in its sink."""
+    _, stamps, done = _submit_stamped(state, prompt, gen_len)
     if not done.wait(600):
         raise RuntimeError("the engine did not finish")
-    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+    return _rate(stamps)
 
 
 def http_rate(client: httpx.Client, url: str, model: str, prompt: list[int], gen_len: int,
@@ -89,7 +94,7 @@ def http_rate(client: httpx.Client, url: str, model: str, prompt: list[int], gen
                 stamps.append(time.perf_counter())
     if chat:
         stamps = stamps[1:]  # the role chunk comes before any token
-    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+    return _rate(stamps)
 
 
 def http_ttft(client: httpx.Client, url: str, model: str, n: int, salt: int,

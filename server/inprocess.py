@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 
+from server.lifecycle import server_options
 from server.listen import bind_listener, bound_url
 from server.state import ServerState
 
@@ -40,8 +41,3 @@ class InProcessServer:
         self.thread.join(10)
         self.state.worker.shutdown()
 
-
-def server_options() -> dict:
-    """uvicorn settings every served process uses (`hybrid serve` too): once stopping, open
-    connections (streams the engine has ended) get 10 s to close."""
-    return {"timeout_graceful_shutdown": 10}

@@ -71,8 +71,7 @@ def serve(config: ServerConfig, progress: Callable[[int, int], None] | None = No
 
     from hybrid.engine.heap import freeze_start_up_heap
     from server.app import create_app
-    from server.inprocess import server_options
-    from server.lifecycle import run_engine_and_http
+    from server.lifecycle import run_engine_and_http, server_options
     from server.listen import bind_listener, bound_url
 
     logging.basicConfig(level=config.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")

@@ -248,37 +248,31 @@ def render_table(exp: Explanation, header: str) -> str:
 
 def refuse_if_over_budget(plan: Plan, spec: ModelSpec, cache_lens: int,
                           gpu_memory: int | None = None) -> None:
-    """Before any weight moves: fail, naming the largest items and a fix, if a GPU would overflow.
+    """Before any weight moves: fail, naming the largest items and a fix, if a GPU would
+    overflow; say in one line when the CPU's share exceeds this machine's RAM (it still runs,
+    from the memory-mapped file at the disk's speed, as llama.cpp's mmap does).
 
     `gpu_memory` None reads each GPU's total memory (the smallest, for the shared budget).
     """
-    _warn_if_over_ram(plan, spec, cache_lens)
-    gpus = {w.device for w in plan.weights if w.device != "cpu"}
-    if not gpus:
-        return
-    if gpu_memory is None:
-        import torch
-
-        gpu_memory = min(torch.cuda.get_device_properties(int(d.split(":")[1])).total_memory
-                         for d in gpus)
-    exp = explain(plan, spec, cache_lens, gpu_memory, cpu_memory=None)
-    if not exp.fits:
-        raise HybridError(f"{plan.source}: the plan does not fit: {'; '.join(exp.advice)} "
-                          f"(see hybrid rules explain)")
-
-
-def _warn_if_over_ram(plan: Plan, spec: ModelSpec, cache_lens: int) -> None:
-    """What the CPU holds beyond this machine's RAM still runs, from the memory-mapped file at
-    the disk's speed (as llama.cpp's mmap does): said in one line before loading, not refused."""
     import logging
 
     import psutil
 
+    gpus = {w.device for w in plan.weights if w.device != "cpu"}
+    if gpus and gpu_memory is None:
+        import torch
+
+        gpu_memory = min(torch.cuda.get_device_properties(int(d.split(":")[1])).total_memory
+                         for d in gpus)
     ram = psutil.virtual_memory().total
-    exp = explain(plan, spec, cache_lens, gpu_memory=0, cpu_memory=ram)
+    exp = explain(plan, spec, cache_lens, gpu_memory or 0, cpu_memory=ram)
     cpu = exp.devices.get("cpu")
     if cpu is not None and not cpu.fits:
         logging.getLogger("hybrid.model").warning(
             "the CPU's share of this plan, %s, is more than this machine's %s of RAM: it "
             "runs from the memory-mapped file at the disk's speed (hybrid rules explain shows "
             "the plan; put more on the GPU or use a smaller quant)", gib(cpu.total), gib(ram))
+    if any(not d.fits for name, d in exp.devices.items() if name != "cpu"):
+        advice = [a for a in exp.advice if not a.startswith("cpu ")]
+        raise HybridError(f"{plan.source}: the plan does not fit: {'; '.join(advice)} "
+                          f"(see hybrid rules explain)")
