@@ -85,19 +85,31 @@ class Workload:
         self.salt += 1
         return _prompt(n, self.salt, self.vocab)
 
-    async def run(self, url: str) -> dict:
+    async def ttft_only(self, url: str, n: int) -> float:
+        """One warm request, then the TTFT of one new n-token prompt."""
+        async with AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0,
+                               timeout=1800) as client:
+            model = (await client.models.list()).data[0].id
+            await _stream(client, model, self.prompt(32), 8)
+            return (await _stream(client, model, self.prompt(n), 1)).ttft
+
+    async def run(self, url: str, rows: dict, saved) -> dict:
+        """Fills `rows` section by section, calling `saved()` after each (a run cut short by
+        a time limit keeps what it measured)."""
         a = self.args
         async with AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0,
                                timeout=1800) as client:
             model = (await client.models.list()).data[0].id
             await _stream(client, model, self.prompt(32), 8)  # warm: first-request costs
-            rows: dict = {"model": model}
+            rows["model"] = model
             t = await _stream(client, model, self.prompt(32), a.gen_len)
             rows["decode_tok_s"] = (len(t.stamps) - 1) / (t.stamps[-1] - t.stamps[0])
             rows["ttft_s"] = {}
+            saved()
             for n in a.ttft:
                 rows["ttft_s"][n] = (await _stream(client, model, self.prompt(n), 1)).ttft
                 print(f"  TTFT {n}: {rows['ttft_s'][n]:.3f} s", file=sys.stderr, flush=True)
+                saved()
             rows["aggregate_tok_s"] = {}
             for s in a.streams:
                 start = time.perf_counter()
@@ -107,7 +119,11 @@ class Workload:
                 rows["aggregate_tok_s"][s] = sum(len(d.stamps) for d in done) / wall
                 print(f"  {s} streams: {rows['aggregate_tok_s'][s]:.1f} tok/s", file=sys.stderr,
                       flush=True)
-            rows["mixed"] = {r: await self.mixed(client, model, r) for r in a.rates}
+                saved()
+            rows["mixed"] = {}
+            for r in a.rates:
+                rows["mixed"][r] = await self.mixed(client, model, r)
+                saved()
             return rows
 
     async def mixed(self, client: AsyncOpenAI, model: str, rate: float) -> dict:
@@ -145,12 +161,54 @@ def _vocab(path: str) -> int:
     return len(GGUFModelFile(path).get("tokenizer.ggml.tokens"))
 
 
-def _measure(server: ServerProcess, workload: Workload) -> dict:
-    print(f"{server.name}: up in {server.startup_s:.1f} s", file=sys.stderr, flush=True)
-    try:
-        return {"startup_s": server.startup_s, **asyncio.run(workload.run(server.url))}
-    finally:
-        server.stop()
+class Report:
+    """The rows measured so far, rewritten to `path` (if any) after every section."""
+
+    def __init__(self, path: str | None, options: dict) -> None:
+        self.path, self.data = path, {"hybrid": None, "peer": None, "options": options}
+
+    def save(self) -> None:
+        if self.path:
+            with open(self.path, "w") as f:
+                json.dump(self.data, f, indent=1)
+
+    def measure(self, side: str, server: ServerProcess, workload: Workload, **extra) -> dict:
+        print(f"{server.name}: up in {server.startup_s:.1f} s", file=sys.stderr, flush=True)
+        rows = self.data[side] = {"startup_s": server.startup_s, **extra}
+        try:
+            asyncio.run(workload.run(server.url, rows, self.save))
+        finally:
+            server.stop()
+            self.save()
+        return rows
+
+
+def _start_peer(args: argparse.Namespace, extra: str, log: str = "llama-server.log"
+                ) -> ServerProcess:
+    port = free_port()
+    return ServerProcess([args.llama_server, "-m", args.gguf_path, "--port", str(port),
+                          *extra.split()], "llama-server", port, os.path.join(args.logs, log))
+
+
+def _try_peer(args: argparse.Namespace, workload: Workload, report: Report) -> str:
+    """Each of --peer-try's argument sets started in turn and timed on one prompt of the
+    largest --ttft length; returns the fastest (the settings that give the peer its best
+    prefill, as a user tuning it would find)."""
+    tries = report.data["peer_tries"] = []
+    n = max(args.ttft)
+    for i, extra in enumerate(x.strip() for x in args.peer_try.split("|") if x.strip()):
+        server = _start_peer(args, extra, f"llama-server-try{i}.log")
+        try:
+            ttft = asyncio.run(workload.ttft_only(server.url, n))
+        finally:
+            server.stop()
+        tries.append({"args": extra, "ttft_s": ttft, "tokens": n, "startup_s": server.startup_s})
+        print(f"  llama-server {extra}: TTFT {n} = {ttft:.3f} s", file=sys.stderr, flush=True)
+        report.save()
+    best = min(tries, key=lambda t: t["ttft_s"])["args"]
+    report.data["peer_best"] = best
+    report.save()
+    return best
 
 
 def _table(ours: dict, peer: dict | None) -> list[str]:
@@ -186,6 +244,10 @@ def main() -> int:
     ap.add_argument("--peer-args", default=None, help="llama-server's arguments after -m FILE "
                     "(default: -ngl 99 -ot exps=CPU -t CORES -np MAXSTREAMS -c CTX "
                     "--kv-unified -fa on)")
+    ap.add_argument("--peer-try", default=None, help="argument sets for llama-server, '|' "
+                    "between: each timed on the largest --ttft prompt, the fastest measured")
+    ap.add_argument("--try-only", action="store_true", help="with --peer-try: stop after the "
+                    "tries (the winner is in the JSON's peer_best)")
     ap.add_argument("--peer-url", default=None, help="a running peer instead of starting one")
     ap.add_argument("--hybrid-args", default="", help="extra `hybrid serve` flags (default none)")
     ap.add_argument("--ttft", default="512,2048,8192,32768")
@@ -200,45 +262,42 @@ def main() -> int:
                          "--peer-json merges)")
     ap.add_argument("--peer-json", default=None, help="the peer's rows from an earlier --only "
                     "peer run's --json, shown beside hybrid's")
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--json", default=None, help="the rows, rewritten after every section")
     ap.add_argument("--logs", default="/tmp", help="folder for the servers' logs")
     args = ap.parse_args()
     args.ttft = [int(x) for x in args.ttft.split(",") if x]
     args.streams = [int(x) for x in args.streams.split(",") if x]
     args.rates = [float(x) for x in args.rates.split(",") if x]
     workload = Workload(args, _vocab(args.gguf_path))
+    report = Report(args.json, {k: v for k, v in vars(args).items() if k != "json"})
 
-    ours = None
     if args.only != "peer":
         port = free_port()
         hybrid = ServerProcess([sys.executable, "-m", "server.cli", "serve", "--gguf-path",
-                         args.gguf_path, "--port", str(port), "--log-level", "warning",
-                         *args.hybrid_args.split()],
-                        "hybrid", port, os.path.join(args.logs, "hybrid-serve.log"))
-        ours = _measure(hybrid, workload)
-    peer = None
+                                args.gguf_path, "--port", str(port), "--log-level", "warning",
+                                *args.hybrid_args.split()],
+                               "hybrid", port, os.path.join(args.logs, "hybrid-serve.log"))
+        report.measure("hybrid", hybrid, workload)
     if args.peer_json:
         with open(args.peer_json) as f:
-            peer = json.load(f)["peer"]
+            report.data["peer"] = json.load(f)["peer"]
     elif args.only == "hybrid":
         pass
     elif args.peer_url:
-        peer = asyncio.run(workload.run(args.peer_url))
-        peer["startup_s"] = math.nan
+        rows = report.data["peer"] = {"startup_s": math.nan}
+        asyncio.run(workload.run(args.peer_url, rows, report.save))
     elif args.llama_server:
         ctx = max(65536, 2 * max(args.ttft, default=0))
         extra = args.peer_args or (f"-ngl 99 -ot exps=CPU -t {os.cpu_count()} "
                                    f"-np {max(args.streams, default=1)} -c {ctx} --kv-unified "
                                    f"-fa on")
-        port = free_port()
-        peer = _measure(ServerProcess([args.llama_server, "-m", args.gguf_path, "--port", str(port),
-                                *extra.split()], "llama-server", port,
-                               os.path.join(args.logs, "llama-server.log")), workload)
-        peer["args"] = extra
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"hybrid": ours, "peer": peer, "options": {
-                k: v for k, v in vars(args).items() if k != "json"}}, f, indent=1)
+        if args.peer_try:
+            extra = _try_peer(args, workload, report)
+            if args.try_only:
+                print(json.dumps(report.data["peer_tries"], indent=1))
+                return 0
+        report.measure("peer", _start_peer(args, extra), workload, args=extra)
+    ours, peer = report.data["hybrid"], report.data["peer"]
     if ours is not None:  # both as JSON has them (string keys), however they were made
         print("\n".join(_table(json.loads(json.dumps(ours)),
                                 json.loads(json.dumps(peer)) if peer else None)))

