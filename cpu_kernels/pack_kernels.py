@@ -276,53 +276,77 @@ def _iq4_nl(a, out, o, out32, o32):
         _f16_as_f32(a, r, 0, out32, o32 + 32 + r)
 
 
-@njit(parallel=True, cache=True)
+Q4_K, Q6_K, Q8_0, Q5_0, Q2_K, Q3_K = qt.Q4_K, qt.Q6_K, qt.Q8_0, qt.Q5_0, qt.Q2_K, qt.Q3_K
+IQ2_XXS, IQ1_S, IQ1_M, IQ2_XS, IQ2_S = qt.IQ2_XXS, qt.IQ1_S, qt.IQ1_M, qt.IQ2_XS, qt.IQ2_S
+IQ3_XXS, IQ3_S, IQ4_XS, IQ4_NL = qt.IQ3_XXS, qt.IQ3_S, qt.IQ4_XS, qt.IQ4_NL
+
+
+def _kernel(qtype: int):
+    """The parallel packer of one type, only its body compiled in (one kernel naming every
+    type's body took ~25 s to compile on a first start). The closure variable is a plain int:
+    numba's on-disk cache keys closures by their variables' pickled bytes, stable across
+    processes for an int (not for a function object)."""
+    @njit(parallel=True, cache=True)
+    def pack(blocks, r_lo, num_rows, b_lo, type_size, packed_bytes, out):
+        num_experts, groups, group_bytes = out.shape
+        num_blocks = group_bytes // packed_bytes
+        for task in prange(num_experts * groups):
+            e, g = task // groups, task % groups
+            a = np.zeros((8, type_size), np.uint8)
+            codes = np.empty(256, np.int64)  # Q6_K: a row's codes
+            dst = out[e, g]
+            dst32 = dst.view(np.float32)
+            for b in range(num_blocks):
+                for r in range(8):
+                    row = 8 * g + r
+                    if row < num_rows:
+                        a[r] = blocks[e, r_lo + row,
+                                      b_lo + b * type_size:b_lo + (b + 1) * type_size]
+                    else:
+                        a[r] = 0
+                o = b * packed_bytes
+                o32 = o // 4
+                # qtype is a frozen closure variable: numba prunes the other branches
+                # before typing them (a branch in an inlined callee is typed, then pruned)
+                if qtype == Q4_K:
+                    _q4_k(a, dst, o, dst32, o32)
+                elif qtype == Q6_K:
+                    _q6_k(a, dst, o, dst32, o32, codes)
+                elif qtype == Q8_0:
+                    _q8_0(a, dst, o, dst32, o32)
+                elif qtype == Q5_0:
+                    _q5_0(a, dst, o, dst32, o32)
+                elif qtype == Q2_K:
+                    _q2_k(a, dst, o, dst32, o32)
+                elif qtype == Q3_K:
+                    _q3_k(a, dst, o, dst32, o32)
+                elif qtype == IQ2_XXS:
+                    _iq2_xxs(a, dst, o, dst32, o32)
+                elif qtype == IQ1_S:
+                    _iq1_s(a, dst, o, dst32, o32)
+                elif qtype == IQ1_M:
+                    _iq1_m(a, dst, o, dst32, o32)
+                elif qtype == IQ2_XS:
+                    _iq2_xs(a, dst, o, dst32, o32)
+                elif qtype == IQ2_S:
+                    _iq2_s(a, dst, o, dst32, o32)
+                elif qtype == IQ3_XXS:
+                    _iq3_xxs(a, dst, o, dst32, o32)
+                elif qtype == IQ3_S:
+                    _iq3_s(a, dst, o, dst32, o32)
+                elif qtype == IQ4_XS:
+                    _iq4_xs(a, dst, o, dst32, o32)
+                elif qtype == IQ4_NL:
+                    _iq4_nl(a, dst, o, dst32, o32)
+    return pack
+
+
+_KERNELS = {qtype: _kernel(qtype) for qtype in (Q4_K, Q6_K, Q8_0, Q5_0, Q2_K, Q3_K, IQ2_XXS,
+                                                IQ1_S, IQ1_M, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S,
+                                                IQ4_XS, IQ4_NL)}
+
+
 def pack_blocks(qtype: int, blocks: np.ndarray, r_lo: int, num_rows: int, b_lo: int,
                 type_size: int, packed_bytes: int, out: np.ndarray) -> None:
     """out[e, g] = the packed blocks of rows r_lo + 8 g .. + 8 of blocks[e], bytes from b_lo."""
-    num_experts, groups, group_bytes = out.shape
-    num_blocks = group_bytes // packed_bytes
-    for task in prange(num_experts * groups):
-        e, g = task // groups, task % groups
-        a = np.zeros((8, type_size), np.uint8)
-        codes = np.empty(256, np.int64)  # Q6_K: a row's codes
-        dst = out[e, g]
-        dst32 = dst.view(np.float32)
-        for b in range(num_blocks):
-            for r in range(8):
-                row = 8 * g + r
-                if row < num_rows:
-                    a[r] = blocks[e, r_lo + row, b_lo + b * type_size:b_lo + (b + 1) * type_size]
-                else:
-                    a[r] = 0
-            o = b * packed_bytes
-            if qtype == qt.Q4_K:
-                _q4_k(a, dst, o, dst32, o // 4)
-            elif qtype == qt.Q6_K:
-                _q6_k(a, dst, o, dst32, o // 4, codes)
-            elif qtype == qt.Q8_0:
-                _q8_0(a, dst, o, dst32, o // 4)
-            elif qtype == qt.Q5_0:
-                _q5_0(a, dst, o, dst32, o // 4)
-            elif qtype == qt.Q2_K:
-                _q2_k(a, dst, o, dst32, o // 4)
-            elif qtype == qt.Q3_K:
-                _q3_k(a, dst, o, dst32, o // 4)
-            elif qtype == qt.IQ2_XXS:
-                _iq2_xxs(a, dst, o, dst32, o // 4)
-            elif qtype == qt.IQ1_S:
-                _iq1_s(a, dst, o, dst32, o // 4)
-            elif qtype == qt.IQ1_M:
-                _iq1_m(a, dst, o, dst32, o // 4)
-            elif qtype == qt.IQ2_XS:
-                _iq2_xs(a, dst, o, dst32, o // 4)
-            elif qtype == qt.IQ2_S:
-                _iq2_s(a, dst, o, dst32, o // 4)
-            elif qtype == qt.IQ3_XXS:
-                _iq3_xxs(a, dst, o, dst32, o // 4)
-            elif qtype == qt.IQ3_S:
-                _iq3_s(a, dst, o, dst32, o // 4)
-            elif qtype == qt.IQ4_XS:
-                _iq4_xs(a, dst, o, dst32, o // 4)
-            elif qtype == qt.IQ4_NL:
-                _iq4_nl(a, dst, o, dst32, o // 4)
+    _KERNELS[qtype](blocks, r_lo, num_rows, b_lo, type_size, packed_bytes, out)
