@@ -52,6 +52,11 @@ class Engine:
         self.spec = loaded.spec
         self.tokenizer = loaded.tokenizer
         self.scheduler = Scheduler(config, loaded.spec.context_length)
+        if loaded.compiling:  # started while it loaded: read from numba's cache once done
+            if progress is not None:
+                progress("waiting for the CPU experts' kernels compiling in the background")
+            for job in loaded.compiling:
+                job.wait()
         # the pool first: start-up warm-up and graph capture run the experts on it
         self.cpu_pool = _start_cpu_pool(loaded.model, config.cpu_threads)
         self.runner = ModelRunner(loaded.model, config, self.scheduler.max_request_tokens,

@@ -1,0 +1,63 @@
+"""The background compile of a first start (cpu_kernels/precompile.py): it compiles the very
+signature the engine's experts call (else the engine compiles again after waiting), and the
+loader starts it for the plan's fast-mode CPU expert types only."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cpu_kernels import qtypes as qt
+from cpu_kernels.precompile import BackgroundCompile, compile_kernels, token_counts
+from hybrid.engine.llm import LLM
+from hybrid.engine.sampling_params import SamplingParams
+from hybrid.model.loader import compile_ahead
+from hybrid.rules.engine import plan_model
+
+
+def test_the_background_call_types_as_the_engine_calls(models) -> None:
+    """After the engine ran its fast-mode experts, the background call adds no compiled
+    signature to the kernel: the same argument types, so the cache it writes is the one the
+    engine reads."""
+    from cpu_kernels.packed_moe import packed_moe_kernel
+
+    llm = LLM(str(models.path("tiny-v3", "q4_k_m", "legacy")), "DeepSeek-V3.yaml",
+              device_map={"cuda": "cpu"})
+    llm.generate(prompt_token_ids=[[3, 4, 5]], sampling_params=SamplingParams(max_tokens=2))
+    engine_signatures = set(packed_moe_kernel.signatures)
+    assert engine_signatures
+    compile_kernels((qt.Q4_K, qt.Q4_K, qt.Q6_K), 1)
+    assert set(packed_moe_kernel.signatures) == engine_signatures
+
+
+def test_the_loader_starts_one_compile_per_tile_family(models, monkeypatch) -> None:
+    started = []
+    monkeypatch.setattr(BackgroundCompile, "start", classmethod(
+        lambda cls, types, cores=None: started.append(types) or "job"))
+    path = str(models.path("tiny-v3", "q4_k_m", "legacy"))
+    fast = plan_model(path, "DeepSeek-V3.yaml", device_map={"cuda": "cpu"}, announce=False)
+    assert compile_ahead(fast.plan, fast.gguf) == ["job"]
+    assert len(started) == 1 and all(qt.is_supported(t) for t in started[0])
+    assert started[0][0] == started[0][1] == qt.Q4_K  # gate and up; down Q4_K or Q6_K
+    started.clear()
+    exact = plan_model(path, "cpu.yaml", announce=False)  # exact mode: no packed kernels
+    assert compile_ahead(exact.plan, exact.gguf) == [] and started == []
+
+
+@pytest.mark.parametrize("cores,types,expect", [
+    (2, (qt.Q4_K, qt.Q4_K, qt.Q6_K), False),  # too few cores: loading needs them
+    (16, (qt.Q4_K, qt.Q4_K, qt.Q5_K), False),  # Q5_K has no packed layout: nothing to compile
+])
+def test_no_background_compile_where_it_cannot_help(cores, types, expect) -> None:
+    assert (BackgroundCompile.start(types, cores) is not None) is expect
+
+
+def test_a_background_process_compiles_and_exits(tmp_path, monkeypatch) -> None:
+    """The real processes, with their own cache folder: they exit 0 and leave numba's cache
+    files there."""
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    job = BackgroundCompile.start((qt.Q8_0, qt.Q8_0, qt.Q8_0), cores=8)
+    assert job is not None and len(job.procs) == len(token_counts(job.types))
+    assert job.wait() == [0] * len(job.procs)
+    assert any(p.suffix == ".nbc" for p in tmp_path.rglob("*"))
+    assert np.all([p.returncode == 0 for p in job.procs])
