@@ -71,3 +71,38 @@ def test_a_job_runs_the_part_before_the_first_moe_layer_alone_then_layers() -> N
     assert stops == [(1, 0), (9, 0), (17, 2), (21, 4)] and job.done == 5
     # no decode waits: everything left at once
     assert LayeredPrefill(None, None, 1, pieces=9).next_stop(pieces, decodes=False) == pieces
+
+
+def test_beside_a_chunk_in_flight_other_prompts_take_the_in_flight_budget() -> None:
+    """While a layered chunk is in flight, a decoding step's other prompt tokens run on the CPU
+    experts inside it: at most in_flight_chunk_size of them (0: they wait for the chunk)."""
+    for limit, expect in ((0, 0), (5, 5)):
+        s, short, long, batch = step_with_decode_and_prompt()
+        deferred = next(c for c in batch.chunks if c.request is long)
+        s.complete([c for c in batch.chunks if c is not deferred])
+        s.defer(deferred)
+        s.in_flight_chunk_size = limit
+        other, _ = make(list(range(300, 340)), 5)
+        s.add(other)
+        short.append(99)
+        nxt = s.schedule()
+        prompt = [c for c in nxt.chunks if c.request is other]
+        assert sum(len(c.token_ids) for c in prompt) == expect
+        assert [c.request for c in nxt.chunks][0] is short  # the decode always runs
+        s.complete([*nxt.chunks, deferred])  # the chunk passed: the whole budget again
+        short.append(99)
+        after = s.schedule().chunks  # long's last 36 tokens first (FCFS), then other's
+        assert [len(c.token_ids) for c in after if c.request is not short] == [36, 28]
+
+
+def test_in_flight_budget_keeps_the_step_within_two_decode_steps_of_cpu_experts() -> None:
+    from hybrid.engine.prefill_chunk import choose_in_flight_chunk_size
+
+    placement = ExpertPlacement("auto", (1,) * 26, COSTS)
+    n = choose_in_flight_chunk_size(placement, 4096, 26)
+    one = 26 * COSTS.costs(1, 1)[1]
+    assert 1 <= n < 16
+    assert 26 * COSTS.costs(n, 1)[1] <= 2 * one < 26 * COSTS.costs(n + 1, 1)[1]
+    # nothing streams: no chunk is ever in flight; streaming unmeasured: prompts wait
+    assert choose_in_flight_chunk_size(ExpertPlacement("cpu", (1,) * 26), 512, 26) == 512
+    assert choose_in_flight_chunk_size(ExpertPlacement("stream", (1,) * 26), 2048, 26) == 0

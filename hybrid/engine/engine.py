@@ -64,6 +64,7 @@ class Engine:
         # chosen at start-up where the config leaves them open
         self.scheduler.chunk_size = self.runner.chunk_size
         self.scheduler.decode_chunk_size = self.runner.decode_chunk_size
+        self.scheduler.in_flight_chunk_size = self.runner.in_flight_chunk_size
         self._outputs: dict[int, _OutputState] = {}  # id(request) -> its output state
         self._grammar_vocab: GrammarVocab | None = None  # built on the first grammar request
 

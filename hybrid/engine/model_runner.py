@@ -28,7 +28,7 @@ from hybrid.engine.decoder import DecoderProgram, StepState
 from hybrid.engine.experts_bridge import ExpertsBridge
 from hybrid.engine.forward_batch import ForwardBatch, StepLayout
 from hybrid.engine.kv_cache import PagedLatentCache
-from hybrid.engine.prefill_chunk import choose_decode_chunk_size
+from hybrid.engine.prefill_chunk import choose_decode_chunk_size, choose_in_flight_chunk_size
 from hybrid.engine.routing_recorder import RoutingRecorder
 from hybrid.engine.scheduler import ScheduledBatch
 from hybrid.errors import HybridError
@@ -135,6 +135,11 @@ class ModelRunner:
         if config.decode_chunk_size is None and progress is not None:
             progress(f"beside decoding requests, prompt steps of up to "
                      f"{self.decode_chunk_size} tokens (--decode-chunk-size sets it)")
+        self.in_flight_chunk_size = choose_in_flight_chunk_size(
+            self.placement, self.decode_chunk_size, len(self.program.moe_layers))
+        if self.in_flight_chunk_size < self.decode_chunk_size and progress is not None:
+            progress(f"while a long prompt passes the layers beside decodes, other prompts "
+                     f"take up to {self.in_flight_chunk_size} tokens a step")
         if self.recorder is not None:
             self.recorder.reset()  # start-up's warm-up steps are not traffic
 

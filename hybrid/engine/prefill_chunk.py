@@ -15,6 +15,8 @@ from hybrid.engine.prefill_costs import ExpertPlacement
 from hybrid.model.activations import CHUNK_STEP, CPU_CHUNK
 
 DECODE_STEP_SHARE = 2.0  # a layered chunk's layer beside decodes: at most this x a decode step
+# beside a layered chunk in flight, other prompts' CPU experts: at most this x a decode step's
+IN_FLIGHT_STEP_SHARE = 1.0
 UNMEASURED_DECODE_CHUNK = 2048  # beside decodes where nothing was measured (forced streaming)
 
 
@@ -45,4 +47,29 @@ def choose_decode_chunk_size(placement: ExpertPlacement, chunk_size: int,
     for n in range(fewest, chunk_size + 1, CHUNK_STEP):
         if max(costs.costs(n, b)[0] for b in placement.layer_nbytes) <= budget:
             best = n
+    return best
+
+
+def choose_in_flight_chunk_size(placement: ExpertPlacement, decode_chunk_size: int,
+                                num_layers: int) -> int:
+    """Prompt tokens a decoding step takes from other requests while a layered chunk is in
+    flight (at most `decode_chunk_size`). Such tokens run on the CPU experts (one streamed
+    chunk at a time), inside the decode step: a few hundred of them held every decoding stream
+    for seconds. So: the most tokens whose CPU experts over all layers cost at most
+    (1 + IN_FLIGHT_STEP_SHARE) x a one-token decode step's, so the step's CPU experts (the
+    decodes' and these together) take at most about that many decode steps' (0 where nothing
+    was measured: those prompts wait for the chunk). Where no chunk can stream there is never
+    one in flight, and this is `decode_chunk_size`."""
+    if not placement.layer_nbytes or placement.mode == "cpu":
+        return decode_chunk_size
+    costs = placement.costs
+    if costs is None:
+        return 0
+    one = costs.costs(1, costs.layer_nbytes)[1]
+    budget = (1.0 + IN_FLIGHT_STEP_SHARE) * num_layers * one
+    best = 0
+    for n in range(1, decode_chunk_size + 1):
+        if sum(costs.costs(n, b)[1] for b in placement.layer_nbytes) > budget:
+            break
+        best = n
     return best

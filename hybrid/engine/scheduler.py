@@ -5,7 +5,9 @@ Each step carries, in this order:
 2. prompt chunks of running requests still prefilling, FCFS, then of newly admitted ones,
    at most `chunk_size` prompt tokens in all, or `decode_chunk_size` when the step decodes too
    (a long chunk beside decodes stretches their inter-token latency; a request whose chunk is
-   still in flight, spread over steps by the model runner, gets none until it completes);
+   still in flight, spread over steps by the model runner, gets none until it completes, and
+   meanwhile a decoding step takes at most `in_flight_chunk_size` prompt tokens: they run on
+   the CPU experts, inside the decode step);
 with at most `max_batch_size` requests running. A waiting request is admitted only when pages
 for its prompt plus its max_tokens are free, so a running request never runs out of cache and
 nothing is ever preempted; admission is strictly FCFS (a large request at the head waits for
@@ -62,6 +64,7 @@ class Scheduler:
         # choices where the config leaves them open (prefill_chunk.py)
         self.chunk_size = config.chunk_size or CPU_CHUNK
         self.decode_chunk_size = config.decode_chunk_size or self.chunk_size
+        self.in_flight_chunk_size = self.decode_chunk_size
         self.pages = PageAllocator(config.num_pages, config.page_size)
         # The most tokens (prompt + outputs) one request may hold.
         self.max_request_tokens = min(config.num_pages * config.page_size, context_length)
@@ -99,6 +102,8 @@ class Scheduler:
         budget = self.chunk_size
         if chunks:
             budget = min(budget, self.decode_chunk_size)
+            if any(r.in_flight for r in self.running):
+                budget = min(budget, self.in_flight_chunk_size)
         for r in self.running:
             if budget and r.is_prefilling and not r.in_flight:
                 budget -= self._prefill_chunk(r, budget, chunks)
