@@ -56,6 +56,13 @@ class BackgroundCompile:
             return None
         return cls(types)
 
+    def stop(self) -> None:
+        """Stop the processes still running (a load that failed or was interrupted)."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
     def wait(self, timeout: float = 600.0) -> list[int | None]:
         """Wait for every process (stopping any still running after `timeout` s); their exit
         codes, None for one stopped."""

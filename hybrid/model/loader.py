@@ -82,7 +82,12 @@ def load_with_rules(path: str, rules: str | None, device_map: dict[str, str] | N
 
         cache = PackedCache.for_model(planned.gguf)
     compiling = compile_ahead(planned.plan, planned.gguf)
-    model = inject(planned, progress, cache)
+    try:
+        model = inject(planned, progress, cache)
+    except BaseException:  # a failed or interrupted load leaves no compiler running
+        for job in compiling:
+            job.stop()
+        raise
     return LoadedModel(planned.spec, model, GGUFTokenizer(planned.gguf.metadata), planned.gguf,
                        compiling)
 

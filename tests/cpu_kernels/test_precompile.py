@@ -61,3 +61,11 @@ def test_a_background_process_compiles_and_exits(tmp_path, monkeypatch) -> None:
     assert job.wait() == [0] * len(job.procs)
     assert any(p.suffix == ".nbc" for p in tmp_path.rglob("*"))
     assert np.all([p.returncode == 0 for p in job.procs])
+
+
+def test_a_stopped_background_compile_leaves_no_process(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    job = BackgroundCompile.start((qt.Q4_K, qt.Q4_K, qt.Q6_K), cores=8)
+    job.stop()
+    assert all(p.poll() is not None for p in job.procs)
+    assert job.wait() == [p.returncode for p in job.procs]
