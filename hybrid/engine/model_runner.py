@@ -95,9 +95,10 @@ class ModelRunner:
         why = "they may stream experts to the GPU" if can_stream else "no streamed experts"
         line = (f"prompt steps of up to {chunk} tokens ({why}; {per_token / 1024:.0f} KiB of "
                 f"activations a token; --chunk-size sets it)")
-        if progress is not None:
+        if progress is not None:  # the start-up line says it (logged as well, it showed twice)
             progress(line)
-        log.info("%s", line)
+        else:
+            log.info("%s", line)
         return chunk
 
     def on_stream(self):
