@@ -11,6 +11,8 @@ blocks: [E, R, row_bytes] uint8  out: [E, G, row_group_bytes] uint8 (G = ceil(ro
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numba import njit, prange
 
@@ -281,10 +283,11 @@ IQ2_XXS, IQ1_S, IQ1_M, IQ2_XS, IQ2_S = qt.IQ2_XXS, qt.IQ1_S, qt.IQ1_M, qt.IQ2_XS
 IQ3_XXS, IQ3_S, IQ4_XS, IQ4_NL = qt.IQ3_XXS, qt.IQ3_S, qt.IQ4_XS, qt.IQ4_NL
 
 
+@functools.cache
 def _kernel(qtype: int):
-    """The parallel packer of one type, only its body compiled in (one kernel naming every
-    type's body took ~25 s to compile on a first start). The closure variable is a plain int:
-    numba's on-disk cache keys closures by their variables' pickled bytes, stable across
+    """The parallel packer of one type, made on its first use with only that type's body
+    compiled in (a kernel naming every body compiles them all). The closure variable is a plain
+    int: numba's on-disk cache keys closures by their variables' pickled bytes, stable across
     processes for an int (not for a function object)."""
     @njit(parallel=True, cache=True)
     def pack(blocks, r_lo, num_rows, b_lo, type_size, packed_bytes, out):
@@ -341,12 +344,7 @@ def _kernel(qtype: int):
     return pack
 
 
-_KERNELS = {qtype: _kernel(qtype) for qtype in (Q4_K, Q6_K, Q8_0, Q5_0, Q2_K, Q3_K, IQ2_XXS,
-                                                IQ1_S, IQ1_M, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S,
-                                                IQ4_XS, IQ4_NL)}
-
-
 def pack_blocks(qtype: int, blocks: np.ndarray, r_lo: int, num_rows: int, b_lo: int,
                 type_size: int, packed_bytes: int, out: np.ndarray) -> None:
     """out[e, g] = the packed blocks of rows r_lo + 8 g .. + 8 of blocks[e], bytes from b_lo."""
-    _KERNELS[qtype](blocks, r_lo, num_rows, b_lo, type_size, packed_bytes, out)
+    _kernel(qtype)(blocks, r_lo, num_rows, b_lo, type_size, packed_bytes, out)

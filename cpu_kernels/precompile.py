@@ -1,9 +1,9 @@
 """A first start's fast-mode MoE kernels compiled in background processes while the model loads.
 
-numba compiles one function at a time in a process, and the packed MoE kernels are large: on a
-first start the VNNI kernel a decode step runs and the AMX kernel of a prompt step each took
-most of a minute, one after the other, after loading had finished (docs/serving.md). Here each
-compiles in its own process, started when loading starts, on tiny random experts of the file's
+numba compiles one function at a time in a process, and the packed MoE kernels are large (the
+VNNI kernel a decode step runs, the AMX kernel of a prompt step; times in docs/serving.md):
+compiled by the warm-up they run one after the other, after loading. Here each compiles in its
+own process, started when loading starts, on tiny random experts of the file's
 types and with the argument types the engine passes (read-only packed arrays, as the packed
 cache maps them; C-contiguous float32/int64 activations, as run_moe makes them), so each lands
 in numba's on-disk cache; the loading process waits for them before its warm-up and then reads

@@ -95,7 +95,7 @@ class ModelRunner:
         why = "they may stream experts to the GPU" if can_stream else "no streamed experts"
         line = (f"prompt steps of up to {chunk} tokens ({why}; {per_token / 1024:.0f} KiB of "
                 f"activations a token; --chunk-size sets it)")
-        if progress is not None:  # the start-up line says it (logged as well, it showed twice)
+        if progress is not None:  # said once: as a start-up line, else logged
             progress(line)
         else:
             log.info("%s", line)

@@ -15,8 +15,9 @@ from hybrid.engine.prefill_costs import ExpertPlacement
 from hybrid.model.activations import CHUNK_STEP, CPU_CHUNK
 
 DECODE_STEP_SHARE = 2.0  # a layered chunk's layer beside decodes: at most this x a decode step
-# beside a layered chunk in flight, other prompts' CPU experts: at most this x a decode step's
-IN_FLIGHT_STEP_SHARE = 1.0
+# beside a layered chunk in flight, a step's CPU experts (the decodes' and other prompts'
+# tokens together): at most this x a one-token decode step's
+IN_FLIGHT_STEP_CPU = 2.0
 UNMEASURED_DECODE_CHUNK = 2048  # beside decodes where nothing was measured (forced streaming)
 
 
@@ -54,19 +55,17 @@ def choose_in_flight_chunk_size(placement: ExpertPlacement, decode_chunk_size: i
                                 num_layers: int) -> int:
     """Prompt tokens a decoding step takes from other requests while a layered chunk is in
     flight (at most `decode_chunk_size`). Such tokens run on the CPU experts (one streamed
-    chunk at a time), inside the decode step: a few hundred of them held every decoding stream
-    for seconds. So: the most tokens whose CPU experts over all layers cost at most
-    (1 + IN_FLIGHT_STEP_SHARE) x a one-token decode step's, so the step's CPU experts (the
-    decodes' and these together) take at most about that many decode steps' (0 where nothing
-    was measured: those prompts wait for the chunk). Where no chunk can stream there is never
-    one in flight, and this is `decode_chunk_size`."""
+    chunk at a time), inside the decode step, whose every stream waits for them. So: the most
+    tokens whose CPU experts over all layers cost at most IN_FLIGHT_STEP_CPU x a one-token
+    decode step's (0 where nothing was measured: those prompts wait for the chunk). Where no
+    chunk can stream there is never one in flight, and this is `decode_chunk_size`."""
     if not placement.layer_nbytes or placement.mode == "cpu":
         return decode_chunk_size
     costs = placement.costs
     if costs is None:
         return 0
     one = costs.costs(1, costs.layer_nbytes)[1]
-    budget = (1.0 + IN_FLIGHT_STEP_SHARE) * num_layers * one
+    budget = IN_FLIGHT_STEP_CPU * num_layers * one
     best = 0
     for n in range(1, decode_chunk_size + 1):
         if sum(costs.costs(n, b)[1] for b in placement.layer_nbytes) > budget:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -20,6 +21,9 @@ from hybrid.model.spec import ModelSpec, read_spec
 from hybrid.model.tensor_map import check_tensors, load_hf_weight
 from hybrid.tokenizer.gguf_tokenizer import GGUFTokenizer
 
+if TYPE_CHECKING:
+    from cpu_kernels.precompile import BackgroundCompile
+
 
 @dataclass
 class LoadedModel:
@@ -28,8 +32,8 @@ class LoadedModel:
     tokenizer: GGUFTokenizer
     gguf: GGUFModelFile
     # fast-mode CPU expert kernels compiled in background processes while it loaded
-    # (cpu_kernels/precompile.py): wait for them before the first step
-    compiling: list = field(default_factory=list)
+    # (hybrid/ops/compile_ahead.py): wait for them before the first step
+    compiling: list[BackgroundCompile] = field(default_factory=list)
 
 
 def open_model(path: str) -> tuple[GGUFModelFile, ModelSpec]:
@@ -70,6 +74,7 @@ def load_with_rules(path: str, rules: str | None, device_map: dict[str, str] | N
     """Plan the model with optimize rules, refuse a plan over a GPU's memory before touching
     it, then build it: operators on their devices. `packed_cache`: fast mode's packed experts
     persist on disk (hybrid.model.packed_cache) and later starts map them."""
+    from hybrid.ops.compile_ahead import compile_ahead
     from hybrid.rules.engine import plan_model
     from hybrid.rules.explain import refuse_if_over_budget
     from hybrid.rules.inject import inject
@@ -81,7 +86,7 @@ def load_with_rules(path: str, rules: str | None, device_map: dict[str, str] | N
         from hybrid.model.packed_cache import PackedCache
 
         cache = PackedCache.for_model(planned.gguf)
-    compiling = compile_ahead(planned.plan, planned.gguf)
+    compiling = compile_ahead(planned.plan, planned.gguf, planned.spec)
     try:
         model = inject(planned, progress, cache)
     except BaseException:  # a failed or interrupted load leaves no compiler running
@@ -90,30 +95,6 @@ def load_with_rules(path: str, rules: str | None, device_map: dict[str, str] | N
         raise
     return LoadedModel(planned.spec, model, GGUFTokenizer(planned.gguf.metadata), planned.gguf,
                        compiling)
-
-
-def compile_ahead(plan, gguf: GGUFModelFile) -> list:
-    """Start compiling the fast-mode CPU experts' kernels in background processes
-    (cpu_kernels/precompile.py), one set per tile family among the plan's CPU expert layers
-    (i-quant layers run other tiles than K-quant ones); [] where there is nothing to start."""
-    from cpu_kernels.precompile import BackgroundCompile
-    from cpu_kernels.qtypes import IQUANTS
-
-    families: dict[bool, tuple[int, int, int]] = {}
-    for placement in plan.placements.values():
-        o = placement.options
-        if placement.operator != "experts" or o.get("backend") != "cpu" or o.get("mode") != "fast":
-            continue
-        prefix = f"blk.{int(placement.path.split('.')[2])}."
-        names = [f"{prefix}ffn_{n}_exps.weight" for n in ("gate", "up", "down")]
-        if not gguf.has_tensor(names[0]):  # the fused layout: gate and up one tensor
-            names[:2] = [f"{prefix}ffn_gate_up_exps.weight"] * 2
-        if not all(gguf.has_tensor(n) for n in names):
-            continue
-        types = tuple(gguf.tensor_infos[n][0].qtype for n in names)
-        families.setdefault(any(t in IQUANTS for t in types), types)
-    started = (BackgroundCompile.start(types) for types in families.values())
-    return [b for b in started if b is not None]
 
 
 def fill_weights(model: nn.Module, gguf: GGUFModelFile, spec: ModelSpec, dtype: torch.dtype,

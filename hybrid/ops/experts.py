@@ -223,11 +223,13 @@ def _pack(ctx: BuildContext, layer: int, experts) -> None:
         if cache is not None:
             found = cache.store(layer, found)
     experts.use_packed(found)
-    for name in _expert_tensors(ctx.spec, f"blk.{layer}."):
+    for name in expert_tensors(ctx.spec, f"blk.{layer}."):
         ctx.gguf.release(name)
 
 
-def _expert_tensors(spec: ModelSpec, prefix: str) -> list[str]:
+def expert_tensors(spec: ModelSpec, prefix: str) -> list[str]:
+    """A layer's routed-expert tensors (`prefix` "blk.L."): gate, up, down, or gate_up, down
+    in the fused layout."""
     if spec.fused_gate_up_experts:
         return [prefix + "ffn_gate_up_exps.weight", prefix + "ffn_down_exps.weight"]
     return [prefix + f"ffn_{n}_exps.weight" for n in ("gate", "up", "down")]

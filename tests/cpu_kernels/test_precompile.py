@@ -11,7 +11,7 @@ from cpu_kernels import qtypes as qt
 from cpu_kernels.precompile import BackgroundCompile, compile_kernels, token_counts
 from hybrid.engine.llm import LLM
 from hybrid.engine.sampling_params import SamplingParams
-from hybrid.model.loader import compile_ahead
+from hybrid.ops.compile_ahead import compile_ahead
 from hybrid.rules.engine import plan_model
 
 
@@ -36,12 +36,12 @@ def test_the_loader_starts_one_compile_per_tile_family(models, monkeypatch) -> N
         lambda cls, types, cores=None: started.append(types) or "job"))
     path = str(models.path("tiny-v3", "q4_k_m", "legacy"))
     fast = plan_model(path, "DeepSeek-V3.yaml", device_map={"cuda": "cpu"}, announce=False)
-    assert compile_ahead(fast.plan, fast.gguf) == ["job"]
+    assert compile_ahead(fast.plan, fast.gguf, fast.spec) == ["job"]
     assert len(started) == 1 and all(qt.is_supported(t) for t in started[0])
     assert started[0][0] == started[0][1] == qt.Q4_K  # gate and up; down Q4_K or Q6_K
     started.clear()
     exact = plan_model(path, "cpu.yaml", announce=False)  # exact mode: no packed kernels
-    assert compile_ahead(exact.plan, exact.gguf) == [] and started == []
+    assert compile_ahead(exact.plan, exact.gguf, exact.spec) == [] and started == []
 
 
 @pytest.mark.parametrize("cores,types,expect", [
