@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -85,22 +86,25 @@ class Workload:
         self.salt += 1
         return _prompt(n, self.salt, self.vocab)
 
-    async def ttft_only(self, url: str, n: int) -> float:
-        """One warm request, then the TTFT of one new n-token prompt."""
+    @contextlib.asynccontextmanager
+    async def connect(self, url: str):
+        """-> (client, served model id), after one warm request (first-request costs)."""
         async with AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0,
                                timeout=1800) as client:
             model = (await client.models.list()).data[0].id
             await _stream(client, model, self.prompt(32), 8)
+            yield client, model
+
+    async def ttft_only(self, url: str, n: int) -> float:
+        """The TTFT of one new n-token prompt."""
+        async with self.connect(url) as (client, model):
             return (await _stream(client, model, self.prompt(n), 1)).ttft
 
     async def run(self, url: str, rows: dict, saved) -> dict:
         """Fills `rows` section by section, calling `saved()` after each (a run cut short by
         a time limit keeps what it measured)."""
         a = self.args
-        async with AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0,
-                               timeout=1800) as client:
-            model = (await client.models.list()).data[0].id
-            await _stream(client, model, self.prompt(32), 8)  # warm: first-request costs
+        async with self.connect(url) as (client, model):
             rows["model"] = model
             t = await _stream(client, model, self.prompt(32), a.gen_len)
             rows["decode_tok_s"] = (len(t.stamps) - 1) / (t.stamps[-1] - t.stamps[0])
