@@ -1,7 +1,7 @@
 """Soak a running server: N concurrent clients for T minutes of mixed traffic, then check it.
 
     python scripts/soak.py --url http://127.0.0.1:8000 [--api-key KEY] [--clients 64]
-        [--minutes 10] [--seed 0] [--pid PID] [--json OUT]
+        [--minutes 10] [--seed 0] [--pid PID] [--max-replays 400] [--json OUT]
 
 Each client draws its requests from a fixed-seed mix, through the official `openai` client and
 raw HTTP: chat and completions, streaming and not, `n` > 1, stop strings, logprobs and
@@ -10,11 +10,15 @@ short prompts over a few shared prefixes (the prefix cache), 10% clients that di
 mid-stream, 5% malformed or oversized bodies. Then, with the server idle, it checks and prints:
 - no 5xx answer (4xx only for the malformed bodies);
 - every greedy request's tokens equal the same request run alone afterwards (no cross-talk
-  between batched requests), every seeded sample the same on a second run;
+  between batched requests), every seeded sample the same on a second run (a fixed-seed sample
+  of --max-replays of them: replaying all of a long run alone takes longer than the run);
 - KV pages held by requests back to 0, nothing running or queued, and /health's counters moved
   by what the clients sent (requests admitted = finished + cancelled + failed);
 - with --pid (the server's process), its RSS growth from the first minute (a tenth of the run
-  when shorter) to the end (<= 2%), after a warm-up pass of every kind of request.
+  when shorter) to the end (<= 2%), after a warm-up pass of every kind of request; where
+  nvidia-smi sees the process, its GPU memory growth over the same span (<= 2%).
+It reports the requests sent by kind, the tokens the server generated and prefilled, and the
+disconnects.
 Exit status 0 when every check holds.
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import subprocess
 import sys
 import threading
 import time
@@ -172,6 +177,7 @@ def run(args: argparse.Namespace) -> dict:
         except (httpx.HTTPError, openai.APIError) as e:
             tally.failures.append(f"warm-up {kind}: {type(e).__name__}: {e}"[:300])
     rss: list[float] = []
+    gpu: list[float] = []
     stop_at = time.monotonic() + 60 * args.minutes
 
     def client_loop(i: int) -> None:
@@ -193,6 +199,8 @@ def run(args: argparse.Namespace) -> dict:
         while time.monotonic() < stop_at:
             if time.monotonic() >= settle:
                 rss.append(proc.memory_info().rss)
+                if (used := _gpu_mib(args.pid)) is not None:
+                    gpu.append(used)
             time.sleep(0.5)
 
     threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(args.clients)]
@@ -203,7 +211,9 @@ def run(args: argparse.Namespace) -> dict:
     for t in threads:
         t.join()
     idle = _wait_idle(args.url)
-    replayed, mismatches = _replay(args.url, headers, tally.replays)
+    picked = random.Random(args.seed).sample(tally.replays,
+                                             min(len(tally.replays), args.max_replays))
+    replayed, mismatches = _replay(args.url, headers, picked)
     after = httpx.get(f"{args.url}/health", timeout=30).json()
     submitted = after["num_submitted"] - before["num_submitted"]
     ended = sum(after[k] - before[k] for k in ("num_finished", "num_cancelled", "num_failed"))
@@ -217,11 +227,33 @@ def run(args: argparse.Namespace) -> dict:
     growth = (rss[-1] - rss[0]) / rss[0] if len(rss) > 1 else None
     if growth is not None:
         checks["rss growth <= 2%"] = growth <= 0.02
+    gpu_growth = (gpu[-1] - gpu[0]) / gpu[0] if len(gpu) > 1 and gpu[0] else None
+    if gpu_growth is not None:
+        checks["gpu memory growth <= 2%"] = gpu_growth <= 0.02
     return {"clients": args.clients, "minutes": args.minutes, "requests": tally.by_kind,
             "statuses": tally.statuses, "engine_requests": tally.engine_requests,
-            "replayed": replayed, "mismatches": mismatches[:10], "failures": tally.failures[:20],
+            "disconnects": tally.by_kind.get("disconnect", 0),
+            "generated_tokens": after["num_generated_tokens"] - before["num_generated_tokens"],
+            "prompt_tokens": after["num_prompt_tokens"] - before["num_prompt_tokens"],
+            "remembered": len(tally.replays), "replayed": replayed,
+            "mismatches": mismatches[:10], "failures": tally.failures[:20],
             "health_submitted": submitted, "health_ended": ended, "rss_growth": growth,
+            "rss_mib": [round(rss[0] / 2**20), round(rss[-1] / 2**20)] if rss else None,
+            "gpu_growth": gpu_growth, "gpu_mib": [gpu[0], gpu[-1]] if gpu else None,
             "checks": checks, "ok": all(checks.values())}
+
+
+def _gpu_mib(pid: int) -> float | None:
+    """The GPU memory nvidia-smi counts for `pid` (MiB), None where it sees none."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                             timeout=10, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    used = [float(m) for p, m in (line.split(",") for line in out.splitlines() if "," in line)
+            if p.strip() == str(pid)]
+    return sum(used) if used else None
 
 
 def _wait_idle(url: str, timeout: float = 120) -> dict:
@@ -257,6 +289,8 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=10)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--pid", type=int, default=None, help="the server's process, for its RSS")
+    ap.add_argument("--max-replays", type=int, default=400,
+                    help="greedy and seeded requests replayed alone afterwards (a sample)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     result = run(args)
@@ -266,7 +300,11 @@ def main() -> int:
     print(f"{sum(result['requests'].values())} requests from {args.clients} clients in "
           f"{args.minutes} min: {result['requests']}")
     print(f"statuses {result['statuses']}; {result['engine_requests']} admitted, "
-          f"{result['replayed']} replayed alone; RSS growth {result['rss_growth']}")
+          f"{result['disconnects']} disconnected mid-stream; {result['generated_tokens']} tokens "
+          f"generated, {result['prompt_tokens']} prefilled; {result['replayed']} of "
+          f"{result['remembered']} replayed alone")
+    print(f"RSS MiB {result['rss_mib']} (growth {result['rss_growth']}); GPU MiB "
+          f"{result['gpu_mib']} (growth {result['gpu_growth']})")
     for name, ok in result["checks"].items():
         print(f"{'ok  ' if ok else 'FAIL'} {name}")
     for line in result["mismatches"] + result["failures"]:

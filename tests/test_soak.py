@@ -25,7 +25,7 @@ def test_soak_cpu_form(models) -> None:
                                 "--max-new-tokens", "200")
     try:
         result = soak.run(Namespace(url=url, api_key="k", clients=8, minutes=0.5, seed=0,
-                                    pid=proc.pid, json=None))
+                                    pid=proc.pid, max_replays=400, json=None))
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=60)
