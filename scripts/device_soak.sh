@@ -28,7 +28,7 @@ if [ "$STAGE" = run ]; then  # the detached part
   say "server ready (first start)"
   grep -E "rules|chose|chunk|start-up" $S/serve.log | tail -8
   python3 scripts/soak.py --url http://127.0.0.1:8000 --clients "${CLIENTS:-64}" \
-    --minutes "${MINUTES:-10}" --pid $SERVER --json $S/soak.json > $S/soak.out 2>&1
+    --minutes "${MINUTES:-10}" --pid $SERVER --json $S/soak.json ${SOAK_ARGS:-} > $S/soak.out 2>&1
   say "soak exit $?"
   health http://127.0.0.1:8000/health > $S/health.json
   ts=$(date +%s.%N)

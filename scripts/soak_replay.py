@@ -1,0 +1,116 @@
+"""The soak's second half: the greedy and seeded requests of a batched run, run again alone.
+
+A greedy answer that differs from its batched run is diagnosed with a third run alone that
+reports the top 20 log-probabilities (5 for completions) at every step: each of the two answers
+(batched, alone) must either equal that run's text or part from it at a token within `tie` nats
+of that step's best. Batching changes the order of the GPU's bf16 sums (another GEMM shape,
+another attention split, a prompt prefilled in other chunks or from the prefix cache), which can
+flip a near-tie; a token that came from another request's context has no such standing (vocab
+102400: the odds of it landing in the top 20 by chance are ~2e-4). A seeded sample is drawn from
+those same logits, so it is held to what seeds promise: the same answer on two runs alone.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+
+TOP_CHAT, TOP_COMPLETIONS = 20, 5  # the most each API reports
+
+
+def texts(response: dict) -> list:
+    """A response's choices, comparable across runs: text, or (content, tool calls)."""
+    out = []
+    for c in response["choices"]:
+        if "message" in c:
+            m = c["message"]
+            calls = [c["function"] for c in m.get("tool_calls") or []]  # ids are per response
+            out.append((m.get("content"), json.dumps(calls, sort_keys=True)))
+        else:
+            out.append(c["text"])
+    return out
+
+
+def replay_alone(url: str, headers: dict, replays: list, tie: float) -> dict:
+    """replays: (path, body, result) with result texts(...) or a stream's text ->
+    {engine: requests sent, mismatches: [str], flips: [gap], sampled_flips: int}."""
+    out: dict = {"engine": 0, "mismatches": [], "flips": [], "sampled_flips": 0}
+    with httpx.Client(base_url=url, headers=headers, timeout=600) as http:
+
+        def alone(path: str, body: dict) -> object:
+            resp = http.post(path, json={**body, "stream": False})
+            out["engine"] += body.get("n", 1)
+            return texts(resp.json()) if resp.status_code == 200 else resp.status_code
+
+        for path, body, result in replays:
+            got = alone(path, body)
+            if isinstance(result, str):  # a stream's text: the choice's content or text
+                got = _first_text(got)
+            if got == result:
+                continue
+            if body.get("temperature", 0) > 0:
+                if alone(path, body) == alone(path, body):
+                    out["sampled_flips"] += 1
+                else:
+                    out["mismatches"].append(f"seeded, not reproducible alone: {path} "
+                                             f"{json.dumps(body)[:120]}")
+                continue
+            batched, again = _first_text(result), _first_text(got)
+            steps = _top_steps(http, path, body)
+            out["engine"] += 1
+            gaps = [_gap(steps, t) if steps is not None and isinstance(t, str) else None
+                    for t in (batched, again)]
+            if all(g is not None and g <= tie for g in gaps):
+                out["flips"].append(round(max(gaps), 5))
+            else:
+                out["mismatches"].append(f"gaps {gaps}: {path} {json.dumps(body)[:120]} "
+                                         f"{_parting(batched, again)}")
+    return out
+
+
+def _first_text(result: object) -> object:
+    """The first choice's text (or message content; None for a tool call), else `result`."""
+    if isinstance(result, list) and result:
+        first = result[0]
+        return first[0] if isinstance(first, tuple) else first
+    return result
+
+
+def _parting(a: object, b: object) -> str:
+    if not (isinstance(a, str) and isinstance(b, str)):
+        return f"{a!r} != {b!r}"[:300]
+    k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return f"parted after {k} chars: {a[k:k + 40]!r} != {b[k:k + 40]!r}"
+
+
+def _top_steps(http: httpx.Client, path: str, body: dict) -> list | None:
+    """One more run alone with log-probabilities -> [(token bytes, [(candidate bytes,
+    logprob)])] a step, or None when it failed."""
+    chat = path.endswith("chat/completions")
+    extra = {"logprobs": True, "top_logprobs": TOP_CHAT} if chat else {"logprobs": TOP_COMPLETIONS}
+    resp = http.post(path, json={**body, **extra, "stream": False})
+    if resp.status_code != 200:
+        return None
+    lp = resp.json()["choices"][0]["logprobs"]
+    if chat:
+        return [(bytes(t["bytes"] or []), [(bytes(c["bytes"] or []), c["logprob"])
+                                           for c in t["top_logprobs"]]) for t in lp["content"]]
+    return [(t.encode(), [(c.encode(), v) for c, v in top.items()])
+            for t, top in zip(lp["tokens"], lp["top_logprobs"], strict=True)]
+
+
+def _gap(steps: list, text: str) -> float | None:
+    """How far `text` strays from the run `steps` describes: 0 where it follows it, else the
+    step's best logprob minus that of the token `text` took where they part (None: that token
+    is not among the step's reported candidates)."""
+    rest = text.encode()
+    for token, top in steps:
+        if not rest:
+            return 0.0  # text ended first (a stop string)
+        if token and rest.startswith(token):
+            rest = rest[len(token):]
+            continue
+        theirs = [v for c, v in top if c and rest.startswith(c)]
+        return max(v for _, v in top) - max(theirs) if theirs else None
+    return 0.0
