@@ -71,7 +71,8 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--decode-graph", choices=list(DECODE_GRAPHS), default=e["decode_graph"],
                    help="step: a decode step is one CUDA graph, the GPU waiting on flags the "
                         "CPU experts raise; layers: one graph per stretch between two MoE "
-                        "layers' CPU experts, replayed by the host")
+                        "layers' CPU experts, replayed by the host; auto: time both at "
+                        "start-up and keep the faster")
     p.add_argument("--prefill-experts", choices=list(PREFILL_EXPERTS),
                    default=e["prefill_experts"],
                    help="where prompt steps run the CPU-placed routed experts: auto streams a "

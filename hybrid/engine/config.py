@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from hybrid.engine.prefill_costs import PREFILL_EXPERTS
 from hybrid.errors import HybridError
 
-DECODE_GRAPHS = ("step", "layers")
+DECODE_GRAPHS = ("auto", "step", "layers")
 ATTENTION_BACKENDS = ("auto", "triton", "flashinfer")  # decode_attention.py
 
 
@@ -25,7 +25,8 @@ class EngineConfig:
     requests as CUDA graphs captured at start-up (where the model runs on one CUDA device):
     `decode_graph` "step" captures a whole step as one graph, the GPU waiting on flags the CPU
     experts raise; "layers" captures the pieces between two MoE layers' CPU experts and the host
-    replays them one by one. `prefill_experts` says where a step with prompt tokens runs each
+    replays them one by one; "auto" times one-request steps of both at start-up and keeps the
+    faster (graph_choice.py). `prefill_experts` says where a step with prompt tokens runs each
     MoE layer's routed experts when they live on the CPU: "auto" streams a layer's experts to
     the GPU when the cost model measured at start-up says that beats the CPU for the step's
     token count, "cpu" never streams, "stream" always does; `stream_memory_gib` bounds the GPU
@@ -49,7 +50,7 @@ class EngineConfig:
     page_size: int = 64
     cpu_threads: int | None = None
     cuda_graphs: bool = True  # replay decode steps as CUDA graphs (captured at start-up)
-    decode_graph: str = "step"  # "step": one graph per step; "layers": one per piece
+    decode_graph: str = "auto"  # "step": one graph a step; "layers": one a piece; "auto": timed
     prefill_experts: str = "auto"  # "auto" | "cpu" | "stream" (prefill_costs.py)
     stream_memory_gib: float | None = None  # GPU memory for streamed experts (None: auto)
     attention_backend: str = "auto"  # "auto" | "triton" | "flashinfer" (decode_attention.py)

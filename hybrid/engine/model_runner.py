@@ -112,6 +112,7 @@ class ModelRunner:
         graphs, the prefill cost model."""
         hf = self.model.config
         self.graphs = None
+        self.decode_graph = None  # the form of the decode graphs replayed, once captured
         self.attention_backend, self.flashinfer = decode_attention.build(
             config.attention_backend, attention, self.page_size, self.max_pages)
         self.stream = prefill_setup.build_stream(self.program.moe_layers, config, self.device)
@@ -126,7 +127,10 @@ class ModelRunner:
         if config.cuda_graphs and self.device.type == "cuda" and self.program.can_capture \
                 and _one_device(self.model, self.device):
             self.warm_up(progress)
-            self.graphs = self.capture_graphs(config.decode_graph, progress)
+            self.decode_graph = config.decode_graph
+            if self.decode_graph == "auto":
+                self.decode_graph = self._measure_decode_graphs(progress)
+            self.graphs = self.capture_graphs(self.decode_graph, progress)
         elif self.device.type == "cuda":
             self.warm_up(progress, decode=True)
         self.placement = prefill_setup.placement(self.stream, self.program.moe_layers, config,
@@ -144,16 +148,37 @@ class ModelRunner:
         if self.recorder is not None:
             self.recorder.reset()  # start-up's warm-up steps are not traffic
 
-    def capture_graphs(self, decode_graph: str, progress: Callable[[str], None] | None = None):
-        """-> DecodeGraphs of every batch bucket, `decode_graph` "step" or "layers" (also for
-        benchmarks that compare the two in one process)."""
+    def _measure_decode_graphs(self, progress: Callable[[str], None] | None) -> str:
+        """graph_choice.py: the faster form of decode graphs here ("step" where no MoE layer's
+        experts are on the CPU: the forms are then the same graphs)."""
+        from hybrid.engine import graph_choice
+
+        if not self.program.moe_layers:
+            return "step"
+        if progress is not None:
+            progress("timing decode steps as one graph against layer by layer")
+        seconds = graph_choice.measure(lambda form: self.capture_graphs(form, max_batch_size=1),
+                                       self.device)
+        chosen = graph_choice.faster(seconds)
+        line = graph_choice.describe(seconds, chosen)
+        if progress is not None:
+            progress(line)
+        else:
+            log.info("%s", line)
+        return chosen
+
+    def capture_graphs(self, decode_graph: str, progress: Callable[[str], None] | None = None,
+                       max_batch_size: int | None = None):
+        """-> DecodeGraphs of every batch bucket up to `max_batch_size` (the config's when
+        None), `decode_graph` "step" or "layers" (also for benchmarks that compare the two in
+        one process)."""
         from gpu_kernels.mla_decode import choose_splits
         from hybrid.engine.cuda_graphs import DecodeGraphs
 
         heads = self.program.inner.layers[0].self_attn.heads
         capacity = self.max_pages * self.page_size
         return DecodeGraphs(self.program, self.cache, self.page_size, self.max_pages,
-                            self.config.max_batch_size, self.device,
+                            max_batch_size or self.config.max_batch_size, self.device,
                             lambda b: choose_splits(b, heads, capacity), progress,
                             whole_step=decode_graph == "step" and bool(self.program.moe_layers),
                             flashinfer=self.flashinfer)
