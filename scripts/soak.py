@@ -193,7 +193,16 @@ def run(args: argparse.Namespace) -> dict:
                     gpu.append(used)
             time.sleep(0.5)
 
+    def report() -> None:  # a line a minute: a run cut short still says how far it got
+        started = time.monotonic()
+        while (left := stop_at - time.monotonic()) > 0:
+            time.sleep(min(60.0, left))
+            with tally.lock:
+                line = f"{sum(tally.by_kind.values())} requests, statuses {tally.statuses}"
+            print(f"[{time.monotonic() - started:.0f} s] {line}", flush=True)
+
     threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(args.clients)]
+    threads.append(threading.Thread(target=report, daemon=True))
     if args.pid:
         threads.append(threading.Thread(target=sample_rss, daemon=True))
     for t in threads:
