@@ -328,7 +328,7 @@ def main() -> int:
         runner.placement = placement
     if args.chat:
         result["chat"] = chat_turns(llm, args.chat)
-    result["expert_layers"] = dict(runner.expert_layer_counts)
+    result["expert_layers"] = dict(llm.engine.expert_layer_counts)
     result["compiled_while_timing"] = _variants(compiled)
     result["decode"] = [decode(llm, s, 32, args.gen) for s in streams]
     graphs = runner.graphs

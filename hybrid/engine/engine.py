@@ -66,13 +66,14 @@ class Engine:
         self.scheduler.decode_chunk_size = self.runner.decode_chunk_size
         self.scheduler.in_flight_chunk_size = self.runner.in_flight_chunk_size
         self._outputs: dict[int, _OutputState] = {}  # id(request) -> its output state
+        self._expert_layers = {"stream": 0, "cpu": 0}  # MoE layer-steps so far (/metrics)
         self._grammar_vocab: GrammarVocab | None = None  # built on the first grammar request
 
     @property
     def expert_layer_counts(self) -> dict[str, int]:
         """MoE layer-steps so far whose routed experts were streamed ("stream") or ran on the
         CPU ("cpu")."""
-        return self.runner.expert_layer_counts
+        return self._expert_layers
 
     def routing_counts(self) -> tuple[list, list[int], list[int]] | None:
         """(counts [phase][layer][expert], tokens [phase], the layers' model indices) of the
@@ -113,16 +114,16 @@ class Engine:
             return self._execute(batch)
 
     def _execute(self, batch: ScheduledBatch) -> list[StepOutput]:
-        logits = self.runner.run(batch)  # [R, V] on the model's device
+        step = self.runner.run(batch)
         # a chunk may pass the layers over several steps (layered_prefill.py): it completes,
         # and samples, in the step its pass ends
-        done = [c for c in batch.chunks if c is not self.runner.deferred]
-        if self.runner.finished is not None:
-            done.append(self.runner.finished)
-        self.scheduler.complete(done)
-        if self.runner.deferred is not None:
-            self.scheduler.defer(self.runner.deferred)
-        samplers = [c.request for c in done if c.samples]
+        self.scheduler.complete(step.completed)
+        if step.deferred is not None:
+            self.scheduler.defer(step.deferred)
+        self._expert_layers["stream"] += step.streamed_layers
+        self._expert_layers["cpu"] += step.cpu_layers
+        logits = step.logits  # [R, V] on the model's device
+        samplers = [c.request for c in step.completed if c.samples]
         states = [self._state(r) for r in samplers]
         if any(s.matcher is not None for s in states):
             mask_logits(logits, [s.matcher for s in states])

@@ -31,6 +31,7 @@ from hybrid.engine.kv_cache import PagedLatentCache
 from hybrid.engine.prefill_chunk import choose_decode_chunk_size, choose_in_flight_chunk_size
 from hybrid.engine.routing_recorder import RoutingRecorder
 from hybrid.engine.scheduler import ScheduledBatch
+from hybrid.engine.step_result import StepResult
 from hybrid.errors import HybridError
 from hybrid.model.activations import ModelShapes, activation_bytes_per_token, choose_chunk_size
 from hybrid.ops.experts import ExpertsOp
@@ -119,10 +120,7 @@ class ModelRunner:
         self.program.stream = self.stream
         if self.stream is not None:  # its grouped launches first: warm-up steps stream
             prefill_setup.warm_up(self.stream, self.program.moe_layers[0], hf.hidden_size)
-        # MoE layer-steps whose routed experts were streamed / ran on the CPU (for /metrics)
-        self.expert_layer_counts = {"stream": 0, "cpu": 0}
         self.job = None  # a LayeredPrefill in flight
-        self.deferred = self.finished = None  # the last run's layered chunk events
         self.layered_jobs = 0  # chunks passed over several steps so far
         if config.cuda_graphs and self.device.type == "cuda" and self.program.can_capture \
                 and _one_device(self.model, self.device):
@@ -184,37 +182,36 @@ class ModelRunner:
                             flashinfer=self.flashinfer)
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> torch.Tensor:
-        """-> logits [R, V] fp32 on the model's device, one row per sampling chunk of the
-        chunks that completed this step, in order: the batch's, less `deferred` (a chunk taken
-        out to pass the layers over several steps, layered_prefill.py), then `finished` (such a
-        chunk whose pass ended in this step), both set by this call."""
-        self.deferred = self.finished = None
+    def run(self, batch: ScheduledBatch) -> StepResult:
+        """One step: the batch's chunks in one forward, and the layered chunk's next layers."""
         chunks = batch.chunks
         layers = len(self.program.moe_layers)
-        new = None
+        new = finished = done = None
+        streamed = 0
         if self.job is None and self.stream is not None \
                 and (new := layered_prefill.candidate(batch, self.placement, layers)) is not None:
             chunks = [x for x in chunks if x is not new]
-        done = None
         overlapped = self.job is not None and self.job_stream is not None and bool(chunks)
         if overlapped:  # queued first, on its stream: it runs beside this step's CPU experts
-            done = self._advance_job(decodes=True)
-        logits = self._run(chunks, may_stream=self.job is None and new is None)
+            done, streamed, finished = self._advance_job(decodes=True)
+        logits, on_stream, on_cpu = self._run(chunks, may_stream=self.job is None and new is None)
         if new is not None:
             # after the decodes are queued: the pass's first expert copies (two layers' worth)
             # would otherwise sit in the host-to-device queue ahead of the decode step's
             # per-layer copies of the CPU experts' output, and stretch it by their length
-            # (H200: the first step of each chunk's pass took 24 ms more than the next)
+            # (docs/serving.md)
             self._start_job(new)
         if self.job is not None and not overlapped:
-            done = self._advance_job(decodes=bool(chunks))
+            done, streamed, finished = self._advance_job(decodes=bool(chunks))
         if self._retired is not None:  # the job's last pieces before its logits are read
             self.model_stream.wait_stream(self.job_stream)
             self._retired = None
         if done is not None:
             logits = torch.cat([logits, done])
-        return logits
+        completed = [c for c in batch.chunks if c is not new]
+        if finished is not None:
+            completed.append(finished)
+        return StepResult(logits, completed, new, streamed + on_stream, on_cpu)
 
     def drop_job(self, request=None) -> None:
         """Forget the layered chunk (of `request`, or any): its request was cancelled or its
@@ -235,18 +232,18 @@ class ModelRunner:
         self.job = layered_prefill.LayeredPrefill(
             chunk, StepState(fb, num_real=fb.num_tokens, streamed=frozenset(range(layers))),
             per_step)
-        self.deferred = chunk
         self.layered_jobs += 1
         log.debug("a %d-token chunk passes the layers over steps, %d MoE layers a step",
                   len(chunk.token_ids), per_step)
 
-    def _advance_job(self, decodes: bool) -> torch.Tensor | None:
+    def _advance_job(self, decodes: bool) -> tuple[torch.Tensor | None, int, object]:
         """The layered chunk's next MoE layers (all that remain when no decode waits) ->
-        its logits rows when its pass ended (none if it does not sample), else None."""
+        (its logits rows when its pass ended (none if it does not sample), else None; the MoE
+        layers it streamed; its chunk when its pass ended, else None)."""
         job = self.job
         if decodes and not job.waited:  # the starting step: its copies queue, nothing runs
             job.waited = True
-            return None
+            return None, 0, None
         stop, before = job.next_stop(self.program.num_pieces, decodes), job.done
         if self.job_stream is None:
             logits = self.program.run_pieces(job.state, job.pieces, stop)
@@ -254,26 +251,27 @@ class ModelRunner:
             with torch.cuda.stream(self.job_stream):
                 logits = self.program.run_pieces(job.state, job.pieces, stop)
         job.pieces = stop
-        self.expert_layer_counts["stream"] += job.done - before
+        streamed = job.done - before
         if logits is None:
-            return None
+            return None, streamed, None
         if self.job_stream is not None:
             # read on the model stream (after run() makes it wait): not reused before that;
             # the job's tensors stay alive until then
             logits.record_stream(self.model_stream)
             self._retired = job
-        self.job, self.finished = None, job.chunk
-        return logits
+        self.job = None
+        return logits, streamed, job.chunk
 
-    def _run(self, batch_chunks, may_stream: bool) -> torch.Tensor:
-        """One forward over `batch_chunks` (graphs for decode-only steps) -> their logits."""
+    def _run(self, batch_chunks, may_stream: bool) -> tuple[torch.Tensor, int, int]:
+        """One forward over `batch_chunks` (graphs for decode-only steps) -> (their logits,
+        MoE layers streamed, MoE layers on the CPU)."""
+        layers = len(self.program.moe_layers)
         if not batch_chunks:
-            return torch.empty(0, self.model.config.vocab_size, device=self.device)
+            return torch.empty(0, self.model.config.vocab_size, device=self.device), 0, 0
         chunks = [(c.token_ids, c.request.page_ids, c.start, c.samples) for c in batch_chunks]
         if self.graphs is not None and len(chunks) <= self.graphs.max_batch \
                 and all(len(c[0]) == 1 for c in chunks):
-            self.expert_layer_counts["cpu"] += len(self.program.moe_layers)
-            return self.graphs.run(chunks)
+            return self.graphs.run(chunks), 0, layers
         fb = ForwardBatch.build(chunks, self.page_size, self.cache, self.device)
         if self.flashinfer is not None:
             self.flashinfer.attach(fb)
@@ -283,10 +281,9 @@ class ModelRunner:
             self.stream.begin(streamed)
             log.debug("step of %d tokens streams %d of %d MoE layers' experts", fb.num_tokens,
                       len(streamed), len(self.program.moe_layers))
-        self.expert_layer_counts["stream"] += len(streamed)
-        self.expert_layer_counts["cpu"] += len(self.program.moe_layers) - len(streamed)
-        return self.program.run(StepState(fb, num_real=fb.num_tokens,
-                                          streamed=frozenset(streamed)))
+        logits = self.program.run(StepState(fb, num_real=fb.num_tokens,
+                                            streamed=frozenset(streamed)))
+        return logits, len(streamed), layers - len(streamed)
 
     @torch.inference_mode()
     def warm_up(self, progress: Callable[[str], None] | None = None,

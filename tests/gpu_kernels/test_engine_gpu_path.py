@@ -35,8 +35,8 @@ def greedy(path: str, rules: str, gpu_kernels: bool, monkeypatch,
     out = llm.generate(prompt_token_ids=prompts, sampling_params=params)
     if prefill_experts == "stream":  # the prompt steps streamed every layer, decodes did not
         layers = len(runner.program.moe_layers)
-        assert runner.expert_layer_counts["stream"] >= 2 * layers
-        assert runner.expert_layer_counts["cpu"] >= 2 * layers
+        assert llm.engine.expert_layer_counts["stream"] >= 2 * layers
+        assert llm.engine.expert_layer_counts["cpu"] >= 2 * layers
         # the long prompt's last chunk came while the short one decoded: its pass through the
         # layers was spread over steps, one MoE layer a step (nothing measured on the CPU)
         assert runner.layered_jobs >= 1 and runner.job is None
