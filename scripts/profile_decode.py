@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_e2e import ExpertClock, build_model, rules_with_mode
 
+from hybrid.engine import runner_start_up
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.llm import LLM
 from hybrid.engine.sampling_params import SamplingParams
@@ -167,12 +168,13 @@ def main() -> int:
     if not runner.program.can_capture or runner.device.type != "cuda":
         print("no CUDA graphs for this model and rules: nothing to profile")
         return 1
-    runner.warm_up()
+    runner_start_up.warm_up(runner)
     r: dict = {"model": Path(path).name, "batch": args.batch,
                "moe_layers": len(runner.program.moe_layers)}
     start(llm, args.batch, gen)
     for kind in ("layers", "step"):
-        r[kind] = profile(llm, runner.capture_graphs(kind), args.batch, args.steps)
+        r[kind] = profile(llm, runner_start_up.capture_graphs(runner, kind), args.batch,
+                          args.steps)
     r["kernels"] = kernel_table(llm, 8)
     print(json.dumps({k: v for k, v in r.items() if k != "kernels"}, indent=1))
     if args.json:

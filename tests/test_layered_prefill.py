@@ -88,7 +88,7 @@ def test_beside_a_chunk_in_flight_other_prompts_take_the_in_flight_budget() -> N
         nxt = s.schedule()
         prompt = [c for c in nxt.chunks if c.request is other]
         assert sum(len(c.token_ids) for c in prompt) == expect
-        assert [c.request for c in nxt.chunks][0] is short  # the decode always runs
+        assert nxt.chunks[0].request is short  # the decode always runs
         s.complete([*nxt.chunks, deferred])  # the chunk passed: the whole budget again
         short.append(99)
         after = s.schedule().chunks  # long's last 36 tokens first (FCFS), then other's

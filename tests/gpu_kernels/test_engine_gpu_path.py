@@ -39,7 +39,7 @@ def greedy(path: str, rules: str, gpu_kernels: bool, monkeypatch,
         assert llm.engine.expert_layer_counts["cpu"] >= 2 * layers
         # the long prompt's last chunk came while the short one decoded: its pass through the
         # layers was spread over steps, one MoE layer a step (nothing measured on the CPU)
-        assert runner.layered_jobs >= 1 and runner.job is None
+        assert runner.layered.count >= 1 and runner.job is None
     return [o.outputs[0].token_ids for o in out]
 
 

@@ -1,0 +1,98 @@
+"""Running the one prompt chunk that passes the layers over several steps (the policy and the
+job's state: layered_prefill.py), for the model runner.
+
+Invariants: one job at a time; its pieces run on `job_stream` where there is one (queued before
+the step's decodes, so the GPU runs them while the host runs the decodes' CPU experts), else on
+the model stream; a job's last logits are read on the model stream only after it waited for
+`job_stream` (`settle`), and a dropped job's queued work finishes before any later step reuses
+its pages and buffers.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from hybrid.engine import layered_prefill
+from hybrid.engine.decoder import DecoderProgram, StepState
+from hybrid.engine.forward_batch import ForwardBatch
+from hybrid.engine.kv_cache import PagedLatentCache
+from hybrid.engine.prefill_costs import ExpertPlacement
+from hybrid.engine.scheduler import ScheduledChunk
+
+log = logging.getLogger("hybrid.engine")
+
+
+class LayeredPasses:
+    def __init__(self, program: DecoderProgram, cache: PagedLatentCache, page_size: int,
+                 device: torch.device, model_stream, job_stream) -> None:
+        """model_stream: the steps' stream (None on the CPU); job_stream: the jobs' own, or
+        None to run them on the model stream."""
+        self.program, self.cache, self.page_size, self.device = program, cache, page_size, device
+        self.model_stream, self.job_stream = model_stream, job_stream
+        self.job: layered_prefill.LayeredPrefill | None = None
+        self.count = 0  # chunks passed over several steps so far
+        self._retired = None  # a job finished this step: alive until the model stream waits
+
+    @property
+    def overlaps(self) -> bool:
+        """A job's pieces run on a stream of their own, beside the step's decodes."""
+        return self.job_stream is not None
+
+    def start(self, chunk: ScheduledChunk, placement: ExpertPlacement) -> None:
+        """Take `chunk` out of the step: its forward state built, every MoE layer's expert
+        copies queued; its layers run in the next steps' `advance`."""
+        layers = len(self.program.moe_layers)
+        fb = ForwardBatch.build([(chunk.token_ids, chunk.request.page_ids, chunk.start,
+                                  chunk.samples)], self.page_size, self.cache, self.device)
+        self.program.stream.begin(list(range(layers)))
+        per_step = layered_prefill.layers_per_step(placement, len(chunk.token_ids), layers)
+        if self.job_stream is not None:  # its pieces read what the model stream queued
+            self.job_stream.wait_stream(self.model_stream)
+        self.job = layered_prefill.LayeredPrefill(
+            chunk, StepState(fb, num_real=fb.num_tokens, streamed=frozenset(range(layers))),
+            per_step)
+        self.count += 1
+        log.debug("a %d-token chunk passes the layers over steps, %d MoE layers a step",
+                  len(chunk.token_ids), per_step)
+
+    def advance(self, decodes: bool) -> tuple[torch.Tensor | None, int, ScheduledChunk | None]:
+        """The job's next MoE layers (all that remain when no decode waits) -> (its logits
+        rows when its pass ended (none if it does not sample), else None; the MoE layers it
+        streamed; its chunk when its pass ended, else None)."""
+        job = self.job
+        if decodes and not job.waited:  # the starting step: its copies queue, nothing runs
+            job.waited = True
+            return None, 0, None
+        stop, before = job.next_stop(self.program.num_pieces, decodes), job.done
+        if self.job_stream is None:
+            logits = self.program.run_pieces(job.state, job.pieces, stop)
+        else:
+            with torch.cuda.stream(self.job_stream):
+                logits = self.program.run_pieces(job.state, job.pieces, stop)
+        job.pieces = stop
+        streamed = job.done - before
+        if logits is None:
+            return None, streamed, None
+        if self.job_stream is not None:
+            # read on the model stream (after `settle` makes it wait): not reused before
+            # that; the job's tensors stay alive until then
+            logits.record_stream(self.model_stream)
+            self._retired = job
+        self.job = None
+        return logits, streamed, job.chunk
+
+    def settle(self) -> None:
+        """Before the step's logits are read: the model stream waits for a job that ended."""
+        if self._retired is not None:
+            self.model_stream.wait_stream(self.job_stream)
+            self._retired = None
+
+    def drop(self, request=None) -> None:
+        """Forget the job (of `request`, or any): its request was cancelled or its step
+        failed. Work already queued on the device finishes before any later step's."""
+        if self.job is not None and (request is None or self.job.chunk.request is request):
+            if self.job_stream is not None:  # its pages and buffers are reused after this
+                self.model_stream.wait_stream(self.job_stream)
+            self.job = None

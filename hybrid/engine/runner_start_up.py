@@ -1,0 +1,190 @@
+"""The model runner's start-up: what it measures, compiles and captures once, before the
+first request (model_runner.py holds the buffers and runs the steps). Each function takes the
+ModelRunner being started (untyped here: this module sits below it, no import back up).
+
+Order matters: the prompt chunk is chosen after the weights and the KV cache took their memory;
+the streamed experts' buffers and grouped launches come before the warm-up, whose long steps
+stream as served ones do; the decode graphs are captured after every kernel compiled (their
+form timed first where the config leaves it open, graph_choice.py); the streamed-vs-CPU cost
+model is measured last, on the warm kernels, and the chunk sizes beside decodes follow from it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from hybrid.engine import decode_attention, prefill_setup
+from hybrid.engine.config import EngineConfig
+from hybrid.engine.decoder import DecoderProgram, StepState
+from hybrid.engine.forward_batch import ForwardBatch, StepLayout
+from hybrid.engine.prefill_chunk import choose_decode_chunk_size, choose_in_flight_chunk_size
+from hybrid.engine.routing_recorder import RoutingRecorder
+from hybrid.errors import HybridError
+from hybrid.model.activations import ModelShapes, activation_bytes_per_token, choose_chunk_size
+from hybrid.ops.experts import ExpertsOp
+from hybrid.ops.mla_attention import MLAAttentionOp
+
+log = logging.getLogger("hybrid.engine")
+
+
+def auto_chunk_size(runner, max_request_tokens: int,
+                     progress: Callable[[str], None] | None) -> int:
+    """prefill_chunk.py's choice for this model and device, after weights and KV cache."""
+    can_stream = runner.device.type == "cuda" and runner.config.prefill_experts != "cpu" and \
+        any(isinstance(op, ExpertsOp) and op.stream_parts is not None
+            for op in runner.model.modules())
+    free = torch.cuda.mem_get_info(runner.device)[0] if runner.device.type == "cuda" else 0
+    per_token = activation_bytes_per_token(ModelShapes.of(runner.model.config))
+    chunk = choose_chunk_size(can_stream, per_token, free, max_request_tokens)
+    why = "they may stream experts to the GPU" if can_stream else "no streamed experts"
+    line = (f"prompt steps of up to {chunk} tokens ({why}; {per_token / 1024:.0f} KiB of "
+            f"activations a token; --chunk-size sets it)")
+    if progress is not None:  # said once: as a start-up line, else logged
+        progress(line)
+    else:
+        log.info("%s", line)
+    return chunk
+
+
+def start_up(runner, config: EngineConfig, attention: list[MLAAttentionOp],
+             progress: Callable[[str], None] | None) -> None:
+    """Everything after the runner's buffers, set on it: the attention backend, the streamed
+    experts, the warm-up, the CUDA graphs (their form timed where `decode_graph` is "auto"),
+    the prefill cost model and the chunk sizes chosen from it."""
+    hf = runner.model.config
+    runner.graphs = None
+    runner.decode_graph = None  # the form of the decode graphs replayed, once captured
+    runner.attention_backend, runner.flashinfer = decode_attention.build(
+        config.attention_backend, attention, runner.page_size, runner.max_pages)
+    runner.stream = prefill_setup.build_stream(runner.program.moe_layers, config, runner.device)
+    runner.program.stream = runner.stream
+    if runner.stream is not None:  # its grouped launches first: warm-up steps stream
+        prefill_setup.warm_up(runner.stream, runner.program.moe_layers[0], hf.hidden_size)
+    if config.cuda_graphs and runner.device.type == "cuda" and runner.program.can_capture \
+            and _one_device(runner.model, runner.device):
+        warm_up(runner, progress)
+        runner.decode_graph = config.decode_graph
+        if runner.decode_graph == "auto":
+            runner.decode_graph = measure_decode_graphs(runner, progress)
+        runner.graphs = capture_graphs(runner, runner.decode_graph, progress)
+    elif runner.device.type == "cuda":
+        warm_up(runner, progress, decode=True)
+    runner.placement = prefill_setup.placement(runner.stream, runner.program.moe_layers, config,
+                                             hf.hidden_size, progress)
+    runner.decode_chunk_size = config.decode_chunk_size or choose_decode_chunk_size(
+        runner.placement, runner.chunk_size, len(runner.program.moe_layers))
+    if config.decode_chunk_size is None and progress is not None:
+        progress(f"beside decoding requests, prompt steps of up to "
+                 f"{runner.decode_chunk_size} tokens (--decode-chunk-size sets it)")
+    runner.in_flight_chunk_size = choose_in_flight_chunk_size(
+        runner.placement, runner.decode_chunk_size, len(runner.program.moe_layers))
+    if runner.in_flight_chunk_size < runner.decode_chunk_size and progress is not None:
+        progress(f"while a long prompt passes the layers beside decodes, other prompts "
+                 f"take up to {runner.in_flight_chunk_size} tokens a step")
+    if runner.recorder is not None:
+        runner.recorder.reset()  # start-up's warm-up steps are not traffic
+
+
+def measure_decode_graphs(runner, progress: Callable[[str], None] | None) -> str:
+    """graph_choice.py: the faster form of decode graphs here ("step" where no MoE layer's
+    experts are on the CPU: the forms are then the same graphs)."""
+    from hybrid.engine import graph_choice
+
+    if not runner.program.moe_layers:
+        return "step"
+    if progress is not None:
+        progress("timing decode steps as one graph against layer by layer")
+    seconds = graph_choice.measure(lambda form: capture_graphs(runner, form, max_batch_size=1),
+                                   runner.device)
+    chosen = graph_choice.faster(seconds)
+    line = graph_choice.describe(seconds, chosen)
+    if progress is not None:
+        progress(line)
+    else:
+        log.info("%s", line)
+    return chosen
+
+
+def capture_graphs(runner, decode_graph: str, progress: Callable[[str], None] | None = None,
+                   max_batch_size: int | None = None):
+    """-> DecodeGraphs of every batch bucket up to `max_batch_size` (the config's when
+    None), `decode_graph` "step" or "layers" (also for benchmarks that compare the two in
+    one process)."""
+    from gpu_kernels.mla_decode import choose_splits
+    from hybrid.engine.cuda_graphs import DecodeGraphs
+
+    heads = runner.program.inner.layers[0].self_attn.heads
+    capacity = runner.max_pages * runner.page_size
+    return DecodeGraphs(runner.program, runner.cache, runner.page_size, runner.max_pages,
+                        max_batch_size or runner.config.max_batch_size, runner.device,
+                        lambda b: choose_splits(b, heads, capacity), progress,
+                        whole_step=decode_graph == "step" and bool(runner.program.moe_layers),
+                        flashinfer=runner.flashinfer)
+
+
+@torch.inference_mode()
+def warm_up(runner, progress: Callable[[str], None] | None = None,
+            decode: bool = False) -> None:
+    """Compile every kernel variant a step can need before the first request: a
+    prefill-shaped step of each token-count class of the product kernels' tiles (and of
+    chunk_size), every row sampling up to the largest class (the head's products take
+    those counts too), and with `decode` a decode-shaped step (without CUDA graphs, whose
+    capture does that). Writes only the cache's scratch slot."""
+    from gpu_kernels.qmatmul import TOKEN_CLASSES
+
+    largest = TOKEN_CLASSES[-1]
+    counts = sorted({min(n, runner.max_tokens) for n in (*TOKEN_CLASSES,
+                                                       runner.chunk_size)})
+    for i, n in enumerate(counts):
+        if progress is not None:
+            progress(f"compiling kernels: a step of {n} tokens ({i + 1}/{len(counts)})")
+        fb = ForwardBatch.scratch_prefill(n, runner.page_size, runner.cache, runner.device,
+                                          samples=n if n <= largest else 1)
+        # steps past the product classes stream where they can (as served: the CPU
+        # experts add no kernel variant, and cost seconds at chunk_size tokens)
+        streamed = range(len(runner.program.moe_layers)) \
+            if runner.stream is not None and n > largest else range(0)
+        if streamed:
+            runner.stream.begin(streamed)
+        runner.program.run(StepState(fb, num_real=n, streamed=frozenset(streamed)))
+    for op in runner.model.modules():
+        if isinstance(op, ExpertsOp):  # on-device experts: block sizes no step picks
+            op.warm_up()
+    if decode:
+        _, fb = ForwardBatch.scratch_decode(StepLayout(1, 1, runner.max_pages, 1),
+                                            runner.page_size, runner.cache, runner.device)
+        if runner.flashinfer is not None:  # the padding row planned as one token
+            runner.flashinfer.attach(fb)
+        runner.program.run(StepState(fb, num_real=1))
+    if runner.device.type == "cuda":
+        torch.cuda.synchronize(runner.device)
+
+
+def _one_device(model: nn.Module, device: torch.device) -> bool:
+    """Every operator but the CPU experts on `device` (a CUDA graph captures one device)."""
+    for module in model.modules():
+        if not type(module).__module__.startswith("hybrid.ops") or isinstance(module, ExpertsOp):
+            continue
+        if module.device != device:
+            return False
+    return True
+
+
+def install_recorder(model: nn.Module, program: DecoderProgram) -> RoutingRecorder:
+    """A RoutingRecorder on every MoE layer's router: the program records the routers it runs
+    itself, each gate the ones a MoE block run in place makes."""
+    from hybrid.ops.gate import GateOp
+
+    gates = [layer.mlp.gate for layer in model.model.layers if hasattr(layer.mlp, "experts")]
+    if not all(isinstance(g, GateOp) for g in gates):
+        raise HybridError("recording routing needs every MoE router on the gate operator: "
+                          "add `replace: {class: gate}` for the routers to the rule file")
+    recorder = RoutingRecorder([g.layer_index for g in gates], model.config.n_routed_experts)
+    for g in gates:
+        g.recorder = recorder
+    program.recorder = recorder
+    return recorder
