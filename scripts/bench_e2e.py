@@ -185,7 +185,7 @@ def itl_during_prefill(llm: LLM, n: int) -> dict:
         if row["token"]:
             stamps.append(time.perf_counter())
         job = runner.job  # the layered chunk in flight (layered_prefill.py): MoE layers passed
-        row["job_layers"] = -1 if job is None else job.done
+        row["job_layers"] = -1 if job is None else runner.program.layers_passed(job.pieces)
     with probe:
         # idle gaps as many as a long prompt's steps (~110 for 8K tokens): their max is the
         # like-for-like reference for the busy max (this host's own stalls show in both)

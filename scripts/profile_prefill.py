@@ -104,9 +104,10 @@ def itl_steps(llm: LLM, n: int, top: int) -> None:
             llm.worker.step()
             _sync()
             wall = time.perf_counter() - t
-        job = llm.engine.runner.job
+        job, program = llm.engine.runner.job, llm.engine.runner.program
+        passed = None if job is None else program.layers_passed(job.pieces)
         table(prof, f"{name}: wall {wall * 1e3:.1f} ms, layered job "
-              f"{'none' if job is None else f'{job.done} layers passed'}", top)
+              f"{'none' if job is None else f'{passed} layers passed'}", top)
     while not prompt.is_finished:
         llm.worker.step()
     stream.cancel()

@@ -1,5 +1,6 @@
 """A prompt chunk passing the layers over several steps: which chunk is chosen, how many layers
-a step, and the scheduler holding its request back until it completes (no torch)."""
+a step, and the scheduler holding its request back until it completes (torch only where a test
+imports the step program's piece arithmetic)."""
 
 from __future__ import annotations
 
@@ -60,17 +61,24 @@ def test_a_deferred_chunk_holds_its_request_back_until_complete() -> None:
 
 
 def test_a_job_runs_the_part_before_the_first_moe_layer_alone_then_layers() -> None:
+    from hybrid.engine.decoder import DecoderProgram  # torch: imported by this test alone
     from hybrid.engine.layered_prefill import LayeredPrefill
 
-    job = LayeredPrefill(chunk=None, state=None, layers_per_step=2)
-    pieces = 1 + 4 * 5  # five MoE layers and the head
+    class _FiveLayers:  # DecoderProgram's piece arithmetic: five MoE layers and the head
+        num_pieces = 1 + 4 * 5
+        after_layer = DecoderProgram.after_layer
+        layers_passed = staticmethod(DecoderProgram.layers_passed)
+
+    job, program = LayeredPrefill(chunk=None, state=None, layers_per_step=2), _FiveLayers()
     stops = []
-    while job.pieces < pieces:
-        stops.append((job.next_stop(pieces, decodes=True), job.done))
+    while job.pieces < program.num_pieces:
+        stops.append((job.next_stop(program, decodes=True), program.layers_passed(job.pieces)))
         job.pieces = stops[-1][0]
-    assert stops == [(1, 0), (9, 0), (17, 2), (21, 4)] and job.done == 5
+    assert stops == [(1, 0), (9, 0), (17, 2), (21, 4)]
+    assert program.layers_passed(job.pieces) == 5
+    assert program.after_layer(4) == program.num_pieces  # the last layer's stop is the head's
     # no decode waits: everything left at once
-    assert LayeredPrefill(None, None, 1, pieces=9).next_stop(pieces, decodes=False) == pieces
+    assert LayeredPrefill(None, None, 1, pieces=9).next_stop(program, decodes=False) == 21
 
 
 def test_beside_a_chunk_in_flight_other_prompts_take_the_in_flight_budget() -> None:

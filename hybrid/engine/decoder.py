@@ -44,6 +44,10 @@ from hybrid.engine.forward_batch import ForwardBatch
 from hybrid.ops.experts import ExpertsOp
 from hybrid.ops.layers import RMSNormOp
 
+# a bridged MoE layer's pieces: its mark, shared expert, routed experts (compute), then the
+# receive and everything up to the next layer's hand-over (or the head)
+PIECES_PER_MOE_LAYER = 4
+
 
 @dataclass
 class StepState:
@@ -93,12 +97,22 @@ class DecoderProgram:
     def num_pieces(self) -> int:
         return len(self.pieces)
 
+    def after_layer(self, i: int) -> int:
+        """The stop (for run_pieces) at which MoE layer i is passed: its experts' output
+        received and the next layer's attention and router run (for the last: the head)."""
+        return 1 + PIECES_PER_MOE_LAYER * (i + 1)
+
+    @staticmethod
+    def layers_passed(pieces_run: int) -> int:
+        """MoE layers passed once the first `pieces_run` pieces ran."""
+        return max(0, pieces_run - 1) // PIECES_PER_MOE_LAYER
+
     def run_pieces(self, st: StepState, start: int, stop: int) -> torch.Tensor | None:
         """Run pieces [start, stop) of the step: a pass spread over several calls. Piece 0 is
         all before the first MoE layer's hand-over (the embedding, dense layers, that layer's
-        attention and router); MoE layer i then owns pieces 1 + 4i .. 4 + 4i: its mark, shared
-        expert and routed experts, then the next layer's attention and router (the last one's:
-        the final norm and head). With stop == num_pieces -> logits, else None."""
+        attention and router); MoE layer i then owns the pieces up to `after_layer(i)`: its
+        mark, shared expert and routed experts, then the next layer's attention and router (the
+        last one's: the final norm and head). With stop == num_pieces -> logits, else None."""
         for piece in self.pieces[start:stop]:
             piece.run(st)
         return st.logits if stop == len(self.pieces) else None

@@ -65,14 +65,15 @@ class LayeredPasses:
         if decodes and not job.waited:  # the starting step: its copies queue, nothing runs
             job.waited = True
             return None, 0, None
-        stop, before = job.next_stop(self.program.num_pieces, decodes), job.done
+        program = self.program
+        stop, before = job.next_stop(program, decodes), program.layers_passed(job.pieces)
         if self.job_stream is None:
             logits = self.program.run_pieces(job.state, job.pieces, stop)
         else:
             with torch.cuda.stream(self.job_stream):
                 logits = self.program.run_pieces(job.state, job.pieces, stop)
         job.pieces = stop
-        streamed = job.done - before
+        streamed = program.layers_passed(stop) - before
         if logits is None:
             return None, streamed, None
         if self.job_stream is not None:

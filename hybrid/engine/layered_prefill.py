@@ -25,9 +25,13 @@ cost model; one layer a step where nothing was measured.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hybrid.engine.prefill_costs import ExpertPlacement
 from hybrid.engine.scheduler import ScheduledBatch, ScheduledChunk
+
+if TYPE_CHECKING:
+    from hybrid.engine.decoder import DecoderProgram
 
 
 @dataclass
@@ -38,19 +42,15 @@ class LayeredPrefill:
     pieces: int = 0  # the step's pieces run so far (decoder.DecoderProgram.run_pieces)
     waited: bool = False  # the step that started it has passed (it runs no piece)
 
-    @property
-    def done(self) -> int:
-        """MoE layers the chunk has passed."""
-        return max(0, self.pieces - 1) // 4
-
-    def next_stop(self, num_pieces: int, decodes: bool) -> int:
-        """Where this step's run ends: piece 0 alone first, then `layers_per_step` MoE
-        layers' pieces; everything left when no decode waits."""
+    def next_stop(self, program: DecoderProgram, decodes: bool) -> int:
+        """Where this step's run ends: piece 0 alone first (all before the first MoE layer),
+        then `layers_per_step` more MoE layers; everything left when no decode waits."""
         if not decodes:
-            return num_pieces
+            return program.num_pieces
         if self.pieces == 0:
             return 1
-        return min(num_pieces, self.pieces + 4 * self.layers_per_step)
+        passed = program.layers_passed(self.pieces)
+        return min(program.num_pieces, program.after_layer(passed + self.layers_per_step - 1))
 
 
 def candidate(batch: ScheduledBatch, placement: ExpertPlacement,
