@@ -145,6 +145,18 @@ class EngineWorker:
         """schedule -> execute -> update; returns the number of tokens generated."""
         assert self._thread is None or threading.current_thread() is self._thread, \
             "only the worker thread steps a started engine"
+        batch = self._schedule()
+        try:
+            outputs = self.engine.execute(batch)
+        except Exception as e:  # a failing forward must not take the server down
+            log.exception("a step of %d requests failed", len(batch.chunks))
+            self._fail_step(batch, e)
+            return 0
+        self._deliver(outputs)
+        return len(outputs)
+
+    def _schedule(self):
+        """The next batch (cancelled requests dropped), counted for /health."""
         with self._lock:
             was_waiting = {id(r) for r in self.engine.scheduler.waiting}
             batch = self.engine.schedule()
@@ -160,30 +172,11 @@ class EngineWorker:
         if batch.chunks:
             log.debug("step: %d requests, %d decodes, %d tokens", len(batch.chunks),
                       batch.num_decodes, batch.num_tokens)
-        try:
-            outputs = self.engine.execute(batch)
-        except Exception as e:  # a failing forward must not take the server down
-            log.exception("a step of %d requests failed", len(batch.chunks))
-            failed = [c.request for c in batch.chunks]
-            failed += [r for r in self.engine.abandon_in_flight() if r not in failed]
-            message = f"generation failed: {type(e).__name__}: {e}"
-            lost = is_device_lost(e)
-            if lost:
-                self._stop_for_good(f"{type(e).__name__}: {e}")
-                message = f"the GPU failed ({type(e).__name__}: {e}); the server stops"
-                failed += [r for r in self.engine.scheduler.running if r not in failed]
-            for request in failed:
-                self._emit(request, RequestFailed(message))
-                self._retire(request, RequestStatus.FINISHED_FAILED)
-            if lost:  # the queue too: cancelled, told why, dropped with their pages
-                with self._lock:
-                    waiting = list(self.engine.scheduler.waiting)
-                    for request in waiting:
-                        request.cancel()
-                    self.engine.schedule()
-                for request in waiting:
-                    self._emit(request, RequestFailed(message))
-            return 0
+        return batch
+
+    def _deliver(self, outputs) -> None:
+        """Each sampled token to its request's sink; finished (or disconnected) requests
+        retired."""
         for out in outputs:
             status = out.status
             if not self._emit(out.request, out.token):
@@ -192,7 +185,29 @@ class EngineWorker:
                 self._retire(out.request, status)
         with self._lock:
             self._counts["tokens"] += len(outputs)
-        return len(outputs)
+
+    def _fail_step(self, batch, e: Exception) -> None:
+        """A step raised: its requests (and any whose chunk was part-way through the layers)
+        fail with the cause; a lost device also fails the rest and stops the loop."""
+        failed = [c.request for c in batch.chunks]
+        failed += [r for r in self.engine.abandon_in_flight() if r not in failed]
+        message = f"generation failed: {type(e).__name__}: {e}"
+        lost = is_device_lost(e)
+        if lost:
+            self._stop_for_good(f"{type(e).__name__}: {e}")
+            message = f"the GPU failed ({type(e).__name__}: {e}); the server stops"
+            failed += [r for r in self.engine.scheduler.running if r not in failed]
+        for request in failed:
+            self._emit(request, RequestFailed(message))
+            self._retire(request, RequestStatus.FINISHED_FAILED)
+        if lost:  # the queue too: cancelled, told why, dropped with their pages
+            with self._lock:
+                waiting = list(self.engine.scheduler.waiting)
+                for request in waiting:
+                    request.cancel()
+                self.engine.schedule()
+            for request in waiting:
+                self._emit(request, RequestFailed(message))
 
     def _stop_for_good(self, cause: str) -> None:
         """An unrecoverable device error: every later step would fail the same way, so the
