@@ -1,15 +1,10 @@
 """Which kernel attends the decode rows: ours (gpu_kernels.mla_decode, Triton: always there) or
 flashinfer's paged MLA decode (gpu_kernels.mla_decode_flashinfer, when flashinfer is installed).
 
-Measured side by side on an H200 (`scripts/bench_mla_peer.py`, one run, our tiles from
-decode_tiles): with V3's 128 heads flashinfer's Hopper kernel takes 25-54 us where ours takes
-39-311 us from 4K cached tokens on (1.6-6x), and ours is faster at 512 (17 against 19 us); with
-V2-Lite's 16 heads ours is as fast or faster up to ~8K tokens a sequence (12 against 17 us at
-512) and flashinfer 1.4-1.9x faster from ~32K or many long sequences. flashinfer also plans each
-step on the host (~0.6 ms, once per step for every layer): on a V2-Lite-shaped file, decode at
-short contexts ran 58 tok/s with it against 65 with ours. So "auto" takes flashinfer for models
-of >= 64 heads when it is importable, ours otherwise. Error against the float64 reference: ours
-~3e-6 (bf16x2 products), flashinfer's ~4e-3 (bf16 queries and probabilities).
+"auto" takes flashinfer for models of >= FLASHINFER_MIN_HEADS heads when it is importable, ours
+otherwise (the measurements behind that line: docs/gpu-path.md, "Decode attention"). Error
+against the float64 reference: ours ~3e-6 (bf16x2 products), flashinfer's ~4e-3 (bf16 queries
+and probabilities).
 
 A plan is per step: every layer's decode rows share the lengths and pages. Eager steps plan one
 wrapper from the step's packed host indices; each CUDA graph bucket owns a wrapper whose fixed

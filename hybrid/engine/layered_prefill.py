@@ -1,21 +1,22 @@
 """A long prompt chunk's pass through the layers spread over several steps while other
-requests decode, so their inter-token latency stays bounded (issue 16: a streamed prompt step
-otherwise holds every running stream for the whole pass, 1.4 s for 8K tokens of V2-Lite).
+requests decode, so their inter-token latency stays bounded (a streamed prompt step otherwise
+holds every running stream for the whole pass; measurements: docs/long-prompts.md).
 
 Policy: when a step carries decodes and one prompt chunk whose every MoE layer would stream,
-the model runner takes the chunk out of the step and starts a job: its own ForwardBatch and
-step state, kept on the GPU between steps, every MoE layer streamed (the stream's queue runs
-on across steps, so the next layers' copies proceed during the decodes). Each later step runs
-the decodes first (their CUDA graph), then advances the job by `layers_per_step` MoE layers;
-the step where the last layer and the head run returns the chunk's logits. The scheduler holds
-the request back meanwhile (Request.in_flight). One job at a time; other prompt chunks of those
-steps run on the CPU experts; with no decode left in a step the job runs to its end.
+the model runner takes the chunk out of the step and starts a job (layered_passes.py): its own
+ForwardBatch and step state, kept on the GPU between steps, every MoE layer streamed (the
+stream's queue runs on across steps, so the next layers' copies proceed during the decodes).
+Each later step runs the decodes first (their CUDA graph), then advances the job by
+`layers_per_step` MoE layers; the step where the last layer and the head run returns the
+chunk's logits. The scheduler holds the request back meanwhile (Request.in_flight). One job at
+a time; other prompt chunks of those steps run on the CPU experts; with no decode left in a
+step the job runs to its end.
 
 A job's first two steps carry less: the step that starts it only queues its index copy and its
-first expert copies (on the H100 the model stream stood ~15 ms behind them), the next runs the
+first expert copies (the model stream would otherwise stand behind them), the next runs the
 part before the first MoE layer (embedding, dense layers, the first attention); each later
-step one MoE layer's experts and the next layer's attention. Before, the first step carried all
-of that: 47-57 ms against 23-32 for the others, 4x an idle decode step of 13-15 ms.
+step one MoE layer's experts and the next layer's attention, so no step carries the first
+layers' extra work on top of a layer's.
 
 `layers_per_step` keeps a step within about twice a decode step: as many streamed layers (at
 the chunk's token count) as the CPU experts of a one-token decode step take, by the start-up

@@ -65,10 +65,9 @@ class ModelRunner:
         self.max_pages = -(-max_request_tokens // config.page_size)
         # The model's own stream, not CUDA's legacy default one: there, a small pinned
         # host-to-device copy (as the CPU experts' sum coming back, per layer and step)
-        # waited for the expert stream's unit copies on their side stream (H100: 11.4 ms
-        # behind two 300 MB copies, 0.004 ms on a stream of its own; scripts/
-        # probe_stream_overlap.py). Start-up (warm-up, costs, capture) and every step run
-        # on it.
+        # waits for the expert stream's unit copies on their side stream
+        # (scripts/probe_stream_overlap.py; docs/long-prompts.md). Start-up (warm-up, costs,
+        # capture) and every step run on it.
         self.model_stream = torch.cuda.Stream(self.device, priority=-1) \
             if self.device.type == "cuda" else None
         # A prompt chunk passed over steps (layered_prefill.py) runs its layers on a stream of

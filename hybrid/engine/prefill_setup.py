@@ -174,7 +174,7 @@ def calibrate(stream: ExpertStream, layer: ExpertsOp, hidden: int) -> PrefillCos
             times.append(time.perf_counter() - t0)
         cpu_ms.append((n, 1e3 * min(times[1:])))
     # more tokens never cost less: a noisy host's outlier must not make 16 tokens dearer than
-    # 64 (an H100 run measured 29.9 ms at 16 tokens, 8.8 at 64, and streamed every prompt)
+    # 64 (one did, and every prompt then streamed: docs/long-prompts.md)
     for i in range(len(cpu_ms) - 2, -1, -1):
         cpu_ms[i] = (cpu_ms[i][0], min(cpu_ms[i][1], cpu_ms[i + 1][1]))
     return PrefillCosts(stream.layer_nbytes[0], tuple(stream_ms), tuple(cpu_ms))
