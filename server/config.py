@@ -7,44 +7,56 @@ from typing import Any
 
 from hybrid.engine.config import EngineConfig
 from hybrid.errors import HybridError
+from hybrid.settings import check_choices, setting
+from hybrid.tokenizer.bundled_templates import BUNDLED_TEMPLATES
 
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 MAX_REQUEST_BYTES = 1 << 20  # 1 MiB: far above any chat a 2-core box can serve, far below abuse
 
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """How `hybrid serve` listens and what it allows per request.
+    """How `hybrid serve` listens and what it allows per request, each setting declared once
+    with the help its flag shows (hybrid/settings.py).
 
     `max_new_tokens` caps every request: a larger `max_tokens` is clamped to it (and then ends
-    with finish_reason "length"); a request without `max_tokens` gets the cap.
-    `api_key` None leaves the API open; otherwise every route but /health needs
-    `Authorization: Bearer <api_key>`. `served_model_name` None uses the GGUF file's stem.
-    `force_think` ends every chat prompt with "<think>\n" (DeepSeek R1's convention), so the
-    model reasons first; chat responses then split reasoning from the answer.
-    `chat_template` (a bundled family's name or a .jinja file) replaces the file's template:
-    for files converted without one, or with an older revision (V3's first template writes
+    with finish_reason "length"); a request without `max_tokens` gets the cap. `force_think`
+    makes chat responses split reasoning from the answer. `chat_template` exists for files
+    converted without a template, or with an older revision (V3's first template writes
     earlier tool calls only for content None; R1's handles both).
-    `routing_profile` records which experts the traffic's routers choose into that file
-    (rewritten every 30 s and at shutdown), for `hybrid tune`.
     """
 
     engine: EngineConfig = field(default_factory=EngineConfig)
-    host: str = "127.0.0.1"
-    port: int = 8000
-    max_new_tokens: int = 2048
-    api_key: str | None = None
-    served_model_name: str | None = None
-    max_request_bytes: int = MAX_REQUEST_BYTES
-    log_level: str = "info"
-    force_think: bool = False
-    chat_template: str | None = None
-    routing_profile: str | None = None  # --record-routing: the live profile's file
-    # JSON schemas (response_format, tool parameters) read as JSON Schema does: objects take
-    # keys their properties do not list unless the schema says no (default: they take none)
-    lenient_schemas: bool = False
-    # on SIGTERM/SIGINT: seconds the running requests may take to finish before they are
-    # cancelled (new ones get a 503 meanwhile; server/lifecycle.py)
-    shutdown_timeout: float = 30.0
+    host: str = setting("127.0.0.1", help="address to listen on (0.0.0.0: all)")
+    port: int = setting(8000, help="TCP port to listen on (0: any free port, printed at start)")
+    max_new_tokens: int = setting(
+        2048, help="cap on tokens per request; larger max_tokens are clamped to it")
+    api_key: str | None = setting(
+        None, help="require 'Authorization: Bearer KEY' on every route but /health")
+    served_model_name: str | None = setting(
+        None, help="the model name clients pass (default: the GGUF file's stem)")
+    max_request_bytes: int = setting(MAX_REQUEST_BYTES, help="larger request bodies get a 413")
+    log_level: str = setting("info", choices=LOG_LEVELS,
+                             help="the server's and the engine's log level")
+    force_think: bool = setting(
+        False, help="end chat prompts with '<think>\\n' (DeepSeek R1): the model reasons first; "
+                    "chat replies carry it apart (reasoning_content)")
+    chat_template: str | None = setting(
+        None, metavar="NAME|FILE",
+        help="replace the file's chat template with a bundled family's ("
+             + ", ".join(BUNDLED_TEMPLATES) + ") or a .jinja file")
+    lenient_schemas: bool = setting(
+        False, help="let structured output and tool calls write object keys their JSON schema "
+                    "does not list where it does not forbid them (as JSON Schema reads it); by "
+                    "default they write none, as vLLM and SGLang do")
+    shutdown_timeout: float = setting(
+        30.0, metavar="S",
+        help="on SIGTERM or Ctrl-C: new requests get a 503 while the running ones have S "
+             "seconds to finish; then they are cancelled (server/lifecycle.py)")
+    routing_profile: str | None = setting(
+        None, flag="--record-routing", metavar="FILE",
+        help="record which experts the traffic uses into FILE (a routing profile for `hybrid "
+             "tune`, rewritten every 30 s and at shutdown)")
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -63,9 +75,7 @@ class ServerConfig:
         if not self.shutdown_timeout >= 0:
             raise HybridError(f"shutdown_timeout must be >= 0 seconds, got "
                               f"{self.shutdown_timeout}")
-        if self.log_level not in LOG_LEVELS:
-            raise HybridError(f"log_level must be one of {', '.join(LOG_LEVELS)}, "
-                              f"got {self.log_level!r}")
+        check_choices(self)
 
     @classmethod
     def from_flat(cls, values: dict[str, Any]) -> ServerConfig:
@@ -81,5 +91,3 @@ class ServerConfig:
         engine = EngineConfig(**engine_values)
         return cls(engine=engine, **{k: v for k, v in values.items() if k in server_keys})
 
-
-LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
