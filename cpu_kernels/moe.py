@@ -29,6 +29,7 @@ from cpu_kernels.amx_bf16_moe import (
 from cpu_kernels.clock import cycles
 from cpu_kernels.iquant_decode import decode_row, is_iquant, scratch
 from cpu_kernels.matmul import check_mode
+from cpu_kernels.packed import pack
 from cpu_kernels.packed_moe import packed_moe
 from cpu_kernels.q8_activations import quantize_row
 from cpu_kernels.qtypes import row_nbytes
@@ -144,7 +145,7 @@ def moe_forward(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
     x: [T, H] float32  topk_ids: [T, K] int  topk_weights: [T, K] float32  out: [T, H] float32.
     `mode`: "exact" (float32 math on the exactly dequantized weights) or "fast" (x quantized to
     int8 per 32-group for gate/up, h to int16 in two int8 planes for down; integer dot products
-    on the exact weights). `fast` packs the experts on its first call (`ExpertWeights.pack()`,
+    on the exact weights). `fast` packs the experts on its first call (`packed.pack`,
     better done at load time) and runs the packed kernels; types without a packed layout run
     scalar kernels on the blocks (down then in float32 on the exact h). Where the CPU has AMX,
     experts with >= MIN_TOKENS tokens in the call run bf16 tiles instead (x, h and the exact
@@ -153,7 +154,7 @@ def moe_forward(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
     """
     fast = check_mode(mode)
     check_inputs(x, topk_ids, topk_weights, experts, out)
-    packed = experts.pack().packed if fast else None
+    packed = pack(experts).packed if fast else None
     run_moe(x, topk_ids, topk_weights, experts, packed, 0, out, fast, np.empty(2, np.int64),
             use_amx=use_amx)
 

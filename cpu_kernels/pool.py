@@ -29,7 +29,7 @@ import numpy as np
 from cpu_kernels.clock import now_cycles
 from cpu_kernels.matmul import check_mode
 from cpu_kernels.moe import check_inputs, run_moe
-from cpu_kernels.packed import PackedExperts
+from cpu_kernels.packed import PackedExperts, pack
 from cpu_kernels.placement import ExpertSlice, PlacedExperts, packs, slice_align, split_rows
 from cpu_kernels.q8_activations import Q8Activations
 from cpu_kernels.topology import WorkerGroup, plan_groups
@@ -158,7 +158,7 @@ class MoEPool:
         fast = check_mode(mode)
         inter = experts.intermediate_size
         if len(self._threads) == 1:
-            packed = experts.pack().packed if fast else None
+            packed = pack(experts).packed if fast else None
             return PlacedExperts(experts, fast, (ExpertSlice(0, inter, packed),))
         bounds = split_rows(inter, len(self._threads), slice_align(experts))
         if not (fast and packs(experts)):

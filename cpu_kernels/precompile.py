@@ -81,11 +81,12 @@ def compile_kernels(types: tuple[int, int, int], tokens: int) -> None:
     """One call of the packed MoE on random experts of `types` with `tokens` tokens, all routed
     to expert 0 (so a MIN_TOKENS call reaches the AMX threshold)."""
     from cpu_kernels.moe import run_moe
+    from cpu_kernels.packed import pack
     from cpu_kernels.random_blocks import random_experts
 
     rng = np.random.default_rng(0)
     experts = random_experts(rng, 2, 256, 256, *types)
-    packed = experts.pack().packed
+    packed = pack(experts).packed
     for m in (packed.gate, packed.up, packed.down):
         m.data.flags.writeable = False  # as the packed cache maps them
     x = rng.standard_normal((tokens, 256)).astype(np.float32)  # [T, H]

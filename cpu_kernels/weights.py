@@ -112,20 +112,6 @@ class ExpertWeights:
     def hidden_size(self) -> int:
         return self.gate.shape[2]
 
-    def pack(self) -> ExpertWeights:
-        """Make the packed copy `fast` mode runs on, once (in place), and return self.
-
-        It reads every expert (~0.1-0.25 s per V3 expert in numpy): call it at load time. The
-        copy holds 1.01-1.09x the GGUF bytes; the GGUF blocks stay for `exact` mode. Nothing is
-        made when some matrix's type has no packed layout (see packed.py).
-        """
-        from cpu_kernels.packed import PackedExperts, can_pack
-
-        if self.packed is None and all(can_pack(w.qtype) for w in (self.gate, self.up, self.down)):
-            # NOTE: a cache of derived bytes on a frozen record; the record's value is unchanged
-            object.__setattr__(self, "packed", PackedExperts.of(self))
-        return self
-
     def use_packed(self, packed: PackedExperts) -> ExpertWeights:
         """Adopt a packed copy made elsewhere (a memory map of an earlier start's, say) in
         place of any made here, and return self."""

@@ -19,8 +19,6 @@ import warnings
 
 import torch
 
-from hybrid.errors import HybridError
-
 WORKSPACE_BYTES = 128 * 2**20  # flashinfer's suggested float workspace (split partials)
 
 
@@ -56,12 +54,12 @@ class FlashInferMLADecode:
         reads and each plan rewrites; `max_pages` bounds the pages of one row). workspace:
         WORKSPACE_BYTES of uint8 to share with wrappers that never run at the same time."""
         if not available():
-            raise HybridError("the flashinfer attention backend needs flashinfer: "
+            raise ImportError("the flashinfer attention backend needs flashinfer: "
                               "pip install -e \".[flashinfer]\" (CUDA only)")
         if torch.device(device).type != "cuda":
-            raise HybridError(f"flashinfer runs on CUDA devices only, not {device}")
+            raise ValueError(f"flashinfer runs on CUDA devices only, not {device}")
         if kv_dtype not in (torch.bfloat16, torch.float16):
-            raise HybridError(f"flashinfer's MLA decode reads a bf16 or f16 cache, not {kv_dtype}")
+            raise ValueError(f"flashinfer's MLA decode reads a bf16 or f16 cache, not {kv_dtype}")
         import flashinfer.mla
 
         self.heads, self.kv_lora, self.rope = heads, kv_lora, rope

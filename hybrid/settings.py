@@ -1,6 +1,6 @@
 """Settings declared once. A config field made with `setting` carries what its command-line
 flag says (help, choices, an other flag name, a metavar); `hybrid serve`'s parser is built from
-the fields (server/cli_flags.py) and `check_choices` validates every field that has choices, so
+the fields (cli/flags.py) and `check_choices` validates every field that has choices, so
 a setting is written in one place. Fields made without it are not flags."""
 
 from __future__ import annotations

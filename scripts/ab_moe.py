@@ -27,6 +27,7 @@ import numba
 import numpy as np
 from bench_cpu_moe import SHAPES, routings
 
+from cpu_kernels.packed import pack
 from cpu_kernels.random_blocks import random_experts
 
 BASE_DIR = ".ab"
@@ -87,8 +88,8 @@ def main() -> None:
     resident = min(args.resident, num_experts)
     rng = np.random.default_rng(0)
     t = time.perf_counter()
-    packed = random_experts(rng, resident, hidden, inter, gu_type, gu_type, down_type
-                            ).pack().packed
+    packed = pack(random_experts(rng, resident, hidden, inter, gu_type, gu_type,
+                                 down_type)).packed
     print(f"{args.shape}: {resident} experts made and packed in {time.perf_counter() - t:.0f} s",
           flush=True)
     names = args.versions.split(",")

@@ -66,7 +66,7 @@ def build_model(preset: str, out: Path, layers: int | None = None) -> str:
 def rules_with_mode(rules: str, mode: str | None, activations: str | None = None) -> str:
     """A copy of the rule file whose CPU experts run `mode` and whose GPU products take x in
     `activations` (None: unchanged)."""
-    from hybrid.rules.engine import with_activations, with_experts_mode
+    from hybrid.rules.planner import with_activations, with_experts_mode
 
     if mode is not None:
         rules = str(with_experts_mode(rules, mode, Path(tempfile.mkdtemp())))

@@ -35,7 +35,7 @@ def child(path: str, rules: str, cache: bool) -> dict:
     import psutil
     import torch
 
-    from hybrid.model.loader import load_with_rules
+    from hybrid.rules.load import load_with_rules
 
     base = psutil.Process().memory_info().rss
     # without a GPU the rule file's GPU placements land on the CPU, as GGUF blocks
@@ -133,7 +133,7 @@ def main() -> int:
     if args.child:
         print(json.dumps(child(args.child, args.optimize_rules, not args.no_cache)))
         return 0
-    from hybrid.rules.engine import with_experts_mode
+    from hybrid.rules.planner import with_experts_mode
     from hybrid.synth.make_model import MakeModelOptions, make_model
     from hybrid.synth.presets import get_preset
     from hybrid.synth.vocab import get_vocab

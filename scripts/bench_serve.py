@@ -37,12 +37,12 @@ def main() -> int:
     path = args.gguf_path
     if path is None:
         path = str(Path(tmp.name) / f"{args.preset}.gguf")
-        subprocess.run([sys.executable, "-m", "server.cli", "make-model", "--preset", args.preset,
+        subprocess.run([sys.executable, "-m", "cli", "make-model", "--preset", args.preset,
                         "--quant", "q4_k_m", "--out", path], check=True, capture_output=True)
     port = free_port()
     try:
         # NOTE: the server's own warm-up compiles the CPU kernels before /health answers.
-        server = ServerProcess([sys.executable, "-m", "server.cli", "serve", "--gguf-path", path,
+        server = ServerProcess([sys.executable, "-m", "cli", "serve", "--gguf-path", path,
                                 "--optimize-rules", args.optimize_rules, "--port", str(port),
                                 "--max-batch-size", "8", "--log-level", "warning"],
                                "hybrid", port, timeout=600)

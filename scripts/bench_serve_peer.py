@@ -277,7 +277,7 @@ def main() -> int:
 
     if args.only != "peer":
         port = free_port()
-        hybrid = ServerProcess([sys.executable, "-m", "server.cli", "serve", "--gguf-path",
+        hybrid = ServerProcess([sys.executable, "-m", "cli", "serve", "--gguf-path",
                                 args.gguf_path, "--port", str(port), "--log-level", "warning",
                                 *args.hybrid_args.split()],
                                "hybrid", port, os.path.join(args.logs, "hybrid-serve.log"))

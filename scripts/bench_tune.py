@@ -46,8 +46,8 @@ def main() -> int:
     from hybrid.engine.config import EngineConfig
     from hybrid.engine.llm import LLM
     from hybrid.rules.devices import parse_device_map
-    from hybrid.rules.engine import plan_model
     from hybrid.rules.explain import GPU_RESERVE_BYTES, explain
+    from hybrid.rules.planner import plan_model
     from hybrid.synth.make_model import MakeModelOptions, make_model
     from hybrid.synth.presets import get_preset
     from hybrid.synth.vocab import get_vocab

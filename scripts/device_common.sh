@@ -7,6 +7,6 @@ mkdir -p "$OUT" /tmp/models
 M=/tmp/models/v2-lite-q4_k_m.gguf
 
 v2_lite_model() {  # write $M once (~50 s there), its log under $OUT
-  [ -f $M ] || python3 -m server.cli make-model --preset v2-lite --quant q4_k_m --layout legacy \
+  [ -f $M ] || python3 -m cli make-model --preset v2-lite --quant q4_k_m --layout legacy \
     --vocab deepseek --out $M > "$OUT/make-model.log" 2>&1
 }

@@ -28,8 +28,8 @@ from hybrid.engine.config import EngineConfig
 from hybrid.engine.llm import LLM
 from hybrid.engine.sampling_params import SamplingParams
 from hybrid.model.loader import load_model
-from hybrid.rules.engine import plan_model, with_experts_mode
 from hybrid.rules.inject import inject
+from hybrid.rules.planner import plan_model, with_experts_mode
 from hybrid.synth.make_model import MakeModelOptions, make_model
 from hybrid.synth.presets import get_preset
 from hybrid.synth.vocab import get_vocab

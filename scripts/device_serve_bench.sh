@@ -17,7 +17,7 @@ case "${WHAT:-check}" in
   gpu) timeout 580 python3 scripts/bench_serve.py --preset v2-lite --optimize-rules DeepSeek-V2-Lite.yaml \
          --prompt-len 32 --gen-len 64 --requests-per-stream 1 --json "$OUT/serve-gpu.json" ;;
   gpu-exact)
-    python3 -c "from hybrid.rules.engine import with_experts_mode as w; w('DeepSeek-V2-Lite', 'exact', '/tmp')"
+    python3 -c "from hybrid.rules.planner import with_experts_mode as w; w('DeepSeek-V2-Lite', 'exact', '/tmp')"
     timeout 580 python3 scripts/bench_serve.py --preset v2-lite --optimize-rules /tmp/DeepSeek-V2-Lite-exact.yaml \
          --prompt-len 32 --gen-len 64 --requests-per-stream 1 --json "$OUT/serve-gpu-exact.json" ;;
 esac

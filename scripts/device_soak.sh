@@ -18,7 +18,7 @@ if [ "$STAGE" = run ]; then  # the detached part
   say() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
   v2_lite_model
   say "model ready"
-  python3 -m server.cli serve --gguf-path "$M" --port 8000 > $S/serve.log 2>&1 &
+  python3 -m cli serve --gguf-path "$M" --port 8000 > $S/serve.log 2>&1 &
   SERVER=$!
   health() { python3 -c "import urllib.request as u; print(u.urlopen('$1').read().decode())"; }
   until health http://127.0.0.1:8000/health > /dev/null 2>&1; do

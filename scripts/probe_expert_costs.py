@@ -29,6 +29,7 @@ from bench_cpu_moe import SHAPES
 
 from cpu_kernels.amx import HAS_AMX
 from cpu_kernels.amx_bf16_moe import TILE_CONFIG_BF16, amx_bf16_moe_kernel
+from cpu_kernels.packed import pack
 from cpu_kernels.packed_moe import packed_moe
 from cpu_kernels.random_blocks import random_experts
 
@@ -84,7 +85,8 @@ def main() -> None:
     hidden, inter, _, top_k, gu_type, down_type = SHAPES[args.shape]
     resident = max(args.resident, 2 * args.experts)
     rng = np.random.default_rng(0)
-    packed = random_experts(rng, resident, hidden, inter, gu_type, gu_type, down_type).pack().packed
+    packed = pack(random_experts(rng, resident, hidden, inter, gu_type, gu_type,
+                                down_type)).packed
     rows = []
     paths = (("amx", 1), ("vnni", None)) if HAS_AMX else (("vnni", None),)
     placements = ("cold", "hot") if args.hot else ("cold",)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from cli.main import main
 from hybrid.gguf.quant_types import Q
-from server.cli import main
 
 from .gguf_edit import rewrite, set_tensor_type
 
@@ -101,7 +101,7 @@ def test_no_traceback_from_a_real_process(good: Path) -> None:
     with open(good, "r+b") as f:
         f.truncate(1000)
     proc = subprocess.run(
-        [sys.executable, "-m", "server.cli", "generate", "--gguf-path", str(good), "--prompt", "x"],
+        [sys.executable, "-m", "cli", "generate", "--gguf-path", str(good), "--prompt", "x"],
         check=False, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 2

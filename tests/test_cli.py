@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from cli.main import main
 from hybrid.gguf.reader import GGUFModelFile
 from hybrid.model.spec import read_spec
-from server.cli import main
 from tests.test_server_support import API_KEY, live_server  # noqa: F401
 
 
@@ -103,7 +103,7 @@ def test_chat_is_multi_turn_and_streams(models) -> None:
 
     path = str(models.path("tiny-v3", "q4_k_m"))
     proc = subprocess.run(
-        [sys.executable, "-m", "server.cli", "chat", "--gguf-path", path, "--optimize-rules",
+        [sys.executable, "-m", "cli", "chat", "--gguf-path", path, "--optimize-rules",
          "cpu", "--max-new-tokens", "4", "--temperature", "0", "--system", "Be brief."],
         input="Hello\nAnd then?\n/exit\n", capture_output=True, text=True, timeout=300, check=False,
     )
@@ -120,7 +120,7 @@ def test_chat_url_streams_from_a_running_server(live_server) -> None:  # noqa: F
     import httpx
 
     proc = subprocess.run(
-        [sys.executable, "-m", "server.cli", "chat", "--url", live_server.url, "--api-key",
+        [sys.executable, "-m", "cli", "chat", "--url", live_server.url, "--api-key",
          API_KEY, "--max-new-tokens", "5", "--temperature", "0", "--repetition-penalty", "1.2",
          "--system", "Be brief."],
         input="Hello\nAnd then?\n/exit\n", capture_output=True, text=True, timeout=120,
@@ -165,7 +165,7 @@ def test_bench_reports_latency_and_speed(capsys, live_server) -> None:  # noqa: 
 
 def test_progress_in_a_log_is_one_line_at_start_and_one_at_the_end(capsys) -> None:
     """Not a terminal (a log, a pipe, this test): no carriage-return updates, sane totals."""
-    from server.cli import progress_bar
+    from cli.progress import progress_bar
 
     update = progress_bar("loading")
     for done in range(0, 3 * 10**9 + 1, 10**8):
@@ -179,8 +179,8 @@ def test_progress_in_a_log_is_one_line_at_start_and_one_at_the_end(capsys) -> No
 
 def test_tune_without_gguf_path_tunes_the_demo_model(monkeypatch, tmp_path) -> None:
     import hybrid.tuning.tune
+    from cli.main import main
     from hybrid.demo import demo_model_path
-    from server.cli import main
 
     seen = []
 
@@ -197,7 +197,7 @@ def test_tune_without_gguf_path_tunes_the_demo_model(monkeypatch, tmp_path) -> N
 def test_every_option_has_help_that_shows_its_default() -> None:
     import argparse
 
-    from server.cli import build_parser
+    from cli.main import build_parser
 
     missing, parser = [], build_parser()
 

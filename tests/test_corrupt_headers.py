@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cli.main import main
 from hybrid.errors import GGUFError, shown
 from hybrid.gguf.header import read_header
 from hybrid.gguf.reader import GGUFModelFile
 from hybrid.model.spec import read_spec
-from server.cli import main
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from hybrid.gguf.reader import GGUFModelFile
 from hybrid.model import packed_cache
 from hybrid.model.packed_cache import PackedCache
 from hybrid.ops.experts import ExpertsOp
-from hybrid.rules.engine import with_experts_mode
+from hybrid.rules.planner import with_experts_mode
 
 PROMPT = [0, 42, 574, 81, 2058, 3, 223, 804]
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from hybrid.model.loader import load_model
-from hybrid.rules.engine import plan_model
 from hybrid.rules.inject import inject
+from hybrid.rules.planner import plan_model
 from hybrid.rules.schema import RuleError, parse_rules
 
 from .oracles import rel_l2

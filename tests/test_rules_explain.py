@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hybrid.rules.engine import bundled_rules, plan_model
+from cli.main import main
 from hybrid.rules.explain import parse_size
+from hybrid.rules.planner import bundled_rules, plan_model
 from hybrid.synth.make_model import MakeModelOptions, make_model
 from hybrid.synth.presets import get_preset
 from hybrid.synth.vocab import get_vocab
-from server.cli import main
 
 GIB = 2**30
 
@@ -137,7 +137,7 @@ def test_shadowed_rules_are_not_warned_but_dead_ones_are(models, tmp_path) -> No
     """A tuned file puts a rule per MoE layer in front of the base file: the base's catch-all
     experts rule then places nothing, but it matches, so no warning; a rule matching no module
     (a typo) still warns."""
-    from hybrid.rules.engine import find_rules
+    from hybrid.rules.planner import find_rules
 
     path = models.path("tiny-v3", "q4_k_m")
     spec_layers = plan_model(str(path), "cpu.yaml", check_devices=False, announce=False).spec
@@ -224,12 +224,12 @@ def test_explain_exits_1_when_it_does_not_fit(capsys, v3_sparse: Path) -> None:
 def test_loading_checks_the_plan_with_the_engines_kv_cache(models, monkeypatch) -> None:
     """The check before loading counts the KV cache the engine will allocate (it counted 4096
     tokens whatever --cache-lens said, so a plan could pass and then not fit)."""
-    import hybrid.rules.explain
+    import hybrid.rules.load
     from hybrid.engine.config import EngineConfig
     from hybrid.engine.llm import LLM
 
     seen = []
-    monkeypatch.setattr(hybrid.rules.explain, "refuse_if_over_budget",
+    monkeypatch.setattr(hybrid.rules.load, "refuse_if_over_budget",
                         lambda plan, spec, cache_lens, gpu_memory=None: seen.append(cache_lens))
     LLM(str(models.path("tiny-v3", "f32")), "cpu", engine_config=EngineConfig(cache_lens=8192))
     assert seen == [8192]

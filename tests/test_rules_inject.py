@@ -11,8 +11,8 @@ from cpu_kernels import qtypes
 from hybrid.engine.llm import LLM
 from hybrid.engine.sampling_params import SamplingParams
 from hybrid.model.loader import load_model
-from hybrid.rules.engine import plan_model, with_experts_mode
 from hybrid.rules.inject import inject
+from hybrid.rules.planner import plan_model, with_experts_mode
 
 from .oracles import rel_l2
 
@@ -78,7 +78,7 @@ def test_gpu_rule_files_serve_fast_experts(tmp_path) -> None:
     """The bundled GPU layouts run their CPU experts in fast mode; the derived copy in exact."""
     import yaml
 
-    from hybrid.rules.engine import find_rules
+    from hybrid.rules.planner import find_rules
 
     for name in ("DeepSeek-V3", "DeepSeek-V2-Lite", "DeepSeek-V3-multi-gpu",
                  "DeepSeek-V3-gpu-experts"):
@@ -95,7 +95,7 @@ def test_with_activations_sets_every_operator_that_takes_it(tmp_path) -> None:
     """A/B runs rewrite the products' activations; operators without the option keep theirs."""
     import yaml
 
-    from hybrid.rules.engine import with_activations
+    from hybrid.rules.planner import with_activations
 
     rules = yaml.safe_load(with_activations("DeepSeek-V3", "fp32", tmp_path).read_text())
     got = {r["replace"]["class"]: r["replace"].get("kwargs", {}).get("activations")

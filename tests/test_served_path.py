@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _start_serve(path: Path, *flags: str) -> tuple[subprocess.Popen, str, list[str]]:
     """`hybrid serve` as a process on a free port -> (process, base URL, start-up lines)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "server.cli", "serve", "--gguf-path", str(path),
+        [sys.executable, "-m", "cli", "serve", "--gguf-path", str(path),
          "--optimize-rules", "cpu", "--port", "0", "--log-level", "warning", *flags],
         cwd=ROOT, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []

@@ -84,7 +84,7 @@ def test_server_config_rejects_bad_values(values: dict, message: str) -> None:
 
 
 def test_serve_cli_bad_flags_are_one_line_errors(capsys) -> None:
-    from server.cli import main
+    from cli.main import main
 
     assert main(["serve", "--port", "70000"]) == 2
     assert capsys.readouterr().err == "error: port must be between 0 and 65535, got 70000\n"
@@ -94,7 +94,7 @@ def test_serve_cli_bad_flags_are_one_line_errors(capsys) -> None:
 
 
 def test_serve_cli_defaults_come_from_the_config() -> None:
-    from server.cli import build_parser
+    from cli.main import build_parser
 
     args = build_parser().parse_args(["serve"])
     d = ServerConfig()
@@ -109,7 +109,7 @@ def test_serve_cli_defaults_come_from_the_config() -> None:
 
 def test_serve_cli_passes_every_flag_to_the_config(monkeypatch) -> None:
     import server.serve
-    from server.cli import main
+    from cli.main import main
 
     seen = []
     monkeypatch.setattr(server.serve, "serve", lambda config, progress=None: seen.append(config)
@@ -126,7 +126,7 @@ def test_serve_cli_passes_every_flag_to_the_config(monkeypatch) -> None:
 def test_serve_fails_at_once_on_a_port_in_use_before_loading(capsys, monkeypatch) -> None:
     """The address is bound before the model loads: a port in use is one line, no loading."""
     import server.serve
-    from server.cli import main
+    from cli.main import main
 
     monkeypatch.setattr(server.serve, "build_state", _no_loading)
     with socket.socket() as taken:
@@ -142,7 +142,7 @@ def test_serve_fails_at_once_on_a_port_in_use_before_loading(capsys, monkeypatch
 @pytest.mark.parametrize("host", ["no-such-host.invalid", "10.255.255.254", "300.1.1.1"])
 def test_serve_fails_at_once_on_a_bad_host(capsys, monkeypatch, host: str) -> None:
     import server.serve
-    from server.cli import main
+    from cli.main import main
 
     monkeypatch.setattr(server.serve, "build_state", _no_loading)
     assert main(["serve", "--host", host, "--port", "0"]) == 2

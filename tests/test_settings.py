@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from cli.flags import flag_of
+from cli.main import build_parser
 from hybrid.engine.config import EngineConfig
 from hybrid.errors import HybridError
 from hybrid.settings import flag_fields
-from server.cli import build_parser
-from server.cli_flags import flag_of
 from server.config import ServerConfig
 
 README = Path(__file__).resolve().parents[1] / "README.md"

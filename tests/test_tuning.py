@@ -106,10 +106,10 @@ def test_profile_file_round_trip_and_refusals(tmp_path) -> None:
 def skewed(models, tmp_path_factory):
     """A tiny V3-routed model with skewed routers, and its routing profile from `hybrid
     profile` over a prompts file."""
+    from cli.main import main
     from hybrid.synth.make_model import MakeModelOptions, make_model
     from hybrid.synth.presets import get_preset
     from hybrid.synth.vocab import get_vocab
-    from server.cli import main
 
     root = tmp_path_factory.mktemp("tune")
     p = get_preset("tiny-v3")
@@ -149,10 +149,10 @@ def test_profile_tune_serve_end_to_end(skewed, capsys) -> None:
     server runs it (its GPU mapped onto the CPU here)."""
     import openai
 
-    from hybrid.rules.engine import plan_model
+    from cli.main import main
     from hybrid.rules.explain import GPU_RESERVE_BYTES, explain
+    from hybrid.rules.planner import plan_model
     from hybrid.tuning.planner import expert_bytes
-    from server.cli import main
     from server.config import ServerConfig
     from server.routing_writer import RoutingWriter
     from server.serve import build_state
@@ -229,7 +229,7 @@ def test_hot_experts_give_the_same_tokens_as_the_cpu_alone(models, tmp_path, mod
     greedy tokens and logprobs equal the all-CPU run's."""
     from hybrid.engine.llm import LLM
     from hybrid.engine.sampling_params import SamplingParams
-    from hybrid.rules.engine import find_rules, plan_model, with_experts_mode
+    from hybrid.rules.planner import find_rules, plan_model, with_experts_mode
     from hybrid.tuning.rules_writer import hot_expert_rules, write_rules
 
     path = str(models.path("tiny-v3", "q4_k_m"))
@@ -286,7 +286,7 @@ def test_tune_on_a_machine_without_a_gpu_starts_from_the_familys_gpu_rules(skewe
                                                                             capsys) -> None:
     """Tuning on a laptop for a GPU server: no --optimize-rules takes the family's bundled GPU
     rules (it took cpu.yaml here and said "no GPU budget for cuda:0" though one was passed)."""
-    from server.cli import main
+    from cli.main import main
 
     path, root, _ = skewed
     out = root / "laptop.yaml"
@@ -299,7 +299,7 @@ def test_tune_on_a_machine_without_a_gpu_starts_from_the_familys_gpu_rules(skewe
 
 def test_a_budget_that_holds_no_expert_fails_at_once(skewed, capsys) -> None:
     """Before minutes of --measure: one line naming the room left and the smallest expert."""
-    from server.cli import main
+    from cli.main import main
 
     path, root, _ = skewed
     code = main(["tune", "--gguf-path", str(path), "--optimize-rules", "DeepSeek-V3",

@@ -15,7 +15,8 @@ from hybrid.engine.request import Request, RequestEvent, RequestFailed, TokenOut
 from hybrid.engine.sampling_params import SamplingParams
 from hybrid.engine.worker import EngineWorker
 from hybrid.errors import HybridError
-from hybrid.model.loader import LoadedModel, load_with_rules
+from hybrid.model.loader import LoadedModel
+from hybrid.rules.load import load_with_rules
 
 
 @dataclass

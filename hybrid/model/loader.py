@@ -68,35 +68,6 @@ def load_model(path: str, dtype: torch.dtype = torch.float32,
     return LoadedModel(spec, model, tokenizer, gguf)
 
 
-def load_with_rules(path: str, rules: str | None, device_map: dict[str, str] | None = None,
-                    progress: Callable[[int, int], None] | None = None,
-                    cache_lens: int = 4096, packed_cache: bool = False) -> LoadedModel:
-    """Plan the model with optimize rules, refuse a plan over a GPU's memory before touching
-    it, then build it: operators on their devices. `packed_cache`: fast mode's packed experts
-    persist on disk (hybrid.model.packed_cache) and later starts map them."""
-    from hybrid.ops.compile_ahead import compile_ahead
-    from hybrid.rules.engine import plan_model
-    from hybrid.rules.explain import refuse_if_over_budget
-    from hybrid.rules.inject import inject
-
-    planned = plan_model(path, rules, device_map)
-    refuse_if_over_budget(planned.plan, planned.spec, cache_lens)
-    cache = None
-    if packed_cache:
-        from hybrid.model.packed_cache import PackedCache
-
-        cache = PackedCache.for_model(planned.gguf)
-    compiling = compile_ahead(planned.plan, planned.gguf, planned.spec)
-    try:
-        model = inject(planned, progress, cache)
-    except BaseException:  # a failed or interrupted load leaves no compiler running
-        for job in compiling:
-            job.stop()
-        raise
-    return LoadedModel(planned.spec, model, GGUFTokenizer(planned.gguf.metadata), planned.gguf,
-                       compiling)
-
-
 def fill_weights(model: nn.Module, gguf: GGUFModelFile, spec: ModelSpec, dtype: torch.dtype,
                  progress: Callable[[int, int], None] | None = None,
                  device_of: Callable[[str], str] = lambda module_path: "cpu") -> None:

@@ -14,7 +14,7 @@ from torch import nn
 
 from hybrid.model.loader import fill_weights
 from hybrid.ops.context import BuildContext
-from hybrid.rules.engine import PlannedModel
+from hybrid.rules.planner import PlannedModel
 
 if TYPE_CHECKING:
     from hybrid.model.packed_cache import PackedCache

@@ -92,12 +92,12 @@ class TuneOptions:
 
 
 def tune(opts: TuneOptions, status: Callable[[str], None] = lambda s: None) -> TuneResult:
-    from hybrid.rules.engine import plan_model
     from hybrid.rules.explain import explain
+    from hybrid.rules.planner import plan_model
 
     base = opts.base_rules
     if base is None:  # tuning is for a GPU server, also when it runs on a laptop
-        from hybrid.rules.engine import family_gpu_rules_name, open_model
+        from hybrid.rules.planner import family_gpu_rules_name, open_model
 
         base = family_gpu_rules_name(open_model(opts.gguf_path)[1])
     planned = plan_model(opts.gguf_path, base, check_devices=False, announce=False)

@@ -12,7 +12,7 @@ from cpu_kernels.amx import HAS_AMX
 from cpu_kernels.amx_bf16_moe import TILE_CONFIG_BF16, amx_bf16_moe_kernel, runs_on_amx
 from cpu_kernels.amx_bf16_tiles import bf16_weight_tiles, to_bf16
 from cpu_kernels.moe import moe_forward
-from cpu_kernels.packed import PackedMatrix
+from cpu_kernels.packed import PackedMatrix, pack
 from cpu_kernels.random_blocks import random_experts, random_matrix
 from cpu_kernels.reference import dequantize, moe_forward_ref, rel_error
 
@@ -83,7 +83,7 @@ def test_amx_equals_bf16_reference(case) -> None:
     hidden, inter, num_experts, gate_up, down = case
     rng = np.random.default_rng(hidden + inter)
     experts = random_experts(rng, num_experts, hidden, inter, gate_up, gate_up, down)
-    pk = experts.pack().packed
+    pk = pack(experts).packed
     stamps = np.zeros(2, np.int64)
     for num_tokens, top_k, min_tokens, threads in [(1, 1, 1, 1), (13, 3, 1, 2), (40, 4, 8, 2),
                                                     (300, 8, 8, 2), (70, 2, 1, 1)]:

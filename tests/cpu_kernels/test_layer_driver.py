@@ -13,6 +13,7 @@ from cpu_kernels import qtypes as qt
 from cpu_kernels.handshake import set_flag, wait_equal
 from cpu_kernels.layer_driver import drive_layers, packed_layers
 from cpu_kernels.moe import moe_forward
+from cpu_kernels.packed import pack
 from cpu_kernels.pool import MoEPool
 from cpu_kernels.random_blocks import random_experts
 
@@ -122,7 +123,7 @@ def test_each_tile_family_runs_its_own_tiles_on_read_only_experts():
                           ((qt.IQ1_S, qt.IQ1_S, qt.IQ2_XXS), IQUANT_TILES)):
         experts = random_experts(rng, 8, 256, 256, *types)
         assert tile_family(*types) is family
-        pk = experts.pack().packed
+        pk = pack(experts).packed
         mats = [m.data.copy() for m in (pk.gate, pk.up, pk.down)]
         for m in mats:
             m.flags.writeable = False

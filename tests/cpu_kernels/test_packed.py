@@ -8,7 +8,7 @@ import pytest
 
 from cpu_kernels import qtypes as qt
 from cpu_kernels.moe import moe_forward
-from cpu_kernels.packed import PackedMatrix
+from cpu_kernels.packed import PackedMatrix, pack
 from cpu_kernels.packed_dot_iq import packed_tile_iq as packed_tile  # every packed type
 from cpu_kernels.q8_activations import Q8Activations, dequantize_ref
 from cpu_kernels.random_blocks import random_blocks, random_experts, random_matrix
@@ -86,7 +86,7 @@ def test_packed_bytes_stay_near_gguf_bytes() -> None:
 def test_pack_keeps_unpackable_types_on_blocks() -> None:
     rng = np.random.default_rng(0)
     experts = random_experts(rng, 2, 256, 64, qt.Q5_K, qt.Q5_K, qt.BF16)
-    assert experts.pack() is experts and experts.packed is None
+    assert pack(experts) is experts and experts.packed is None
 
 
 def test_weights_reach_the_kernels_read_only_whatever_made_them() -> None:

@@ -12,7 +12,7 @@ from cpu_kernels.precompile import BackgroundCompile, compile_kernels, token_cou
 from hybrid.engine.llm import LLM
 from hybrid.engine.sampling_params import SamplingParams
 from hybrid.ops.compile_ahead import compile_ahead
-from hybrid.rules.engine import plan_model
+from hybrid.rules.planner import plan_model
 
 
 def test_the_background_call_types_as_the_engine_calls(models) -> None:

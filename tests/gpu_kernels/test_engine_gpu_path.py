@@ -12,7 +12,7 @@ from hybrid.engine.config import EngineConfig
 from hybrid.engine.llm import LLM
 from hybrid.engine.request import RequestFailed, RequestStatus
 from hybrid.engine.sampling_params import SamplingParams
-from hybrid.rules.engine import with_experts_mode
+from hybrid.rules.planner import with_experts_mode
 
 pytestmark = pytest.mark.usefixtures("wide_tiles")  # see conftest.WIDE_TILES
 

@@ -16,7 +16,7 @@ from hybrid.engine.decoder import StepState
 from hybrid.engine.forward_batch import ForwardBatch
 from hybrid.engine.host_experts import HostExperts
 from hybrid.engine.llm import LLM
-from hybrid.rules.engine import with_experts_mode
+from hybrid.rules.planner import with_experts_mode
 
 pytestmark = pytest.mark.usefixtures("wide_tiles")  # see conftest.WIDE_TILES
 

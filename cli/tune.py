@@ -8,10 +8,10 @@ import sys
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
+    from cli.progress import progress_bar
     from hybrid.engine.config import EngineConfig
     from hybrid.engine.llm import LLM
     from hybrid.tuning.run_profile import profile_prompts, read_prompts
-    from server.cli import progress_bar
 
     prompts = read_prompts(args.prompts)
     config = EngineConfig(max_batch_size=args.batch, record_routing=True, prefix_cache=False)

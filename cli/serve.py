@@ -8,7 +8,7 @@ from dataclasses import fields
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from server.cli import progress_bar
+    from cli.progress import progress_bar
     from server.config import ServerConfig
     from server.serve import serve
 
@@ -17,8 +17,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:
+    from cli.flags import add_flags
     from hybrid.engine.config import EngineConfig
-    from server.cli_flags import add_flags
     from server.config import ServerConfig
 
     p = sub.add_parser("serve", help="serve OpenAI- and Ollama-compatible APIs "

@@ -1,5 +1,5 @@
 """The `hybrid` command: make-model, generate, chat, rules, serve, bench (the last two in
-server/cli_serve.py; chat's loop and remote client in server/cli_chat.py).
+cli/serve.py, profile and tune in cli/tune.py; chat's loop and remote client in cli/chat.py).
 
 Every user error is a one-line `error: ...` on stderr and exit status 2, never a traceback.
 Flag defaults come from the frozen config classes (`SamplingParams`, `MakeModelOptions`).
@@ -10,13 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 
+from cli.progress import progress_bar
+from cli.serve import add_bench_parser, add_serve_parser
+from cli.tune import add_tune_parsers
 from hybrid.errors import HybridError
-from server.cli_serve import add_bench_parser, add_serve_parser
-from server.cli_tune import add_tune_parsers
 
 
 def _sampling_defaults():
@@ -52,52 +52,6 @@ def _sampling_from(args: argparse.Namespace, logprobs: int | None = None):
         repetition_penalty=args.repetition_penalty, seed=args.seed,
         max_tokens=args.max_new_tokens, stop=tuple(args.stop), logprobs=logprobs,
     )
-
-
-def progress_bar(desc: str, unit: str = "B") -> Callable[[int, int], None]:
-    """Progress of (done, total) calls on stderr; bytes show as GB and GB/s. On a terminal a
-    tqdm bar (its rate averaged over the whole run: a first cached chunk read in microseconds
-    showed 23 TB/s); in a log or pipe one line when it starts and one when it ends."""
-    if not sys.stderr.isatty():
-        return _progress_lines(desc, unit)
-    from tqdm import tqdm
-
-    bar: dict[str, tqdm] = {}
-
-    def update(done: int, total: int) -> None:
-        if "bar" not in bar:
-            bar["bar"] = tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B",
-                              unit_divisor=1000, file=sys.stderr, leave=False, smoothing=0)
-        bar["bar"].total, bar["bar"].n = total, done
-        bar["bar"].refresh()
-        if done >= total:
-            bar["bar"].close()
-
-    return update
-
-
-def _progress_lines(desc: str, unit: str) -> Callable[[int, int], None]:
-    import time
-
-    start: list[float] = []
-
-    def amount(n: int) -> str:
-        if unit == "B":
-            return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
-        return f"{n} {unit}{'s' if n != 1 else ''}"
-
-    def update(done: int, total: int) -> None:
-        if not start:
-            start.append(time.perf_counter())
-            print(f"{desc}: {amount(total)} ...", file=sys.stderr, flush=True)
-        if done >= total and len(start) == 1:
-            seconds = time.perf_counter() - start[0]
-            start.append(seconds)
-            rate = f", {total / 1e9 / seconds:.2f} GB/s" if unit == "B" and seconds > 0 else ""
-            print(f"{desc}: {amount(total)} in {seconds:.1f} s{rate}", file=sys.stderr,
-                  flush=True)
-
-    return update
 
 
 def _load_llm(args: argparse.Namespace):
@@ -158,8 +112,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    from cli.chat import RemoteChat, chat_loop, openai_sampling
     from hybrid.engine.heap import freeze_start_up_heap
-    from server.cli_chat import RemoteChat, chat_loop, openai_sampling
 
     params = _sampling_from(args)
     if args.url is not None:
@@ -178,8 +132,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def cmd_rules_explain(args: argparse.Namespace) -> int:
     import psutil
 
-    from hybrid.rules.engine import plan_model
     from hybrid.rules.explain import explain, parse_size, render_table
+    from hybrid.rules.planner import plan_model
 
     gguf_path = args.gguf_path
     if gguf_path is None:
