@@ -1,0 +1,126 @@
+"""The code's layers, checked from the source: no import circle between files, and no import
+that runs up a layer. Imports are read with `ast` (module level and inside functions alike;
+`if TYPE_CHECKING:` blocks are annotations, not imports, and are skipped)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("cpu_kernels", "gpu_kernels", "hybrid", "server", "cli")
+# top-level packages, lowest first: each imports only from those before it (and itself)
+TOP = {"cpu_kernels": 0, "gpu_kernels": 0, "hybrid": 1, "server": 2, "cli": 3}
+# hybrid's own sub-packages and modules, lowest first (the loader below the rules, ...)
+HYBRID = {"errors": 0, "env": 0, "settings": 1, "gguf": 1, "tokenizer": 2, "model": 3,
+          "synth": 4, "ops": 4, "demo": 5, "rules": 5, "engine": 6, "tuning": 7}
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            mods[name.removesuffix(".__init__")] = path
+    return mods
+
+
+def _imports(mods: dict[str, Path]) -> dict[str, set[str]]:
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    edges: dict[str, set[str]] = {}
+    for mod, path in mods.items():
+        tree = ast.parse(path.read_text())
+        skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                and getattr(node.test, "id", "") == "TYPE_CHECKING"
+                for body in node.body for n in ast.walk(body)}
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.Import):
+                found.update(resolve(a.name) for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join([*parts, base] if base else parts)
+                found.update(resolve(f"{base}.{a.name}") or resolve(base) for a in node.names)
+        edges[mod] = {t for t in found if t and t != mod}
+    return edges
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out = []
+    for root, targets in edges.items():
+        if root in index:
+            continue
+        work = [(root, iter(sorted(targets)))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(edges[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+EDGES = _imports(_modules())
+
+
+def test_no_import_circle_between_files() -> None:
+    assert _cycles(EDGES) == []
+
+
+def test_no_import_runs_up_a_layer() -> None:
+    up = []
+    for mod, targets in EDGES.items():
+        top = mod.split(".")[0]
+        for t in targets:
+            t_top = t.split(".")[0]
+            if TOP[t_top] > TOP[top] or (TOP[t_top] == TOP[top] and t_top != top):
+                up.append(f"{mod} -> {t}")
+            elif top == t_top == "hybrid" and "." in mod and "." in t:
+                a, b = mod.split(".")[1], t.split(".")[1]
+                if a != b and HYBRID[b] >= HYBRID[a]:
+                    up.append(f"{mod} -> {t}")
+    assert up == []
+
+
+def test_the_check_sees_circles_and_every_package() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert {m.split(".")[0] for m in EDGES} == set(PACKAGES)
+    assert {m.split(".")[1] for m in EDGES if m.startswith("hybrid.")} <= set(HYBRID)
+    # imports inside functions count too
+    assert "hybrid.engine.graph_choice" in EDGES["hybrid.engine.runner_start_up"]
