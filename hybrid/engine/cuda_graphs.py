@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from hybrid.engine.decoder import DecoderProgram, StepState
-from hybrid.engine.forward_batch import ForwardBatch, StepLayout
+from hybrid.engine.forward_batch import ForwardBatch, SequenceRows, StepLayout
 from hybrid.engine.kv_cache import PagedLatentCache
 from hybrid.errors import DeviceLost
 
@@ -115,8 +115,9 @@ class DecodeGraphs:
             work(state)
         return g
 
-    def run(self, chunks: list[tuple[list[int], list[int], int, bool]]) -> torch.Tensor:
-        """chunks: one decode (token, pages, position, True) per request -> logits [B, V]."""
+    def run(self, chunks: list[SequenceRows]) -> torch.Tensor:
+        """chunks: one decode (one token, its pages, its position, sampling) per request ->
+        logits [B, V]."""
         b = len(chunks)
         size = next(s for s in self.sizes if s >= b)
         cap = self._captured[size]

@@ -18,6 +18,7 @@ that the start-up warm-up did not.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -25,6 +26,15 @@ import torch
 from hybrid.engine.kv_cache import PagedLatentCache
 
 ALIGN = 2  # int64 elements: 16 bytes, the pointer alignment Triton specializes on
+
+
+class SequenceRows(NamedTuple):
+    """One sequence's rows in a step (a plain 4-tuple in this order is taken too)."""
+
+    token_ids: list[int]  # its new tokens: one for a decode, a chunk of its prompt otherwise
+    page_ids: list[int]  # its KV cache pages, covering positions [0, start + len(token_ids))
+    start: int  # the position of its first new token
+    samples: bool  # its last row goes through the head and samples a token
 
 
 def _aligned(n: int) -> int:
@@ -95,19 +105,19 @@ class ForwardBatch:
     _moved: dict = field(default_factory=dict, repr=False)  # per-step memo of on()
 
     @staticmethod
-    def pack(chunks: list[tuple[list[int], list[int], int, bool]], page_size: int,
+    def pack(chunks: list[SequenceRows], page_size: int,
              scratch_slot: int, layout: StepLayout | None = None
              ) -> tuple[np.ndarray, StepLayout, list[tuple[int, int, int]], int]:
-        """chunks: (token ids, page ids, start position, samples) per sequence, decodes first.
+        """chunks: one SequenceRows per sequence, decodes first.
         -> (packed int64 indices, their layout, prefill spans (q_start, q_len, kv_len) whose
         kv slots follow the layout's fields in the array, then a row (q_start, q_len, kv_len,
         offset of its slots) per span; longest decode sequence).
         `layout` (a CUDA graph's static one) may be larger than the batch: padding decode rows
         get token 0, length 0 and the cache's scratch slot."""
         n = sum(len(t) for t, _, _, _ in chunks)
-        b = next((i for i, c in enumerate(chunks) if len(c[0]) != 1), len(chunks))
+        b = next((i for i, (ids, _, _, _) in enumerate(chunks) if len(ids) != 1), len(chunks))
         p = max((len(pages) for _, pages, _, _ in chunks[:b]), default=0)
-        samples = sum(1 for c in chunks if c[3])
+        samples = sum(1 for _, _, _, samples_here in chunks if samples_here)
         layout = layout or StepLayout(n, b, p, samples)
         buf = np.zeros(layout.size, np.int64)
         host = layout.views(buf)
@@ -137,7 +147,7 @@ class ForwardBatch:
         pad = np.zeros(_aligned(kv_total) - kv_total, np.int64)  # meta starts aligned
         meta = [np.array([*span, off], np.int64) for span, off in zip(spans, offsets)]
         packed = np.concatenate([buf, *kv_parts, pad, *meta]) if kv_parts else buf
-        max_len = int(max((c[2] + 1 for c in chunks[:b]), default=0))
+        max_len = int(max((start + 1 for _, _, start, _ in chunks[:b]), default=0))
         return packed, layout, spans, max_len
 
     @classmethod
@@ -157,7 +167,7 @@ class ForwardBatch:
                    dev[meta_at:meta_at + 4 * len(spans)].reshape(-1, 4), dev[layout.size:at])
 
     @classmethod
-    def build(cls, chunks: list[tuple[list[int], list[int], int, bool]], page_size: int,
+    def build(cls, chunks: list[SequenceRows], page_size: int,
               cache: PagedLatentCache, device: torch.device) -> ForwardBatch:
         """Pack the chunks' indices and copy them to `device` in one copy."""
         packed, layout, spans, max_len = cls.pack(chunks, page_size, cache.scratch_slot)

@@ -17,6 +17,8 @@ from collections.abc import Callable
 
 import torch
 
+from hybrid.engine.forward_batch import SequenceRows
+
 FORMS = ("step", "layers")
 ROUNDS, STEPS = 5, 4  # alternating rounds of STEPS steps each: a noisy host's drift hits both
 
@@ -31,7 +33,7 @@ def measure(capture: Callable[[str], object], device: torch.device) -> dict[str,
     (token 0 at position 0 of page 0: nothing is cached at start-up) each way, with a device
     sync after each step as sampling reads its logits -> seconds a step, per round."""
     graphs = {form: capture(form) for form in FORMS}
-    chunk = [([0], [0], 0, True)]
+    chunk = [SequenceRows(token_ids=[0], page_ids=[0], start=0, samples=True)]
     for g in graphs.values():  # the first replay of each pays one-time costs
         g.run(chunk)
     torch.cuda.synchronize(device)

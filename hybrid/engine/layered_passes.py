@@ -16,7 +16,7 @@ import torch
 
 from hybrid.engine import layered_prefill
 from hybrid.engine.decoder import DecoderProgram, StepState
-from hybrid.engine.forward_batch import ForwardBatch
+from hybrid.engine.forward_batch import ForwardBatch, SequenceRows
 from hybrid.engine.kv_cache import PagedLatentCache
 from hybrid.engine.prefill_costs import ExpertPlacement
 from hybrid.engine.scheduler import ScheduledChunk
@@ -44,8 +44,8 @@ class LayeredPasses:
         """Take `chunk` out of the step: its forward state built, every MoE layer's expert
         copies queued; its layers run in the next steps' `advance`."""
         layers = len(self.program.moe_layers)
-        fb = ForwardBatch.build([(chunk.token_ids, chunk.request.page_ids, chunk.start,
-                                  chunk.samples)], self.page_size, self.cache, self.device)
+        rows = SequenceRows(chunk.token_ids, chunk.request.page_ids, chunk.start, chunk.samples)
+        fb = ForwardBatch.build([rows], self.page_size, self.cache, self.device)
         self.program.stream.begin(list(range(layers)))
         per_step = layered_prefill.layers_per_step(placement, len(chunk.token_ids), layers)
         if self.job_stream is not None:  # its pieces read what the model stream queued

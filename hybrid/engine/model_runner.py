@@ -26,7 +26,7 @@ from hybrid.engine import layered_prefill, runner_start_up
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.decoder import DecoderProgram, StepState
 from hybrid.engine.experts_bridge import ExpertsBridge
-from hybrid.engine.forward_batch import ForwardBatch
+from hybrid.engine.forward_batch import ForwardBatch, SequenceRows
 from hybrid.engine.kv_cache import PagedLatentCache
 from hybrid.engine.layered_passes import LayeredPasses
 from hybrid.engine.scheduler import ScheduledBatch
@@ -134,14 +134,16 @@ class ModelRunner:
         layers = len(self.program.moe_layers)
         if not batch_chunks:
             return torch.empty(0, self.model.config.vocab_size, device=self.device), 0, 0
-        chunks = [(c.token_ids, c.request.page_ids, c.start, c.samples) for c in batch_chunks]
+        chunks = [SequenceRows(c.token_ids, c.request.page_ids, c.start, c.samples)
+                  for c in batch_chunks]
         if self.graphs is not None and len(chunks) <= self.graphs.max_batch \
-                and all(len(c[0]) == 1 for c in chunks):
+                and all(len(c.token_ids) == 1 for c in chunks):
             return self.graphs.run(chunks), 0, layers
         fb = ForwardBatch.build(chunks, self.page_size, self.cache, self.device)
         if self.flashinfer is not None:
             self.flashinfer.attach(fb)
-        streamed = self.placement.streamed(fb.num_tokens, any(len(c[0]) > 1 for c in chunks)) \
+        streamed = self.placement.streamed(fb.num_tokens,
+                                           any(len(c.token_ids) > 1 for c in chunks)) \
             if may_stream else ()
         if streamed:
             self.stream.begin(streamed)
