@@ -43,3 +43,30 @@ def test_a_cpu_engine_captures_no_graphs(models) -> None:
     llm = LLM(str(models.path("tiny-v3", "q4_k_m")), "cpu",
               engine_config=EngineConfig(max_batch_size=2, cache_lens=256, page_size=16))
     assert llm.engine.runner.graphs is None and llm.engine.runner.decode_graph is None
+
+
+def test_a_timing_that_fails_keeps_whole_steps_but_a_lost_device_stops(monkeypatch,
+                                                                        caplog) -> None:
+    """The timing needs CUDA graphs (the GPU machine runs it: scripts/device_rules_check.py);
+    here only what start-up does when it raises."""
+    from types import SimpleNamespace
+
+    from hybrid.engine import graph_choice, runner_start_up
+    from hybrid.errors import DeviceLost
+
+    runner = SimpleNamespace(program=SimpleNamespace(moe_layers=[object()]), device="cuda:0")
+
+    def fails(error):
+        def measure(capture, device):
+            raise error
+        return measure
+
+    monkeypatch.setattr(graph_choice, "measure", fails(RuntimeError("capture went wrong")))
+    with caplog.at_level("WARNING", logger="hybrid.engine"):
+        assert runner_start_up.measure_decode_graphs(runner, None) == "step"
+    assert "timing the decode graphs failed (RuntimeError: capture went wrong)" in caplog.text
+    monkeypatch.setattr(graph_choice, "measure", fails(DeviceLost("gone")))
+    with pytest.raises(DeviceLost):
+        runner_start_up.measure_decode_graphs(runner, None)
+    runner.program.moe_layers = []  # no CPU experts: nothing to time
+    assert runner_start_up.measure_decode_graphs(runner, None) == "step"

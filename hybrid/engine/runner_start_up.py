@@ -23,7 +23,7 @@ from hybrid.engine.decoder import DecoderProgram, StepState
 from hybrid.engine.forward_batch import ForwardBatch, StepLayout
 from hybrid.engine.prefill_chunk import choose_decode_chunk_size, choose_in_flight_chunk_size
 from hybrid.engine.routing_recorder import RoutingRecorder
-from hybrid.errors import HybridError
+from hybrid.errors import HybridError, is_device_lost
 from hybrid.model.activations import ModelShapes, activation_bytes_per_token, choose_chunk_size
 from hybrid.ops.experts import ExpertsOp
 from hybrid.ops.mla_attention import MLAAttentionOp
@@ -91,15 +91,24 @@ def start_up(runner, config: EngineConfig, attention: list[MLAAttentionOp],
 
 def measure_decode_graphs(runner, progress: Callable[[str], None] | None) -> str:
     """graph_choice.py: the faster form of decode graphs here ("step" where no MoE layer's
-    experts are on the CPU: the forms are then the same graphs)."""
+    experts are on the CPU: the forms are then the same graphs; also where the timing itself
+    fails short of a lost device, said in a warning: the choice is an optimization, and the
+    capture that follows meets any real fault again)."""
     from hybrid.engine import graph_choice
 
     if not runner.program.moe_layers:
         return "step"
     if progress is not None:
         progress("timing decode steps as one graph against layer by layer")
-    seconds = graph_choice.measure(lambda form: capture_graphs(runner, form, max_batch_size=1),
-                                   runner.device)
+    try:
+        seconds = graph_choice.measure(
+            lambda form: capture_graphs(runner, form, max_batch_size=1), runner.device)
+    except Exception as e:
+        if is_device_lost(e):
+            raise
+        log.warning("timing the decode graphs failed (%s: %s); decode steps run as one graph",
+                    type(e).__name__, e)
+        return "step"
     chosen = graph_choice.faster(seconds)
     line = graph_choice.describe(seconds, chosen)
     if progress is not None:
