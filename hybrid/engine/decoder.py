@@ -57,16 +57,17 @@ class StepState:
     fb: ForwardBatch
     num_real: int  # rows that are real tokens (a CUDA graph's batch is padded)
     num_splits: int | None = None  # the decode attention's split count, fixed when captured
-    x: torch.Tensor | None = None  # [N, H] f32 residual stream
-    h: torch.Tensor | None = None  # [N, H] the normalized rows the MoE layer works on
-    hq: tuple | None = None  # h quantized for the shared expert's integer path (XQ), or None
+    residual: torch.Tensor | None = None  # [N, H] f32 residual stream
+    normed: torch.Tensor | None = None  # [N, H] the normalized rows the MoE layer works on
+    # `normed` quantized for the shared expert's integer path (XQ), or None
+    normed_q: tuple | None = None
     pending: list[torch.Tensor] = field(default_factory=list)
     logits: torch.Tensor | None = None  # [R, V]
     # MoE layers (indices into DecoderProgram.moe_layers) whose experts this step streams to
     # the device (expert_stream.py; eager steps only), and the current one's output [N, H]
     streamed: frozenset[int] = frozenset()
     routed: torch.Tensor | None = None
-    held: torch.Tensor | None = None  # the current layer's GPU-held experts' output [N, H]
+    held_out: torch.Tensor | None = None  # the current layer's GPU-held experts' output [N, H]
 
 
 @dataclass(frozen=True)
@@ -149,21 +150,21 @@ class DecoderProgram:
     # -- device work ------------------------------------------------------------------------
 
     def _embed(self, st: StepState) -> None:
-        st.x = self.inner.embed_tokens(st.fb.input_ids).float()  # [N, H]
+        st.residual = self.inner.embed_tokens(st.fb.input_ids).float()  # [N, H]
         st.pending = []
 
     def _norm(self, norm: nn.Module, st: StepState, consumer: nn.Module | None = None):
         """-> (normed rows, the same quantized for `consumer`'s first product or None)."""
-        device = getattr(norm, "device", st.x.device)
-        if st.x.device != device:  # a layer on another GPU: the residual stream moves once
-            st.x = st.x.to(device)
-        bits = _input_bits(consumer, st.x.shape[0], device)
+        device = getattr(norm, "device", st.residual.device)
+        if st.residual.device != device:  # a layer on another GPU: the residual stream moves once
+            st.residual = st.residual.to(device)
+        bits = _input_bits(consumer, st.residual.shape[0], device)
         if isinstance(norm, RMSNormOp):
-            h, hq = norm.add_norm(st.x, *st.pending, x_bits=bits)
+            h, hq = norm.add_norm(st.residual, *st.pending, x_bits=bits)
         else:
             for d in st.pending:
-                st.x += d.to(st.x.device)
-            h, hq = norm(st.x), None
+                st.residual += d.to(st.residual.device)
+            h, hq = norm(st.residual), None
         st.pending = []
         return h, hq
 
@@ -179,39 +180,39 @@ class DecoderProgram:
 
     def _route_and_send(self, layer: nn.Module, i: int, st: StepState) -> None:
         shared = getattr(layer.mlp, "shared_experts", None)
-        st.h, st.hq = self._norm(layer.post_attention_layernorm, st, shared)
-        _, weights, ids = layer.mlp.gate.route(st.h.to(layer.mlp.gate.device))
+        st.normed, st.normed_q = self._norm(layer.post_attention_layernorm, st, shared)
+        _, weights, ids = layer.mlp.gate.route(st.normed.to(layer.mlp.gate.device))
         if self.recorder is not None:
             self.recorder.add(layer.mlp.gate.layer_index, ids, st.fb)
         if i in st.streamed:  # the experts come to the rows: nothing crosses to the host
-            st.routed = self.stream.run(i, st.h, ids, weights)
+            st.routed = self.stream.run(i, st.normed, ids, weights)
             return
         experts = layer.mlp.experts
         host_ids, held_weights = experts.hand_off(ids, weights)
-        self.bridge.send(st.h, host_ids, weights)
+        self.bridge.send(st.normed, host_ids, weights)
         if held_weights is not None:  # hot experts: on the GPU while the host runs the rest
-            st.held = experts.run_held(st.h, ids, held_weights)
+            st.held_out = experts.run_held(st.normed, ids, held_weights)
 
     def _shared(self, mlp: nn.Module, st: StepState) -> None:
         shared = getattr(mlp, "shared_experts", None)
         if shared is None:
             st.pending = []
         else:
-            st.pending = [shared(st.h) if st.hq is None else shared(st.h, st.hq)]
+            st.pending = [shared(st.normed) if st.normed_q is None else shared(st.normed, st.normed_q)]
 
     def _receive(self, i: int, st: StepState) -> None:
-        routed = st.routed if i in st.streamed else self.bridge.receive(st.x.shape[0])
+        routed = st.routed if i in st.streamed else self.bridge.receive(st.residual.shape[0])
         st.pending.append(routed)
-        if st.held is not None:
-            st.pending.append(st.held)
-        st.routed = st.held = None
+        if st.held_out is not None:
+            st.pending.append(st.held_out)
+        st.routed = st.held_out = None
 
     def _head(self, st: StepState) -> None:
-        rows = st.fb.sample_rows.to(st.x.device)
+        rows = st.fb.sample_rows.to(st.residual.device)
         if rows.numel() == 0:  # only mid-prompt chunks this step
-            st.logits = st.x.new_empty(0, self.model.config.vocab_size)
+            st.logits = st.residual.new_empty(0, self.model.config.vocab_size)
             return
-        x = st.x[rows]  # [R, H]: only the rows that sample reach the head
+        x = st.residual[rows]  # [R, H]: only the rows that sample reach the head
         for d in st.pending:
             x += d.to(x.device)[rows]
         h = self.inner.norm(x) if not isinstance(self.inner.norm, RMSNormOp) \

@@ -101,10 +101,10 @@ class ExpertsOp(nn.Module):
             self.down = ctx.weight("down_proj").get()  # [E, H, I]
         mask = torch.zeros(spec.num_experts, dtype=torch.bool)
         mask[gpu_ids] = True
-        self.on_gpu = mask
+        self.gpu_held = mask  # [E] bool: the experts held on the GPU (`gpu_experts`)
         self.gpu_experts = _GpuExperts(ctx, p, gpu_ids, torch.device(opts["gpu_device"])) \
             if gpu_ids else None
-        self._held: dict[torch.device, torch.Tensor] = {}  # on_gpu, on each ids device
+        self._held: dict[torch.device, torch.Tensor] = {}  # gpu_held, on each ids device
         self.pool = None  # a cpu_kernels MoEPool, set by use_pool
         self.placed = None  # cpu_weights as placed on the pool's worker groups
 
@@ -140,7 +140,7 @@ class ExpertsOp(nn.Module):
         if self.gpu_experts is None:
             return ids, None
         if ids.device not in self._held:
-            self._held[ids.device] = self.on_gpu.to(ids.device)
+            self._held[ids.device] = self.gpu_held.to(ids.device)
         held = self._held[ids.device][ids]  # [N, K] bool
         return ids.masked_fill(held, -1), weights.masked_fill(~held, 0.0)
 
@@ -170,7 +170,7 @@ class ExpertsOp(nn.Module):
         if self.device_only:
             # the whole layer on the device: no split by expert, nothing waits for the host
             return self.on_device(hidden, ids, weights).to(hidden.device, hidden.dtype)
-        gpu_mask = self.on_gpu[ids.cpu()].to(ids.device)  # [N, K]
+        gpu_mask = self.gpu_held[ids.cpu()].to(ids.device)  # [N, K]
         if self.backend == "cpu":  # the kernels skip negative ids: held experts are never read
             finish = self._start(hidden, ids.masked_fill(gpu_mask, -1), weights)
         else:  # torch loops: the held slots weigh 0

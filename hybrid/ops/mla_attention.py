@@ -72,7 +72,7 @@ class MLAAttentionOp(nn.Module):
             self.scale *= m * m
         inv_freq, self.rope_scale = yarn_inv_freq(s)
         self.inv_freq = inv_freq.to(self.device)  # [rope / 2]
-        self.on_gpu = uses_gpu_kernels(self.device)  # gpu_kernels (else torch)
+        self.uses_gpu_kernels = uses_gpu_kernels(self.device)  # gpu_kernels (else torch)
         # legacy kv_b [h*(nope+v), c] is one matrix; the MLA layout's k_b [h*c, nope] and
         # v_b [h*v, c] are two (only as GGUF blocks: a dense kv_b is the legacy form)
         quant = self.kv_b.quant
@@ -134,13 +134,13 @@ class MLAAttentionOp(nn.Module):
             kv = linear(x, self.kv_a)  # [N, c + r]
         q = q.view(n, self.heads, self.nope + self.rope)
         cache = fb.cache.layer(self.layer_idx)
-        if self.on_gpu:
+        if self.uses_gpu_kernels:
             from gpu_kernels.fused import rope_cache
         else:
             from gpu_kernels.reference import rope_cache_ref as rope_cache
         rope_cache(q, kv, fb.positions, fb.slots, self.kv_a_norm, self.inv_freq,
                    self.rope_scale, self.eps, cache, self.nope)  # q's rope dims rotated in place
-        if self.on_gpu and fb.prefill_spans:
+        if self.uses_gpu_kernels and fb.prefill_spans:
             # decodes absorbed, prompt chunks expanded (far fewer products for many keys)
             b = fb.num_decodes
             o = torch.empty(n, self.heads, self.v, dtype=torch.float32, device=self.device)
@@ -152,7 +152,7 @@ class MLAAttentionOp(nn.Module):
         else:
             q_lat = self._absorb(q[..., :self.nope])  # [N, h, c]
             o_lat = paged_attention(q_lat, q[..., self.nope:], cache, fb, self.scale,
-                                    num_splits, self.on_gpu)
+                                    num_splits, self.uses_gpu_kernels)
             o = self._values(o_lat)
         return linear(o.reshape(n, self.heads * self.v), self.o_proj).to(h.device)
 
@@ -184,7 +184,7 @@ class MLAAttentionOp(nn.Module):
         if not hasattr(self, "q_a"):
             return first if first is not None else linear(x, self.q_proj)
         qa = first if first is not None else linear(x, self.q_a)
-        if self.on_gpu:
+        if self.uses_gpu_kernels:
             from gpu_kernels.fused import add_rmsnorm
             from gpu_kernels.qdot_i8 import empty_xq
 
@@ -195,7 +195,7 @@ class MLAAttentionOp(nn.Module):
 
     def _absorb(self, q_nope: torch.Tensor) -> torch.Tensor:
         """q_nope [N, h, nope] -> q_c = q_nope @ W_UK: [N, h, c]."""
-        if self.on_gpu and self.kv_b.quant is not None:
+        if self.uses_gpu_kernels and self.kv_b.quant is not None:
             from gpu_kernels.qmatmul import qmatmul, qmatmul_t
 
             quant = self.kv_b.quant
@@ -206,7 +206,7 @@ class MLAAttentionOp(nn.Module):
 
     def _values(self, o_lat: torch.Tensor) -> torch.Tensor:
         """o_c [N, h, c] -> o_c @ W_UV^T: [N, h, v]."""
-        if self.on_gpu and self.kv_b.quant is not None:
+        if self.uses_gpu_kernels and self.kv_b.quant is not None:
             from gpu_kernels.qmatmul import qmatmul
 
             quant = self.kv_b.quant
