@@ -8,9 +8,9 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("cpu_kernels", "gpu_kernels", "hybrid", "server", "cli")
+PACKAGES = ("ggml_types", "cpu_kernels", "gpu_kernels", "hybrid", "server", "cli")
 # top-level packages, lowest first: each imports only from those before it (and itself)
-TOP = {"cpu_kernels": 0, "gpu_kernels": 0, "hybrid": 1, "server": 2, "cli": 3}
+TOP = {"ggml_types": 0, "cpu_kernels": 1, "gpu_kernels": 1, "hybrid": 2, "server": 3, "cli": 4}
 # hybrid's own sub-packages and modules, lowest first (the loader below the rules, ...)
 HYBRID = {"errors": 0, "env": 0, "settings": 1, "gguf": 1, "tokenizer": 2, "model": 3,
           "synth": 4, "ops": 4, "demo": 5, "rules": 5, "engine": 6, "tuning": 7}
