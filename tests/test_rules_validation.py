@@ -85,3 +85,23 @@ def test_valid_rule_and_its_fields() -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(RuleError, match="cannot read the rule file"):
         load_rules(tmp_path / "nope.yaml")
+
+
+def test_prefill_device_follows_generate_device_and_a_different_one_is_warned_of(
+        models, tmp_path: Path) -> None:
+    from hybrid.rules.planner import plan_model
+
+    rules = tmp_path / "apart.yaml"
+    rules.write_text(
+        "- match: {name: '^model\\.layers\\..*\\.mlp\\.experts$'}\n"
+        "  replace: {class: experts, kwargs: {generate_device: cpu, prefill_device: cuda}}\n"
+        "- match: {name: '^lm_head$'}\n"
+        "  replace: {class: lm_head, kwargs: {generate_device: cpu}}\n")
+    planned = plan_model(str(models.path("tiny-v3", "q4_k_m")), str(rules), check_devices=False,
+                         announce=False)
+    places = planned.plan.placements
+    assert places["lm_head"].prefill_device == "cpu"  # follows generate_device
+    (warning,) = [w for w in planned.plan.warnings if "prefill_device" in w]
+    assert "apart.yaml: rule 1 (line 1): prefill_device cuda" in warning
+    assert "is not generate_device cpu" in warning
+    assert "--prefill-experts" in warning

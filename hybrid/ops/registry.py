@@ -45,7 +45,10 @@ class OperatorSpec:
 def _devices(default: str = "cpu") -> dict[str, Option]:
     return {
         "generate_device": Option(str, default, help="where the module runs when decoding"),
-        "prefill_device": Option(str, default, help="where it runs on prefill chunks"),
+        # one copy of an operator's weights serves prompt chunks and decodes alike; a long
+        # prompt's CPU-placed experts stream to the GPU on their own (--prefill-experts)
+        "prefill_device": Option(str, None, help="where it runs on prompt chunks: its "
+                                 "generate_device (the default; a different one is warned of)"),
     }
 
 

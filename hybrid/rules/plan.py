@@ -99,6 +99,13 @@ def build_plan(model: nn.Module, spec: ModelSpec, gguf: GGUFModelFile, rules: li
     visit(model, "", "", True)
     warnings = [f"{source}: {r.label} matches no module of this model ({_describe(r)})"
                 for r in rules if r.index not in used]
+    apart = {p.rule.index: p for p in placements.values()
+             if p.rule is not None and p.prefill_device != p.generate_device}
+    warnings += [f"{source}: {p.rule.label}: prefill_device {p.prefill_device} is not "
+                 f"generate_device {p.generate_device}: an operator runs prompt chunks where it "
+                 f"runs decodes (one copy of its weights), so prefill_device is ignored; a long "
+                 f"prompt's CPU experts stream to the GPU by themselves when that is faster "
+                 f"(--prefill-experts)" for _, p in sorted(apart.items())]
     weights = _weights(model, spec, gguf, placements, owners)
     return Plan(placements, owners, weights, warnings, source)
 
@@ -123,6 +130,8 @@ def _place(rule: Rule, path: str, module: nn.Module, device_map: Mapping[str, st
             "modules: narrow match.name or add match.class"
         )
     options = spec.resolved(rule.kwargs)
+    if options.get("prefill_device") is None and "generate_device" in options:
+        options["prefill_device"] = options["generate_device"]
     bad = [e for e in options.get("gpu_experts", []) if e >= num_experts]
     if bad:
         raise RuleError(f"{source}:{rule.line}: rule {rule.index}: gpu_experts lists expert {bad[0]} "
