@@ -60,6 +60,10 @@ INVALID = {
         ("- match: {name: x}\n  replace: {class: default}\n"
         "- match: {name: x}\n  replace: {class: default}\n"),
         "rule 2 repeats rule 1 (line 1)"),
+    "attention backend moved": (
+        "- match: {name: x}\n  replace: {class: mla_attention, kwargs: {backend: torch}}\n",
+        ("rule 1: kwargs.backend of 'mla_attention': the decode attention kernel is the "
+         "server's choice: `hybrid serve --attention-backend`")),
     "gpu_experts negative": (
         "- match: {name: x}\n  replace: {class: experts, kwargs: {gpu_experts: [1, -2]}}\n",
         "kwargs.gpu_experts must list expert ids (>= 0)"),

@@ -81,8 +81,6 @@ _SPECS = [
     OperatorSpec("mla_attention", "MLA attention, absorbed form over a latent KV cache",
                  ("Attention",), {
                      **_devices(), **_weights(), **_activations(),
-                     "backend": Option(str, "torch", ("torch",),
-                                         "attention kernels (on CUDA: gpu_kernels' Triton)"),
                      "kv_cache_dtype": Option(str, "bf16", ("bf16", "f16", "f32"),
                                               "latent KV cache element type"),
                  }),

@@ -161,9 +161,19 @@ def _parse_rule(node: yaml.Node, index: int, source: str) -> Rule:
     return Rule(index, node.start_mark.line + 1, name, classes, op, kwargs, recursive)
 
 
+# options a rule could once set that now belong elsewhere: (operator, key) -> where they went
+_MOVED_OPTIONS = {("mla_attention", "backend"): "the decode attention kernel is the server's "
+                  "choice: `hybrid serve --attention-backend`; remove it from the rule"}
+
+
 def _parse_kwargs(node: yaml.Node | None, op: str, source: str, index: int) -> dict[str, Any]:
     if node is None:
         return {}
+    if isinstance(node, yaml.MappingNode):
+        for key_node, _ in node.value:
+            if (op, key_node.value) in _MOVED_OPTIONS:
+                raise _err(source, key_node, index, f"kwargs.{key_node.value} of '{op}': "
+                           f"{_MOVED_OPTIONS[op, key_node.value]}")
     raw = _mapping(node, source, index, f"kwargs of '{op}'", tuple(OPERATORS[op].options))
     spec = OPERATORS[op]
     kwargs: dict[str, Any] = {}
