@@ -13,14 +13,11 @@ from hybrid.errors import HybridError
 
 
 def setting(default: Any = MISSING, *, help: str, choices: tuple[str, ...] | None = None,
-            flag: str | None = None, metavar: str | None = None,
-            default_factory: Any = MISSING) -> Field:
+            flag: str | None = None, metavar: str | None = None) -> Field:
     """A dataclass field that is also a flag: `help` its text, `choices` its legal values,
     `flag` its name where not --the-field-name (or --no-the-field-name for a bool that is on
     by default)."""
     metadata = {"help": help, "choices": choices, "flag": flag, "metavar": metavar}
-    if default_factory is not MISSING:
-        return dataclasses.field(default_factory=default_factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
 
 

@@ -130,7 +130,7 @@ def _place(rule: Rule, path: str, module: nn.Module, device_map: Mapping[str, st
             "modules: narrow match.name or add match.class"
         )
     options = spec.resolved(rule.kwargs)
-    if options.get("prefill_device") is None and "generate_device" in options:
+    if options["prefill_device"] is None:  # every operator takes both (registry._devices)
         options["prefill_device"] = options["generate_device"]
     bad = [e for e in options.get("gpu_experts", []) if e >= num_experts]
     if bad:
