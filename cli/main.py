@@ -20,7 +20,7 @@ from hybrid.errors import HybridError
 
 
 def _sampling_defaults():
-    from hybrid.engine.sampling_params import SamplingParams
+    from hybrid.engine.sampling.sampling_params import SamplingParams
 
     return {f.name: f.default for f in fields(SamplingParams)}
 
@@ -44,7 +44,7 @@ def _add_sampling_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _sampling_from(args: argparse.Namespace, logprobs: int | None = None):
-    from hybrid.engine.sampling_params import SamplingParams
+    from hybrid.engine.sampling.sampling_params import SamplingParams
 
     return SamplingParams(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,

@@ -8,7 +8,7 @@ __all__ = ["LLM", "SamplingParams"]
 
 if TYPE_CHECKING:
     from hybrid.engine.llm import LLM
-    from hybrid.engine.sampling_params import SamplingParams
+    from hybrid.engine.sampling.sampling_params import SamplingParams
 
 
 def __getattr__(name: str):
@@ -18,7 +18,7 @@ def __getattr__(name: str):
 
         return LLM
     if name == "SamplingParams":
-        from hybrid.engine.sampling_params import SamplingParams
+        from hybrid.engine.sampling.sampling_params import SamplingParams
 
         return SamplingParams
     raise AttributeError(name)

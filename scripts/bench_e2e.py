@@ -41,12 +41,12 @@ sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).
 
 from step_probe import StepProbe, slowest
 
-from hybrid.engine import runner_start_up
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.heap import freeze_start_up_heap
 from hybrid.engine.llm import LLM
-from hybrid.engine.prefill_costs import ExpertPlacement
-from hybrid.engine.sampling_params import SamplingParams
+from hybrid.engine.prefill.prefill_costs import ExpertPlacement
+from hybrid.engine.runner import runner_start_up
+from hybrid.engine.sampling.sampling_params import SamplingParams
 from hybrid.ops.experts import ExpertsOp
 
 
@@ -83,7 +83,7 @@ class ExpertClock:
 
     def __init__(self) -> None:
         from cpu_kernels.clock import cycles_per_us
-        from hybrid.engine.host_experts import HostExperts
+        from hybrid.engine.step.host_experts import HostExperts
 
         self.calls: list[float] = []
         self.kernels: list[float] = []
@@ -127,7 +127,7 @@ class ExpertClock:
         return out
 
     def close(self) -> None:
-        from hybrid.engine.host_experts import HostExperts
+        from hybrid.engine.step.host_experts import HostExperts
 
         ExpertsOp.run_host = self._orig
         HostExperts.run = self._orig_host
@@ -222,7 +222,7 @@ def chat_turns(llm: LLM, history: int) -> dict:
     scheduler's prefix cache off, then on (a cache of its own, made here)."""
     from bench_prefix_cache import turns
 
-    from hybrid.engine.prefix_cache import PrefixCache
+    from hybrid.engine.scheduling.prefix_cache import PrefixCache
 
     scheduler = llm.engine.scheduler
     first, message, answer = history - 140, 64, 16
@@ -304,7 +304,7 @@ def main() -> int:
     if args.gc == "freeze":
         result["frozen"] = freeze_start_up_heap()
     runner = llm.engine.runner
-    result["attention_backend"] = runner.attention_backend
+    result["attention_backend"] = runner.attention.name
     costs = runner.placement.costs
     result["stream"] = None if runner.stream is None else {
         "pinned": runner.stream.pinned, "experts_per_unit": runner.stream.experts_per_unit,

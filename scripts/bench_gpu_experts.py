@@ -12,9 +12,9 @@ a few experts repeated to the layer's count on the device (the values do not cha
     python scripts/bench_gpu_experts.py --stream [--shapes v3] [--tokens 512,2048,8192]
         [--stream-memory-gib 24,4]
 
-times the streamed path as a prefill step runs it (hybrid/engine/expert_stream.py): the layer's
+times the streamed path as a prefill step runs it (hybrid/engine/prefill/expert_stream.py): the layer's
 blocks in (page-locked) host memory, copied unit by unit while the previous ones compute, fp16
-products; per layer in steady state (hybrid.engine.prefill_setup.streamed_layer_ms, median of
+products; per layer in steady state (hybrid.engine.prefill.prefill_setup.streamed_layer_ms, median of
 three), beside the plain copy of the same bytes.
 """
 
@@ -138,8 +138,8 @@ def host_layer(name: str) -> tuple:
 
 def stream_rows(name: str, token_counts: list[int], budgets_gib: list[float],
                 packed: bool = False) -> list[dict]:
-    from hybrid.engine.expert_stream import ExpertStream
-    from hybrid.engine.prefill_setup import streamed_layer_ms
+    from hybrid.engine.prefill.expert_stream import ExpertStream
+    from hybrid.engine.prefill.prefill_setup import streamed_layer_ms
 
     e, k, h, *_ = SHAPES[name]
     parts = host_layer(name)

@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench_e2e import build_model, rules_with_mode
 
 from hybrid.engine.config import EngineConfig
-from hybrid.engine.grammar import json_grammar, mask_logits
 from hybrid.engine.llm import LLM
+from hybrid.engine.sampling.grammar import json_grammar, mask_logits
 from hybrid.tuning.measure import step_ms
 
 SCHEMA = {"type": "object", "properties": {"notes": {"type": "array", "items": {"type": "string"}}},

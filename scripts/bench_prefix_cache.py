@@ -25,7 +25,7 @@ from bench_e2e import build_model
 
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.llm import LLM
-from hybrid.engine.sampling_params import SamplingParams
+from hybrid.engine.sampling.sampling_params import SamplingParams
 
 
 def turns(llm: LLM, first: int, message: int, answer: int, seed: int) -> list[float]:

@@ -40,8 +40,8 @@ import httpx
 def _submit_stamped(state, prompt: list[int], gen_len: int):
     """One greedy request of gen_len tokens submitted to the served worker -> (request, token
     arrival times, an event set when it ends)."""
-    from hybrid.engine.request import Request
-    from hybrid.engine.sampling_params import SamplingParams
+    from hybrid.engine.sampling.sampling_params import SamplingParams
+    from hybrid.engine.scheduling.request import Request
 
     stamps: list[float] = []
     done = threading.Event()

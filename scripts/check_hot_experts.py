@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_e2e import build_model, rules_with_mode
 
 from hybrid.engine.llm import LLM
-from hybrid.engine.sampling_params import SamplingParams
+from hybrid.engine.sampling.sampling_params import SamplingParams
 from hybrid.rules.planner import plan_model
 from hybrid.tuning.rules_writer import experts_rule, hot_expert_rules, write_rules
 

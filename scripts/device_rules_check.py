@@ -26,7 +26,7 @@ from gpu_kernels.jit_cache import compiled_variants, new_variants
 from gpu_kernels.mla_decode_flashinfer import available
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.llm import LLM
-from hybrid.engine.sampling_params import SamplingParams
+from hybrid.engine.sampling.sampling_params import SamplingParams
 from hybrid.model.loader import load_model
 from hybrid.rules.inject import inject
 from hybrid.rules.planner import plan_model, with_experts_mode

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.llm import LLM
-from hybrid.engine.sampling_params import SamplingParams
+from hybrid.engine.sampling.sampling_params import SamplingParams
 from hybrid.synth.make_model import MakeModelOptions, make_model
 from hybrid.synth.presets import get_preset
 from hybrid.synth.vocab import get_vocab

@@ -2,7 +2,7 @@
 memory map (the GGUF's experts as the CPU kernels read them), three ways, in one run:
 
     pageable    copy_ from the map as it is (the driver stages through its own pinned buffers)
-    registered  the map's pages registered with cudaHostRegister (hybrid/engine/host_pinning.py)
+    registered  the map's pages registered with cudaHostRegister (hybrid/engine/prefill/host_pinning.py)
                 and copied directly by the copy engine; registration time reported too
     ring        a pinned ring of RING_SLOTS buffers of RING_MB each: host threads copy the map
                 into a free slot, the copy engine takes it from there (a second copy in RAM of
@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hybrid.engine.host_pinning import HostRegistration
+from hybrid.engine.prefill.host_pinning import HostRegistration
 
 RING_SLOTS, RING_MB = 4, 64
 REPEATS = 3

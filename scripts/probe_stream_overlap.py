@@ -28,8 +28,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hybrid.engine.expert_stream import _host_tensor
-from hybrid.engine.host_pinning import HostRegistration
+from hybrid.engine.prefill.expert_stream import _host_tensor
+from hybrid.engine.prefill.host_pinning import HostRegistration
 
 
 def timed(model: torch.cuda.Stream, copy: torch.cuda.Stream, host: np.ndarray,

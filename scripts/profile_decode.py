@@ -35,10 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_e2e import ExpertClock, build_model, rules_with_mode
 
-from hybrid.engine import runner_start_up
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.llm import LLM
-from hybrid.engine.sampling_params import SamplingParams
+from hybrid.engine.runner import runner_start_up
+from hybrid.engine.sampling.sampling_params import SamplingParams
 from hybrid.ops.experts import ExpertsOp
 
 
@@ -101,7 +101,7 @@ def skip_experts(graphs) -> Callable[[], None]:
     """Make every CPU experts call return at once (whole steps: answer each flag as soon as it
     is raised); -> undo."""
     from cpu_kernels.handshake import set_flag, wait_equal
-    from hybrid.engine.host_experts import HostExperts
+    from hybrid.engine.step.host_experts import HostExperts
 
     orig, orig_host = ExpertsOp.run_host, HostExperts.run
 

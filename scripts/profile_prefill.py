@@ -27,7 +27,7 @@ from bench_e2e import build_model, rules_with_mode
 
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.llm import LLM
-from hybrid.engine.sampling_params import SamplingParams
+from hybrid.engine.sampling.sampling_params import SamplingParams
 
 
 def _sync() -> None:

@@ -21,7 +21,7 @@ import torch
 
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.llm import LLM
-from hybrid.engine.sampling_params import SamplingParams
+from hybrid.engine.sampling.sampling_params import SamplingParams
 
 
 def _sync() -> None:

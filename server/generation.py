@@ -16,8 +16,8 @@ from typing import Any
 
 from starlette.requests import Request as HTTPRequest
 
-from hybrid.engine.request import Request, RequestEvent, RequestFailed
-from hybrid.engine.sampling_params import SamplingParams
+from hybrid.engine.sampling.sampling_params import SamplingParams
+from hybrid.engine.scheduling.request import Request, RequestEvent, RequestFailed
 from hybrid.engine.worker import EngineWorker
 from server.metrics import observer_for
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import Field
 
-from hybrid.engine.sampling_params import SamplingParams
+from hybrid.engine.sampling.sampling_params import SamplingParams
 from server.errors import APIError, bad_request, unsupported
 from server.params import (
     ChatPrompt,

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybrid.engine.request import TokenOutput
+from hybrid.engine.scheduling.request import TokenOutput
 from server.reasoning import ReasoningParser, ThinkSetup
 from server.tools.parser import ToolCall, ToolCallDelta, ToolCallParser
 from server.tools.setup import ToolSetup

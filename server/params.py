@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from hybrid.engine.sampling_params import SamplingParams
+from hybrid.engine.sampling.sampling_params import SamplingParams
 from hybrid.errors import HybridError
 from server.errors import APIError, bad_request, unsupported
 from server.protocol import MAX_CHOICES, ChatCompletionRequest, ChatMessage, CompletionRequest
@@ -239,7 +239,7 @@ def structured_grammar(response_format: dict[str, Any], param: str,
     """The grammar of an OpenAI-style response_format (json_object or json_schema); a 400
     naming `param` when the schema cannot be used. Objects take no keys their schema does not
     list unless `lenient` (--lenient-schemas)."""
-    from hybrid.engine.grammar import json_grammar, schema_of
+    from hybrid.engine.sampling.grammar import json_grammar, schema_of
     from hybrid.errors import RequestRejected
 
     try:

@@ -11,8 +11,8 @@ from fastapi import APIRouter
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from hybrid.engine.request import RequestFailed
-from hybrid.engine.sampling_params import SamplingParams
+from hybrid.engine.sampling.sampling_params import SamplingParams
+from hybrid.engine.scheduling.request import RequestFailed
 from server.errors import APIError
 from server.generation import generate
 from server.openai_format import ChatFormat, CompletionFormat, ResponseFormat, sse

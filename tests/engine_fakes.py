@@ -6,9 +6,9 @@ Each sampled token is the request's newest token + 1; the "model" fails on `fail
 from __future__ import annotations
 
 from hybrid.engine.config import EngineConfig
-from hybrid.engine.request import Request, RequestStatus, TokenOutput
-from hybrid.engine.sampling_params import SamplingParams
-from hybrid.engine.scheduler import ScheduledBatch, Scheduler
+from hybrid.engine.sampling.sampling_params import SamplingParams
+from hybrid.engine.scheduling.request import Request, RequestStatus, TokenOutput
+from hybrid.engine.scheduling.scheduler import ScheduledBatch, Scheduler
 
 
 class FakeStepOutput:

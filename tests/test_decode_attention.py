@@ -1,4 +1,5 @@
-"""Choosing the decode attention kernel (ours or flashinfer's) and flashinfer's page indices.
+"""The decode attention backends (hybrid/engine/attention/): the choice, its errors, their hooks,
+the torch backend against the float64 reference, and flashinfer's page indices.
 
 flashinfer runs on CUDA only: the GPU machine checks its tokens against ours
 (scripts/device_rules_check.py) and times both (scripts/bench_mla_peer.py). Here: the choice,
@@ -12,17 +13,18 @@ import pytest
 import torch
 
 from gpu_kernels.mla_decode_flashinfer import FlashInferMLADecode, available, csr_pages
+from hybrid.engine.attention.select import FLASHINFER_MIN_HEADS, build, resolve
 from hybrid.engine.config import EngineConfig
-from hybrid.engine.decode_attention import FLASHINFER_MIN_HEADS, resolve
-from hybrid.engine.forward_batch import ForwardBatch
-from hybrid.engine.kv_cache import PagedLatentCache
+from hybrid.engine.step.forward_batch import ForwardBatch
+from hybrid.engine.step.kv_cache import PagedLatentCache
 from hybrid.errors import HybridError
 
 
 def ops(device: str = "cpu", heads: int = 128, dtype=torch.bfloat16, n: int = 3,
         kv_lora: int = 512) -> list:
     return [SimpleNamespace(device=torch.device(device), heads=heads, kv_dtype=dtype,
-                            kv_lora=kv_lora, rope=64) for _ in range(n)]
+                            kv_lora=kv_lora, rope=64, uses_gpu_kernels=device != "cpu")
+            for _ in range(n)]
 
 
 def test_triton_is_always_there():
@@ -89,26 +91,67 @@ def test_csr_pages_refuses_a_length_past_the_table():
 def test_flashinfer_failing_to_start_falls_back_under_auto_only(choice, monkeypatch, caplog):
     """Its kernels build at start-up (nvcc); a failed build must not take a server down under
     "auto", and must say what failed when asked for by name."""
-    from hybrid.engine import decode_attention
+    from hybrid.engine.attention import flashinfer_decode, select
 
     def broken(*args, **kwargs):
         raise RuntimeError("nvcc not found")
 
-    monkeypatch.setattr(decode_attention, "resolve", lambda choice, ops: "flashinfer")
-    monkeypatch.setattr(decode_attention, "FlashInferPlans", broken)
+    monkeypatch.setattr(select, "resolve", lambda choice, ops: "flashinfer")
+    monkeypatch.setattr(flashinfer_decode, "FlashInferDecode", broken)
     if choice == "auto":
-        assert decode_attention.build(choice, ops("cuda:0"), 64, 8) == ("triton", None)
+        assert build(choice, ops("cuda:0"), 64, 8).name == "triton"
         assert "nvcc not found" in caplog.text and "triton" in caplog.text
     else:
         with pytest.raises(HybridError, match="failed to start .*nvcc not found.* triton"):
-            decode_attention.build(choice, ops("cuda:0"), 64, 8)
+            build(choice, ops("cuda:0"), 64, 8)
 
 
-def test_ours_needs_no_flashinfer_plans():
-    from hybrid.engine.decode_attention import build
+def test_ours_or_torch_need_no_flashinfer():
+    assert build("auto", ops("cpu"), 64, 8).name == "torch"
+    assert build("triton", ops("cpu"), 64, 8).name == "torch"
+    backend = build("triton", ops("cuda:0", heads=16), 64, 8)
+    assert (backend.name, backend.heads, backend.capacity) == ("triton", 16, 64 * 8)
+    mixed = ops("cuda:0", n=2) + ops("cpu", n=1)  # one backend serves every layer
+    assert build("auto", mixed, 64, 8).name == "torch"
 
-    assert build("auto", ops("cpu"), 64, 8) == ("triton", None)
-    assert build("triton", ops("cuda:0"), 64, 8) == ("triton", None)
+
+def test_triton_splits_follow_the_step_eagerly_and_the_capacity_when_captured():
+    from gpu_kernels.mla_decode import choose_splits
+
+    backend = build("triton", ops("cuda:0", heads=16), 16, 64)
+    cache = PagedLatentCache(ops("cpu", n=1), 16 * 10)
+    fb = ForwardBatch.build([([7], [3, 5], 20, True), ([8], [2], 0, True)], 16, cache,
+                            torch.device("cpu"))
+    backend.prepare(fb)
+    assert fb.attention is backend and fb.attention_plan == choose_splits(2, 16, 21)
+    assert fb.on(torch.device("meta")).attention_plan == fb.attention_plan
+    backend.prepare_for_capture(fb, 4)
+    assert fb.attention_plan == choose_splits(4, 16, 16 * 64)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_torch_backend_matches_float64_attention_over_pages(seed):
+    """Every decode row against its own keys, gathered page by page in float64."""
+    from hybrid.engine.attention.torch_decode import TorchDecode
+
+    g = torch.Generator().manual_seed(seed)
+    page, heads, c, r, scale = 4, 3, 8, 4, 0.3
+    cache = torch.randn(page * 12 + 1, c + r, generator=g)
+    lens = [int(x) for x in torch.randint(1, 3 * page + 1, (3,), generator=g)]
+    tables = [torch.randperm(12, generator=g)[:-(-n // page)].tolist() for n in lens]
+    chunks = [([1], t, n - 1, True) for t, n in zip(tables, lens)]
+    fb = ForwardBatch.build(chunks, page, SimpleNamespace(scratch_slot=page * 12),
+                            torch.device("cpu"))
+    q_lat, q_rope = torch.randn(3, heads, c, generator=g), torch.randn(3, heads, r, generator=g)
+    out = torch.empty(3, heads, c)
+    TorchDecode().prepare(fb)
+    fb.attention.run(q_lat, q_rope, cache, fb, scale, out)
+    for i, (t, n) in enumerate(zip(tables, lens)):
+        slots = [t[p // page] * page + p % page for p in range(n)]
+        kv = cache[slots].double()  # [n, c + r]
+        s = (q_lat[i].double() @ kv[:, :c].T + q_rope[i].double() @ kv[:, c:].T) * scale
+        expected = torch.softmax(s, -1) @ kv[:, :c]  # [h, c]
+        torch.testing.assert_close(out[i].double(), expected, atol=1e-5, rtol=1e-5)
 
 
 class FakeWrapper:
@@ -127,28 +170,35 @@ class FakeWrapper:
         self.runs += 1
 
 
-def test_flashinfer_plans_build_at_start_and_serve_graphs_and_eager_steps(monkeypatch):
+def test_flashinfer_backend_plans_at_start_for_graphs_and_eager_steps(monkeypatch):
     """The engine's glue around flashinfer's wrappers, with a stand-in for them: its kernels
     run once at start-up, each graph bucket gets its own wrapper (made once, with fixed
-    buffers), and an eager step's decodes are planned from their pages and lengths."""
+    buffers, planned before each replay), and an eager step's decodes are planned from their
+    pages and lengths."""
     import gpu_kernels.mla_decode_flashinfer as fi
-    from hybrid.engine.decode_attention import FlashInferPlans
+    from hybrid.engine.attention.flashinfer_decode import FlashInferDecode
 
     monkeypatch.setattr(fi, "FlashInferMLADecode", FakeWrapper)
     op = SimpleNamespace(device=torch.device("cpu"), heads=16, kv_lora=512, rope=64,
                          scale=0.1, kv_dtype=torch.bfloat16)
-    plans = FlashInferPlans(op, page_size=16, max_pages=4)
-    assert plans.eager.runs == 1 and plans.eager.plans == [([[0]], [1])]
-    graph = plans.for_graph(4)
-    assert plans.for_graph(4) is graph and graph.kwargs["graph_batch"] == 4
-    assert graph.kwargs["max_pages"] == 4
+    backend = FlashInferDecode(op, page_size=16, max_pages=4)
+    assert backend.eager.runs == 1 and backend.eager.plans == [([[0]], [1])]
     cache = PagedLatentCache([op], 16 * 10)
     chunks = [([7], [3, 5], 20, True), ([8], [2], 0, True), ([1, 2, 3], [9], 0, True)]
     fb = ForwardBatch.build(chunks, 16, cache, torch.device("cpu"))
-    plans.attach(fb)
-    assert fb.decode_attention is plans.eager
-    assert plans.eager.plans[-1] == ([[3, 5], [2, 0]], [21, 1])  # from the packed indices
-    assert fb.on(torch.device("meta")).decode_attention is plans.eager
+    backend.prepare(fb)
+    assert fb.attention is backend and fb.attention_plan is backend.eager
+    assert backend.eager.plans[-1] == ([[3, 5], [2, 0]], [21, 1])  # from the packed indices
+    assert fb.on(torch.device("meta")).attention_plan is backend.eager
+    backend.run(None, None, cache, fb, 0.1, None)
+    assert backend.eager.runs == 2
     prompt = ForwardBatch.build([([1, 2], [9], 0, True)], 16, cache, torch.device("cpu"))
-    plans.attach(prompt)
-    assert prompt.decode_attention is None and len(plans.eager.plans) == 2
+    backend.prepare(prompt)
+    assert prompt.attention_plan is None and len(backend.eager.plans) == 2
+    graph = backend.for_graph(4)
+    assert backend.for_graph(4) is graph and graph.kwargs["graph_batch"] == 4
+    assert graph.kwargs["max_pages"] == 4
+    backend.prepare_for_capture(fb, 4)
+    assert fb.attention_plan is graph and graph.plans == [([[3, 5], [2, 0]], [21, 1])]
+    backend.prepare_for_replay(fb, [[6]], [3])
+    assert graph.plans[-1] == ([[6]], [3])

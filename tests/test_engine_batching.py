@@ -7,7 +7,7 @@ import pytest
 
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.llm import LLM
-from hybrid.engine.sampling_params import SamplingParams
+from hybrid.engine.sampling.sampling_params import SamplingParams
 from hybrid.errors import RequestRejected
 
 

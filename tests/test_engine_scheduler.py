@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from hybrid.engine.config import EngineConfig
-from hybrid.engine.page_allocator import PageAllocator
-from hybrid.engine.request import RequestStatus
-from hybrid.engine.scheduler import Scheduler
+from hybrid.engine.scheduling.page_allocator import PageAllocator
+from hybrid.engine.scheduling.request import RequestStatus
+from hybrid.engine.scheduling.scheduler import Scheduler
 from hybrid.errors import HybridError, RequestRejected
 from tests.engine_fakes import make
 

@@ -7,8 +7,8 @@ import threading
 import pytest
 
 from hybrid.engine.config import EngineConfig
-from hybrid.engine.request import Request, RequestFailed, RequestStatus, TokenOutput
-from hybrid.engine.sampling_params import SamplingParams
+from hybrid.engine.sampling.sampling_params import SamplingParams
+from hybrid.engine.scheduling.request import Request, RequestFailed, RequestStatus, TokenOutput
 from hybrid.engine.worker import EngineWorker
 from tests.engine_fakes import FakeEngine, make
 
@@ -120,8 +120,9 @@ def test_scheduling_code_imports_no_torch() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; import hybrid.engine.worker, hybrid.engine.scheduler; "
-            "sys.exit('torch' in sys.modules)")
+    code = ("import sys, pkgutil, importlib, hybrid.engine.worker, hybrid.engine.scheduling as s;"
+            " [importlib.import_module(m.name) for m in pkgutil.iter_modules(s.__path__, "
+            "'hybrid.engine.scheduling.')]; sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hybrid.engine.llm import LLM
-from hybrid.engine.sampling_params import SamplingParams
+from hybrid.engine.sampling.sampling_params import SamplingParams
 
 RULES = """
 - match: {name: "\\\\.mlp\\\\.experts$"}

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
-from hybrid.engine.forward_batch import ForwardBatch
+from hybrid.engine.step.forward_batch import ForwardBatch
 
 
 def test_prefill_index_agrees_with_the_spans() -> None:

@@ -8,9 +8,9 @@ import json
 import jsonschema
 import pytest
 
-from hybrid.engine.grammar import json_grammar
 from hybrid.engine.llm import LLM
-from hybrid.engine.sampling_params import SamplingParams
+from hybrid.engine.sampling.grammar import json_grammar
+from hybrid.engine.sampling.sampling_params import SamplingParams
 from hybrid.errors import RequestRejected
 
 SCHEMAS = [
@@ -78,7 +78,7 @@ def test_a_broken_schema_is_refused_in_one_line() -> None:
 
 
 def test_objects_are_closed_unless_the_schema_opens_them() -> None:
-    from hybrid.engine.grammar import closed_objects
+    from hybrid.engine.sampling.grammar import closed_objects
 
     schema = {"type": "object", "properties": {
         "zone": {"type": "string"},
@@ -103,7 +103,7 @@ def test_objects_are_closed_unless_the_schema_opens_them() -> None:
 
 def test_a_schema_without_additional_properties_takes_no_invented_key(llm: LLM) -> None:
     """The grammar accepts the listed key and refuses another, unless lenient."""
-    from hybrid.engine.grammar import GrammarVocab
+    from hybrid.engine.sampling.grammar import GrammarVocab
 
     tok = llm.tokenizer
     vocab = GrammarVocab(tok.hf_json(), llm.loaded.spec.vocab_size, tok.eos_token_id)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hybrid.engine.config import EngineConfig
-from hybrid.engine.graph_choice import describe, faster
+from hybrid.engine.graphs.choice import describe, faster
 from hybrid.errors import HybridError
 
 
@@ -51,7 +51,8 @@ def test_a_timing_that_fails_keeps_whole_steps_but_a_lost_device_stops(monkeypat
     here only what start-up does when it raises."""
     from types import SimpleNamespace
 
-    from hybrid.engine import graph_choice, runner_start_up
+    from hybrid.engine.graphs import choice as graph_choice
+    from hybrid.engine.runner import runner_start_up
     from hybrid.errors import DeviceLost
 
     runner = SimpleNamespace(program=SimpleNamespace(moe_layers=[object()]), device="cuda:0")

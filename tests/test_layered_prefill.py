@@ -5,9 +5,9 @@ imports the step program's piece arithmetic)."""
 from __future__ import annotations
 
 from hybrid.engine.config import EngineConfig
-from hybrid.engine.layered_prefill import candidate, layers_per_step
-from hybrid.engine.prefill_costs import ExpertPlacement, PrefillCosts
-from hybrid.engine.scheduler import Scheduler
+from hybrid.engine.prefill.layered_prefill import candidate, layers_per_step
+from hybrid.engine.prefill.prefill_costs import ExpertPlacement, PrefillCosts
+from hybrid.engine.scheduling.scheduler import Scheduler
 from tests.engine_fakes import make
 
 COSTS = PrefillCosts(1, stream_ms=((128, 7.0), (2048, 7.0), (8192, 20.0)),
@@ -61,8 +61,8 @@ def test_a_deferred_chunk_holds_its_request_back_until_complete() -> None:
 
 
 def test_a_job_runs_the_part_before_the_first_moe_layer_alone_then_layers() -> None:
-    from hybrid.engine.decoder import DecoderProgram  # torch: imported by this test alone
-    from hybrid.engine.layered_prefill import LayeredPrefill
+    from hybrid.engine.prefill.layered_prefill import LayeredPrefill
+    from hybrid.engine.step.decoder import DecoderProgram  # torch: imported by this test alone
 
     class _FiveLayers:  # DecoderProgram's piece arithmetic: five MoE layers and the head
         num_pieces = 1 + 4 * 5
@@ -104,7 +104,7 @@ def test_beside_a_chunk_in_flight_other_prompts_take_the_in_flight_budget() -> N
 
 
 def test_in_flight_budget_keeps_the_step_within_two_decode_steps_of_cpu_experts() -> None:
-    from hybrid.engine.prefill_chunk import choose_in_flight_chunk_size
+    from hybrid.engine.prefill.prefill_chunk import choose_in_flight_chunk_size
 
     placement = ExpertPlacement("auto", (1,) * 26, COSTS)
     n = choose_in_flight_chunk_size(placement, 4096, 26)

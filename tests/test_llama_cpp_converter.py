@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from hybrid.engine.llm import LLM
-from hybrid.engine.sampling_params import SamplingParams
+from hybrid.engine.sampling.sampling_params import SamplingParams
 from hybrid.env import Env
 
 from .hf_checkpoint import V2_LITE, V3, write_checkpoint

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hybrid.engine.llm import LLM
-from hybrid.engine.sampling_params import SamplingParams
+from hybrid.engine.sampling.sampling_params import SamplingParams
 
 from .oracles import rel_l2, transformers_greedy, transformers_logits, transformers_model
 

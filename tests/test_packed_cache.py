@@ -13,7 +13,7 @@ import pytest
 from cpu_kernels.packed import PackedExperts
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.llm import LLM
-from hybrid.engine.sampling_params import SamplingParams
+from hybrid.engine.sampling.sampling_params import SamplingParams
 from hybrid.gguf.reader import GGUFModelFile
 from hybrid.model import packed_cache
 from hybrid.model.packed_cache import PackedCache

@@ -1,11 +1,11 @@
-"""The per-layer choice between streamed and CPU experts (hybrid/engine/prefill_costs.py)."""
+"""The per-layer choice between streamed and CPU experts (hybrid/engine/prefill/prefill_costs.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from hybrid.engine.config import EngineConfig
-from hybrid.engine.prefill_costs import ExpertPlacement, PrefillCosts, interpolate
+from hybrid.engine.prefill.prefill_costs import ExpertPlacement, PrefillCosts, interpolate
 from hybrid.errors import HybridError
 
 # a V2-Lite-like layer: streaming costs its copy (7 ms) until the kernels pass it at ~2K tokens;

@@ -9,9 +9,9 @@ import pytest
 
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.llm import LLM
-from hybrid.engine.prefix_cache import PrefixCache
-from hybrid.engine.sampling_params import SamplingParams
-from hybrid.engine.scheduler import Scheduler
+from hybrid.engine.sampling.sampling_params import SamplingParams
+from hybrid.engine.scheduling.prefix_cache import PrefixCache
+from hybrid.engine.scheduling.scheduler import Scheduler
 from tests.engine_fakes import make
 
 P = 4  # page size of the unit tests

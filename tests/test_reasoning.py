@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from hybrid.engine.request import TokenOutput
+from hybrid.engine.scheduling.request import TokenOutput
 from server.openai_format import ChatFormat
 from server.reasoning import (
     ReasoningParser,

@@ -9,7 +9,7 @@ import torch
 
 from cpu_kernels import qtypes
 from hybrid.engine.llm import LLM
-from hybrid.engine.sampling_params import SamplingParams
+from hybrid.engine.sampling.sampling_params import SamplingParams
 from hybrid.model.loader import load_model
 from hybrid.rules.inject import inject
 from hybrid.rules.planner import plan_model, with_experts_mode

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybrid.engine.sampler import apply_penalties, make_generator, sample, sampling_probs
-from hybrid.engine.sampling_params import SamplingParams
-from hybrid.engine.stop_checker import StopChecker
+from hybrid.engine.sampling.sampler import apply_penalties, make_generator, sample, sampling_probs
+from hybrid.engine.sampling.sampling_params import SamplingParams
+from hybrid.engine.sampling.stop_checker import StopChecker
 from hybrid.errors import HybridError
 
 

@@ -192,14 +192,14 @@ def test_engine_takes_the_given_chunk_size_or_chooses_one(models) -> None:
 
 
 def _placement(stream_ms, cpu_ms, layers: int = 4, nbytes: int = 1000, mode: str = "auto"):
-    from hybrid.engine.prefill_costs import ExpertPlacement, PrefillCosts
+    from hybrid.engine.prefill.prefill_costs import ExpertPlacement, PrefillCosts
 
     costs = PrefillCosts(nbytes, tuple(stream_ms), tuple(cpu_ms)) if stream_ms else None
     return ExpertPlacement(mode, (nbytes,) * layers, costs)
 
 
 def test_decode_chunk_keeps_one_streamed_layer_within_two_decode_steps() -> None:
-    from hybrid.engine.prefill_chunk import choose_decode_chunk_size
+    from hybrid.engine.prefill.prefill_chunk import choose_decode_chunk_size
 
     # a decode step's CPU experts: 4 layers x 2 ms = 8 ms; budget 16 ms a streamed layer.
     # Streamed: 6 ms up to 2048 tokens, then proportional: 16 ms at 5461 tokens -> 5376.
@@ -213,7 +213,7 @@ def test_decode_chunk_keeps_one_streamed_layer_within_two_decode_steps() -> None
 
 
 def test_decode_chunk_without_measurements() -> None:
-    from hybrid.engine.prefill_chunk import choose_decode_chunk_size
+    from hybrid.engine.prefill.prefill_chunk import choose_decode_chunk_size
 
     assert choose_decode_chunk_size(_placement(None, None, mode="cpu"), 512, 4) == 512
     assert choose_decode_chunk_size(_placement(None, None, mode="stream"), 8192, 4) == 2048

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from hybrid.engine.sampling_params import SamplingParams
+from hybrid.engine.sampling.sampling_params import SamplingParams
 from tests.test_server_support import API_KEY, MAX_NEW_TOKENS, live_server  # noqa: F401
 
 PROMPT_IDS = [0, 9]

@@ -282,7 +282,7 @@ def test_ollama_tools_history_and_calls(served) -> None:
     results) render; a reply's calls come back whole, arguments as an object."""
     import httpx
 
-    from hybrid.engine.request import TokenOutput
+    from hybrid.engine.scheduling.request import TokenOutput
     from server.ollama import _add_tool_calls, _chat_body
     from server.openai_format import ChoiceState, Delta
     from server.tools.setup import model_format, tool_request
@@ -350,7 +350,7 @@ def test_call_grammar_takes_the_formats_own_rendering(models, fmt, think) -> Non
     refuses arguments outside the schema."""
     import llguidance
 
-    from hybrid.engine.grammar import GrammarVocab
+    from hybrid.engine.sampling.grammar import GrammarVocab
     from hybrid.gguf.reader import GGUFModelFile
     from hybrid.tokenizer.gguf_tokenizer import GGUFTokenizer
     from server.tools.grammar import tool_call_grammar

@@ -50,7 +50,7 @@ def test_router_skew_needs_a_selection_bias(tmp_path) -> None:
 
 
 def test_recorder_counts_phases_and_skips_padding_rows() -> None:
-    from hybrid.engine.routing_recorder import RoutingRecorder
+    from hybrid.engine.step.routing_recorder import RoutingRecorder
 
     rec = RoutingRecorder([1, 2], num_experts=4)
     # 3 decode rows (the second is a graph's padding: length 0), then 2 prompt rows
@@ -73,7 +73,7 @@ def test_recorder_rereads_each_run_of_the_same_step() -> None:
     """A graph's warm-up and capture run one ForwardBatch: the second run must read the
     sequence lengths again (inside a capture, as ops of the graph), not reuse the first's rows;
     a padding row's out-of-range ids are not counted and do not index outside the table."""
-    from hybrid.engine.routing_recorder import RoutingRecorder
+    from hybrid.engine.step.routing_recorder import RoutingRecorder
 
     rec = RoutingRecorder([1], num_experts=4)
     seq_lens = torch.tensor([5, 6])
@@ -228,7 +228,7 @@ def test_hot_experts_give_the_same_tokens_as_the_cpu_alone(models, tmp_path, mod
     still bridged: the host skips the held slots and the held experts add their share, so
     greedy tokens and logprobs equal the all-CPU run's."""
     from hybrid.engine.llm import LLM
-    from hybrid.engine.sampling_params import SamplingParams
+    from hybrid.engine.sampling.sampling_params import SamplingParams
     from hybrid.rules.planner import find_rules, plan_model, with_experts_mode
     from hybrid.tuning.rules_writer import hot_expert_rules, write_rules
 

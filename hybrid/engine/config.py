@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hybrid.engine.prefill_costs import PREFILL_EXPERTS
 from hybrid.errors import HybridError
 from hybrid.settings import check_choices, setting
 
 DECODE_GRAPHS = ("auto", "step", "layers")
-ATTENTION_BACKENDS = ("auto", "triton", "flashinfer")  # decode_attention.py
+ATTENTION_BACKENDS = ("auto", "triton", "flashinfer")  # attention/select.py
+PREFILL_EXPERTS = ("auto", "cpu", "stream")  # prefill/prefill_costs.py
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class EngineConfig:
         help="step: a decode step is one CUDA graph, the GPU waiting on flags the CPU experts "
              "raise; layers: one graph per stretch between two MoE layers' CPU experts, "
              "replayed by the host; auto: time both at start-up and keep the faster "
-             "(graph_choice.py)")
+             "(hybrid/engine/graphs/choice.py)")
     prefill_experts: str = setting(
         "auto", choices=PREFILL_EXPERTS,
         help="where prompt steps run the CPU-placed routed experts: auto streams a layer's "

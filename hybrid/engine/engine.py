@@ -16,12 +16,12 @@ from dataclasses import dataclass
 import torch
 
 from hybrid.engine.config import EngineConfig
-from hybrid.engine.grammar import GrammarVocab, Matcher, mask_logits
-from hybrid.engine.model_runner import ModelRunner
-from hybrid.engine.request import Request, RequestStatus, TokenOutput
-from hybrid.engine.sampler import Sampled, make_generator, sample_batch
-from hybrid.engine.scheduler import ScheduledBatch, Scheduler
-from hybrid.engine.stop_checker import StopChecker
+from hybrid.engine.runner.model_runner import ModelRunner
+from hybrid.engine.sampling.grammar import GrammarVocab, Matcher, mask_logits
+from hybrid.engine.sampling.sampler import Sampled, make_generator, sample_batch
+from hybrid.engine.sampling.stop_checker import StopChecker
+from hybrid.engine.scheduling.request import Request, RequestStatus, TokenOutput
+from hybrid.engine.scheduling.scheduler import ScheduledBatch, Scheduler
 from hybrid.errors import HybridError, RequestRejected
 from hybrid.tokenizer.detokenizer import IncrementalDetokenizer
 

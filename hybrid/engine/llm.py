@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.engine import Engine
-from hybrid.engine.request import Request, RequestEvent, RequestFailed, TokenOutput
-from hybrid.engine.sampling_params import SamplingParams
+from hybrid.engine.sampling.sampling_params import SamplingParams
+from hybrid.engine.scheduling.request import Request, RequestEvent, RequestFailed, TokenOutput
 from hybrid.engine.worker import EngineWorker
 from hybrid.errors import HybridError
 from hybrid.model.loader import LoadedModel

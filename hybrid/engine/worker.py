@@ -24,7 +24,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
-from hybrid.engine.request import Request, RequestEvent, RequestFailed, RequestStatus
+from hybrid.engine.scheduling.request import Request, RequestEvent, RequestFailed, RequestStatus
 from hybrid.errors import is_device_lost
 
 log = logging.getLogger("hybrid.engine")

@@ -3,7 +3,7 @@ memory that takes (no torch here; the engine chooses with it at start-up, `hybri
 explain` counts it from the headers).
 
 A step that streams its MoE layers' experts to the GPU pays each layer's copy once whatever its
-token count (hybrid/engine/prefill_costs.py): a prompt cut into 512-token chunks copies every
+token count (hybrid/engine/prefill/prefill_costs.py): a prompt cut into 512-token chunks copies every
 layer's experts once per chunk, 16 times for 8K tokens. So where prompt steps may stream (a
 CUDA device runs the model, some routed experts live on the CPU, `--prefill-experts` is not
 "cpu"), a chunk is as large as activation memory allows, up to STREAM_CHUNK; elsewhere (the CPU

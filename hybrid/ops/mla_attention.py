@@ -12,8 +12,9 @@ which equals the expanded attention exactly in real arithmetic.
 NOTE: in the serving engine (`step`, paged cache) every token, the current chunk's included,
 is read back as stored in kv_cache_dtype. Without the engine (transformers' own cache, or none)
 the current chunk attends to its own latents at compute precision. On a CUDA device `step`
-runs gpu_kernels (quantized products, fused RoPE and cache write, paged decode attention);
-elsewhere the same arithmetic in torch (mla_paged.py). There, prompt chunks take the expanded
+runs gpu_kernels (quantized products, fused RoPE and cache write); elsewhere the same arithmetic
+in torch (mla_torch.py). The decode rows attend through the engine's decode attention backend
+(hybrid/engine/attention/, set on the step's ForwardBatch). On CUDA prompt chunks take the expanded
 form instead: their keys' latents multiplied out by kv_b once per step, then per-head flash
 attention (gpu_kernels/mla_prefill_expanded.py): with many keys per query that is ~7x fewer
 products than the absorbed form, whose advantage is reading a short cache per decode token.
@@ -26,7 +27,7 @@ from torch import nn
 
 from hybrid.ops.context import BuildContext
 from hybrid.ops.layers import input_bits, linear
-from hybrid.ops.mla_paged import attend, causal_mask, paged_attention
+from hybrid.ops.mla_torch import attend, causal_mask
 from hybrid.ops.rotary import yarn_inv_freq, yarn_mscale
 from hybrid.ops.weights import stack_rows, uses_gpu_kernels
 
@@ -114,11 +115,11 @@ class MLAAttentionOp(nn.Module):
         """What step's `hq` should be quantized to for `tokens` rows (0: none)."""
         return input_bits(self.q_kv_a, tokens)
 
-    def step(self, h: torch.Tensor, fb, num_splits: int | None = None,
-             hq=None) -> torch.Tensor:
+    def step(self, h: torch.Tensor, fb, hq=None) -> torch.Tensor:
         """The serving engine's path. h: [N, H] f32 normed rows of a step (decodes first);
-        fb: its ForwardBatch -> attention output [N, H] f32. Writes the step's latents into
-        this layer's rows of the paged cache. hq: h quantized to input_bits, or None."""
+        fb: its ForwardBatch, prepared by the engine's decode attention backend
+        (`fb.attention`) -> attention output [N, H] f32. Writes the step's latents into this
+        layer's rows of the paged cache. hq: h quantized to input_bits, or None."""
         fb = fb.on(self.device)
         x = h.to(self.device, torch.float32)
         n = x.shape[0]
@@ -140,21 +141,31 @@ class MLAAttentionOp(nn.Module):
             from gpu_kernels.reference import rope_cache_ref as rope_cache
         rope_cache(q, kv, fb.positions, fb.slots, self.kv_a_norm, self.inv_freq,
                    self.rope_scale, self.eps, cache, self.nope)  # q's rope dims rotated in place
-        if self.uses_gpu_kernels and fb.prefill_spans:
-            # decodes absorbed, prompt chunks expanded (far fewer products for many keys)
-            b = fb.num_decodes
-            o = torch.empty(n, self.heads, self.v, dtype=torch.float32, device=self.device)
-            if b:
-                o_lat = paged_attention(self._absorb(q[:b, :, :self.nope]), q[:b, :, self.nope:],
-                                        cache, fb, self.scale, num_splits, True, prefill=False)
-                o[:b] = self._values(o_lat)
-            self._expanded_prefill(q, cache, fb, o)
-        else:
-            q_lat = self._absorb(q[..., :self.nope])  # [N, h, c]
-            o_lat = paged_attention(q_lat, q[..., self.nope:], cache, fb, self.scale,
-                                    num_splits, self.uses_gpu_kernels)
-            o = self._values(o_lat)
+        o = torch.empty(n, self.heads, self.v, dtype=torch.float32, device=self.device)
+        b = fb.num_decodes
+        if b:  # decodes absorbed: a short cache read per query
+            o_lat = torch.empty(b, self.heads, self.kv_lora, dtype=torch.float32,
+                                device=self.device)
+            fb.attention.run(self._absorb(q[:b, :, :self.nope]), q[:b, :, self.nope:], cache,
+                             fb, self.scale, o_lat)
+            o[:b] = self._values(o_lat)
+        if fb.prefill_spans:
+            if self.uses_gpu_kernels:  # expanded: far fewer products for many keys
+                self._expanded_prefill(q, cache, fb, o)
+            else:
+                self._absorbed_prefill(q, cache, fb, o)
         return linear(o.reshape(n, self.heads * self.v), self.o_proj).to(h.device)
+
+    def _absorbed_prefill(self, q: torch.Tensor, cache: torch.Tensor, fb,
+                          out: torch.Tensor) -> None:
+        """The step's prompt chunks in the absorbed form, in torch, a chunk at a time.
+        q [N, h, nope + r] -> out's chunk rows [., h, v]."""
+        for span in fb.prefill_spans:
+            rows = slice(span.q_start, span.q_start + span.q_len)
+            kv = cache[span.kv_slots].float()  # [S, c + r]
+            o_lat = attend(self._absorb(q[rows, :, :self.nope]), q[rows, :, self.nope:], kv,
+                           causal_mask(span.q_len, span.kv_len, self.device), self.scale)
+            out[rows] = self._values(o_lat)
 
     def _expanded_prefill(self, q: torch.Tensor, cache: torch.Tensor, fb,
                           out: torch.Tensor) -> None:

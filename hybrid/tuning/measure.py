@@ -9,7 +9,7 @@ import time
 from collections.abc import Mapping
 
 from hybrid.engine.config import EngineConfig
-from hybrid.engine.sampling_params import SamplingParams
+from hybrid.engine.sampling.sampling_params import SamplingParams
 
 
 def step_ms(llm, batch: int, steps: int, grammar: str | None = None) -> float:

@@ -50,7 +50,7 @@ def profile_prompts(llm, prompts: list[Any], max_tokens: int, temperature: float
                     batch: int = 16, seed: int = 0,
                     progress: Callable[[int, int], None] | None = None) -> RoutingProfile:
     """Run `prompts` on `llm` (an LLM built with record_routing on) -> the routing profile."""
-    from hybrid.engine.sampling_params import SamplingParams
+    from hybrid.engine.sampling.sampling_params import SamplingParams
 
     model = Path(llm.loaded.gguf.path).name
     RoutingProfile.of_engine(llm.engine, model)  # refuses an engine that does not record

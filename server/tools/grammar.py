@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hybrid.engine.grammar import JSON_OPTIONS, closed_objects
+from hybrid.engine.sampling.grammar import JSON_OPTIONS, closed_objects
 from hybrid.errors import RequestRejected
 from server.tools.formats import ToolFormat
 
@@ -24,7 +24,7 @@ def tool_call_grammar(fmt: ToolFormat, functions: dict[str, dict[str, Any]],
                       token_of: Any, parallel: bool, think_end: str | None,
                       reasoning_tokens: int, lenient: bool = False) -> str:
     """Lark text for one or more calls of `functions` (name -> parameters schema), objects
-    closed to keys they do not list unless `lenient` (hybrid/engine/grammar.closed_objects).
+    closed to keys they do not list unless `lenient` (hybrid/engine/sampling/grammar.closed_objects).
     `token_of(text)` is the id of the special token spelling `text`, or None."""
 
     def lit(text: str) -> str:

@@ -10,7 +10,7 @@ import pytest
 from cpu_kernels import qtypes as qt
 from cpu_kernels.precompile import BackgroundCompile, compile_kernels, token_counts
 from hybrid.engine.llm import LLM
-from hybrid.engine.sampling_params import SamplingParams
+from hybrid.engine.sampling.sampling_params import SamplingParams
 from hybrid.ops.compile_ahead import compile_ahead
 from hybrid.rules.planner import plan_model
 

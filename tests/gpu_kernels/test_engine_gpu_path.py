@@ -10,8 +10,8 @@ import torch
 
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.llm import LLM
-from hybrid.engine.request import RequestFailed, RequestStatus
-from hybrid.engine.sampling_params import SamplingParams
+from hybrid.engine.sampling.sampling_params import SamplingParams
+from hybrid.engine.scheduling.request import RequestFailed, RequestStatus
 from hybrid.rules.planner import with_experts_mode
 
 pytestmark = pytest.mark.usefixtures("wide_tiles")  # see conftest.WIDE_TILES

@@ -1,4 +1,4 @@
-"""Streamed experts (hybrid/engine/expert_stream.py) against the float64 reference on the
+"""Streamed experts (hybrid/engine/prefill/expert_stream.py) against the float64 reference on the
 whole tensors: one unit a layer and several (a small memory budget), the fused gate_up layout,
 layers streamed in any order and repeated, fp16 tensor cores within their stated error; and the
 page ranges the host registration merges."""
@@ -16,8 +16,8 @@ from cpu_kernels.packed import PackedMatrix
 from cpu_kernels.weights import QuantMatrix
 from gpu_kernels.moe_grouped import moe_experts_ref
 from gpu_kernels.qformat import to_planes
-from hybrid.engine.expert_stream import BYTES_PER_UNIT_BYTE, ExpertStream
-from hybrid.engine.host_pinning import byte_ranges
+from hybrid.engine.prefill.expert_stream import BYTES_PER_UNIT_BYTE, ExpertStream
+from hybrid.engine.prefill.host_pinning import byte_ranges
 from hybrid.synth.random_blocks import random_rows
 from tests.gpu_kernels.conftest import rel_err
 
@@ -143,7 +143,7 @@ def test_byte_ranges_merge_shared_pages() -> None:
 def test_a_refused_registration_leaves_cuda_usable() -> None:
     """Pages registered twice: the second registration is refused (copies then go from
     pageable memory) and the error it left does not surface at the next launch."""
-    from hybrid.engine.host_pinning import HostRegistration
+    from hybrid.engine.prefill.host_pinning import HostRegistration
 
     a = _own_pages(np.arange(1 << 16, dtype=np.uint8))
     first = HostRegistration([a])

@@ -51,8 +51,8 @@ def test_mla_prefill(heads, c, r, page, spans, device) -> None:
 
 
 def test_matches_the_engines_torch_path(device) -> None:
-    """The same numbers as mla_paged.attend, which the CPU path runs per chunk."""
-    from hybrid.ops.mla_paged import attend, causal_mask
+    """The same numbers as mla_torch.attend, which the CPU path runs per chunk."""
+    from hybrid.ops.mla_torch import attend, causal_mask
 
     q, qr, cache, meta, slots = _step(16, 512, 64, 16, [(6, 20)], device, decodes=0)
     out = mla_prefill(q, qr, cache, meta, slots, 0.1, 6, torch.empty_like(q))

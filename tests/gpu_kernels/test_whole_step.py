@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from hybrid.engine.config import EngineConfig
-from hybrid.engine.decoder import StepState
-from hybrid.engine.forward_batch import ForwardBatch
-from hybrid.engine.host_experts import HostExperts
 from hybrid.engine.llm import LLM
+from hybrid.engine.step.decoder import StepState
+from hybrid.engine.step.forward_batch import ForwardBatch
+from hybrid.engine.step.host_experts import HostExperts
 from hybrid.rules.planner import with_experts_mode
 
 pytestmark = pytest.mark.usefixtures("wide_tiles")  # see conftest.WIDE_TILES

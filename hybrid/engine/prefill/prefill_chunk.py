@@ -11,7 +11,7 @@ not once per 2048 tokens.
 
 from __future__ import annotations
 
-from hybrid.engine.prefill_costs import ExpertPlacement
+from hybrid.engine.prefill.prefill_costs import ExpertPlacement
 from hybrid.model.activations import CHUNK_STEP, CPU_CHUNK
 
 DECODE_STEP_SHARE = 2.0  # a layered chunk's layer beside decodes: at most this x a decode step

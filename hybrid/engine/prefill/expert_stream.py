@@ -70,7 +70,7 @@ class StreamTensor:
     def planes(self, raw: torch.Tensor, experts: int):
         """raw: `experts` experts' bytes on the device -> their GpuQuant of experts * rows."""
         if self.packed:
-            from hybrid.engine.packed_planes import planes_from_packed
+            from hybrid.engine.prefill.packed_planes import planes_from_packed
 
             return planes_from_packed(raw.view(experts, -1), self.qtype, self.rows, self.cols)
         from gpu_kernels.qformat import to_planes
@@ -101,7 +101,7 @@ class ExpertStream:
         self.cuda = device.type == "cuda"
         self.registration = None
         if self.cuda:
-            from hybrid.engine.host_pinning import HostRegistration
+            from hybrid.engine.prefill.host_pinning import HostRegistration
 
             self.copy_stream = torch.cuda.Stream(device)
             self.copied = [torch.cuda.Event() for _ in range(2)]

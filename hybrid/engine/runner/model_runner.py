@@ -6,7 +6,7 @@ to the device once. Only the rows that sample (the last token of each chunk that
 request's newest token) go through the final norm and lm_head: with a 129K vocabulary that is
 most of the head's cost saved during prefill.
 
-Decode-only steps replay CUDA graphs (cuda_graphs.py) when the model runs on one CUDA device
+Decode-only steps replay CUDA graphs (graphs/) when the model runs on one CUDA device
 with every MoE layer's routed experts on the CPU, unless `cuda_graphs` is off; everything else
 runs the same DecoderProgram eagerly. A step with prompt tokens may stream some MoE layers'
 routed experts to the GPU instead of handing its rows to the CPU (`--prefill-experts`,
@@ -22,15 +22,16 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from hybrid.engine import layered_prefill, runner_start_up
 from hybrid.engine.config import EngineConfig
-from hybrid.engine.decoder import DecoderProgram, StepState
-from hybrid.engine.experts_bridge import ExpertsBridge
-from hybrid.engine.forward_batch import ForwardBatch, SequenceRows
-from hybrid.engine.kv_cache import PagedLatentCache
-from hybrid.engine.layered_passes import LayeredPasses
-from hybrid.engine.scheduler import ScheduledBatch
-from hybrid.engine.step_result import StepResult
+from hybrid.engine.prefill import layered_prefill
+from hybrid.engine.prefill.layered_passes import LayeredPasses
+from hybrid.engine.runner import runner_start_up
+from hybrid.engine.scheduling.scheduler import ScheduledBatch
+from hybrid.engine.step.decoder import DecoderProgram, StepState
+from hybrid.engine.step.experts_bridge import ExpertsBridge
+from hybrid.engine.step.forward_batch import ForwardBatch, SequenceRows
+from hybrid.engine.step.kv_cache import PagedLatentCache
+from hybrid.engine.step.step_result import StepResult
 from hybrid.errors import HybridError
 from hybrid.ops.mla_attention import MLAAttentionOp
 
@@ -140,8 +141,7 @@ class ModelRunner:
                 and all(len(c.token_ids) == 1 for c in chunks):
             return self.graphs.run(chunks), 0, layers
         fb = ForwardBatch.build(chunks, self.page_size, self.cache, self.device)
-        if self.flashinfer is not None:
-            self.flashinfer.attach(fb)
+        self.attention.prepare(fb)
         streamed = self.placement.streamed(fb.num_tokens,
                                            any(len(c.token_ids) > 1 for c in chunks)) \
             if may_stream else ()

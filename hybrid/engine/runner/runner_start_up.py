@@ -5,7 +5,7 @@ ModelRunner being started (untyped here: this module sits below it, no import ba
 Order matters: the prompt chunk is chosen after the weights and the KV cache took their memory;
 the streamed experts' buffers and grouped launches come before the warm-up, whose long steps
 stream as served ones do; the decode graphs are captured after every kernel compiled (their
-form timed first where the config leaves it open, graph_choice.py); the streamed-vs-CPU cost
+form timed first where the config leaves it open, graphs/choice.py); the streamed-vs-CPU cost
 model is measured last, on the warm kernels, and the chunk sizes beside decodes follow from it.
 """
 
@@ -17,12 +17,16 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from hybrid.engine import decode_attention, prefill_setup
+from hybrid.engine.attention import select as attention_select
 from hybrid.engine.config import EngineConfig
-from hybrid.engine.decoder import DecoderProgram, StepState
-from hybrid.engine.forward_batch import ForwardBatch, StepLayout
-from hybrid.engine.prefill_chunk import choose_decode_chunk_size, choose_in_flight_chunk_size
-from hybrid.engine.routing_recorder import RoutingRecorder
+from hybrid.engine.prefill import prefill_setup
+from hybrid.engine.prefill.prefill_chunk import (
+    choose_decode_chunk_size,
+    choose_in_flight_chunk_size,
+)
+from hybrid.engine.step.decoder import DecoderProgram, StepState
+from hybrid.engine.step.forward_batch import ForwardBatch, StepLayout
+from hybrid.engine.step.routing_recorder import RoutingRecorder
 from hybrid.errors import HybridError, is_device_lost
 from hybrid.model.activations import ModelShapes, activation_bytes_per_token, choose_chunk_size
 from hybrid.ops.experts import ExpertsOp
@@ -58,8 +62,8 @@ def start_up(runner, config: EngineConfig, attention: list[MLAAttentionOp],
     hf = runner.model.config
     runner.graphs = None
     runner.decode_graph = None  # the form of the decode graphs replayed, once captured
-    runner.attention_backend, runner.flashinfer = decode_attention.build(
-        config.attention_backend, attention, runner.page_size, runner.max_pages)
+    runner.attention = attention_select.build(config.attention_backend, attention,
+                                              runner.page_size, runner.max_pages)
     runner.stream = prefill_setup.build_stream(runner.program.moe_layers, config, runner.device)
     runner.program.stream = runner.stream
     if runner.stream is not None:  # its grouped launches first: warm-up steps stream
@@ -90,11 +94,11 @@ def start_up(runner, config: EngineConfig, attention: list[MLAAttentionOp],
 
 
 def measure_decode_graphs(runner, progress: Callable[[str], None] | None) -> str:
-    """graph_choice.py: the faster form of decode graphs here ("step" where no MoE layer's
+    """graphs/choice.py: the faster form of decode graphs here ("step" where no MoE layer's
     experts are on the CPU: the forms are then the same graphs; also where the timing itself
     fails short of a lost device, said in a warning: the choice is an optimization, and the
     capture that follows meets any real fault again)."""
-    from hybrid.engine import graph_choice
+    from hybrid.engine.graphs import choice as graph_choice
 
     if not runner.program.moe_layers:
         return "step"
@@ -123,16 +127,12 @@ def capture_graphs(runner, decode_graph: str, progress: Callable[[str], None] | 
     """-> DecodeGraphs of every batch bucket up to `max_batch_size` (the config's when
     None), `decode_graph` "step" or "layers" (also for benchmarks that compare the two in
     one process)."""
-    from gpu_kernels.mla_decode import choose_splits
-    from hybrid.engine.cuda_graphs import DecodeGraphs
+    from hybrid.engine.graphs.decode_graphs import DecodeGraphs
 
-    heads = runner.program.inner.layers[0].self_attn.heads
-    capacity = runner.max_pages * runner.page_size
     return DecodeGraphs(runner.program, runner.cache, runner.page_size, runner.max_pages,
                         max_batch_size or runner.config.max_batch_size, runner.device,
-                        lambda b: choose_splits(b, heads, capacity), progress,
-                        whole_step=decode_graph == "step" and bool(runner.program.moe_layers),
-                        flashinfer=runner.flashinfer)
+                        runner.attention, progress,
+                        whole_step=decode_graph == "step" and bool(runner.program.moe_layers))
 
 
 @torch.inference_mode()
@@ -166,8 +166,7 @@ def warm_up(runner, progress: Callable[[str], None] | None = None,
     if decode:
         _, fb = ForwardBatch.scratch_decode(StepLayout(1, 1, runner.max_pages, 1),
                                             runner.page_size, runner.cache, runner.device)
-        if runner.flashinfer is not None:  # the padding row planned as one token
-            runner.flashinfer.attach(fb)
+        runner.attention.prepare(fb)
         runner.program.run(StepState(fb, num_real=1))
     if runner.device.type == "cuda":
         torch.cuda.synchronize(runner.device)

@@ -1,6 +1,6 @@
 """Which form of decode graphs runs a decode step faster on this machine, measured at start-up.
 
-The two forms (cuda_graphs.py) trade differently against the host: "step" replays the whole step
+The two forms (piecewise.py, whole_step.py) trade differently against the host: "step" replays the whole step
 as one graph and the host drives every layer's CPU experts from one call, spinning on flags in
 mapped pinned memory; "layers" replays one graph per stretch between two layers' experts and
 runs Python, a launch and an event wait per layer. Which wins depends on the host's caches and
@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from hybrid.engine.forward_batch import SequenceRows
+from hybrid.engine.step.forward_batch import SequenceRows
 
 FORMS = ("step", "layers")
 ROUNDS, STEPS = 5, 4  # alternating rounds of STEPS steps each: a noisy host's drift hits both

@@ -28,11 +28,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hybrid.engine.prefill_costs import ExpertPlacement
-from hybrid.engine.scheduler import ScheduledBatch, ScheduledChunk
+from hybrid.engine.prefill.prefill_costs import ExpertPlacement
+from hybrid.engine.scheduling.scheduler import ScheduledBatch, ScheduledChunk
 
 if TYPE_CHECKING:
-    from hybrid.engine.decoder import DecoderProgram
+    from hybrid.engine.step.decoder import DecoderProgram
 
 
 @dataclass

@@ -10,7 +10,7 @@ work between (the CPU experts of each MoE layer).
     [receive, final norm, head on the sampled rows]     device
 
 Eagerly the pieces simply run in order (any batch: prefill chunks and decodes); for decode
-batches each device piece is captured as a CUDA graph and replayed (cuda_graphs.py), the host
+batches each device piece is captured as a CUDA graph and replayed (graphs/), the host
 pieces run between; or the whole step is one graph (`run_on_device`): each host piece has a
 device twin (raise the layer's ready flag / wait for its done flag) and the host runs every
 layer's experts from one call meanwhile (host_experts.py). The hidden state stays on the
@@ -39,8 +39,8 @@ from functools import partial
 import torch
 from torch import nn
 
-from hybrid.engine.experts_bridge import ExpertsBridge
-from hybrid.engine.forward_batch import ForwardBatch
+from hybrid.engine.step.experts_bridge import ExpertsBridge
+from hybrid.engine.step.forward_batch import ForwardBatch
 from hybrid.ops.experts import ExpertsOp
 from hybrid.ops.layers import RMSNormOp
 
@@ -56,7 +56,6 @@ class StepState:
 
     fb: ForwardBatch
     num_real: int  # rows that are real tokens (a CUDA graph's batch is padded)
-    num_splits: int | None = None  # the decode attention's split count, fixed when captured
     residual: torch.Tensor | None = None  # [N, H] f32 residual stream
     normed: torch.Tensor | None = None  # [N, H] the normalized rows the MoE layer works on
     # `normed` quantized for the shared expert's integer path (XQ), or None
@@ -170,7 +169,7 @@ class DecoderProgram:
 
     def _attention(self, layer: nn.Module, st: StepState) -> None:
         h, hq = self._norm(layer.input_layernorm, st, layer.self_attn)
-        st.pending = [layer.self_attn.step(h, st.fb, st.num_splits, hq)]
+        st.pending = [layer.self_attn.step(h, st.fb, hq)]
 
     def _mlp(self, layer: nn.Module, st: StepState) -> None:
         if self.recorder is not None:  # a MoE block run in place records through its gate

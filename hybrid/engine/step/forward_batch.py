@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from hybrid.engine.kv_cache import PagedLatentCache
+from hybrid.engine.step.kv_cache import PagedLatentCache
 
 ALIGN = 2  # int64 elements: 16 bytes, the pointer alignment Triton specializes on
 
@@ -97,9 +97,10 @@ class ForwardBatch:
     # prefill_slots) and every span's kv_slots end to end; views of the step's one copy
     prefill_meta: torch.Tensor | None = None
     prefill_slots: torch.Tensor | None = None
-    # the decode rows' attention when not ours: a flashinfer wrapper planned for this step
-    # (hybrid/engine/decode_attention.py), on the attention's device
-    decode_attention: object | None = None
+    # the decode rows' attention backend (hybrid/engine/attention/) and its plan for this step,
+    # set by the backend's prepare hooks before the forward
+    attention: object | None = None
+    attention_plan: object | None = None
     # (page_table [B, P], seq_lens [B]) as packed on the host, for planners that run there
     host_decodes: tuple | None = None
     _moved: dict = field(default_factory=dict, repr=False)  # per-step memo of on()
@@ -230,6 +231,7 @@ class ForwardBatch:
             self._moved[key] = ForwardBatch(self.num_tokens, self.num_decodes, self.max_decode_len,
                                             self.page_size, **moved, prefill_spans=spans,
                                             cache=self.cache,
-                                            decode_attention=self.decode_attention,
+                                            attention=self.attention,
+                                            attention_plan=self.attention_plan,
                                             host_decodes=self.host_decodes)
         return self._moved[key]

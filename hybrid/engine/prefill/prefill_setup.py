@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from hybrid.engine.config import EngineConfig
-from hybrid.engine.expert_stream import BYTES_PER_UNIT_BYTE, ExpertStream
-from hybrid.engine.prefill_costs import ExpertPlacement, PrefillCosts
+from hybrid.engine.prefill.expert_stream import BYTES_PER_UNIT_BYTE, ExpertStream
+from hybrid.engine.prefill.prefill_costs import ExpertPlacement, PrefillCosts
 from hybrid.errors import HybridError
 from hybrid.ops.experts import ExpertsOp
 
@@ -76,7 +76,7 @@ def _why_not(layers: list[ExpertsOp], device: torch.device, kernels: bool) -> st
 def _source(op: ExpertsOp) -> tuple:
     """What a layer streams: the bytes its CPU kernels read. Exact mode: the GGUF's blocks;
     fast mode: the packed copy where packed_planes.py unpacks every tensor, else the GGUF's."""
-    from hybrid.engine.packed_planes import can_unpack
+    from hybrid.engine.prefill.packed_planes import can_unpack
 
     packed = op.cpu_weights.packed
     if packed is not None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hybrid.engine.sampling_params import SamplingParams
+from hybrid.engine.sampling.sampling_params import SamplingParams
 
 # A token masked out (by a grammar) has log-probability -inf, which JSON cannot carry: reported
 # as OpenAI reports such tokens.

@@ -14,12 +14,12 @@ import logging
 
 import torch
 
-from hybrid.engine import layered_prefill
-from hybrid.engine.decoder import DecoderProgram, StepState
-from hybrid.engine.forward_batch import ForwardBatch, SequenceRows
-from hybrid.engine.kv_cache import PagedLatentCache
-from hybrid.engine.prefill_costs import ExpertPlacement
-from hybrid.engine.scheduler import ScheduledChunk
+from hybrid.engine.prefill import layered_prefill
+from hybrid.engine.prefill.prefill_costs import ExpertPlacement
+from hybrid.engine.scheduling.scheduler import ScheduledChunk
+from hybrid.engine.step.decoder import DecoderProgram, StepState
+from hybrid.engine.step.forward_batch import ForwardBatch, SequenceRows
+from hybrid.engine.step.kv_cache import PagedLatentCache
 
 log = logging.getLogger("hybrid.engine")
 

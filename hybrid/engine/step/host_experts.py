@@ -18,7 +18,7 @@ import numpy as np
 from cpu_kernels.clock import cycles_per_us
 from cpu_kernels.handshake import set_flag, wait_equal
 from cpu_kernels.layer_driver import drive_layers, is_packed, packed_layers
-from hybrid.engine.experts_bridge import ExpertsBridge
+from hybrid.engine.step.experts_bridge import ExpertsBridge
 from hybrid.errors import DeviceLost
 from hybrid.ops.experts import ExpertsOp
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from hybrid.engine.forward_batch import ForwardBatch
+from hybrid.engine.step.forward_batch import ForwardBatch
 
 PREFILL, DECODE = 0, 1
 

@@ -15,8 +15,6 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-PREFILL_EXPERTS = ("auto", "cpu", "stream")
-
 
 def interpolate(points: tuple[tuple[int, float], ...], tokens: int) -> float:
     """Piecewise-linear in tokens through `points` (sorted by tokens); beyond the last point

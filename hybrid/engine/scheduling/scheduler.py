@@ -26,9 +26,9 @@ from collections import deque
 from dataclasses import dataclass
 
 from hybrid.engine.config import EngineConfig
-from hybrid.engine.page_allocator import PageAllocator
-from hybrid.engine.prefix_cache import PrefixCache
-from hybrid.engine.request import Request, RequestStatus
+from hybrid.engine.scheduling.page_allocator import PageAllocator
+from hybrid.engine.scheduling.prefix_cache import PrefixCache
+from hybrid.engine.scheduling.request import Request, RequestStatus
 from hybrid.errors import RequestRejected
 from hybrid.model.activations import CPU_CHUNK
 

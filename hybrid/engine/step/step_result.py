@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-    from hybrid.engine.scheduler import ScheduledChunk
+    from hybrid.engine.scheduling.scheduler import ScheduledChunk
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
-    # structured output: llguidance grammar text (hybrid.engine.grammar.json_grammar) the
+    # structured output: llguidance grammar text (hybrid.engine.sampling.grammar.json_grammar) the
     # output must follow; None: free text
     grammar: str | None = None
     extra: dict = field(default_factory=dict, compare=False, repr=False)

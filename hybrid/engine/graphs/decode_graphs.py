@@ -1,0 +1,66 @@
+"""The decode graphs of every batch-size bucket, captured at start-up, in one of two forms
+(piecewise.py: "layers"; whole_step.py: "step").
+
+A decode step of B requests replays the graphs of the smallest bucket >= B (static_step.py
+stages its rows). All buckets share one memory pool, captured largest first; within a bucket
+the pieces replay in their capture order, so memory one piece frees and a later one reuses is
+never live twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from hybrid.engine.graphs.piecewise import PiecewiseGraphs
+from hybrid.engine.graphs.static_step import StaticStep
+from hybrid.engine.graphs.whole_step import WholeStepGraphs
+from hybrid.engine.step.decoder import DecoderProgram
+from hybrid.engine.step.forward_batch import SequenceRows
+from hybrid.engine.step.kv_cache import PagedLatentCache
+
+
+def bucket_sizes(max_batch_size: int) -> list[int]:
+    """1, 2, 4, 8, 12, 16, 24, 32, 48, 64, ... up to max_batch_size (always included)."""
+    sizes, b = [], 1
+    while b < max_batch_size:
+        sizes.append(b)
+        b = b * 2 if b < 8 else b + (b // 2 if b & (b - 1) == 0 else b // 3)
+    return sizes + [max_batch_size]
+
+
+class DecodeGraphs:
+    def __init__(self, program: DecoderProgram, cache: PagedLatentCache, page_size: int,
+                 max_pages: int, max_batch_size: int, device: torch.device, attention,
+                 progress: Callable[[str], None] | None = None,
+                 whole_step: bool = False) -> None:
+        """attention: the engine's decode attention backend (its capture and replay hooks);
+        whole_step: the "step" form (else "layers")."""
+        self.device = device
+        self.form = WholeStepGraphs(program, device, progress) if whole_step \
+            else PiecewiseGraphs(program)
+        self.sizes = bucket_sizes(max_batch_size)
+        pool = torch.cuda.graph_pool_handle()
+        self._buckets: dict[int, tuple[StaticStep, object]] = {}
+        for i, b in enumerate(sorted(self.sizes, reverse=True)):
+            if progress is not None:
+                progress(f"capturing decode graphs: batch {b} ({i + 1}/{len(self.sizes)})")
+            static = StaticStep(b, page_size, max_pages, cache, device, attention)
+            program.run(static.state)  # warm-up: compiles every kernel of this shape
+            torch.cuda.synchronize(device)
+            self._buckets[b] = (static, self.form.capture(static.state, pool))
+            torch.cuda.synchronize(device)
+
+    @property
+    def max_batch(self) -> int:
+        return self.sizes[-1]
+
+    def run(self, chunks: list[SequenceRows]) -> torch.Tensor:
+        """chunks: one decode (one token, its pages, its position, sampling) per request ->
+        logits [B, V]."""
+        b = len(chunks)
+        static, graphs = self._buckets[next(s for s in self.sizes if s >= b)]
+        static.load(chunks)
+        self.form.replay(graphs, static.state)
+        return static.state.logits[:b]

@@ -1,0 +1,45 @@
+"""A CUDA graph bucket's static buffers: the packed index array its graphs read on the device,
+its pinned host twin, and the StepState over them.
+
+A decode step of B requests replays the graphs of a bucket of `size` >= B rows: its indices are
+packed into the staging buffer (padding rows get token 0, length 0 and the cache's scratch
+slot), the attention backend rewrites what else the graphs read (prepare_for_replay), and one
+host-to-device copy moves the array. Padding rows sample too; their logits are dropped.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from hybrid.engine.step.decoder import StepState
+from hybrid.engine.step.forward_batch import ForwardBatch, SequenceRows, StepLayout
+from hybrid.engine.step.kv_cache import PagedLatentCache
+
+
+class StaticStep:
+    def __init__(self, size: int, page_size: int, max_pages: int, cache: PagedLatentCache,
+                 device: torch.device, attention) -> None:
+        """A decode step of `size` padding rows whose page tables hold up to max_pages pages;
+        attention: the engine's decode attention backend (prepared for capture here)."""
+        self.size, self.page_size, self.cache = size, page_size, cache
+        self.attention = attention
+        self.layout = StepLayout(size, size, max_pages, size)
+        # [layout.size] int64: the device buffer the graphs read, and its pinned staging twin
+        self.inputs, fb = ForwardBatch.scratch_decode(self.layout, page_size, cache, device)
+        attention.prepare_for_capture(fb, size)
+        self.staging = torch.empty(self.layout.size, dtype=torch.int64, pin_memory=True)
+        self.state = StepState(fb, num_real=size)
+
+    def load(self, chunks: list[SequenceRows]) -> None:
+        """Stage a step's decode rows (len(chunks) <= size) into the buffers the graphs read."""
+        b = len(chunks)
+        packed, _, _, _ = ForwardBatch.pack(chunks, self.page_size, self.cache.scratch_slot,
+                                            self.layout)
+        at = self.layout.fields["sample_rows"][0]
+        packed[at + b:at + self.size] = np.arange(b, self.size)
+        self.staging.numpy()[:] = packed
+        host = self.layout.views(self.staging.numpy())
+        self.attention.prepare_for_replay(self.state.fb, host["page_table"], host["seq_lens"])
+        self.inputs.copy_(self.staging, non_blocking=True)
+        self.state.num_real = b
