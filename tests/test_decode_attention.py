@@ -127,6 +127,9 @@ def test_triton_splits_follow_the_step_eagerly_and_the_capacity_when_captured():
     assert fb.on(torch.device("meta")).attention_plan == fb.attention_plan
     backend.prepare_for_capture(fb, 4)
     assert fb.attention_plan == choose_splits(4, 16, 16 * 64)
+    prompt = ForwardBatch.build([([1, 2], [9], 0, True)], 16, cache, torch.device("cpu"))
+    backend.prepare(prompt)  # no decode rows: nothing to plan
+    assert prompt.attention is backend and prompt.attention_plan is None
 
 
 @pytest.mark.parametrize("seed", range(4))

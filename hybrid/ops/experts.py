@@ -48,7 +48,7 @@ def _cpu_kernels_cover(ctx: BuildContext, prefix: str) -> bool:
 
 
 def _gpu_kernels_cover(ctx: BuildContext, prefix: str, device: torch.device) -> bool:
-    from hybrid.ops.weights import uses_gpu_kernels
+    from hybrid.ops.kernel_sets import uses_gpu_kernels
 
     if not uses_gpu_kernels(device):
         return False

@@ -7,19 +7,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hybrid.model.spec import ModelSpec
 from hybrid.ops.context import BuildContext
-from hybrid.ops.weights import uses_gpu_kernels
-
-
-def route(logits: torch.Tensor, bias: torch.Tensor | None, spec: ModelSpec
-          ) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits: [N, E] fp32 -> (weights [N, K] fp32, ids [N, K] int64), in torch."""
-    from gpu_kernels.reference import route_ref
-
-    return route_ref(logits, bias, spec.num_experts_per_tok, spec.scoring_func == "sigmoid",
-                     spec.n_group, spec.topk_group, spec.norm_topk_prob,
-                     spec.routed_scaling_factor)
+from hybrid.ops.kernel_sets import kernels_for
 
 
 class GateOp(nn.Module):
@@ -32,12 +21,8 @@ class GateOp(nn.Module):
         self.bias = ctx.weight("e_score_correction_bias", "f32").get() if ctx.spec.is_v3 else None
         self.layer_index = ctx.layer_index  # the model layer this router belongs to
         self.recorder = None  # a RoutingRecorder counting this router's choices, when on
-        self.quant = None  # on CUDA: the weight as a gpu_kernels F32 matrix
-        if uses_gpu_kernels(self.device):
-            from gpu_kernels.qformat import GpuQuant
-            from gpu_kernels.qtypes import F32
-
-            self.quant = GpuQuant(F32, self.weight.shape[0], self.weight.shape[1], (self.weight,))
+        self.kernels = kernels_for(self.device)
+        self.quant = self.kernels.router_matrix(self.weight)  # as the products read it, or None
 
     def forward(self, hidden: torch.Tensor):
         x = hidden.reshape(-1, hidden.shape[-1]).to(self.device, torch.float32)
@@ -48,16 +33,4 @@ class GateOp(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x: [N, H] f32 on this op's device -> (logits [N, E], weights [N, K], ids [N, K])."""
-        s = self.spec
-        if self.quant is not None:
-            from gpu_kernels.qmatmul import qmatmul
-            from gpu_kernels.router import route as gpu_route
-
-            logits = qmatmul(x, self.quant)
-            weights, ids = gpu_route(logits, self.bias, s.num_experts_per_tok,
-                                     s.scoring_func == "sigmoid", s.n_group, s.topk_group,
-                                     s.norm_topk_prob, s.routed_scaling_factor)
-            return logits, weights, ids
-        logits = x @ self.weight.T  # [N, E]
-        weights, ids = route(logits, self.bias, s)
-        return logits, weights, ids
+        return self.kernels.route(x, self.weight, self.quant, self.bias, self.spec)

@@ -11,11 +11,11 @@ which equals the expanded attention exactly in real arithmetic.
 
 NOTE: in the serving engine (`step`, paged cache) every token, the current chunk's included,
 is read back as stored in kv_cache_dtype. Without the engine (transformers' own cache, or none)
-the current chunk attends to its own latents at compute precision. On a CUDA device `step`
-runs gpu_kernels (quantized products, fused RoPE and cache write); elsewhere the same arithmetic
-in torch (mla_torch.py). The decode rows attend through the engine's decode attention backend
-(hybrid/engine/attention/, set on the step's ForwardBatch). On CUDA prompt chunks take the expanded
-form instead: their keys' latents multiplied out by kv_b once per step, then per-head flash
+the current chunk attends to its own latents at compute precision. `step` runs the kernel set
+of its device (kernel_sets/: gpu_kernels' quantized products, fused RoPE and cache write on
+CUDA; the same arithmetic in torch elsewhere); its decode rows attend through the engine's
+decode attention backend (hybrid/engine/attention/, set on the step's ForwardBatch). On CUDA
+prompt chunks take the expanded form instead: their keys' latents multiplied out by kv_b once per step, then per-head flash
 attention (gpu_kernels/mla_prefill_expanded.py): with many keys per query that is ~7x fewer
 products than the absorbed form, whose advantage is reading a short cache per decode token.
 """
@@ -26,10 +26,10 @@ import torch
 from torch import nn
 
 from hybrid.ops.context import BuildContext
-from hybrid.ops.layers import input_bits, linear
+from hybrid.ops.kernel_sets import MLADims, kernels_for, uses_gpu_kernels
 from hybrid.ops.mla_torch import attend, causal_mask
 from hybrid.ops.rotary import yarn_inv_freq, yarn_mscale
-from hybrid.ops.weights import stack_rows, uses_gpu_kernels
+from hybrid.ops.weights import stack_rows
 
 _KV_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
@@ -74,10 +74,11 @@ class MLAAttentionOp(nn.Module):
         inv_freq, self.rope_scale = yarn_inv_freq(s)
         self.inv_freq = inv_freq.to(self.device)  # [rope / 2]
         self.uses_gpu_kernels = uses_gpu_kernels(self.device)  # gpu_kernels (else torch)
+        self.kernels = kernels_for(self.device)
+        self.dims = MLADims(self.heads, self.nope, self.rope, self.v, self.kv_lora)
         # legacy kv_b [h*(nope+v), c] is one matrix; the MLA layout's k_b [h*c, nope] and
-        # v_b [h*v, c] are two (only as GGUF blocks: a dense kv_b is the legacy form)
-        quant = self.kv_b.quant
-        self.split_kv_b = quant is not None and len(quant) == 2
+        # v_b [h*v, c] are two (only as GGUF blocks: a dense kv_b is the legacy form); the
+        # kernel sets read either from kv_b.quant
         # q (or q_a) and kv_a multiply the same rows: one launch for both where types match
         first = self.q_a if hasattr(self, "q_a") else self.q_proj
         self.q_kv_a = stack_rows(first, self.kv_a)  # None off the GPU kernels
@@ -92,12 +93,12 @@ class MLAAttentionOp(nn.Module):
         x = hidden_states.to(self.device, torch.float32)
         b, t, _ = x.shape
         if hasattr(self, "q_a"):
-            q = linear(self._rms(linear(x, self.q_a), self.q_a_norm), self.q_b)
+            q = self.kernels.linear(self._rms(self.kernels.linear(x, self.q_a), self.q_a_norm), self.q_b)
         else:
-            q = linear(x, self.q_proj)
+            q = self.kernels.linear(x, self.q_proj)
         q = q.view(b, t, self.heads, self.nope + self.rope)
         q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
-        kv = linear(x, self.kv_a)  # [B, T, c + r]
+        kv = self.kernels.linear(x, self.kv_a)  # [B, T, c + r]
         latent = self._rms(kv[..., : self.kv_lora], self.kv_a_norm)  # [B, T, c]
         cos, sin = _cos_sin(position_embeddings, self.device)
         q_rope = rotate_pairs(q_rope, cos, sin)  # [B, T, h, r]
@@ -108,127 +109,57 @@ class MLAAttentionOp(nn.Module):
         q_lat = torch.einsum("bthn,hnc->bthc", q_nope, w_uk)  # [B, T, h, c]
         out_lat = self._contiguous(q_lat, q_rope, latent, k_rope, past_key_values)
         out = torch.einsum("bthc,hvc->bthv", out_lat, w_uv).reshape(b, t, self.heads * self.v)
-        out = linear(out, self.o_proj)
+        out = self.kernels.linear(out, self.o_proj)
         return out.to(hidden_states.device, hidden_states.dtype), None
 
     def input_bits(self, tokens: int) -> int:
         """What step's `hq` should be quantized to for `tokens` rows (0: none)."""
-        return input_bits(self.q_kv_a, tokens)
+        return self.kernels.input_bits(self.q_kv_a, tokens)
 
     def step(self, h: torch.Tensor, fb, hq=None) -> torch.Tensor:
         """The serving engine's path. h: [N, H] f32 normed rows of a step (decodes first);
         fb: its ForwardBatch, prepared by the engine's decode attention backend
         (`fb.attention`) -> attention output [N, H] f32. Writes the step's latents into this
         layer's rows of the paged cache. hq: h quantized to input_bits, or None."""
+        k, d = self.kernels, self.dims
         fb = fb.on(self.device)
         x = h.to(self.device, torch.float32)
         n = x.shape[0]
         if self.q_kv_a is not None:
-            from gpu_kernels.qmatmul import qmatmul
-
-            both = qmatmul(x, self.q_kv_a, xq=hq)  # [N, Rq + c + r]: columns of q (or q_a), kv
+            both = k.product(x, self.q_kv_a, hq)  # [N, Rq + c + r]: columns of q (or q_a), kv
             split = both.shape[1] - self.kv_lora - self.rope
             q = self._queries(x, both[:, :split])
             kv = both[:, split:]  # [N, c + r], rows strided
         else:
             q = self._queries(x)
-            kv = linear(x, self.kv_a)  # [N, c + r]
+            kv = k.linear(x, self.kv_a)  # [N, c + r]
         q = q.view(n, self.heads, self.nope + self.rope)
         cache = fb.cache.layer(self.layer_idx)
-        if self.uses_gpu_kernels:
-            from gpu_kernels.fused import rope_cache
-        else:
-            from gpu_kernels.reference import rope_cache_ref as rope_cache
-        rope_cache(q, kv, fb.positions, fb.slots, self.kv_a_norm, self.inv_freq,
-                   self.rope_scale, self.eps, cache, self.nope)  # q's rope dims rotated in place
+        k.rope_cache(q, kv, fb.positions, fb.slots, self.kv_a_norm, self.inv_freq,
+                     self.rope_scale, self.eps, cache, self.nope)  # q's rope dims rotated
         o = torch.empty(n, self.heads, self.v, dtype=torch.float32, device=self.device)
         b = fb.num_decodes
         if b:  # decodes absorbed: a short cache read per query
             o_lat = torch.empty(b, self.heads, self.kv_lora, dtype=torch.float32,
                                 device=self.device)
-            fb.attention.run(self._absorb(q[:b, :, :self.nope]), q[:b, :, self.nope:], cache,
-                             fb, self.scale, o_lat)
-            o[:b] = self._values(o_lat)
+            fb.attention.run(k.absorb(q[:b, :, :self.nope], self.kv_b, d), q[:b, :, self.nope:],
+                             cache, fb, self.scale, o_lat)
+            o[:b] = k.values(o_lat, self.kv_b, d)
         if fb.prefill_spans:
-            if self.uses_gpu_kernels:  # expanded: far fewer products for many keys
-                self._expanded_prefill(q, cache, fb, o)
-            else:
-                self._absorbed_prefill(q, cache, fb, o)
-        return linear(o.reshape(n, self.heads * self.v), self.o_proj).to(h.device)
-
-    def _absorbed_prefill(self, q: torch.Tensor, cache: torch.Tensor, fb,
-                          out: torch.Tensor) -> None:
-        """The step's prompt chunks in the absorbed form, in torch, a chunk at a time.
-        q [N, h, nope + r] -> out's chunk rows [., h, v]."""
-        for span in fb.prefill_spans:
-            rows = slice(span.q_start, span.q_start + span.q_len)
-            kv = cache[span.kv_slots].float()  # [S, c + r]
-            o_lat = attend(self._absorb(q[rows, :, :self.nope]), q[rows, :, self.nope:], kv,
-                           causal_mask(span.q_len, span.kv_len, self.device), self.scale)
-            out[rows] = self._values(o_lat)
-
-    def _expanded_prefill(self, q: torch.Tensor, cache: torch.Tensor, fb,
-                          out: torch.Tensor) -> None:
-        """The step's prompt chunks in the expanded form (gpu_kernels/mla_prefill_expanded.py):
-        their keys' latents (prefix and own, in the prefill index's order) multiplied out by
-        kv_b into per-head k_nope and v, once per step. q [N, h, nope + r] -> out's chunk rows
-        [., h, v]."""
-        from gpu_kernels.mla_prefill_expanded import mla_prefill_expanded
-
-        meta, slots, longest = fb.prefill_index()
-        rows = cache[slots]  # [S, c + r] the chunks' keys, in the cache's dtype
-        latent = rows[:, :self.kv_lora].float()  # [S, c]
-        quant = self.kv_b.quant
-        if quant is not None and not self.split_kv_b:  # kv_b [h * (nope + v), c] on its blocks
-            from gpu_kernels.qmatmul import qmatmul
-
-            kv = qmatmul(latent, quant[0])  # [S, h * (nope + v)]
-        else:  # dense kv_b, or the MLA layout's k_b [h * c, nope] (a transposed product)
-            kv = torch.matmul(latent, self.kv_b.get().float().t())
-        kv = kv.view(-1, self.heads, self.nope + self.v)
-        mla_prefill_expanded(q, kv[..., :self.nope], rows[:, self.kv_lora:], kv[..., self.nope:],
-                             meta, self.scale, longest, out)
+            k.prefill_attention(q, cache, fb, self.kv_b, d, self.scale, o)
+        return k.linear(o.reshape(n, self.heads * self.v), self.o_proj).to(h.device)
 
     def _queries(self, x: torch.Tensor, first: torch.Tensor | None = None) -> torch.Tensor:
         """x: [N, H] -> q [N, h * (nope + rope)]; `first`: q_proj's (or q_a's) product of x
         when already computed."""
+        k = self.kernels
         if not hasattr(self, "q_a"):
-            return first if first is not None else linear(x, self.q_proj)
-        qa = first if first is not None else linear(x, self.q_a)
-        if self.uses_gpu_kernels:
-            from gpu_kernels.fused import add_rmsnorm
-            from gpu_kernels.qdot_i8 import empty_xq
-
-            q_b = self.q_b.quant[0] if self.q_b.quant is not None else None
-            xq = empty_xq(*qa.shape, input_bits(q_b, qa.shape[0]), qa.device)
-            return linear(add_rmsnorm(qa, self.q_a_norm, self.eps, xq=xq), self.q_b, xq)
-        return linear(self._rms(qa, self.q_a_norm), self.q_b)
-
-    def _absorb(self, q_nope: torch.Tensor) -> torch.Tensor:
-        """q_nope [N, h, nope] -> q_c = q_nope @ W_UK: [N, h, c]."""
-        if self.uses_gpu_kernels and self.kv_b.quant is not None:
-            from gpu_kernels.qmatmul import qmatmul, qmatmul_t
-
-            quant = self.kv_b.quant
-            if self.split_kv_b:  # k_b: head g's rows g*c .. g*c + c, nope columns
-                return qmatmul(q_nope, quant[0], out_rows=self.kv_lora, gstride=self.kv_lora)
-            return qmatmul_t(q_nope, quant[0], in_rows=self.nope, gstride=self.nope + self.v)
-        return torch.einsum("nhk,hkc->nhc", q_nope.float(), self._w_kv()[:, :self.nope])
-
-    def _values(self, o_lat: torch.Tensor) -> torch.Tensor:
-        """o_c [N, h, c] -> o_c @ W_UV^T: [N, h, v]."""
-        if self.uses_gpu_kernels and self.kv_b.quant is not None:
-            from gpu_kernels.qmatmul import qmatmul
-
-            quant = self.kv_b.quant
-            if self.split_kv_b:
-                return qmatmul(o_lat, quant[1], out_rows=self.v, gstride=self.v)
-            return qmatmul(o_lat, quant[0], out_rows=self.v, row0=self.nope,
-                           gstride=self.nope + self.v)
-        return torch.einsum("nhc,hvc->nhv", o_lat, self._w_kv()[:, self.nope:])
-
-    def _w_kv(self) -> torch.Tensor:
-        return self.kv_b.get().float().view(self.heads, self.nope + self.v, self.kv_lora)
+            return first if first is not None else k.linear(x, self.q_proj)
+        qa = first if first is not None else k.linear(x, self.q_a)
+        q_b = self.q_b.quant[0] if self.q_b.quant is not None else None
+        normed, xq = k.add_rmsnorm(qa, self.q_a_norm, self.eps, (),
+                                   k.input_bits(q_b, qa.shape[0]))
+        return k.linear(normed, self.q_b, xq)
 
     def _contiguous(self, q_lat, q_rope, latent, k_rope, past_key_values) -> torch.Tensor:
         """[B, T, ...] causal sequences, optionally after transformers' cached prefix."""

@@ -18,6 +18,7 @@ from hybrid.gguf.dequant import dequantize
 from hybrid.gguf.reader import GGUFModelFile
 from hybrid.model.spec import ModelSpec
 from hybrid.model.tensor_map import combine_sources, gguf_sources, load_hf_weight
+from hybrid.ops.kernel_sets import uses_gpu_kernels
 
 _DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 log = logging.getLogger(__name__)
@@ -28,16 +29,6 @@ class _Raw:
         self.data = data  # bytes (or F32/F16 elements) on the device
         self.qtype = qtype
         self.shape = shape
-
-
-def uses_gpu_kernels(device: torch.device) -> bool:
-    """Whether operators on `device` run gpu_kernels: on CUDA, and on the CPU under
-    HYBRID_GPU_KERNELS_ON_CPU=1 (Triton's interpreter; tests of the GPU path)."""
-    if device.type == "cuda":
-        return True
-    from hybrid.env import Env
-
-    return device.type == "cpu" and Env.read().gpu_kernels_on_cpu
 
 
 class Weight:

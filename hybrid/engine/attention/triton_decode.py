@@ -18,8 +18,10 @@ class TritonDecode(DecodeAttention):
         """The split count follows this step's longest sequence."""
         from gpu_kernels.mla_decode import choose_splits
 
-        fb.attention = self
-        fb.attention_plan = choose_splits(fb.num_decodes, self.heads, max(fb.max_decode_len, 1))
+        fb.attention, fb.attention_plan = self, None
+        if fb.num_decodes:  # a batch without decode rows has nothing to attend
+            fb.attention_plan = choose_splits(fb.num_decodes, self.heads,
+                                              max(fb.max_decode_len, 1))
 
     def prepare_for_capture(self, fb, batch: int) -> None:
         """The split count is fixed in the graph: sized for the longest sequence the cache

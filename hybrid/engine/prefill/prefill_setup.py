@@ -33,7 +33,7 @@ def build_stream(layers: list[ExpertsOp], config: EngineConfig, device: torch.de
     """The stream over `layers` (the decoder's bridged MoE layers), or None: with no such
     layer, `--prefill-experts cpu`, auto without CUDA, or where it cannot run (no gpu_kernels
     on `device`, types they lack; `--prefill-experts stream` then is an error)."""
-    from hybrid.ops.weights import uses_gpu_kernels
+    from hybrid.ops.kernel_sets import uses_gpu_kernels
 
     if not layers or config.prefill_experts == "cpu" or (config.prefill_experts == "auto"
                                                          and device.type != "cuda"):

@@ -1,0 +1,107 @@
+"""The operators' kernel interface (torch_set.py) on gpu_kernels: quantized products on the
+GGUF's blocks, fused norms, RoPE and cache writes, the router, the expanded prompt attention.
+What its kernels do not take (a weight of two source matrices, more than two deltas) falls back
+to torch's."""
+
+from __future__ import annotations
+
+import torch
+
+from gpu_kernels.embedding import embedding
+from gpu_kernels.fused import add_rmsnorm, rope_cache, silu_mul
+from gpu_kernels.mla_prefill_expanded import mla_prefill_expanded
+from gpu_kernels.qdot_i8 import empty_xq
+from gpu_kernels.qformat import GpuQuant
+from gpu_kernels.qmatmul import qmatmul, qmatmul_t, uses_int_path
+from gpu_kernels.qtypes import F32
+from gpu_kernels.router import route as gpu_route
+from hybrid.ops.kernel_sets.torch_set import MLADims, TorchKernels
+
+
+class GpuKernels(TorchKernels):
+    name = "gpu_kernels"
+
+    def linear(self, x, weight, xq=None):
+        quant = weight.quant
+        if quant is not None and len(quant) == 1 and x.device == weight.device:
+            q = quant[0]
+            return qmatmul(x.reshape(-1, q.cols), q, xq=xq).reshape(*x.shape[:-1], q.rows)
+        return super().linear(x, weight)
+
+    def product(self, x, matrix, xq=None):
+        return qmatmul(x, matrix, xq=xq)
+
+    def input_bits(self, matrix, tokens):
+        if matrix is None:
+            return 0
+        return matrix.x_bits if uses_int_path(matrix, tokens) else 0
+
+    def add_rmsnorm(self, x, weight, eps, deltas=(), x_bits=0):
+        if len(deltas) > 2:  # the fused kernel adds up to two
+            return super().add_rmsnorm(x, weight, eps, deltas)
+        xq = empty_xq(*x.shape, x_bits, x.device)
+        h = add_rmsnorm(x, weight, eps, *[d.to(x.device) for d in deltas], xq=xq)
+        return h, xq
+
+    def embedding(self, ids, weight, hidden):
+        if weight.quant is None:
+            return super().embedding(ids, weight, hidden)
+        return embedding(ids, weight.quant[0])
+
+    def mlp(self, x, gate, up, down, gate_up=None, xq=None):
+        if gate_up is None:  # gate and up of different types: two products
+            return super().mlp(x, gate, up, down)
+        d = down.quant[0]
+        mid_q = empty_xq(x.shape[0], d.cols, self.input_bits(d, x.shape[0]), x.device)
+        mid = silu_mul(qmatmul(x, gate_up, xq=xq), xq=mid_q)  # [N, I]
+        return qmatmul(mid, d, xq=mid_q)
+
+    def route(self, x, weight, matrix, bias, spec):
+        logits = qmatmul(x, matrix)
+        weights, ids = gpu_route(logits, bias, spec.num_experts_per_tok,
+                                 spec.scoring_func == "sigmoid", spec.n_group, spec.topk_group,
+                                 spec.norm_topk_prob, spec.routed_scaling_factor)
+        return logits, weights, ids
+
+    def router_matrix(self, weight):
+        return GpuQuant(F32, weight.shape[0], weight.shape[1], (weight,))
+
+    def rope_cache(self, q, kv, positions, slots, norm_weight, inv_freq, rope_scale, eps,
+                   cache, nope):
+        rope_cache(q, kv, positions, slots, norm_weight, inv_freq, rope_scale, eps, cache, nope)
+
+    def absorb(self, q_nope, kv_b, d: MLADims):
+        quant = kv_b.quant
+        if quant is None:
+            return super().absorb(q_nope, kv_b, d)
+        if len(quant) == 2:  # the MLA layout's k_b: head g's rows g*c .. g*c + c, nope columns
+            return qmatmul(q_nope, quant[0], out_rows=d.kv_lora, gstride=d.kv_lora)
+        return qmatmul_t(q_nope, quant[0], in_rows=d.nope, gstride=d.nope + d.v)
+
+    def values(self, o_lat, kv_b, d: MLADims):
+        quant = kv_b.quant
+        if quant is None:
+            return super().values(o_lat, kv_b, d)
+        if len(quant) == 2:  # the MLA layout's v_b [h * v, c]
+            return qmatmul(o_lat, quant[1], out_rows=d.v, gstride=d.v)
+        return qmatmul(o_lat, quant[0], out_rows=d.v, row0=d.nope, gstride=d.nope + d.v)
+
+    def prefill_attention(self, q, cache, fb, kv_b, d: MLADims, scale, out):
+        """The expanded form (gpu_kernels/mla_prefill_expanded.py): the chunks' keys' latents
+        (prefix and own, in the prefill index's order) multiplied out by kv_b into per-head
+        k_nope and v once per step; with many keys per query ~7x fewer products than the
+        absorbed form."""
+        meta, slots, longest = fb.prefill_index()
+        rows = cache[slots]  # [S, c + r] the chunks' keys, in the cache's dtype
+        latent = rows[:, :d.kv_lora].float()  # [S, c]
+        quant = kv_b.quant
+        if quant is not None and len(quant) == 1:  # kv_b [h * (nope + v), c] on its blocks
+            kv = qmatmul(latent, quant[0])  # [S, h * (nope + v)]
+        else:  # dense kv_b, or the MLA layout's k_b [h * c, nope] (a transposed product)
+            kv = torch.matmul(latent, kv_b.get().float().t())
+        kv = kv.view(-1, d.heads, d.nope + d.v)
+        mla_prefill_expanded(q, kv[..., :d.nope], rows[:, d.kv_lora:], kv[..., d.nope:], meta,
+                             scale, longest, out)
+
+
+GPU_KERNELS = GpuKernels()

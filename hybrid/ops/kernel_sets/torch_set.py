@@ -1,0 +1,125 @@
+"""The operators' kernel interface, in torch. Every method is a contract both sets keep (same
+inputs, same outputs within their arithmetic's error); gpu_set.py overrides them with
+gpu_kernels. Compute is f32; tensors stay on the operator's device."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from gpu_kernels.reference import rope_cache_ref, route_ref
+from hybrid.ops.mla_torch import attend, causal_mask
+
+
+@dataclass(frozen=True)
+class MLADims:
+    heads: int
+    nope: int  # per-head query/key dims without RoPE
+    rope: int  # the shared rotated key's dims
+    v: int  # per-head value dims
+    kv_lora: int  # the latent's dims (c)
+
+
+class TorchKernels:
+    name = "torch"
+
+    # -- products and norms ------------------------------------------------------------------
+
+    def linear(self, x: torch.Tensor, weight, xq=None) -> torch.Tensor:
+        """x [..., in] @ weight (a hybrid.ops.weights.Weight [out, in])^T -> [..., out] f32.
+        xq: x quantized by its producer for the integer path (ignored where there is none)."""
+        return F.linear(x.float(), weight.get().float())
+
+    def product(self, x: torch.Tensor, matrix, xq=None) -> torch.Tensor:
+        """x [N, in] @ matrix (a gpu_kernels GpuQuant [out, in], as stack_rows makes)^T ->
+        [N, out] f32."""
+        from gpu_kernels.dequant_ref import dequantize
+
+        return x.float() @ dequantize(matrix).float().T
+
+    def input_bits(self, matrix, tokens: int) -> int:
+        """The bits a product of `tokens` rows with `matrix` (GpuQuant or None) takes its input
+        quantized to (0: f32 input): what a fused producer of that input should write."""
+        return 0
+
+    def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """x [N, D] f32 -> weight * x / rms(x)."""
+        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+    def add_rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
+                    deltas: tuple = (), x_bits: int = 0):
+        """x += sum(deltas), in place (x [N, D] f32); -> (rmsnorm(x), the same quantized to
+        x_bits for the next product's integer path, or None)."""
+        for d in deltas:
+            x += d.to(x.device)
+        return self.rmsnorm(x, weight, eps), None
+
+    # -- layers ------------------------------------------------------------------------------
+
+    def embedding(self, ids: torch.Tensor, weight, hidden: int) -> torch.Tensor:
+        """ids [N] -> rows [N, hidden] f32 of the embedding `weight` [V, hidden]."""
+        if weight.fmt == "gguf" and weight._dense is None:
+            # dequantize only the rows looked up: raw rows are whole blocks
+            from hybrid.gguf.dequant import dequantize
+
+            raw = weight._raw[0]
+            rows = raw.data.reshape(raw.shape[0], -1)[ids]
+            return dequantize(rows, raw.qtype, (ids.numel(), hidden))
+        return F.embedding(ids, weight.get()).float()
+
+    def mlp(self, x: torch.Tensor, gate, up, down, gate_up=None, xq=None) -> torch.Tensor:
+        """down(silu(gate x) * up x): x [N, H] f32 -> [N, H]; gate_up: gate's and up's rows
+        stacked as one GpuQuant (stack_rows) or None; xq: x quantized for gate_up."""
+        return self.linear(F.silu(self.linear(x, gate)) * self.linear(x, up), down)
+
+    def route(self, x: torch.Tensor, weight: torch.Tensor, matrix, bias, spec
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The router: x [N, H] f32, weight [E, H] f32 (matrix: the same as a GpuQuant, or
+        None) -> (logits [N, E], weights [N, K] f32, ids [N, K] int64)."""
+        logits = x @ weight.T
+        weights, ids = route_ref(logits, bias, spec.num_experts_per_tok,
+                                 spec.scoring_func == "sigmoid", spec.n_group, spec.topk_group,
+                                 spec.norm_topk_prob, spec.routed_scaling_factor)
+        return logits, weights, ids
+
+    def router_matrix(self, weight: torch.Tensor) -> object | None:
+        """The router's weight as the products read it (None: torch reads it as it is)."""
+        del weight
+        return None
+
+    # -- MLA attention -----------------------------------------------------------------------
+
+    def rope_cache(self, q, kv, positions, slots, norm_weight, inv_freq, rope_scale, eps,
+                   cache, nope) -> None:
+        """q [N, h, nope + r]: its rope dims rotated in place; kv [N, c + r]: the latent
+        normed and its key rotated, written to cache rows `slots` (gpu_kernels.fused's
+        contract)."""
+        rope_cache_ref(q, kv, positions, slots, norm_weight, inv_freq, rope_scale, eps, cache,
+                       nope)
+
+    def absorb(self, q_nope: torch.Tensor, kv_b, d: MLADims) -> torch.Tensor:
+        """q_nope [N, h, nope] -> q_nope @ W_UK: [N, h, c] (kv_b: the layer's Weight)."""
+        return torch.einsum("nhk,hkc->nhc", q_nope.float(), _w_kv(kv_b, d)[:, :d.nope])
+
+    def values(self, o_lat: torch.Tensor, kv_b, d: MLADims) -> torch.Tensor:
+        """o_c [N, h, c] -> o_c @ W_UV^T: [N, h, v]."""
+        return torch.einsum("nhc,hvc->nhv", o_lat, _w_kv(kv_b, d)[:, d.nope:])
+
+    def prefill_attention(self, q: torch.Tensor, cache: torch.Tensor, fb, kv_b, d: MLADims,
+                          scale: float, out: torch.Tensor) -> None:
+        """A step's prompt chunks (fb.prefill_spans), each causal over its cached keys:
+        q [N, h, nope + r] (rope dims rotated) -> out's chunk rows [., h, v]. Here in the
+        absorbed form, a chunk at a time."""
+        for span in fb.prefill_spans:
+            rows = slice(span.q_start, span.q_start + span.q_len)
+            kv = cache[span.kv_slots].float()  # [S, c + r]
+            o_lat = attend(self.absorb(q[rows, :, :d.nope], kv_b, d), q[rows, :, d.nope:], kv,
+                           causal_mask(span.q_len, span.kv_len, q.device), scale)
+            out[rows] = self.values(o_lat, kv_b, d)
+
+
+def _w_kv(kv_b, d: MLADims) -> torch.Tensor:
+    """kv_b as [h, nope + v, c] f32."""
+    return kv_b.get().float().view(d.heads, d.nope + d.v, d.kv_lora)
