@@ -110,7 +110,7 @@ def main() -> int:
                                                "sse_chunks": len(chunks)}, indent=2))
     for name, row in rows.items():
         print(f"{row['file_lines']:6} {row['function_lines']:6}  {name}")
-    print(f"\n| part | files | their lines | lines of the functions that ran |\n|---|---|---|---|")
+    print("\n| part | files | their lines | lines of the functions that ran |\n|---|---|---|---|")
     for top, (n, lines, ran) in sorted(by_package.items()):
         print(f"| {top} | {n} | {lines} | {ran} |")
     print(f"| **all** | **{totals[0]}** | **{totals[1]}** | **{totals[2]}** |")
