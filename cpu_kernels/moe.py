@@ -20,26 +20,26 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from cpu_kernels.amx_bf16_moe import (
+from cpu_kernels.amx.amx_bf16_moe import (
     MIN_TOKENS,
     TILE_CONFIG_BF16,
     amx_bf16_moe_kernel,
     runs_on_amx,
 )
-from cpu_kernels.clock import cycles
-from cpu_kernels.iquant_decode import decode_row, is_iquant, scratch
-from cpu_kernels.matmul import check_mode
-from cpu_kernels.packed import pack
-from cpu_kernels.packed_moe import packed_moe
-from cpu_kernels.q8_activations import quantize_row
-from cpu_kernels.qtypes import row_nbytes
-from cpu_kernels.routing import route
-from cpu_kernels.rowdot import prepare_row
-from cpu_kernels.tile_dot import TILE, tile_dot
-from cpu_kernels.weights import ExpertWeights
+from cpu_kernels.exact.iquant_decode import decode_row, is_iquant, scratch
+from cpu_kernels.exact.matmul import check_mode
+from cpu_kernels.exact.routing import route
+from cpu_kernels.exact.rowdot import prepare_row
+from cpu_kernels.exact.tile_dot import TILE, tile_dot
+from cpu_kernels.fast.packed import pack
+from cpu_kernels.fast.packed_moe import packed_moe
+from cpu_kernels.fast.q8_activations import quantize_row
+from cpu_kernels.formats.qtypes import row_nbytes
+from cpu_kernels.formats.weights import ExpertWeights
+from cpu_kernels.simd.clock import cycles
 
 if TYPE_CHECKING:
-    from cpu_kernels.packed import PackedExperts
+    from cpu_kernels.fast.packed import PackedExperts
 
 f32 = np.float32
 ROWS_PER_TASK = 16

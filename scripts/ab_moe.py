@@ -27,8 +27,8 @@ import numba
 import numpy as np
 from bench_cpu_moe import SHAPES, routings
 
-from cpu_kernels.packed import pack
-from cpu_kernels.random_blocks import random_experts
+from cpu_kernels.fast.packed import pack
+from cpu_kernels.formats.random_blocks import random_experts
 
 BASE_DIR = ".ab"
 
@@ -38,21 +38,31 @@ def make_base(rev: str) -> None:
     dest = os.path.join(BASE_DIR, "cpu_kernels_base")
     subprocess.run(["rm", "-rf", dest], check=True)
     os.makedirs(dest)
-    files = subprocess.run(["git", "ls-tree", "--name-only", rev, "cpu_kernels/"], check=True,
-                           capture_output=True, text=True).stdout.split()
+    files = subprocess.run(["git", "ls-tree", "-r", "--name-only", rev, "cpu_kernels/"],
+                           check=True, capture_output=True, text=True).stdout.split()
     for path in files:
         text = subprocess.run(["git", "show", f"{rev}:{path}"], check=True, capture_output=True,
                               text=True).stdout
-        with open(os.path.join(dest, os.path.basename(path)), "w") as f:
+        out = os.path.join(dest, os.path.relpath(path, "cpu_kernels"))
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        with open(out, "w") as f:
             f.write(text.replace("cpu_kernels", "cpu_kernels_base"))
     print(f"{dest}: cpu_kernels at {rev} ({len(files)} files)")
 
 
+def _module(pkg: str, nested: str, flat: str):
+    """A kernel module of `pkg` by its name in folders, or in the flat layout of older trees."""
+    try:
+        return importlib.import_module(f"{pkg}.{nested}")
+    except ModuleNotFoundError:
+        return importlib.import_module(f"{pkg}.{flat}")
+
+
 def kernel_call(pkg: str, packed, threads: int):
     """call(x, ids, weights, out) through package `pkg`'s fast MoE kernel."""
-    amx = importlib.import_module(f"{pkg}.amx_bf16_moe")
-    vnni = importlib.import_module(f"{pkg}.packed_moe")
-    has_amx = importlib.import_module(f"{pkg}.amx").HAS_AMX
+    amx = _module(pkg, "amx.amx_bf16_moe", "amx_bf16_moe")
+    vnni = _module(pkg, "fast.packed_moe", "packed_moe")
+    has_amx = _module(pkg, "simd.amx", "amx").HAS_AMX
     stamps = np.empty(2, np.int64)
     pk = packed
 

@@ -4,7 +4,7 @@ DeepSeek-V3 (H 7168, I 2048, 256 experts, top-8) and V2-Lite (H 2048, I 1408, 64
 shapes with Q4_K_M-like types (V3: Q4_K gate/up, Q6_K down; Lite: I=1408 is no multiple of 256, so
 Q5_0 gate/up and Q8_0 down, llama.cpp's fallbacks), random valid blocks made in-process. Prints ms
 per layer (the median call), GB/s of distinct expert weights read and the percentage of the read
-bandwidth measured in the same run. `fast` mode runs on the packed copy (`cpu_kernels.packed.pack`,
+bandwidth measured in the same run. `fast` mode runs on the packed copy (`cpu_kernels.fast.packed.pack`,
 timed once per shape as load-time work), with experts of >= 12 tokens on AMX bf16 tiles where the
 CPU has AMX; `fast-vnni` is fast mode with AMX off (int8 VNNI kernels alone), for the two side by
 side. `--resident` caps the experts held in memory (routing draws from those), so the script fits
@@ -34,13 +34,13 @@ import numpy as np
 from kt_kernel_peer import MODES as KT_MODES
 from kt_kernel_peer import KtPeer, load_extension
 
-from cpu_kernels import qtypes as qt
-from cpu_kernels.bandwidth import read_bandwidth
-from cpu_kernels.latency import call_overhead, pool_latency
+from cpu_kernels.fast.packed import pack
+from cpu_kernels.formats import qtypes as qt
+from cpu_kernels.formats.random_blocks import random_experts
 from cpu_kernels.moe import moe_forward
-from cpu_kernels.packed import pack
-from cpu_kernels.pool import MoEPool
-from cpu_kernels.random_blocks import random_experts
+from cpu_kernels.runtime.bandwidth import read_bandwidth
+from cpu_kernels.runtime.latency import call_overhead, pool_latency
+from cpu_kernels.runtime.pool import MoEPool
 
 SHAPES = {
     # name: (hidden, inter, num_experts, top_k, gate/up type, down type)

@@ -82,7 +82,7 @@ class ExpertClock:
     (HostExperts): there only the kernels' stamps count."""
 
     def __init__(self) -> None:
-        from cpu_kernels.clock import cycles_per_us
+        from cpu_kernels.simd.clock import cycles_per_us
         from hybrid.engine.step.host_experts import HostExperts
 
         self.calls: list[float] = []

@@ -123,7 +123,7 @@ STREAM_REPEATS = 5
 def host_layer(name: str) -> tuple:
     """The layer's expert tensors in host memory as QuantMatrix stacks (DISTINCT experts' random
     blocks tiled to the layer's count)."""
-    from cpu_kernels.weights import QuantMatrix
+    from cpu_kernels.formats.weights import QuantMatrix
 
     e, _, h, inter, gate_t, down_t = SHAPES[name]
 
@@ -144,7 +144,7 @@ def stream_rows(name: str, token_counts: list[int], budgets_gib: list[float],
     e, k, h, *_ = SHAPES[name]
     parts = host_layer(name)
     if packed:  # fast mode's source (packing a V3 layer takes minutes on one core)
-        from cpu_kernels.packed import PackedMatrix
+        from cpu_kernels.fast.packed import PackedMatrix
 
         parts = tuple(PackedMatrix.of(m) for m in parts)
     layer_bytes = sum(m.nbytes for m in parts)

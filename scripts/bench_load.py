@@ -72,9 +72,9 @@ def compile_packers() -> None:
     for the parallel packer; later processes load it from numba's cache)."""
     import numpy as np
 
-    from cpu_kernels import qtypes as qt
-    from cpu_kernels.packed import PACKED_GEOMETRY, PackedMatrix
-    from cpu_kernels.random_blocks import random_matrix
+    from cpu_kernels.fast.packed import PACKED_GEOMETRY, PackedMatrix
+    from cpu_kernels.formats import qtypes as qt
+    from cpu_kernels.formats.random_blocks import random_matrix
 
     rng = np.random.default_rng(0)
     for qtype in PACKED_GEOMETRY:

@@ -18,7 +18,7 @@ ways, `--repeats` times each:
 - `http+chat`: the same through `/v1/chat/completions`.
 Reported: decode tokens/s (tokens after the first over the time after the first), median over
 repeats, and the ratio http/engine. The ratio is the number: speed targets live here, not in
-tests (tests/test_served_decode.py runs this at a tiny size and checks the rows are there).
+tests (tests/test_served_path.py runs this at a tiny size and checks the rows are there).
 Without --gguf-path: the demo model with the machine's default rules.
 """
 

@@ -13,9 +13,9 @@ bash scripts/build_llama_bench.sh "$OUT/llama-build.log" &
 BUILD=$!
 python3 - <<'PY' &
 import numpy as np
-from cpu_kernels import qtypes as qt
+from cpu_kernels.formats import qtypes as qt
 from cpu_kernels.moe import moe_forward
-from cpu_kernels.random_blocks import random_experts
+from cpu_kernels.formats.random_blocks import random_experts
 rng = np.random.default_rng(0)
 for gate, down in ((qt.Q5_0, qt.Q8_0), (qt.Q4_K, qt.Q6_K)):
     e = random_experts(rng, 8, 2048, 1408 if gate == qt.Q5_0 else 1536, gate, gate, down)

@@ -1,11 +1,11 @@
-"""Write cpu_kernels/iquant_grid_data.py: the i-quants' lattice grids, taken from gguf-py.
+"""Write cpu_kernels/formats/iquant_grid_data.py: the i-quants' lattice grids, taken from gguf-py.
 
     python scripts/gen_iquant_tables.py
 
 cpu_kernels imports nothing but numpy and numba at run time, so the grids (ggml's iq2xxs_grid,
 iq2xs_grid, iq2s_grid, iq3xxs_grid, iq3s_grid, iq1s_grid) are written into that module as the
 packed hex strings gguf-py holds (each element an index into a short value map), with the IQ4
-levels; cpu_kernels/iquant_tables.py decodes them. tests/cpu_kernels/test_iquant_tables.py
+levels; cpu_kernels/formats/iquant_tables.py decodes them. tests/cpu_kernels/test_iquant_tables.py
 checks the decoded grids against gguf-py's.
 """
 

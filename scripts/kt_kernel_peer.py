@@ -28,7 +28,7 @@ from types import ModuleType
 
 import numpy as np
 
-from cpu_kernels.weights import ExpertWeights
+from cpu_kernels.formats.weights import ExpertWeights
 
 GGML_BF16 = 30
 AMX_CLASSES = {"kt-amx-int4": "AMXInt4_MOE", "kt-amx-int8": "AMXInt8_MOE"}

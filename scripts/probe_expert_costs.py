@@ -27,11 +27,11 @@ import numba
 import numpy as np
 from bench_cpu_moe import SHAPES
 
-from cpu_kernels.amx import HAS_AMX
-from cpu_kernels.amx_bf16_moe import TILE_CONFIG_BF16, amx_bf16_moe_kernel
-from cpu_kernels.packed import pack
-from cpu_kernels.packed_moe import packed_moe
-from cpu_kernels.random_blocks import random_experts
+from cpu_kernels.amx.amx_bf16_moe import TILE_CONFIG_BF16, amx_bf16_moe_kernel
+from cpu_kernels.fast.packed import pack
+from cpu_kernels.fast.packed_moe import packed_moe
+from cpu_kernels.formats.random_blocks import random_experts
+from cpu_kernels.simd.amx import HAS_AMX
 
 
 def make_call(packed, threads: int):

@@ -100,7 +100,7 @@ def kernel_table(llm: LLM, steps: int) -> list[tuple[str, float, int]]:
 def skip_experts(graphs) -> Callable[[], None]:
     """Make every CPU experts call return at once (whole steps: answer each flag as soon as it
     is raised); -> undo."""
-    from cpu_kernels.handshake import set_flag, wait_equal
+    from cpu_kernels.runtime.handshake import set_flag, wait_equal
     from hybrid.engine.step.host_experts import HostExperts
 
     orig, orig_host = ExpertsOp.run_host, HostExperts.run

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-import cpu_kernels.qtypes as cq
+import cpu_kernels.formats.qtypes as cq
 import ggml_types
 import gpu_kernels.qtypes as gq
 

@@ -17,6 +17,11 @@ HYBRID = {"errors": 0, "env": 0, "settings": 1, "gguf": 1, "tokenizer": 2, "mode
 # hybrid.engine's parts, lowest first: the scheduler's bookkeeping below the step, the step's
 # forward below what runs it (its graphs, long prompts), the runner above those, the engine's
 # loop and its front doors last
+# cpu_kernels' parts, lowest first: block formats, the instructions kernels are built from, the
+# exact kernels (whose block readers the packed ones reuse), the packed fast ones, AMX's, the
+# MoE entry choosing among them, and the pool that runs it
+CPU = {"cache_lock": 0, "formats": 1, "simd": 2, "exact": 3, "fast": 4, "amx": 5, "moe": 6,
+       "runtime": 7}
 ENGINE = {"config": 0, "heap": 0, "sampling": 1, "scheduling": 2, "attention": 3, "step": 3,
           "graphs": 4, "prefill": 4, "runner": 5, "worker": 6, "engine": 6, "llm": 7}
 
@@ -124,6 +129,10 @@ def test_no_import_runs_up_a_layer() -> None:
                     a, b = mod.split(".")[2], t.split(".")[2]
                     if a != b and ENGINE[b] >= ENGINE[a]:
                         up.append(f"{mod} -> {t}")
+            elif top == t_top == "cpu_kernels" and "." in mod and "." in t:
+                a, b = mod.split(".")[1], t.split(".")[1]
+                if a != b and CPU[b] >= CPU[a]:
+                    up.append(f"{mod} -> {t}")
     assert up == []
 
 
@@ -132,5 +141,6 @@ def test_the_check_sees_circles_and_every_package() -> None:
     assert {m.split(".")[0] for m in EDGES} == set(PACKAGES)
     assert {m.split(".")[1] for m in EDGES if m.startswith("hybrid.")} <= set(HYBRID)
     assert {m.split(".")[2] for m in EDGES if m.startswith("hybrid.engine.")} == set(ENGINE)
+    assert {m.split(".")[1] for m in EDGES if m.startswith("cpu_kernels.")} == set(CPU)
     # imports inside functions count too
     assert "hybrid.engine.graphs.choice" in EDGES["hybrid.engine.runner.runner_start_up"]

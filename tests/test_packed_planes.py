@@ -8,8 +8,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from cpu_kernels.packed import PackedMatrix
-from cpu_kernels.weights import QuantMatrix
+from cpu_kernels.fast.packed import PackedMatrix
+from cpu_kernels.formats.weights import QuantMatrix
 from gpu_kernels.qformat import to_planes
 from hybrid.engine.prefill.packed_planes import can_unpack, planes_from_packed
 from hybrid.synth.random_blocks import random_rows

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cpu_kernels import qtypes
+from cpu_kernels.formats import qtypes
 from hybrid.engine.llm import LLM
 from hybrid.engine.sampling.sampling_params import SamplingParams
 from hybrid.model.loader import load_model
@@ -106,7 +106,7 @@ def test_with_activations_sets_every_operator_that_takes_it(tmp_path) -> None:
 
 @pytest.mark.parametrize("numa_nodes", [None, 2])
 def test_experts_on_a_cpu_pool_equal_the_synchronous_kernels(models, numa_nodes) -> None:
-    from cpu_kernels.pool import MoEPool
+    from cpu_kernels.runtime.pool import MoEPool
     from hybrid.ops.experts import use_cpu_pool
 
     model = inject(plan_model(str(models.path("tiny-v3", "q4_k_m")), "cpu.yaml", announce=False))

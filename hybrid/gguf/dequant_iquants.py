@@ -2,8 +2,8 @@
 
 Same contract as hybrid.gguf.dequant: `blocks: [N, type_size] uint8` -> `[N, block_size]`
 float32, equal to gguf-py's dequantizers (products in fp32 in ggml's order). The grids and sign
-tables are the ones the CPU kernels use (cpu_kernels/iquant_tables.py, generated from gguf-py),
-so both paths read the same numbers. Layouts are described in cpu_kernels/iquant_grid_dots.py,
+tables are the ones the CPU kernels use (cpu_kernels/formats/iquant_tables.py, generated from gguf-py),
+so both paths read the same numbers. Layouts are described in cpu_kernels/exact/iquant_grid_dots.py,
 iquant1_dots.py and iquant4_dots.py.
 """
 
@@ -13,13 +13,13 @@ from functools import cache
 
 import torch
 
-from cpu_kernels import iquant_tables as tables
+from cpu_kernels.formats import iquant_tables as tables
 from hybrid.gguf.quant_types import Q
 
 
 @cache
 def _table(name: str, device: torch.device) -> torch.Tensor:
-    """An int8 table of cpu_kernels.iquant_tables as fp32 on `device` (made once per device)."""
+    """An int8 table of cpu_kernels.formats.iquant_tables as fp32 on `device` (made once per device)."""
     return torch.from_numpy(getattr(tables, name)).to(device=device, dtype=torch.float32)
 
 

@@ -22,7 +22,7 @@ from hybrid.model.tensor_map import check_tensors, load_hf_weight
 from hybrid.tokenizer.gguf_tokenizer import GGUFTokenizer
 
 if TYPE_CHECKING:
-    from cpu_kernels.precompile import BackgroundCompile
+    from cpu_kernels.runtime.precompile import BackgroundCompile
 
 
 @dataclass

@@ -1,13 +1,13 @@
 """Fast mode's packed experts kept on disk, memory-mapped on the next start.
 
 Packing a V3's routed experts reads ~350 GB; a second start should cost little more than paging
-the files in. Each MoE layer's packed copy (cpu_kernels.packed: gate, up, down) is written once
+the files in. Each MoE layer's packed copy (cpu_kernels.fast.packed: gate, up, down) is written once
 to `<root>/<model>-<key>/blk.<L>.<part>.npy` and opened read-only with np.load(mmap_mode="r")
 afterwards: the kernels read it straight from the page cache, and a restart reuses the pages the
 last run left there.
 
 The key covers what the bytes depend on: every GGUF part's resolved path, size and mtime, and
-LAYOUT_VERSION (bump it whenever cpu_kernels/packed.py's layouts change). A file whose shape or
+LAYOUT_VERSION (bump it whenever cpu_kernels/fast/packed.py's layouts change). A file whose shape or
 type does not match what the layer expects is ignored and rewritten; a write goes to a temporary
 name first and is renamed into place, so a crash mid-write leaves no half file behind. When the
 disk lacks room the layer is packed in memory as before and the log says why (once).
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cpu_kernels.packed import PackedExperts, PackedMatrix, packed_shape
-from cpu_kernels.weights import ExpertWeights
+from cpu_kernels.fast.packed import PackedExperts, PackedMatrix, packed_shape
+from cpu_kernels.formats.weights import ExpertWeights
 from hybrid.env import Env
 from hybrid.gguf.reader import GGUFModelFile
 

@@ -1,5 +1,5 @@
 """Which fast-mode CPU expert kernels a plan will run, started compiling in background
-processes before its weights load (cpu_kernels/precompile.py has the processes)."""
+processes before its weights load (cpu_kernels/runtime/precompile.py has the processes)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hybrid.model.spec import ModelSpec
 from hybrid.ops.experts import expert_tensors
 
 if TYPE_CHECKING:
-    from cpu_kernels.precompile import BackgroundCompile
+    from cpu_kernels.runtime.precompile import BackgroundCompile
     from hybrid.rules.plan import Plan
 
 
@@ -18,8 +18,8 @@ def compile_ahead(plan: Plan, gguf: GGUFModelFile, spec: ModelSpec) -> list[Back
     """One BackgroundCompile per distinct kernel set among the plan's fast-mode CPU expert
     layers: the tile family (i-quant layers run other tiles than K-quant ones) and the step
     sizes whose kernels differ (AMX for some types only); [] where nothing starts."""
-    from cpu_kernels.precompile import BackgroundCompile, token_counts
-    from cpu_kernels.qtypes import IQUANTS
+    from cpu_kernels.formats.qtypes import IQUANTS
+    from cpu_kernels.runtime.precompile import BackgroundCompile, token_counts
 
     kernel_sets: dict[tuple, tuple[int, int, int]] = {}
     for placement in plan.placements.values():

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 
 def _quant_matrix(ctx: BuildContext, gguf_name: str, rows: slice | None = None):
-    from cpu_kernels.weights import QuantMatrix
+    from cpu_kernels.formats.weights import QuantMatrix
 
     qt = ctx.gguf.tensor(gguf_name)
     raw = qt.data.reshape(qt.shape[0], qt.shape[1], -1)  # [E, rows, row bytes or elements]
@@ -42,7 +42,7 @@ def _expert_types(ctx: BuildContext, prefix: str) -> list[int]:
 
 
 def _cpu_kernels_cover(ctx: BuildContext, prefix: str) -> bool:
-    from cpu_kernels.qtypes import is_supported
+    from cpu_kernels.formats.qtypes import is_supported
 
     return all(is_supported(t) for t in _expert_types(ctx, prefix))
 
@@ -76,7 +76,7 @@ class ExpertsOp(nn.Module):
         self.on_device = None  # backend torch on gpu_kernels: _GpuExperts of every expert
         self.stream_parts = None  # backend cpu: the expert tensors a step may stream
         if self.backend == "cpu":
-            from cpu_kernels.weights import ExpertWeights
+            from cpu_kernels.formats.weights import ExpertWeights
 
             if spec.fused_gate_up_experts:
                 fused, i = p + "ffn_gate_up_exps.weight", spec.moe_intermediate_size
@@ -115,7 +115,7 @@ class ExpertsOp(nn.Module):
                 part.warm_up()
 
     def use_pool(self, pool) -> None:
-        """Run the CPU experts as jobs of `pool` (cpu_kernels.pool.MoEPool); no-op for torch."""
+        """Run the CPU experts as jobs of `pool` (cpu_kernels.runtime.pool.MoEPool); no-op for torch."""
         if self.backend == "cpu":
             self.placed = pool.place(self.cpu_weights, self.mode)
             self.pool = pool
@@ -211,8 +211,8 @@ def _pack(ctx: BuildContext, layer: int, experts) -> None:
     """Give `experts` its packed copy: the disk cache's memory map when there is one (made now
     if missing), else packed in memory. Once the copy is in place the GGUF's expert pages are
     released from the process (fast mode never reads them again; the page cache keeps them)."""
-    from cpu_kernels.packed import PackedExperts
-    from cpu_kernels.placement import packs
+    from cpu_kernels.fast.packed import PackedExperts
+    from cpu_kernels.runtime.placement import packs
 
     if not packs(experts):
         return  # types without a packed layout run on the blocks themselves
@@ -236,7 +236,7 @@ def expert_tensors(spec: ModelSpec, prefix: str) -> list[str]:
 
 
 def use_cpu_pool(model: nn.Module, pool) -> int:
-    """Run every ExpertsOp of `model` on `pool` (a cpu_kernels.pool.MoEPool built with the
+    """Run every ExpertsOp of `model` on `pool` (a cpu_kernels.runtime.pool.MoEPool built with the
     engine's cpu_threads); places each layer's experts on the pool's NUMA groups (in `fast`
     mode a per-node repack). Returns the number of CPU expert layers now on the pool."""
     ops = [m for m in model.modules() if isinstance(m, ExpertsOp) and m.backend == "cpu"]

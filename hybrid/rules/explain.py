@@ -168,8 +168,8 @@ def _count_prefill_activations(plan: Plan, spec: ModelSpec, cache_lens: int,
 def _packed_size(place, w) -> int | None:
     """Bytes of fast mode's packed copy of CPU expert weight `w`, or None where the blocks are
     read as stored (exact mode, the GPU, types without a packed layout)."""
-    from cpu_kernels import qtypes as qt
-    from cpu_kernels.packed import can_pack, packed_ratio
+    from cpu_kernels.fast.packed import can_pack, packed_ratio
+    from cpu_kernels.formats import qtypes as qt
 
     if place.operator != "experts" or w.device != "cpu" or place.options.get("mode") != "fast":
         return None

@@ -136,7 +136,7 @@ def tune(opts: TuneOptions, status: Callable[[str], None] = lambda s: None) -> T
                              note)
     read_gbs = opts.read_gbs
     if read_gbs is None:
-        from cpu_kernels.bandwidth import read_bandwidth
+        from cpu_kernels.runtime.bandwidth import read_bandwidth
 
         status("measuring the CPU's read bandwidth")
         read_gbs = read_bandwidth(1 << 30)

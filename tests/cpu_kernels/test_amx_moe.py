@@ -7,14 +7,14 @@ import numba
 import numpy as np
 import pytest
 
-from cpu_kernels import qtypes as qt
-from cpu_kernels.amx import HAS_AMX
-from cpu_kernels.amx_bf16_moe import TILE_CONFIG_BF16, amx_bf16_moe_kernel, runs_on_amx
-from cpu_kernels.amx_bf16_tiles import bf16_weight_tiles, to_bf16
+from cpu_kernels.amx.amx_bf16_moe import TILE_CONFIG_BF16, amx_bf16_moe_kernel, runs_on_amx
+from cpu_kernels.amx.amx_bf16_tiles import bf16_weight_tiles, to_bf16
+from cpu_kernels.fast.packed import PackedMatrix, pack
+from cpu_kernels.formats import qtypes as qt
+from cpu_kernels.formats.random_blocks import random_experts, random_matrix
+from cpu_kernels.formats.reference import dequantize, moe_forward_ref, rel_error
 from cpu_kernels.moe import moe_forward
-from cpu_kernels.packed import PackedMatrix, pack
-from cpu_kernels.random_blocks import random_experts, random_matrix
-from cpu_kernels.reference import dequantize, moe_forward_ref, rel_error
+from cpu_kernels.simd.amx import HAS_AMX
 
 pytestmark = pytest.mark.skipif(not HAS_AMX, reason="this CPU has no AMX (or Linux refused it)")
 

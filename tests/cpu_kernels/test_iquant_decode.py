@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cpu_kernels import qtypes as qt
-from cpu_kernels.iquant_decode import decode_row, dot_decoded, dot_decoded_q8
-from cpu_kernels.random_blocks import random_matrix
-from cpu_kernels.reference import dequantize
+from cpu_kernels.exact.iquant_decode import decode_row, dot_decoded, dot_decoded_q8
+from cpu_kernels.formats import qtypes as qt
+from cpu_kernels.formats.random_blocks import random_matrix
+from cpu_kernels.formats.reference import dequantize
 
 
 def _decoded(qtype: int, row: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray]:

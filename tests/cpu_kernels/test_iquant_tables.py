@@ -1,4 +1,4 @@
-"""The i-quant grids written into cpu_kernels/iquant_tables.py are gguf-py's, value for value."""
+"""The i-quant grids written into cpu_kernels/formats/iquant_tables.py are gguf-py's, value for value."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from gguf import quants
 
-from cpu_kernels import iquant_tables
+from cpu_kernels.formats import iquant_tables
 
 
 @pytest.mark.parametrize("name", ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S"])

@@ -9,13 +9,13 @@ import threading
 import numpy as np
 import pytest
 
-from cpu_kernels import qtypes as qt
-from cpu_kernels.handshake import set_flag, wait_equal
-from cpu_kernels.layer_driver import drive_layers, packed_layers
+from cpu_kernels.fast.packed import pack
+from cpu_kernels.formats import qtypes as qt
+from cpu_kernels.formats.random_blocks import random_experts
 from cpu_kernels.moe import moe_forward
-from cpu_kernels.packed import pack
-from cpu_kernels.pool import MoEPool
-from cpu_kernels.random_blocks import random_experts
+from cpu_kernels.runtime.handshake import set_flag, wait_equal
+from cpu_kernels.runtime.layer_driver import drive_layers, packed_layers
+from cpu_kernels.runtime.pool import MoEPool
 
 SECOND = 3_000_000_000  # TSC cycles: ample on any machine
 
@@ -95,7 +95,8 @@ def test_python_entries_take_numba_fast_dispatch(layers, monkeypatch):
     call from Python type the whole kernel again (~30 ms, 10x a decode layer). The entries from
     Python (drive_layers, moe_forward's packed_moe) must dispatch without typing once compiled:
     here any typing raises."""
-    from cpu_kernels import layer_driver, packed_moe
+    from cpu_kernels.fast import packed_moe
+    from cpu_kernels.runtime import layer_driver
 
     experts, placed = layers
     x, out = np.zeros((1, 256), np.float32), np.zeros((1, 256), np.float32)
@@ -115,8 +116,8 @@ def test_each_tile_family_runs_its_own_tiles_on_read_only_experts():
     """Memory-mapped packed experts (the disk cache's, read-only) of a K-quant layer and then of
     an IQ1_S one, in one process: each equals the reference. With the family a literal int, the
     i-quant call ran the K-quant tiles compiled first and returned NaN."""
-    from cpu_kernels.packed_moe import IQUANT_TILES, KQUANT_TILES, packed_moe, tile_family
-    from cpu_kernels.reference import moe_forward_ref, rel_error
+    from cpu_kernels.fast.packed_moe import IQUANT_TILES, KQUANT_TILES, packed_moe, tile_family
+    from cpu_kernels.formats.reference import moe_forward_ref, rel_error
 
     rng = np.random.default_rng(5)
     for types, family in (((qt.Q2_K, qt.Q2_K, qt.Q3_K), KQUANT_TILES),

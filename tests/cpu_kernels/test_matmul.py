@@ -6,11 +6,11 @@ import numba
 import numpy as np
 import pytest
 
-from cpu_kernels import qtypes as qt
-from cpu_kernels.matmul import quant_matmul
-from cpu_kernels.random_blocks import random_matrix
-from cpu_kernels.reference import matmul_ref, rel_error
-from cpu_kernels.weights import QuantMatrix
+from cpu_kernels.exact.matmul import quant_matmul
+from cpu_kernels.formats import qtypes as qt
+from cpu_kernels.formats.random_blocks import random_matrix
+from cpu_kernels.formats.reference import matmul_ref, rel_error
+from cpu_kernels.formats.weights import QuantMatrix
 
 EXACT_TOL = 1e-5
 # int8 activations per 32-group: measured 0.4-0.8% per product on random blocks

@@ -6,11 +6,11 @@ import numba
 import numpy as np
 import pytest
 
-from cpu_kernels import qtypes as qt
+from cpu_kernels.exact.routing import group_by_expert, route
+from cpu_kernels.formats import qtypes as qt
+from cpu_kernels.formats.random_blocks import random_experts
+from cpu_kernels.formats.reference import moe_forward_ref, rel_error
 from cpu_kernels.moe import moe_forward
-from cpu_kernels.random_blocks import random_experts
-from cpu_kernels.reference import moe_forward_ref, rel_error
-from cpu_kernels.routing import group_by_expert, route
 
 EXACT_TOL = 1e-5
 # int8 x for gate/up: measured 0.5-0.8% per layer on random (centred) blocks

@@ -6,9 +6,9 @@ import numba
 import numpy as np
 import pytest
 
-from cpu_kernels import qtypes as qt
-from cpu_kernels.packed import PACKED_GEOMETRY, PackedMatrix
-from cpu_kernels.random_blocks import random_matrix
+from cpu_kernels.fast.packed import PACKED_GEOMETRY, PackedMatrix
+from cpu_kernels.formats import qtypes as qt
+from cpu_kernels.formats.random_blocks import random_matrix
 
 
 @pytest.mark.parametrize("qtype", list(PACKED_GEOMETRY), ids=qt.type_name)

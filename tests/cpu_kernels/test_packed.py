@@ -6,14 +6,14 @@ import numba
 import numpy as np
 import pytest
 
-from cpu_kernels import qtypes as qt
+from cpu_kernels.fast.packed import PackedMatrix, pack
+from cpu_kernels.fast.packed_dot_iq import packed_tile_iq as packed_tile  # every packed type
+from cpu_kernels.fast.q8_activations import Q8Activations, dequantize_ref
+from cpu_kernels.formats import qtypes as qt
+from cpu_kernels.formats.random_blocks import random_blocks, random_experts, random_matrix
+from cpu_kernels.formats.reference import dequantize, moe_forward_ref, rel_error
+from cpu_kernels.formats.weights import QuantMatrix
 from cpu_kernels.moe import moe_forward
-from cpu_kernels.packed import PackedMatrix, pack
-from cpu_kernels.packed_dot_iq import packed_tile_iq as packed_tile  # every packed type
-from cpu_kernels.q8_activations import Q8Activations, dequantize_ref
-from cpu_kernels.random_blocks import random_blocks, random_experts, random_matrix
-from cpu_kernels.reference import dequantize, moe_forward_ref, rel_error
-from cpu_kernels.weights import QuantMatrix
 
 TYPES = [qt.Q4_K, qt.Q6_K, qt.Q8_0, qt.Q5_0, qt.Q2_K, qt.Q3_K, qt.IQ2_XXS, qt.IQ2_XS, qt.IQ2_S,
          qt.IQ3_XXS, qt.IQ3_S, qt.IQ1_S, qt.IQ1_M, qt.IQ4_XS, qt.IQ4_NL]

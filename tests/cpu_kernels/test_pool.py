@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cpu_kernels import qtypes as qt
+from cpu_kernels.formats import qtypes as qt
+from cpu_kernels.formats.random_blocks import random_experts
+from cpu_kernels.formats.reference import rel_error
 from cpu_kernels.moe import moe_forward
-from cpu_kernels.placement import slice_align, split_rows
-from cpu_kernels.pool import MoEPool
-from cpu_kernels.random_blocks import random_experts
-from cpu_kernels.reference import rel_error
-from cpu_kernels.topology import parse_cpulist, plan_groups
+from cpu_kernels.runtime.placement import slice_align, split_rows
+from cpu_kernels.runtime.pool import MoEPool
+from cpu_kernels.runtime.topology import parse_cpulist, plan_groups
 
 # (gate/up, down, H, I): packed in fast mode; no packed layout (blocks with row ranges); 32-blocks
 MIXES = [(qt.Q4_K, qt.Q6_K, 512, 768), (qt.Q5_K, qt.Q3_K, 256, 512), (qt.Q5_0, qt.Q8_0, 96, 352)]
@@ -90,7 +90,7 @@ def test_two_simulated_numa_nodes_equal_one(mix: tuple[int, int, int, int], mode
 
 
 def test_errors_reach_wait_and_the_pool_keeps_working(monkeypatch) -> None:
-    import cpu_kernels.pool as pool_module
+    import cpu_kernels.runtime.pool as pool_module
 
     rng = np.random.default_rng(2)
     experts = random_experts(rng, 4, 64, 32, qt.Q8_0, qt.Q8_0, qt.Q8_0)

@@ -1,4 +1,4 @@
-"""The background compile of a first start (cpu_kernels/precompile.py): it compiles the very
+"""The background compile of a first start (cpu_kernels/runtime/precompile.py): it compiles the very
 signature the engine's experts call (else the engine compiles again after waiting), and the
 loader starts it for the plan's fast-mode CPU expert types only."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cpu_kernels import qtypes as qt
-from cpu_kernels.precompile import BackgroundCompile, compile_kernels, token_counts
+from cpu_kernels.formats import qtypes as qt
+from cpu_kernels.runtime.precompile import BackgroundCompile, compile_kernels, token_counts
 from hybrid.engine.llm import LLM
 from hybrid.engine.sampling.sampling_params import SamplingParams
 from hybrid.ops.compile_ahead import compile_ahead
@@ -19,7 +19,7 @@ def test_the_background_call_types_as_the_engine_calls(models) -> None:
     """After the engine ran its fast-mode experts, the background call adds no compiled
     signature to the kernel: the same argument types, so the cache it writes is the one the
     engine reads."""
-    from cpu_kernels.packed_moe import packed_moe_kernel
+    from cpu_kernels.fast.packed_moe import packed_moe_kernel
 
     llm = LLM(str(models.path("tiny-v3", "q4_k_m", "legacy")), "DeepSeek-V3.yaml",
               device_map={"cuda": "cpu"})

@@ -16,7 +16,7 @@ import pytest
 from llvmlite import ir
 from numba import njit
 
-from cpu_kernels.simd_pairs import (
+from cpu_kernels.simd.simd_pairs import (
     _V16I32,
     DPBUSD_ISA,
     bcast4x16,

@@ -6,7 +6,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from cpu_kernels.task_queue import claim
+from cpu_kernels.simd.task_queue import claim
 
 
 @njit(parallel=True, cache=True)

@@ -12,8 +12,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from cpu_kernels.packed import PackedMatrix
-from cpu_kernels.weights import QuantMatrix
+from cpu_kernels.fast.packed import PackedMatrix
+from cpu_kernels.formats.weights import QuantMatrix
 from gpu_kernels.moe_grouped import moe_experts_ref
 from gpu_kernels.qformat import to_planes
 from hybrid.engine.prefill.expert_stream import BYTES_PER_UNIT_BYTE, ExpertStream

@@ -62,4 +62,6 @@ def test_whole_step_equals_pieces(models, mode, one_call, tmp_path, monkeypatch)
 
 
 def _batch(runner, chunks) -> ForwardBatch:
-    return ForwardBatch.build(chunks, runner.page_size, runner.cache, runner.device)
+    fb = ForwardBatch.build(chunks, runner.page_size, runner.cache, runner.device)
+    runner.attention.prepare(fb)  # as the runner's eager steps do
+    return fb

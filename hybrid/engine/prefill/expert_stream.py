@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from cpu_kernels.packed import PackedMatrix
-from cpu_kernels.weights import QuantMatrix
+from cpu_kernels.fast.packed import PackedMatrix
+from cpu_kernels.formats.weights import QuantMatrix
 
 # GPU bytes a unit's expert costs: two raw slots, its planes (<= 1.04x) and to_planes'
 # temporaries (the K-quants' scale unpacking)

@@ -1,4 +1,4 @@
-"""cpu_kernels' packed expert layout (cpu_kernels/packed.py) turned back into the GPU kernels'
+"""cpu_kernels' packed expert layout (cpu_kernels/fast/packed.py) turned back into the GPU kernels'
 planes (gpu_kernels/qformat.py), on the GPU, so fast mode streams the copy its CPU kernels
 already hold instead of page-locking the GGUF's bytes beside it.
 
@@ -7,7 +7,7 @@ widened to f32, 6-bit scales unpacked, Q8_0 codes offset by 128, Q6_K/Q5_0 codes
 bit): each plane is recovered exactly, by permutes and bit operations. `planes_from_packed`
 equals `to_planes` on the GGUF's bytes (tests/test_packed_planes.py).
 
-Packed bytes per 8 rows x block (cpu_kernels/packed.py): Q4_K 1216, Q6_K 1696, Q8_0 288,
+Packed bytes per 8 rows x block (cpu_kernels/fast/packed.py): Q4_K 1216, Q6_K 1696, Q8_0 288,
 Q5_0 192, Q2_K 704, Q3_K 928: every type cpu_kernels packs.
 """
 

@@ -4,7 +4,7 @@ order, each started when the GPU raises the layer's ready flag and answered with
 
 When every layer's experts are packed (fast mode) in one slice of a pool the engine's thread may
 drive (one unpinned worker group), all layers run from one numba call
-(cpu_kernels/layer_driver.py): no Python between two layers' kernels. Otherwise a Python loop
+(cpu_kernels/runtime/layer_driver.py): no Python between two layers' kernels. Otherwise a Python loop
 does the same per layer through ExpertsOp.run_host (exact mode, or NUMA worker groups).
 
 A failure (an exception, or the GPU not raising a flag within the timeout) raises every
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from cpu_kernels.clock import cycles_per_us
-from cpu_kernels.handshake import set_flag, wait_equal
-from cpu_kernels.layer_driver import drive_layers, is_packed, packed_layers
+from cpu_kernels.runtime.handshake import set_flag, wait_equal
+from cpu_kernels.runtime.layer_driver import drive_layers, is_packed, packed_layers
+from cpu_kernels.simd.clock import cycles_per_us
 from hybrid.engine.step.experts_bridge import ExpertsBridge
 from hybrid.errors import DeviceLost
 from hybrid.ops.experts import ExpertsOp

@@ -6,8 +6,8 @@
                   falling back to torch's for what its kernels do not take
 
 Operators hold `self.kernels = kernels_for(device)` and call it: no device branches and no
-kernel imports in hybrid/ops. tests/test_kernel_sets.py runs both sets against one float64
-reference.
+kernel imports in hybrid/ops. tests/gpu_kernels/test_kernel_sets.py runs both sets against one
+float64 reference.
 """
 
 from __future__ import annotations
