@@ -3,7 +3,7 @@
 Ids and sizes are ggml's (gguf-py `GGMLQuantizationType`, `GGML_QUANT_SIZES`; a test holds this
 table to gguf-py's), written out so that cpu_kernels and gpu_kernels depend on nothing but their
 own numeric libraries. This package imports nothing. Each kernel package keeps its own list of
-the types it computes on (cpu_kernels/qtypes.py, gpu_kernels/qtypes.py); the runtime reads
+the types it computes on (cpu_kernels/formats/qtypes.py, gpu_kernels/qtypes.py); the runtime reads
 files through gguf-py (hybrid/gguf/quant_types.py).
 """
 

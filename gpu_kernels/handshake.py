@@ -2,7 +2,7 @@
 data it copied to the host is complete, and waits for one the CPU raises when its answer is.
 
 With these a whole decode step is one CUDA graph even though each MoE layer's routed experts run
-on the CPU (cpu_kernels/layer_driver.py is the other side): nothing is launched per layer, and
+on the CPU (cpu_kernels/runtime/layer_driver.py is the other side): nothing is launched per layer, and
 each hand-over costs a PCIe write and a few polled reads instead of a host wake-up and a launch.
 
 Flags hold a step's sequence number, read from a device int64 (`seq`) the host sets per step, so
