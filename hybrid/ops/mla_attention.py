@@ -15,9 +15,10 @@ the current chunk attends to its own latents at compute precision. `step` runs t
 of its device (kernel_sets/: gpu_kernels' quantized products, fused RoPE and cache write on
 CUDA; the same arithmetic in torch elsewhere); its decode rows attend through the engine's
 decode attention backend (hybrid/engine/attention/, set on the step's ForwardBatch). On CUDA
-prompt chunks take the expanded form instead: their keys' latents multiplied out by kv_b once per step, then per-head flash
-attention (gpu_kernels/mla_prefill_expanded.py): with many keys per query that is ~7x fewer
-products than the absorbed form, whose advantage is reading a short cache per decode token.
+prompt chunks take the expanded form instead: their keys' latents multiplied out by kv_b once per
+step, then per-head flash attention (gpu_kernels/mla_prefill_expanded.py): with many keys per
+query that is ~7x fewer products than the absorbed form, whose advantage is reading a short cache
+per decode token.
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ class MLAAttentionOp(nn.Module):
         x = hidden_states.to(self.device, torch.float32)
         b, t, _ = x.shape
         if hasattr(self, "q_a"):
-            q = self.kernels.linear(self._rms(self.kernels.linear(x, self.q_a), self.q_a_norm), self.q_b)
+            qa = self.kernels.linear(x, self.q_a)
+            q = self.kernels.linear(self._rms(qa, self.q_a_norm), self.q_b)
         else:
             q = self.kernels.linear(x, self.q_proj)
         q = q.view(b, t, self.heads, self.nope + self.rope)
