@@ -238,6 +238,7 @@ def run(args: argparse.Namespace) -> dict:
             "remembered": len(tally.replays), "replayed": len(picked),
             "near_tie_flips": replay["flips"], "sampled_flips": replay["sampled_flips"],
             "mismatches": mismatches[:10], "failures": tally.failures[:20],
+            "unexplained": replay["unexplained"][:10],
             "health_submitted": submitted, "health_ended": ended, "rss_growth": growth,
             "rss_mib": [round(rss[0] / 2**20), round(rss[-1] / 2**20)] if rss else None,
             "gpu_growth": gpu_growth, "gpu_mib": [gpu[0], gpu[-1]] if gpu else None,

@@ -12,6 +12,7 @@ those same logits, so it is held to what seeds promise: the same answer on two r
 
 from __future__ import annotations
 
+import codecs
 import json
 
 import httpx
@@ -34,8 +35,10 @@ def texts(response: dict) -> list:
 
 def replay_alone(url: str, headers: dict, replays: list, tie: float) -> dict:
     """replays: (path, body, result) with result texts(...) or a stream's text ->
-    {engine: requests sent, mismatches: [str], flips: [gap], sampled_flips: int}."""
-    out: dict = {"engine": 0, "mismatches": [], "flips": [], "sampled_flips": 0}
+    {engine: requests sent, mismatches: [str], flips: [gap], sampled_flips: int, unexplained:
+    [{the request, the three answers, their gaps}] (whole, for a later look)}."""
+    out: dict = {"engine": 0, "mismatches": [], "flips": [], "sampled_flips": 0,
+                 "unexplained": []}
     with httpx.Client(base_url=url, headers=headers, timeout=600) as http:
 
         def alone(path: str, body: dict) -> object:
@@ -63,9 +66,14 @@ def replay_alone(url: str, headers: dict, replays: list, tie: float) -> dict:
                     for t in (batched, again)]
             if all(g is not None and g <= tie for g in gaps):
                 out["flips"].append(round(max(gaps), 5))
-            else:
-                out["mismatches"].append(f"gaps {gaps}: {path} {json.dumps(body)[:120]} "
-                                         f"{_parting(batched, again)}")
+                continue
+            third = None if steps is None else _shown(b"".join(t for t, _ in steps))[0]
+            same = "the alone run" if third == again else \
+                "the batched run" if third == batched else "neither"
+            out["mismatches"].append(f"gaps {gaps} (the third run equals {same}): {path} "
+                                     f"{json.dumps(body)[:120]} {_parting(batched, again)}")
+            out["unexplained"].append({"path": path, "body": body, "batched": batched,
+                                       "alone": again, "third": third, "gaps": gaps})
     return out
 
 
@@ -100,17 +108,35 @@ def _top_steps(http: httpx.Client, path: str, body: dict) -> list | None:
             for t, top in zip(lp["tokens"], lp["top_logprobs"], strict=True)]
 
 
+def _shown(data: bytes) -> tuple[str, bytes]:
+    """What the server's detokenizer shows for token bytes `data` (invalid bytes as U+FFFD),
+    and the bytes of an incomplete last character it holds back."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    return decoder.decode(data), decoder.getstate()[0]
+
+
+def _fits(data: bytes, text: str) -> bool:
+    """Whether token bytes `data` could have written the start of `text`."""
+    shown, held = _shown(data)
+    if not text.startswith(shown):
+        return False
+    following = text[len(shown):len(shown) + 1]
+    return not held or following == "\ufffd" or following.encode().startswith(held)
+
+
 def _gap(steps: list, text: str) -> float | None:
     """How far `text` strays from the run `steps` describes: 0 where it follows it, else the
     step's best logprob minus that of the token `text` took where they part (None: that token
-    is not among the step's reported candidates)."""
-    rest = text.encode()
+    is not among the step's reported candidates). Texts are compared as the server shows
+    them: a token's bytes may end mid-character or be invalid UTF-8 (a random model writes
+    such), shown as U+FFFD."""
+    done = b""
     for token, top in steps:
-        if not rest:
+        if len(_shown(done)[0]) >= len(text):
             return 0.0  # text ended first (a stop string)
-        if token and rest.startswith(token):
-            rest = rest[len(token):]
+        if token and _fits(done + token, text):
+            done += token
             continue
-        theirs = [v for c, v in top if c and rest.startswith(c)]
+        theirs = [v for c, v in top if c and _fits(done + c, text)]
         return max(v for _, v in top) - max(theirs) if theirs else None
     return 0.0

@@ -32,6 +32,16 @@ def test_a_token_outside_the_candidates_is_unexplained() -> None:
     assert _gap(STEPS, "Zebra") is None
 
 
+def test_invalid_bytes_compare_as_the_server_shows_them() -> None:
+    """A random model writes tokens of stray UTF-8 bytes: the text shows each as U+FFFD."""
+    steps = [(b"A", [(b"A", -0.1)]), (b"\xb8", [(b"\xb8", -0.1), (b"B", -0.15)]),
+             (b"C", [(b"C", -0.2), (b"\xe4", -0.3)])]
+    assert _gap(steps, "A\ufffdC") == 0.0
+    assert abs(_gap(steps, "AB") - 0.05) < 1e-9
+    assert abs(_gap(steps, "A\ufffd\u4e2d") - 0.1) < 1e-9  # a character's first byte
+    assert _gap(steps, "A\ufffdX") is None
+
+
 def test_first_text_and_parting() -> None:
     assert _first_text([("content", "[]"), ("other", "[]")]) == "content"
     assert _first_text(["text"]) == "text" and _first_text(503) == 503
