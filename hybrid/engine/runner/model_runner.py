@@ -32,8 +32,6 @@ from hybrid.engine.step.experts_bridge import ExpertsBridge
 from hybrid.engine.step.forward_batch import ForwardBatch, SequenceRows
 from hybrid.engine.step.kv_cache import PagedLatentCache
 from hybrid.engine.step.step_result import StepResult
-from hybrid.errors import HybridError
-from hybrid.ops.mla_attention import MLAAttentionOp
 
 log = logging.getLogger("hybrid.engine")
 
@@ -44,13 +42,7 @@ class ModelRunner:
         self.model = model
         self.config = config
         self.page_size = config.page_size
-        attention = [layer.self_attn for layer in model.model.layers]
-        for i, op in enumerate(attention):
-            if not isinstance(op, MLAAttentionOp):
-                raise HybridError(
-                    f"model.layers.{i}.self_attn is {type(op).__name__}; the serving engine "
-                    f"needs the mla_attention operator on every layer's self_attn: add or fix "
-                    f"that rule in your optimize-rules file")
+        attention = runner_start_up.attention_ops(model)
         self.cache = PagedLatentCache(attention, config.num_pages * config.page_size)
         self.device = attention[0].device
         hf = model.config

@@ -35,6 +35,18 @@ from hybrid.ops.mla_attention import MLAAttentionOp
 log = logging.getLogger("hybrid.engine")
 
 
+def attention_ops(model: nn.Module) -> list[MLAAttentionOp]:
+    """Every layer's attention operator; the engine's paged cache needs mla_attention's."""
+    attention = [layer.self_attn for layer in model.model.layers]
+    for i, op in enumerate(attention):
+        if not isinstance(op, MLAAttentionOp):
+            raise HybridError(
+                f"model.layers.{i}.self_attn is {type(op).__name__}; the serving engine "
+                f"needs the mla_attention operator on every layer's self_attn: add or fix "
+                f"that rule in your optimize-rules file")
+    return attention
+
+
 def auto_chunk_size(runner, max_request_tokens: int,
                      progress: Callable[[str], None] | None) -> int:
     """prefill_chunk.py's choice for this model and device, after weights and KV cache."""
