@@ -156,14 +156,16 @@ def cmd_rules_explain(args: argparse.Namespace) -> int:
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
     """Every option's help ends with its default (argparse's own formatter shows it only for
-    options with a help text, and shows None and False too)."""
+    options with a help text, and shows None and False too). Switches (--x, --no-x) show none:
+    their help says what passing them does, and "(default: True)" beside --no-x misleads."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         default = action.default
         if "%(default)" in text or "(default" in text or default in (None, False) \
                 or default is argparse.SUPPRESS or not action.option_strings \
-                or isinstance(action, argparse._HelpAction):
+                or isinstance(action, (argparse._HelpAction, argparse._StoreTrueAction,
+                                       argparse._StoreFalseAction)):
             return text
         return f"{text} (default: %(default)s)".strip()
 

@@ -209,6 +209,10 @@ def test_every_option_has_help_that_shows_its_default() -> None:
             elif a.option_strings and not isinstance(a, argparse._HelpAction):
                 if not a.help:
                     missing.append(f"{path} {a.option_strings[0]}: no help")
+                elif isinstance(a, argparse._StoreFalseAction):  # --no-x: says what it does
+                    text = p.formatter_class("x")._get_help_string(a)
+                    if "(default: " in text:
+                        missing.append(f"{path} {a.option_strings[0]}: a switch's default shown")
                 elif a.default not in (None, False, argparse.SUPPRESS):
                     text = p.formatter_class("x")._get_help_string(a) % {"default": a.default}
                     if str(a.default) not in text:
