@@ -13,7 +13,7 @@ from torch import nn
 
 from hybrid.ops.context import BuildContext
 from hybrid.ops.kernel_sets import kernels_for
-from hybrid.ops.weights import Weight, stack_rows
+from hybrid.ops.weights import stack_rows
 
 
 class EmbeddingOp(nn.Module):
@@ -46,12 +46,6 @@ class RMSNormOp(nn.Module):
         """x += sum(deltas), in place (x: [N, D] f32 on this op's device); -> (RMSNorm(x),
         the same quantized to x_bits for the next product's integer path, or None)."""
         return self.kernels.add_rmsnorm(x, self.weight, self.eps, deltas, x_bits)
-
-
-def linear(x: torch.Tensor, weight: Weight, xq=None) -> torch.Tensor:
-    """x: [..., in] -> [..., out] in fp32, in the kernel set of the weight's device; xq: x
-    quantized by its producer (qmatmul's `xq`). For operators that hold no kernel set."""
-    return kernels_for(weight.device).linear(x, weight, xq)
 
 
 class LinearOp(nn.Module):
