@@ -132,10 +132,9 @@ def profile(llm: LLM, graphs, batch: int, steps: int) -> dict:
         r["step_no_experts_us"] = time_steps(llm, steps) * 1e6
     finally:
         undo()
-    if graphs.host is not None:
+    if graphs.whole_step:
         return r
-    size = next(s for s in graphs.sizes if s >= batch)
-    device = [g for g in graphs._captured[size].graphs if g is not None]
+    device = [g for g in graphs.captured(batch) if g is not None]
     r["device_chain_us"] = time_graphs(device, steps) * 1e6
     pieces = [time_graphs([g], steps) * 1e6 for g in device]
     # device pieces: [embed .. router], then per MoE layer [shared], [receive .. router],

@@ -56,6 +56,15 @@ class DecodeGraphs:
     def max_batch(self) -> int:
         return self.sizes[-1]
 
+    @property
+    def whole_step(self) -> bool:
+        return isinstance(self.form, WholeStepGraphs)
+
+    def captured(self, batch: int):
+        """What the bucket serving `batch` rows captured: the whole step's graph, or a graph
+        per piece (None for host pieces) (profilers time them alone)."""
+        return self._buckets[next(s for s in self.sizes if s >= batch)][1]
+
     def run(self, chunks: list[SequenceRows]) -> torch.Tensor:
         """chunks: one decode (one token, its pages, its position, sampling) per request ->
         logits [B, V]."""
