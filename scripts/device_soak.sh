@@ -11,6 +11,7 @@ set -uo pipefail
 STAGE=${STAGE:-start}
 WAIT=${WAIT:-560}
 S=/tmp/soak
+mkdir -p $S  # STAGE=run may be called directly (scripts/device_stages.sh runs it so)
 
 if [ "$STAGE" = run ]; then  # the detached part
   source scripts/device_common.sh
