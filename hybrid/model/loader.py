@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 @dataclass
 class LoadedModel:
     spec: ModelSpec
-    model: nn.Module  # transformers' DeepseekV3ForCausalLM or DeepseekV2ForCausalLM
+    model: nn.Module  # transformers' DeepseekV3/V2/V32ForCausalLM
     tokenizer: GGUFTokenizer
     gguf: GGUFModelFile
     # fast-mode CPU expert kernels compiled in background processes while it loaded
@@ -46,16 +46,23 @@ def open_model(path: str) -> tuple[GGUFModelFile, ModelSpec]:
 
 
 def build_meta_model(spec: ModelSpec, tokenizer: GGUFTokenizer | None = None) -> nn.Module:
-    from transformers import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
-
     bos = tokenizer.bos_token_id if tokenizer else None
     eos = tokenizer.eos_token_id if tokenizer else None
     config = spec.to_hf_config(bos_token_id=bos, eos_token_id=eos)
     config._attn_implementation = "sdpa"
-    cls = DeepseekV3ForCausalLM if spec.is_v3 else DeepseekV2ForCausalLM
+    cls = causal_lm_class(spec)
     with torch.device("meta"):
         model = cls(config)
     return model.eval()
+
+
+def causal_lm_class(spec: ModelSpec) -> type[nn.Module]:
+    """transformers' model class of the file's architecture and routing."""
+    from transformers import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, DeepseekV32ForCausalLM
+
+    if spec.has_indexer:
+        return DeepseekV32ForCausalLM
+    return DeepseekV3ForCausalLM if spec.is_v3 else DeepseekV2ForCausalLM
 
 
 def load_model(path: str, dtype: torch.dtype = torch.float32,

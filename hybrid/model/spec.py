@@ -1,14 +1,20 @@
 """What a DeepSeek GGUF says the model is: `ModelSpec`, read from metadata, checked, frozen.
 
-It maps onto transformers' `DeepseekV3Config` (sigmoid routing: V3/R1) or `DeepseekV2Config`
-(softmax routing: V2, V2-Lite, V2.5). Notes on the less obvious keys (see ../shared/FACTS.md):
+It maps onto transformers' `DeepseekV3Config` (sigmoid routing: V3/R1), `DeepseekV2Config`
+(softmax routing: V2, V2-Lite, V2.5) or, for architecture `deepseek32`, `DeepseekV32Config`
+(V3 plus a lightning indexer per attention layer that picks the top-k cached tokens each query
+attends to). Notes on the less obvious keys (see ../shared/FACTS.md):
 - `key_length`/`value_length` are per-head q/k and v widths in the legacy layout; the MLA layout
   stores 576/512 there and the real widths in `key_length_mla`/`value_length_mla`.
 - `rope.scaling.yarn_log_multiplier` is 0.1 x mscale_all_dim (the converter's convention).
+- deepseek32: `attention.indexer.{head_count,key_length,top_k}` are transformers'
+  `index_n_heads`, `index_head_dim`, `index_topk`; `block_count` counts the appended NextN/MTP
+  block(s) too (`nextn_predict_layers` of them, llama.cpp's `n_layer_all`), which we skip.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +22,8 @@ from hybrid.errors import GGUFError, shown
 from hybrid.gguf.reader import GGUFModelFile
 
 ARCH = "deepseek2"
+ARCH_V32 = "deepseek32"  # DeepSeek-V3.2: MLA + the DSA lightning indexer
+ARCHS = (ARCH, ARCH_V32)
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,15 @@ class ModelSpec:
     tied_embeddings: bool
     fused_gate_up_experts: bool
     name: str
+    arch: str = ARCH
+    # deepseek32's lightning indexer (0 for deepseek2, which has none)
+    index_n_heads: int = 0
+    index_head_dim: int = 0  # its head layout is [rope | nope], rope the first qk_rope_head_dim
+    index_topk: int = 0
+
+    @property
+    def has_indexer(self) -> bool:
+        return self.arch == ARCH_V32
 
     @property
     def is_v3(self) -> bool:
@@ -99,6 +116,14 @@ class ModelSpec:
             "bos_token_id": bos_token_id,
             "eos_token_id": eos_token_id,
         }
+        if self.has_indexer:
+            from transformers import DeepseekV32Config
+
+            # V3.2's config has no rope_interleave: its MLA always rotates adjacent pairs
+            # (as GGUF does) and its indexer always rotates halves (as llama.cpp's NEOX rope).
+            return DeepseekV32Config(**common, index_n_heads=self.index_n_heads,
+                                     index_head_dim=self.index_head_dim,
+                                     index_topk=self.index_topk)
         if self.is_v3:
             # GGUF rotates q/k rope dims in adjacent pairs: transformers' "interleave" form.
             return DeepseekV3Config(**common, rope_interleave=True)
@@ -110,14 +135,14 @@ def read_spec(gguf: GGUFModelFile) -> ModelSpec:
     """Build and check the ModelSpec of an opened GGUF model."""
     md = gguf.metadata
     arch = md.get("general.architecture")
-    if arch != ARCH:
+    if arch not in ARCHS:
         raise GGUFError(
             f"{gguf.path}: architecture '{shown(arch)}' is not a DeepSeek model; hybrid runs "
-            f"'{ARCH}' GGUFs (DeepSeek-V2, V2-Lite, V2.5, V3, R1)"
+            f"'{ARCH}' GGUFs (DeepSeek-V2, V2-Lite, V2.5, V3, R1) and '{ARCH_V32}' (V3.2)"
         )
 
     def key(name: str, default: Any = ...) -> Any:
-        full = f"{ARCH}.{name}"
+        full = f"{arch}.{name}"
         if full in md:
             return md[full]
         if default is ...:
@@ -125,6 +150,9 @@ def read_spec(gguf: GGUFModelFile) -> ModelSpec:
         return default
 
     num_layers = int(key("block_count"))
+    if arch == ARCH_V32:
+        # the converter appends the MTP block(s) past the trunk: blk.61 of a 62-block V3.2 file
+        num_layers -= int(key("nextn_predict_layers", 0))
     layout = "mla" if gguf.has_tensor("blk.0.attn_k_b.weight") else "legacy"
     rope_dim = int(key("rope.dimension_count"))
     if layout == "mla":
@@ -185,13 +213,36 @@ def read_spec(gguf: GGUFModelFile) -> ModelSpec:
         tied_embeddings=not gguf.has_tensor("output.weight"),
         fused_gate_up_experts=gguf.has_tensor(f"blk.{first_dense}.ffn_gate_up_exps.weight"),
         name=str(md.get("general.name", gguf.path.stem)),
+        **(_indexer_fields(key) if arch == ARCH_V32 else {}),
     )
     _check_spec(gguf, spec)
     return spec
 
 
+def _indexer_fields(key: Callable[..., Any]) -> dict[str, Any]:
+    return {
+        "arch": ARCH_V32,
+        "index_n_heads": int(key("attention.indexer.head_count")),
+        "index_head_dim": int(key("attention.indexer.key_length")),
+        "index_topk": int(key("attention.indexer.top_k")),
+    }
+
+
 def _check_spec(gguf: GGUFModelFile, spec: ModelSpec) -> None:
     problems = []
+    if spec.has_indexer:
+        # what llama.cpp's deepseek32 loader and transformers' DeepseekV32Attention require
+        if spec.layout != "mla":
+            problems.append("deepseek32 requires the MLA layout (attn_k_b/attn_v_b)")
+        if spec.q_lora_rank is None:
+            problems.append("deepseek32 requires q_lora (its indexer reads the q_a latent)")
+        if not spec.is_v3:
+            problems.append("deepseek32 routes with sigmoid (expert_gating_func 2)")
+        if spec.index_head_dim < spec.qk_rope_head_dim:
+            problems.append(f"indexer key_length {spec.index_head_dim} is smaller than the "
+                            f"rope dimension {spec.qk_rope_head_dim}")
+        if spec.index_n_heads < 1 or spec.index_topk < 1:
+            problems.append("indexer head_count and top_k must be at least 1")
     if spec.qk_nope_head_dim < 1:
         problems.append("key length is not larger than the rope dimension")
     if spec.num_experts_per_tok > spec.num_experts:

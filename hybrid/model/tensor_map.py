@@ -5,7 +5,8 @@ order: `[out, in]`, stacked experts `[E, out, in]`), so a file that contradicts 
 fails with a message naming the tensor before anything is loaded. `load_hf_weight` builds one
 parameter of transformers' module tree as fp32, rebuilding the two places where the layouts
 differ: the MLA layout's `attn_k_b`/`attn_v_b` (-> `kv_b_proj`) and split gate/up experts
-(-> `gate_up_proj`).
+(-> `gate_up_proj`). deepseek32's indexer tensors (`blk.N.indexer.*`, llama.cpp's names) map
+one to one, unchanged: llama.cpp applies its indexer RoPE in transformers' half-split form.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ def expected_gguf_shapes(spec: ModelSpec) -> dict[str, Shape]:
                 s.kv_lora_rank,
             )
         shapes[p + "attn_output.weight"] = (H, s.num_heads * s.v_head_dim)
+        if s.has_indexer:
+            shapes.update(_indexer_shapes(p, s))
         shapes[p + "ffn_norm.weight"] = (H,)
         if not s.is_moe_layer(i):
             shapes[p + "ffn_gate.weight"] = (s.intermediate_size, H)
@@ -67,6 +70,19 @@ def expected_gguf_shapes(spec: ModelSpec) -> dict[str, Shape]:
             shapes[p + "ffn_up_shexp.weight"] = (Is, H)
             shapes[p + "ffn_down_shexp.weight"] = (H, Is)
     return shapes
+
+
+def _indexer_shapes(p: str, s: ModelSpec) -> dict[str, Shape]:
+    """deepseek32's lightning indexer of one layer (llama.cpp's INDEXER_* tensors)."""
+    D = s.index_head_dim
+    assert s.q_lora_rank is not None  # _check_spec: deepseek32 has q_lora
+    return {
+        p + "indexer.k_norm.weight": (D,),  # a LayerNorm (eps 1e-6): weight and bias
+        p + "indexer.k_norm.bias": (D,),
+        p + "indexer.proj.weight": (s.index_n_heads, s.hidden_size),  # per-head weights
+        p + "indexer.attn_k.weight": (D, s.hidden_size),  # one key head, from x
+        p + "indexer.attn_q_b.weight": (s.index_n_heads * D, s.q_lora_rank),  # from q_a latent
+    }
 
 
 def check_tensors(gguf: GGUFModelFile, spec: ModelSpec) -> None:
@@ -105,6 +121,12 @@ _LAYER_NAMES = {
     "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
     "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight",
     "ffn_down_exps.weight": "mlp.experts.down_proj",
+    # deepseek32 (convert_hf_to_gguf: DeepseekV32Model; gguf-py tensor_mapping "DSA")
+    "indexer.k_norm.weight": "self_attn.indexer.k_norm.weight",
+    "indexer.k_norm.bias": "self_attn.indexer.k_norm.bias",
+    "indexer.proj.weight": "self_attn.indexer.weights_proj.weight",
+    "indexer.attn_k.weight": "self_attn.indexer.wk.weight",
+    "indexer.attn_q_b.weight": "self_attn.indexer.wq_b.weight",
 }
 
 
