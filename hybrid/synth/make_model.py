@@ -1,4 +1,4 @@
-"""`hybrid make-model`: write a synthetic DeepSeek GGUF (architecture deepseek2), streaming.
+"""`hybrid make-model`: write a synthetic DeepSeek GGUF (deepseek2 or deepseek32), streaming.
 
 The file is what llama.cpp's converter and quantizer would write for a real model of these
 shapes: the same metadata keys, tensor names, layouts (legacy `attn_kv_b` or MLA
@@ -22,7 +22,7 @@ from gguf.gguf_writer import WriterState
 
 from hybrid.errors import HybridError
 from hybrid.gguf.quant_types import Q, tensor_nbytes
-from hybrid.model.spec import ARCH, ModelSpec
+from hybrid.model.spec import ARCH_V32, ModelSpec
 from hybrid.model.tensor_map import expected_gguf_shapes
 from hybrid.synth.presets import Preset
 from hybrid.synth.random_blocks import random_rows
@@ -66,7 +66,8 @@ def spec_for(preset: Preset, layout: str, vocab_size: int) -> ModelSpec:
         norm_topk_prob=p.norm_topk_prob, scoring_func="sigmoid" if p.sigmoid_gating else "softmax",
         n_group=p.n_group, topk_group=p.topk_group, rms_norm_eps=1e-6, rope_theta=p.rope_theta,
         rope_scaling=rope_scaling, context_length=p.context_length, layout=layout,
-        tied_embeddings=False, fused_gate_up_experts=False, name=p.name,
+        tied_embeddings=False, fused_gate_up_experts=False, name=p.name, arch=p.arch,
+        index_n_heads=p.index_n_heads, index_head_dim=p.index_head_dim, index_topk=p.index_topk,
     )
 
 
@@ -106,6 +107,8 @@ def _chunks(name: str, shape: tuple[int, ...], qtype: int, spec: ModelSpec, seed
                              spec.topk_group, router_skew, seed)
         elif name.endswith("exp_probs_b.bias"):
             yield (rng.standard_normal(shape[0], dtype=np.float32) * 0.05).astype(np.float32)
+        elif name.endswith("k_norm.bias"):  # the indexer's LayerNorm bias: around 0
+            yield (0.1 * rng.standard_normal(shape[0], dtype=np.float32)).astype(np.float32)
         else:  # norm weights: around 1
             yield (1.0 + 0.1 * rng.standard_normal(shape[0], dtype=np.float32)).astype(np.float32)
         return
@@ -150,7 +153,7 @@ def _extend_sparse(writer: GGUFWriter) -> None:
 
 
 def _add_metadata(w: GGUFWriter, p: Preset, opts: MakeModelOptions, vocab: Vocab) -> None:
-    k = ARCH
+    k = p.arch
     w.add_name(f"hybrid synthetic {p.name} ({opts.quant}, {opts.layout}, seed {opts.seed})")
     w.add_file_type(FILE_TYPES[opts.quant])
     w.add_quantization_version(2)
@@ -194,6 +197,10 @@ def _add_metadata(w: GGUFWriter, p: Preset, opts: MakeModelOptions, vocab: Vocab
         w.add_float32(f"{k}.rope.scaling.factor", p.rope_factor)
         w.add_uint32(f"{k}.rope.scaling.original_context_length", 4096)
         w.add_float32(f"{k}.rope.scaling.yarn_log_multiplier", p.yarn_log_multiplier)
+    if p.arch == ARCH_V32:  # convert_hf_to_gguf's DeepseekV32Model (no MTP block written)
+        w.add_uint32(f"{k}.attention.indexer.head_count", p.index_n_heads)
+        w.add_uint32(f"{k}.attention.indexer.key_length", p.index_head_dim)
+        w.add_uint32(f"{k}.attention.indexer.top_k", p.index_topk)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(vocab.pre)
     w.add_token_list(vocab.tokens)
@@ -213,6 +220,9 @@ def make_model(opts: MakeModelOptions, vocab: Vocab, out: Path,
     """Write the model to `out` (a .gguf path; split parts are named from it). Returns the files."""
     if opts.layout not in ("legacy", "mla"):
         raise HybridError(f"unknown --layout {opts.layout!r}; choose legacy or mla")
+    if opts.preset.arch == ARCH_V32 and opts.layout != "mla":
+        raise HybridError(f"{opts.preset.name} is deepseek32, which llama.cpp loads only in the "
+                          "MLA layout: pass --layout mla")
     if opts.split < 1:
         raise HybridError(f"--split must be at least 1, got {opts.split}")
     check_skew(opts.router_skew, opts.preset.sigmoid_gating, opts.preset.name)
@@ -224,7 +234,7 @@ def make_model(opts: MakeModelOptions, vocab: Vocab, out: Path,
         raise HybridError(f"--split {opts.split} is more than the model's {len(shapes)} tensors")
     out.parent.mkdir(parents=True, exist_ok=True)
     per_file = math.ceil(len(shapes) / opts.split) if opts.split > 1 else 0
-    writer = GGUFWriter(out, ARCH, split_max_tensors=per_file)
+    writer = GGUFWriter(out, opts.preset.arch, split_max_tensors=per_file)
     _add_metadata(writer, opts.preset, opts, vocab)
     for name, shape in shapes.items():
         qtype = types[name]

@@ -6,6 +6,8 @@
 Moonlight-16B-A3B (V2-Lite's attention with V3's sigmoid routing, plain RoPE), from their
 config.json files. NOTE: llama.cpp decides "V2-Lite-like" (no q_lora) by the
 layer count (26 or 27), so `tiny-v2-lite` keeps 27 layers and `tiny-v3` must not have 26/27.
+`tiny-v32` and `v32` are DeepSeek-V3.2 (architecture deepseek32): V3 plus the lightning indexer;
+tiny-v32's top-k (8) is below a short prompt's length, so its sparse attention is not dense.
 """
 
 from __future__ import annotations
@@ -44,6 +46,10 @@ class Preset:
     context_length: int
     rope_theta: float = 10000.0
     yarn: bool = True  # False: plain RoPE, no rope.scaling keys (Moonlight)
+    arch: str = "deepseek2"  # or "deepseek32" (V3.2: the indexer below)
+    index_n_heads: int = 0
+    index_head_dim: int = 0
+    index_topk: int = 0
 
     @property
     def num_moe_layers(self) -> int:
@@ -109,8 +115,13 @@ _TINY_MOONLIGHT = dataclasses.replace(
     _TINY_V2_LITE, name="tiny-moonlight", sigmoid_gating=True, norm_topk_prob=True,
     routed_scaling_factor=2.446, rope_theta=50000.0, yarn=False, context_length=8192,
 )
+# DeepSeek-V3.2-Exp's config.json: V3's widths, index_n_heads 64, index_head_dim 128, top-k 2048
+_V32 = dataclasses.replace(_V3, name="v32", arch="deepseek32", index_n_heads=64,
+                           index_head_dim=128, index_topk=2048)
+_TINY_V32 = dataclasses.replace(_TINY_V3, name="tiny-v32", arch="deepseek32", index_n_heads=4,
+                                index_head_dim=64, index_topk=8)
 PRESETS = {p.name: p for p in (_TINY_V3, _TINY_V2_LITE, _V2_LITE, _V3, _KIMI_K2, _MOONLIGHT,
-                               _TINY_KIMI_K2, _TINY_MOONLIGHT)}
+                               _TINY_KIMI_K2, _TINY_MOONLIGHT, _V32, _TINY_V32)}
 
 
 def get_preset(name: str, num_layers: int | None = None) -> Preset:
