@@ -29,6 +29,14 @@ _NAMES = {
     "ffn_down_shexp": "mlp.shared_experts.down_proj.weight",
     "ffn_down_exps": "mlp.experts.down_proj",
 }
+# deepseek32's lightning indexer: blk.N.indexer.<leaf> (the LayerNorm has a bias too)
+_INDEXER_NAMES = {
+    "k_norm.weight": "self_attn.indexer.k_norm.weight",
+    "k_norm.bias": "self_attn.indexer.k_norm.bias",
+    "proj.weight": "self_attn.indexer.weights_proj.weight",
+    "attn_k.weight": "self_attn.indexer.wk.weight",
+    "attn_q_b.weight": "self_attn.indexer.wq_b.weight",
+}
 
 
 def gguf_py_state_dict(path: str) -> dict[str, torch.Tensor]:
@@ -44,6 +52,10 @@ def gguf_py_state_dict(path: str) -> dict[str, torch.Tensor]:
     }
     layers: dict[int, dict[str, np.ndarray]] = {}
     for name, w in raw.items():
+        m = re.match(r"blk\.(\d+)\.indexer\.(.+)$", name)
+        if m:
+            sd[f"model.layers.{m.group(1)}.{_INDEXER_NAMES[m.group(2)]}"] = torch.from_numpy(w)
+            continue
         m = re.match(r"blk\.(\d+)\.(\w+)\.(weight|bias)$", name)
         assert m, name
         layers.setdefault(int(m.group(1)), {})[m.group(2)] = w
@@ -63,11 +75,14 @@ def gguf_py_state_dict(path: str) -> dict[str, torch.Tensor]:
 
 
 def transformers_model(spec: ModelSpec, path: str) -> torch.nn.Module:
-    from transformers import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
+    from transformers import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, DeepseekV32ForCausalLM
 
     config = spec.to_hf_config()
     config._attn_implementation = "eager"
-    cls = DeepseekV3ForCausalLM if spec.is_v3 else DeepseekV2ForCausalLM
+    if spec.has_indexer:
+        cls = DeepseekV32ForCausalLM
+    else:
+        cls = DeepseekV3ForCausalLM if spec.is_v3 else DeepseekV2ForCausalLM
     torch.manual_seed(0)
     model = cls(config).eval()
     model.load_state_dict(gguf_py_state_dict(path), strict=True)

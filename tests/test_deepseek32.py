@@ -1,0 +1,105 @@
+"""DeepSeek-V3.2 (GGUF architecture deepseek32): our loader reads a tiny-v32 file into
+transformers' DeepseekV32ForCausalLM, and its logits equal transformers' fed gguf-py's
+dequantized weights (and llama.cpp's) on a prompt longer than the indexer's top-k, where the
+sparse attention differs from dense. Planning places the indexer with its attention."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from hybrid.errors import HybridError
+from hybrid.model.loader import load_model, open_model
+from hybrid.rules.planner import plan_model
+from hybrid.synth.make_model import MakeModelOptions, make_model
+from hybrid.synth.presets import get_preset
+from hybrid.synth.vocab import get_vocab
+
+from .oracles import rel_l2, transformers_logits, transformers_model
+
+PROMPT = [0, 42, 574, 81, 2058, 3, 223, 804, 853, 303, 3427, 223, 736, 21, 1883, 17, 99, 1000,
+          2500, 7]
+TOPK = get_preset("tiny-v32").index_topk
+assert len(PROMPT) > 2 * TOPK  # the later positions attend to a strict subset of the prompt
+
+
+def test_spec_reads_the_indexer(models) -> None:
+    _, spec = open_model(str(models.path("tiny-v32", "f32", "mla")))
+    assert (spec.arch, spec.has_indexer) == ("deepseek32", True)
+    assert (spec.index_n_heads, spec.index_head_dim, spec.index_topk) == (4, 64, 8)
+    assert spec.num_layers == 4 and spec.layout == "mla" and spec.is_v3
+    config = spec.to_hf_config()
+    assert type(config).__name__ == "DeepseekV32Config"
+    assert (config.index_n_heads, config.index_head_dim, config.index_topk) == (4, 64, 8)
+    # deepseek2 files have no indexer and keep the V3 config
+    _, v3 = open_model(str(models.path("tiny-v3", "f32", "mla")))
+    assert (v3.arch, v3.has_indexer, v3.index_topk) == ("deepseek2", False, 0)
+    assert type(v3.to_hf_config()).__name__ == "DeepseekV3Config"
+
+
+@pytest.mark.parametrize("quant", ["f32", "q4_k_m"])
+def test_matches_transformers(models, quant: str) -> None:
+    path = str(models.path("tiny-v32", quant, "mla"))
+    loaded = load_model(path)
+    assert type(loaded.model).__name__ == "DeepseekV32ForCausalLM"
+    indexer = loaded.model.model.layers[0].self_attn.indexer
+    assert indexer.k_norm.bias.abs().max() > 0  # the LayerNorm's bias came from the file
+    with torch.inference_mode():
+        ours = loaded.model(input_ids=torch.tensor([PROMPT])).logits[0].float()  # [T, V]
+    oracle = transformers_model(loaded.spec, path)
+    ref = transformers_logits(oracle, PROMPT)  # [T, V]
+    for t in range(len(PROMPT)):
+        assert rel_l2(ours[t].numpy(), ref[t].numpy()) <= 1e-5, f"position {t}"
+
+
+def test_top_k_makes_attention_sparse(models) -> None:
+    """The same weights with a top-k past the prompt (dense attention) agree up to position
+    top-k - 1 and differ after it: the comparison above exercised the indexer's choice."""
+    path = str(models.path("tiny-v32", "f32", "mla"))
+    _, spec = open_model(path)
+    sparse = transformers_logits(transformers_model(spec, path), PROMPT)
+    dense_spec = dataclasses.replace(spec, index_topk=len(PROMPT))
+    dense = transformers_logits(transformers_model(dense_spec, path), PROMPT)
+    errors = [rel_l2(sparse[t].numpy(), dense[t].numpy()) for t in range(len(PROMPT))]
+    assert max(errors[:TOPK]) < 1e-6
+    assert min(errors[TOPK + 1:]) > 1e-2, errors
+
+
+def test_matches_llama_cpp(models) -> None:
+    """llama.cpp reads the same file (names, metadata, its NEOX indexer RoPE, the Hadamard-
+    rotated indexer cache) and chooses the same tokens."""
+    pytest.importorskip("llama_cpp")
+    from .oracles import llama_cpp_logits
+
+    path = str(models.path("tiny-v32", "f32", "mla"))
+    with torch.inference_mode():
+        ours = load_model(path).model(input_ids=torch.tensor([PROMPT])).logits[0].numpy()
+    theirs = llama_cpp_logits(path, PROMPT)
+    errors = [rel_l2(theirs[t], ours[t]) for t in range(len(PROMPT))]
+    assert max(errors) <= 1e-4, np.round(errors, 7)
+
+
+def test_cpu_rules_place_the_indexer_with_its_attention(models) -> None:
+    planned = plan_model(str(models.path("tiny-v32", "f32", "mla")), "cpu",
+                         check_devices=False, announce=False)
+    plan = planned.plan
+    for i in range(planned.spec.num_layers):
+        attention = f"model.layers.{i}.self_attn"
+        assert plan.placement_of(attention).operator == "mla_attention"
+        assert plan.owners[f"{attention}.indexer"] == attention
+        assert plan.owners[f"{attention}.indexer.k_norm"] == attention
+    indexer_weights = [w for w in plan.weights if ".indexer." in w.param]
+    assert len(indexer_weights) == 5 * planned.spec.num_layers
+    assert {w.device for w in indexer_weights} == {"cpu"}
+    names = {g for w in indexer_weights for g in w.gguf_tensors}
+    assert "blk.3.indexer.k_norm.bias" in names and "blk.0.indexer.attn_q_b.weight" in names
+
+
+def test_make_model_writes_deepseek32_only_in_the_mla_layout(tmp_path) -> None:
+    preset = get_preset("tiny-v32")
+    opts = MakeModelOptions(preset, "f32", "legacy")
+    with pytest.raises(HybridError, match="--layout mla"):
+        make_model(opts, get_vocab("small", preset.vocab_size), tmp_path / "x.gguf")
