@@ -98,6 +98,30 @@ def test_cpu_rules_place_the_indexer_with_its_attention(models) -> None:
     assert "blk.3.indexer.k_norm.bias" in names and "blk.0.indexer.attn_q_b.weight" in names
 
 
+def test_rules_explain_plans_the_file(models, capsys) -> None:
+    from cli.main import main
+
+    path = str(models.path("tiny-v32", "f32", "mla"))
+    assert main(["rules", "explain", "--gguf-path", path, "--optimize-rules", "cpu"]) == 0
+    captured = capsys.readouterr()
+    assert "mla_attention" in captured.out and "verdict: fits" in captured.out
+    assert "matches no module" not in captured.err  # cpu.yaml names V3.2's MLP and RMSNorm
+
+
+def test_engine_refuses_to_run_the_indexer_densely(models) -> None:
+    """mla_attention has no indexer: loading for the engine stops with one error naming it,
+    before any operator is built."""
+    from hybrid.engine.llm import LLM
+
+    path = str(models.path("tiny-v32", "f32", "mla"))
+    with pytest.raises(HybridError) as refused:
+        LLM(path, "cpu")
+    message = str(refused.value)
+    assert "deepseek32" in message and "lightning indexer" in message
+    assert "mla_attention" in message and "top 8 tokens" in message
+    assert "model.layers.0.self_attn and 3 more" in message
+
+
 def test_make_model_writes_deepseek32_only_in_the_mla_layout(tmp_path) -> None:
     preset = get_preset("tiny-v32")
     opts = MakeModelOptions(preset, "f32", "legacy")
