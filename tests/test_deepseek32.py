@@ -40,6 +40,18 @@ def test_spec_reads_the_indexer(models) -> None:
     assert type(v3.to_hf_config()).__name__ == "DeepseekV3Config"
 
 
+def test_indexer_narrower_than_rope_is_refused(models, tmp_path) -> None:
+    from hybrid.errors import GGUFError
+
+    from .gguf_edit import rewrite
+
+    bad = rewrite(models.path("tiny-v32", "f32", "mla"), tmp_path / "bad.gguf",
+                  {"deepseek32.attention.indexer.key_length": 16})
+    with pytest.raises(GGUFError, match="indexer key_length 16 is smaller than the rope "
+                                        "dimension 32"):
+        open_model(str(bad))
+
+
 @pytest.mark.parametrize("quant", ["f32", "q4_k_m"])
 def test_matches_transformers(models, quant: str) -> None:
     path = str(models.path("tiny-v32", quant, "mla"))
