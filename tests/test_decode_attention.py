@@ -23,7 +23,8 @@ from hybrid.errors import HybridError
 def ops(device: str = "cpu", heads: int = 128, dtype=torch.bfloat16, n: int = 3,
         kv_lora: int = 512) -> list:
     return [SimpleNamespace(device=torch.device(device), heads=heads, kv_dtype=dtype,
-                            kv_lora=kv_lora, rope=64, uses_gpu_kernels=device != "cpu")
+                            kv_lora=kv_lora, rope=64, index_head_dim=0,
+                            uses_gpu_kernels=device != "cpu")
             for _ in range(n)]
 
 
@@ -183,7 +184,7 @@ def test_flashinfer_backend_plans_at_start_for_graphs_and_eager_steps(monkeypatc
 
     monkeypatch.setattr(fi, "FlashInferMLADecode", FakeWrapper)
     op = SimpleNamespace(device=torch.device("cpu"), heads=16, kv_lora=512, rope=64,
-                         scale=0.1, kv_dtype=torch.bfloat16)
+                         index_head_dim=0, scale=0.1, kv_dtype=torch.bfloat16)
     backend = FlashInferDecode(op, page_size=16, max_pages=4)
     assert backend.eager.runs == 1 and backend.eager.plans == [([[0]], [1])]
     cache = PagedLatentCache([op], 16 * 10)

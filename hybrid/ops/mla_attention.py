@@ -67,6 +67,8 @@ class MLAAttentionOp(nn.Module):
         self.kv_a_norm = ctx.weight("kv_a_layernorm.weight", "f32").get()
         self.kv_b = ctx.weight("kv_b_proj.weight")
         self.o_proj = ctx.weight("o_proj.weight")
+        # DeepSeek-V3.2's lightning indexer's key width (0: none, as in every deepseek2 model)
+        self.index_head_dim = s.index_head_dim if hasattr(ctx.module, "indexer") else 0
         self.scale = (self.nope + self.rope) ** -0.5
         rs = s.rope_scaling
         if rs is not None and rs.get("mscale_all_dim"):

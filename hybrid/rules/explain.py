@@ -182,11 +182,12 @@ def _packed_size(place, w) -> int | None:
 
 def _kv_bytes_per_layer(place, spec: ModelSpec) -> int:
     """Latent cache (kv_lora + rope per token) for our MLA operator; transformers' own
-    attention caches full per-head keys and values."""
+    attention caches full per-head keys and values. DeepSeek-V3.2's lightning indexer adds its
+    key (index_head_dim; 0 without one) per token beside either."""
     if place.operator == "mla_attention":
-        width = spec.kv_lora_rank + spec.qk_rope_head_dim
+        width = spec.kv_lora_rank + spec.qk_rope_head_dim + spec.index_head_dim
         return width * _KV_BYTES[place.options["kv_cache_dtype"]]
-    return spec.num_heads * (spec.qk_head_dim + spec.v_head_dim) * 4
+    return (spec.num_heads * (spec.qk_head_dim + spec.v_head_dim) + spec.index_head_dim) * 4
 
 
 def _advice(exp: Explanation) -> list[str]:
