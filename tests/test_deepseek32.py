@@ -1,7 +1,9 @@
 """DeepSeek-V3.2 (GGUF architecture deepseek32): our loader reads a tiny-v32 file into
 transformers' DeepseekV32ForCausalLM, and its logits equal transformers' fed gguf-py's
 dequantized weights (and llama.cpp's) on a prompt longer than the indexer's top-k, where the
-sparse attention differs from dense. Planning places the indexer with its attention."""
+sparse attention differs from dense. Planning places the indexer with its attention, and the
+engine serves it on the CPU rules with the same greedy tokens as transformers, chunked and
+prefix-cached alike."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from hybrid.synth.make_model import MakeModelOptions, make_model
 from hybrid.synth.presets import get_preset
 from hybrid.synth.vocab import get_vocab
 
-from .oracles import rel_l2, transformers_logits, transformers_model
+from .oracles import rel_l2, transformers_greedy_cached, transformers_logits, transformers_model
 
 PROMPT = [0, 42, 574, 81, 2058, 3, 223, 804, 853, 303, 3427, 223, 736, 21, 1883, 17, 99, 1000,
           2500, 7]
@@ -29,11 +31,11 @@ assert len(PROMPT) > 2 * TOPK  # the later positions attend to a strict subset o
 def test_spec_reads_the_indexer(models) -> None:
     _, spec = open_model(str(models.path("tiny-v32", "f32", "mla")))
     assert (spec.arch, spec.has_indexer) == ("deepseek32", True)
-    assert (spec.index_n_heads, spec.index_head_dim, spec.index_topk) == (4, 64, 8)
+    assert (spec.index_n_heads, spec.index_head_dim, spec.index_topk) == (16, 64, 8)
     assert spec.num_layers == 4 and spec.layout == "mla" and spec.is_v3
     config = spec.to_hf_config()
     assert type(config).__name__ == "DeepseekV32Config"
-    assert (config.index_n_heads, config.index_head_dim, config.index_topk) == (4, 64, 8)
+    assert (config.index_n_heads, config.index_head_dim, config.index_topk) == (16, 64, 8)
     # deepseek2 files have no indexer and keep the V3 config
     _, v3 = open_model(str(models.path("tiny-v3", "f32", "mla")))
     assert (v3.arch, v3.has_indexer, v3.index_topk) == ("deepseek2", False, 0)
@@ -120,18 +122,93 @@ def test_rules_explain_plans_the_file(models, capsys) -> None:
     assert "matches no module" not in captured.err  # cpu.yaml names V3.2's MLP and RMSNorm
 
 
-def test_engine_refuses_to_run_the_indexer_densely(models) -> None:
-    """mla_attention has no indexer: loading for the engine stops with one error naming it,
-    before any operator is built."""
-    from hybrid.engine.llm import LLM
+def test_engine_refuses_the_indexer_on_gpu_kernels(models, monkeypatch) -> None:
+    """On gpu_kernels mla_attention has no indexer kernels yet: a plan placing attention there
+    stops with one error naming it, before any operator is built; the CPU's plan passes."""
+    from hybrid.rules.inject import refuse_unsupported
 
     path = str(models.path("tiny-v32", "f32", "mla"))
+    refuse_unsupported(plan_model(path, "cpu", check_devices=False, announce=False))
+    # cpu.yaml's placements moved to a GPU (the bundled GPU rules name V3's classes only and
+    # leave V3.2's attention to transformers, which runs its own indexer)
+    planned = plan_model(path, "cpu", {"cpu": "cuda:0"}, check_devices=False, announce=False)
     with pytest.raises(HybridError) as refused:
-        LLM(path, "cpu")
+        refuse_unsupported(planned)
     message = str(refused.value)
     assert "deepseek32" in message and "lightning indexer" in message
     assert "mla_attention" in message and "top 8 tokens" in message
-    assert "model.layers.0.self_attn and 3 more" in message
+    assert "model.layers.0.self_attn and 3 more on cuda:0" in message
+    assert "--optimize-rules cpu" in message
+    # the GPU path's kernels under Triton's interpreter are gpu_kernels too
+    monkeypatch.setenv("HYBRID_GPU_KERNELS_ON_CPU", "1")
+    with pytest.raises(HybridError, match="more on cpu"):
+        refuse_unsupported(plan_model(path, "cpu", check_devices=False, announce=False))
+
+
+def test_rules_explain_counts_the_indexer_keys(models) -> None:
+    """Per token and layer the cache holds the latent, the rotated key and the indexer key."""
+    from hybrid.rules.explain import explain
+
+    planned = plan_model(str(models.path("tiny-v32", "f32", "mla")), "cpu",
+                         check_devices=False, announce=False)
+    spec = planned.spec
+    exp = explain(planned.plan, spec, 1000, 0, None)
+    width = spec.kv_lora_rank + spec.qk_rope_head_dim + spec.index_head_dim  # 128 + 32 + 64
+    assert exp.kv_bytes_per_token == {"cpu": spec.num_layers * width * 4}  # kv_cache_dtype f32
+
+
+# some prompts longer than the top-k (8), so their rows attend to strict subsets
+SERVED = [PROMPT, [5, 9], [17, 300, 2, 44, 1000, 8], list(range(100, 131)), [7] * 10 + [3]]
+MAX_TOKENS = 24
+
+
+def _served(llm, prompts: list[list[int]]):
+    from hybrid.engine.sampling.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
+    return [o.outputs[0] for o in llm.generate(prompt_token_ids=prompts, sampling_params=params)]
+
+
+@pytest.fixture(scope="module", params=["f32", "q4_k_m"])
+def served_file(models, request):
+    """(path, transformers' greedy tokens and logprobs for each SERVED prompt, its oracle)."""
+    path = str(models.path("tiny-v32", request.param, "mla"))
+    _, spec = open_model(path)
+    oracle = transformers_model(spec, path)
+    return path, [transformers_greedy_cached(oracle, p, MAX_TOKENS) for p in SERVED], oracle
+
+
+def test_served_on_the_cpu_matches_transformers(served_file) -> None:
+    """Five prompts in one batch (decodes beside prompt chunks): the indexer's keys paged by
+    slot, every row's top-k, the sparse absorbed attention."""
+    from hybrid.engine.llm import LLM
+
+    path, refs, _ = served_file
+    outs = _served(LLM(path, "cpu"), SERVED)
+    for i, (out, (tokens, logprobs)) in enumerate(zip(outs, refs)):
+        assert out.token_ids == tokens, i
+        assert max(abs(a - b) for a, b in zip(out.logprobs, logprobs)) <= 1e-3, i
+
+
+def test_served_chunked_and_prefix_cached_keep_the_tokens(served_file) -> None:
+    """Prompts cut into chunks of 3 tokens over pages of 4; then requests sharing a prefix
+    with an earlier one read its pages (latents and indexer keys) from the prefix cache."""
+    from hybrid.engine.config import EngineConfig
+    from hybrid.engine.llm import LLM
+
+    path, refs, oracle = served_file
+    llm = LLM(path, "cpu", engine_config=EngineConfig(page_size=4, chunk_size=3,
+                                                      max_batch_size=4, prefix_cache=True))
+    outs = _served(llm, SERVED[:3])
+    assert [o.token_ids for o in outs] == [tokens for tokens, _ in refs[:3]]
+    cached_before = llm.engine.scheduler.num_cached_tokens
+    shared = [PROMPT[:17] + [11, 12], PROMPT + outs[0].token_ids[:5] + [40, 41]]
+    got = _served(llm, shared)
+    assert llm.engine.scheduler.num_cached_tokens - cached_before >= 16 + 24
+    for out, prompt in zip(got, shared):
+        tokens, logprobs = transformers_greedy_cached(oracle, prompt, MAX_TOKENS)
+        assert out.token_ids == tokens
+        assert max(abs(a - b) for a, b in zip(out.logprobs, logprobs)) <= 1e-3
 
 
 def test_make_model_writes_deepseek32_only_in_the_mla_layout(tmp_path) -> None:

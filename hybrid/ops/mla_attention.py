@@ -19,6 +19,12 @@ prompt chunks take the expanded form instead: their keys' latents multiplied out
 step, then per-head flash attention (gpu_kernels/mla_prefill_expanded.py): with many keys per
 query that is ~7x fewer products than the absorbed form, whose advantage is reading a short cache
 per decode token.
+
+DeepSeek-V3.2 (a layer with a lightning indexer, mla_indexer.py): each query attends only to the
+top-k keys its indexer scores highest; the indexer's key of every token is cached beside its
+latent (the paged cache's `index_layer`). Off gpu_kernels every row of a step, decodes included,
+runs the kernel set's `sparse_attention`; the engine refuses it on gpu_kernels for now
+(hybrid/rules/inject.py `refuse_unsupported`).
 """
 
 from __future__ import annotations
@@ -26,8 +32,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from hybrid.errors import HybridError
 from hybrid.ops.context import BuildContext
 from hybrid.ops.kernel_sets import MLADims, kernels_for, uses_gpu_kernels
+from hybrid.ops.mla_indexer import index_keys, index_scores, rotate_halves, top_k_keys
 from hybrid.ops.mla_torch import attend, causal_mask
 from hybrid.ops.rotary import yarn_inv_freq, yarn_mscale
 from hybrid.ops.weights import stack_rows
@@ -67,8 +75,15 @@ class MLAAttentionOp(nn.Module):
         self.kv_a_norm = ctx.weight("kv_a_layernorm.weight", "f32").get()
         self.kv_b = ctx.weight("kv_b_proj.weight")
         self.o_proj = ctx.weight("o_proj.weight")
-        # DeepSeek-V3.2's lightning indexer's key width (0: none, as in every deepseek2 model)
+        # DeepSeek-V3.2's lightning indexer (0: none, as in every deepseek2 model)
         self.index_head_dim = s.index_head_dim if hasattr(ctx.module, "indexer") else 0
+        if self.index_head_dim:
+            self.index_heads, self.index_topk = s.index_n_heads, s.index_topk
+            self.index_q = ctx.weight("indexer.wq_b.weight")  # [Hi * D, q_lora]
+            self.index_k = ctx.weight("indexer.wk.weight")  # [D, H]
+            self.index_w = ctx.weight("indexer.weights_proj.weight")  # [Hi, H]
+            self.index_norm_w = ctx.weight("indexer.k_norm.weight", "f32").get()  # [D]
+            self.index_norm_b = ctx.weight("indexer.k_norm.bias", "f32").get()  # [D]
         self.scale = (self.nope + self.rope) ** -0.5
         rs = s.rope_scaling
         if rs is not None and rs.get("mscale_all_dim"):
@@ -92,14 +107,17 @@ class MLAAttentionOp(nn.Module):
     def forward(self, hidden_states: torch.Tensor, position_embeddings, attention_mask=None,
                 past_key_values=None, **kwargs):
         """hidden_states: [B, T, H] -> ([B, T, H], None), transformers' attention interface:
-        one causal sequence per batch row, over transformers' `past_key_values` when given."""
+        one causal sequence per batch row, over transformers' `past_key_values` when given
+        (V3.2's decoder layer names it `cache`)."""
+        if past_key_values is None:
+            past_key_values = kwargs.get("cache")
         x = hidden_states.to(self.device, torch.float32)
         b, t, _ = x.shape
         if hasattr(self, "q_a"):
-            qa = self.kernels.linear(x, self.q_a)
-            q = self.kernels.linear(self._rms(qa, self.q_a_norm), self.q_b)
+            qa = self._rms(self.kernels.linear(x, self.q_a), self.q_a_norm)  # [B, T, q_lora]
+            q = self.kernels.linear(qa, self.q_b)
         else:
-            q = self.kernels.linear(x, self.q_proj)
+            qa, q = None, self.kernels.linear(x, self.q_proj)
         q = q.view(b, t, self.heads, self.nope + self.rope)
         q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
         kv = self.kernels.linear(x, self.kv_a)  # [B, T, c + r]
@@ -111,7 +129,9 @@ class MLAAttentionOp(nn.Module):
         w_kv = self.kv_b.get().float().view(self.heads, self.nope + self.v, self.kv_lora)
         w_uk, w_uv = w_kv[:, : self.nope], w_kv[:, self.nope:]  # [h, nope, c], [h, v, c]
         q_lat = torch.einsum("bthn,hnc->bthc", q_nope, w_uk)  # [B, T, h, c]
-        out_lat = self._contiguous(q_lat, q_rope, latent, k_rope, past_key_values)
+        chosen = (self._index_contiguous(x, qa, cos, sin, past_key_values)
+                  if self.index_head_dim else None)
+        out_lat = self._contiguous(q_lat, q_rope, latent, k_rope, past_key_values, chosen)
         out = torch.einsum("bthc,hvc->bthv", out_lat, w_uv).reshape(b, t, self.heads * self.v)
         out = self.kernels.linear(out, self.o_proj)
         return out.to(hidden_states.device, hidden_states.dtype), None
@@ -132,10 +152,10 @@ class MLAAttentionOp(nn.Module):
         if self.q_kv_a is not None:
             both = k.product(x, self.q_kv_a, hq)  # [N, Rq + c + r]: columns of q (or q_a), kv
             split = both.shape[1] - self.kv_lora - self.rope
-            q = self._queries(x, both[:, :split])
+            q, qa = self._queries(x, both[:, :split])
             kv = both[:, split:]  # [N, c + r], rows strided
         else:
-            q = self._queries(x)
+            q, qa = self._queries(x)
             kv = k.linear(x, self.kv_a)  # [N, c + r]
         q = q.view(n, self.heads, self.nope + self.rope)
         cache = fb.cache.layer(self.layer_idx)
@@ -143,6 +163,15 @@ class MLAAttentionOp(nn.Module):
                      self.rope_scale, self.eps, cache, self.nope)  # q's rope dims rotated
         o = torch.empty(n, self.heads, self.v, dtype=torch.float32, device=self.device)
         b = fb.num_decodes
+        if self.index_head_dim:  # V3.2: every row attends to the keys its indexer picks
+            index_cache = fb.cache.index_layer(self.layer_idx)
+            iq = k.linear(qa, self.index_q).view(n, self.index_heads, self.index_head_dim)
+            iq = k.index_rope_cache(iq, k.linear(x, self.index_k), fb.positions, fb.slots,
+                                    self.index_norm_w, self.index_norm_b, self.inv_freq,
+                                    self.rope_scale, index_cache)  # [N, Hi, D] rotated
+            k.sparse_attention(q, iq, k.linear(x, self.index_w), cache, index_cache, fb,
+                               self.kv_b, d, self.scale, self.index_topk, o)
+            return k.linear(o.reshape(n, self.heads * self.v), self.o_proj).to(h.device)
         if b:  # decodes absorbed: a short cache read per query
             o_lat = torch.empty(b, self.heads, self.kv_lora, dtype=torch.float32,
                                 device=self.device)
@@ -153,20 +182,47 @@ class MLAAttentionOp(nn.Module):
             k.prefill_attention(q, cache, fb, self.kv_b, d, self.scale, o)
         return k.linear(o.reshape(n, self.heads * self.v), self.o_proj).to(h.device)
 
-    def _queries(self, x: torch.Tensor, first: torch.Tensor | None = None) -> torch.Tensor:
-        """x: [N, H] -> q [N, h * (nope + rope)]; `first`: q_proj's (or q_a's) product of x
-        when already computed."""
+    def _queries(self, x: torch.Tensor, first: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: [N, H] -> (q [N, h * (nope + rope)], the normed q_a latent [N, q_lora] or None
+        without q_lora); `first`: q_proj's (or q_a's) product of x when already computed."""
         k = self.kernels
         if not hasattr(self, "q_a"):
-            return first if first is not None else k.linear(x, self.q_proj)
+            return (first if first is not None else k.linear(x, self.q_proj)), None
         qa = first if first is not None else k.linear(x, self.q_a)
         q_b = self.q_b.quant[0] if self.q_b.quant is not None else None
         normed, xq = k.add_rmsnorm(qa, self.q_a_norm, self.eps, (),
                                    k.input_bits(q_b, qa.shape[0]))
-        return k.linear(normed, self.q_b, xq)
+        return k.linear(normed, self.q_b, xq), normed
 
-    def _contiguous(self, q_lat, q_rope, latent, k_rope, past_key_values) -> torch.Tensor:
-        """[B, T, ...] causal sequences, optionally after transformers' cached prefix."""
+    def _index_contiguous(self, x, qa, cos, sin, past_key_values) -> torch.Tensor:
+        """The indexer over [B, T, ...] causal sequences (after transformers' cached prefix,
+        whose indexer keys its cache keeps) -> the keys each query may attend [B, T, S] bool."""
+        b, t, _ = x.shape
+        half = self.rope // 2
+        cos, sin = cos[..., :half], sin[..., :half]  # [B, T, rope / 2] of cat(freqs, freqs)
+        iq = self.kernels.linear(qa, self.index_q).view(b, t, self.index_heads, -1)
+        iq = rotate_halves(iq, cos, sin)  # [B, T, Hi, D]
+        ik = index_keys(self.kernels.linear(x, self.index_k), self.index_norm_w,
+                        self.index_norm_b, cos, sin)  # [B, T, D]
+        iw = self.kernels.linear(x, self.index_w)  # [B, T, Hi]
+        if past_key_values is not None:
+            if not hasattr(past_key_values, "update_indexer"):
+                raise HybridError(f"mla_attention with an indexer needs a cache that keeps "
+                                  f"indexer keys (update_indexer); got "
+                                  f"{type(past_key_values).__name__}")
+            ik = past_key_values.update_indexer(ik, self.layer_idx)  # [B, S, D]
+        allowed = causal_mask(t, ik.shape[1], self.device)  # [T, S]
+        chosen = torch.zeros(b, t, ik.shape[1], dtype=torch.bool, device=self.device)
+        for i in range(b):
+            ids, keep = top_k_keys(index_scores(iq[i], iw[i], ik[i]), allowed, self.index_topk)
+            chosen[i].scatter_(-1, ids, keep)
+        return chosen
+
+    def _contiguous(self, q_lat, q_rope, latent, k_rope, past_key_values,
+                    chosen: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, T, ...] causal sequences, optionally after transformers' cached prefix;
+        `chosen` [B, T, S]: the keys each query may attend besides causality (the indexer's)."""
         t = latent.shape[1]
         if past_key_values is not None:
             stored = past_key_values.update(latent.to(self.kv_dtype).unsqueeze(1),
@@ -175,7 +231,14 @@ class MLAAttentionOp(nn.Module):
             latent = torch.cat([stored[0][:, 0, :prefix].float(), latent], dim=1)  # [B, S, c]
             k_rope = torch.cat([stored[1][:, 0, :prefix].float(), k_rope], dim=1)  # [B, S, r]
         kv = torch.cat([latent, k_rope], dim=-1)  # [B, S, c + r]
-        return attend(q_lat, q_rope, kv, causal_mask(t, kv.shape[1], self.device), self.scale)
+        allowed = causal_mask(t, kv.shape[1], self.device)  # [T, S]
+        if chosen is not None:
+            if chosen.shape[-1] != kv.shape[1]:  # e.g. a static cache's padded indexer keys
+                raise HybridError(f"the indexer saw {chosen.shape[-1]} keys, the attention "
+                                  f"{kv.shape[1]}: mla_attention takes transformers' dynamic "
+                                  "cache only")
+            allowed = allowed & chosen
+        return attend(q_lat, q_rope, kv, allowed, self.scale)
 
 
 def _cos_sin(position_embeddings, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -37,25 +37,30 @@ def refuse_unsupported(planned: PlannedModel) -> None:
     """Refuse a plan whose operators would run a different model than the file's.
 
     DeepSeek-V3.2 (deepseek32) attends, per query, only to the top-k cached tokens its
-    lightning indexer picks; mla_attention (the engine's paged MLA operator) has no indexer
-    yet and would attend to every token: plausible text from another model, so no load.
+    lightning indexer picks. mla_attention runs the indexer in torch (operators off
+    gpu_kernels, as on the CPU); on gpu_kernels (CUDA) it has no indexer kernels yet and
+    would attend to every token: plausible text from another model, so no load.
     """
+    from hybrid.ops.kernel_sets import uses_gpu_kernels
+
     spec, plan = planned.spec, planned.plan
     if not spec.has_indexer:
         return
     placed = [p for p in plan.placements.values()
-              if p.operator == "mla_attention" and hasattr(planned.model.get_submodule(p.path),
-                                                           "indexer")]
+              if p.operator == "mla_attention"
+              and uses_gpu_kernels(torch.device(p.generate_device))
+              and hasattr(planned.model.get_submodule(p.path), "indexer")]
     if placed:
         rule = placed[0].rule
         where = f"{plan.source}:{rule.line}" if rule is not None else plan.source
         raise HybridError(
             f"{planned.gguf.path}: DeepSeek-V3.2 (deepseek32) needs sparse attention that "
-            f"hybrid does not run yet: each query attends to the top {spec.index_topk} "
-            f"tokens its lightning indexer picks, and operator mla_attention (placed on "
-            f"{placed[0].path} and {len(placed) - 1} more by {where}) has no indexer, so it "
-            f"would attend to every token. transformers' reference tree loads the file "
-            f"(hybrid.model.loader.load_model); serving it awaits the indexer operator"
+            f"hybrid runs only off the GPU kernels yet: each query attends to the top "
+            f"{spec.index_topk} tokens its lightning indexer picks, and operator mla_attention "
+            f"(placed on {placed[0].path} and {len(placed) - 1} more on "
+            f"{placed[0].generate_device} by {where}) has no GPU kernels for the indexer and "
+            f"sparse attention (the next slice). Place attention on the CPU (--optimize-rules "
+            f"cpu) to serve it"
         )
 
 

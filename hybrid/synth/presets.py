@@ -118,7 +118,9 @@ _TINY_MOONLIGHT = dataclasses.replace(
 # DeepSeek-V3.2-Exp's config.json: V3's widths, index_n_heads 64, index_head_dim 128, top-k 2048
 _V32 = dataclasses.replace(_V3, name="v32", arch="deepseek32", index_n_heads=64,
                            index_head_dim=128, index_topk=2048)
-_TINY_V32 = dataclasses.replace(_TINY_V3, name="tiny-v32", arch="deepseek32", index_n_heads=4,
+# 16 indexer heads, not fewer: a key scores exactly 0 when every head's relu is 0 (1 in 2^Hi),
+# and exact ties at the top-k boundary would make the chosen keys up to each top-k's tie order
+_TINY_V32 = dataclasses.replace(_TINY_V3, name="tiny-v32", arch="deepseek32", index_n_heads=16,
                                 index_head_dim=64, index_topk=8)
 PRESETS = {p.name: p for p in (_TINY_V3, _TINY_V2_LITE, _V2_LITE, _V3, _KIMI_K2, _MOONLIGHT,
                                _TINY_KIMI_K2, _TINY_MOONLIGHT, _V32, _TINY_V32)}

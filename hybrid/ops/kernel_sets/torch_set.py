@@ -10,6 +10,14 @@ import torch
 import torch.nn.functional as F
 
 from gpu_kernels.reference import rope_cache_ref, route_ref
+from hybrid.ops.mla_indexer import (
+    index_keys,
+    index_scores,
+    rope_cos_sin,
+    rotate_halves,
+    sparse_attend,
+    top_k_keys,
+)
 from hybrid.ops.mla_torch import attend, causal_mask
 
 
@@ -118,6 +126,47 @@ class TorchKernels:
             o_lat = attend(self.absorb(q[rows, :, :d.nope], kv_b, d), q[rows, :, d.nope:], kv,
                            causal_mask(span.q_len, span.kv_len, q.device), scale)
             out[rows] = self.values(o_lat, kv_b, d)
+
+    # -- DeepSeek-V3.2's lightning indexer and sparse attention (mla_indexer.py) -------------
+
+    def index_rope_cache(self, iq: torch.Tensor, ik: torch.Tensor, positions: torch.Tensor,
+                         slots: torch.Tensor, norm_weight: torch.Tensor,
+                         norm_bias: torch.Tensor, inv_freq: torch.Tensor, rope_scale: float,
+                         index_cache: torch.Tensor) -> torch.Tensor:
+        """iq [N, Hi, D] -> its rotated copy; ik [N, D] (wk's product): LayerNorm'd, rotated
+        and written to index_cache rows `slots` (the same rows as the tokens' latents)."""
+        cos, sin = rope_cos_sin(positions, inv_freq, rope_scale)  # [N, rope / 2]
+        index_cache[slots.long()] = index_keys(ik, norm_weight, norm_bias, cos, sin
+                                               ).to(index_cache.dtype)
+        return rotate_halves(iq.float(), cos, sin)
+
+    def sparse_attention(self, q: torch.Tensor, iq: torch.Tensor, iw: torch.Tensor,
+                         cache: torch.Tensor, index_cache: torch.Tensor, fb, kv_b, d: MLADims,
+                         scale: float, topk: int, out: torch.Tensor) -> None:
+        """Every row of the step, decodes and prompt chunks alike: score the keys it sees
+        (a decode: its sequence's pages up to seq_len; a chunk row: its chunk's kv_slots up
+        to its own position) with the indexer, keep the top `topk`, attend to those alone.
+        q [N, h, nope + r] (rope dims rotated), iq [N, Hi, D] (rotated), iw [N, Hi]
+        -> out [N, h, v]."""
+        for rows, kv_slots in _sequences(fb):
+            t, s = rows.stop - rows.start, kv_slots.shape[0]
+            allowed = causal_mask(t, s, q.device)  # [t, S]
+            scores = index_scores(iq[rows], iw[rows], index_cache[kv_slots])  # [t, S]
+            ids, keep = top_k_keys(scores, allowed, topk)  # [t, K]
+            o_lat = sparse_attend(self.absorb(q[rows, :, :d.nope], kv_b, d),
+                                  q[rows, :, d.nope:], cache[kv_slots].float(), ids, keep, scale)
+            out[rows] = self.values(o_lat, kv_b, d)
+
+
+def _sequences(fb):
+    """(rows, kv_slots [S]) of each sequence of a step: each decode row, then each chunk."""
+    page_size = fb.page_size
+    for i in range(fb.num_decodes):
+        positions = torch.arange(int(fb.seq_lens[i]), device=fb.page_table.device)  # [S]
+        pages = fb.page_table[i, positions // page_size]
+        yield slice(i, i + 1), pages * page_size + positions % page_size
+    for span in fb.prefill_spans:
+        yield slice(span.q_start, span.q_start + span.q_len), span.kv_slots
 
 
 def _w_kv(kv_b, d: MLADims) -> torch.Tensor:
