@@ -129,8 +129,8 @@ def test_engine_refuses_the_indexer_on_gpu_kernels(models, monkeypatch) -> None:
 
     path = str(models.path("tiny-v32", "f32", "mla"))
     refuse_unsupported(plan_model(path, "cpu", check_devices=False, announce=False))
-    # cpu.yaml's placements moved to a GPU (the bundled GPU rules name V3's classes only and
-    # leave V3.2's attention to transformers, which runs its own indexer)
+    # cpu.yaml's placements moved to a GPU (DeepSeek-V3.2.yaml, the bundled GPU file, is
+    # refused the same way: tests/test_rules_explain.py)
     planned = plan_model(path, "cpu", {"cpu": "cuda:0"}, check_devices=False, announce=False)
     with pytest.raises(HybridError) as refused:
         refuse_unsupported(planned)

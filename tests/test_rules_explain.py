@@ -64,6 +64,85 @@ def test_full_v3_q4_k_m_on_24_gib(capsys, v3_sparse: Path) -> None:
     assert cpu["prefill_chunk"] is None and cpu["activations"] == 0
 
 
+@pytest.fixture(scope="module")
+def v32_sparse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    preset = get_preset("v32")
+    out = tmp_path_factory.mktemp("v32") / "DeepSeek-V3.2-Q4_K_M.gguf"
+    opts = MakeModelOptions(preset, "q4_k_m", "mla", vocab="deepseek", header_only=True)
+    (path,) = make_model(opts, get_vocab("deepseek", preset.vocab_size), out)
+    return path
+
+
+@pytest.mark.parametrize("cache_lens,chunk", [(32768, 4608), (131072, 768)])
+def test_full_v32_q4_k_m_on_24_gib(capsys, v32_sparse: Path, cache_lens: int,
+                                   chunk: int) -> None:
+    """DeepSeek-V3.2.yaml on a full-size V3.2 Q4_K_M: every figure against the file itself.
+    The GPU holds every tensor but the routed experts' (attention with the indexer, dense and
+    shared MLPs, router, norms, embeddings, head) in the file's own blocks; per token and layer
+    its cache holds the latent (512), the rotated key (64) and the indexer's key (128) in bf16.
+    Both 32K and 128K tokens fit 24 GiB; 128K with 1.7 GiB to spare, so the prompt chunk the
+    engine would pick shrinks to 768 tokens."""
+    from hybrid.gguf.reader import GGUFModelFile
+
+    assert v32_sparse.stat().st_blocks * 512 < 64 * 2**20  # sparse: headers only on disk
+    out = explain_json(capsys, "--gguf-path", str(v32_sparse), "--optimize-rules",
+                       "DeepSeek-V3.2", "--cache-lens", str(cache_lens), "--gpu-memory", "24GiB",
+                       "--cpu-memory", "512GiB")
+    infos = {name: entry[0] for name, entry in GGUFModelFile(v32_sparse).tensor_infos.items()}
+    # per layer 9 attention, 5 indexer tensors and ffn_norm; 3 dense MLPs; 58 MoE blocks of
+    # router, bias, shared and routed experts: no MTP block (blk.61) in this file
+    assert len(infos) == 3 + 61 * 15 + 3 * 3 + 58 * 8
+    experts = {n for n in infos if n.endswith("_exps.weight")}
+    assert len(experts) == 58 * 3
+    gpu_bytes = sum(i.nbytes for n, i in infos.items() if n not in experts)
+    expert_bytes = sum(infos[n].nbytes for n in experts)
+    cpu, gpu = out["devices"]["cpu"], out["devices"]["cuda:0"]
+    assert set(out["devices"]) == {"cpu", "cuda:0"}
+    assert gpu["weights"] == gpu_bytes == 10_984_326_144  # 10.23 GiB
+    assert out["packed_experts"]["gguf_bytes"] == expert_bytes
+    assert sum(g["bytes"] for g in out["groups"]) == gpu_bytes + expert_bytes
+    attention = sum(i.nbytes for n, i in infos.items() if (".attn_" in n or ".indexer." in n)
+                    and not n.endswith(".attn_norm.weight"))  # attn_norm: the layer's input norm
+    assert sum(g["bytes"] for g in out["groups"] if g["operator"] == "mla_attention") == attention
+    per_token = 61 * (512 + 64 + 128) * 2
+    assert out["kv_bytes_per_token"] == {"cuda:0": per_token} and per_token == 85_888
+    assert gpu["kv_cache"] == per_token * cache_lens
+    assert gpu["reserve"] == int(1.5 * GIB)
+    # the routed rows of a prompt chunk that may stream CPU experts (as for V3)
+    act = 4 * (4 * 7168 + 8 * (3 * 2048 + 7168))
+    left = 24 * GIB - gpu_bytes - per_token * cache_lens - int(1.5 * GIB)
+    assert gpu["prefill_chunk"] == min(8192, left // 4 // act) // 256 * 256 == chunk
+    assert gpu["activations"] == (chunk - 512) * act
+    assert gpu["total"] == gpu_bytes + per_token * cache_lens + int(1.5 * GIB) + \
+        (chunk - 512) * act
+    assert gpu["fits"] is True and gpu["total"] <= gpu["budget"] == 24 * GIB
+    assert cpu["fits"] is True and out["fits"] is True
+
+
+def test_v32_default_gpu_rules_plan_but_do_not_serve(v32_sparse: Path, monkeypatch) -> None:
+    """On a GPU machine a deepseek32 file defaults to DeepSeek-V3.2.yaml (V3's file names V3's
+    classes); the engine still refuses it, pointing to the CPU rules."""
+    import torch
+
+    from hybrid.errors import HybridError
+    from hybrid.rules.inject import refuse_unsupported
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    planned = plan_model(str(v32_sparse), None, check_devices=False, announce=False)
+    assert planned.rules_path.name == "DeepSeek-V3.2.yaml" and planned.plan.warnings == []
+    ops = {p.path: (p.operator, p.generate_device) for p in planned.plan.placements.values()}
+    assert ops["model.layers.0.self_attn"] == ("mla_attention", "cuda:0")
+    assert planned.plan.owners["model.layers.0.self_attn.indexer.k_norm"] == \
+        "model.layers.0.self_attn"
+    assert ops["model.layers.3.mlp.experts"] == ("experts", "cpu")
+    for path in ("model.layers.3.mlp.gate", "model.layers.3.mlp.shared_experts",
+                 "model.layers.0.mlp", "model.norm", "lm_head", "model.embed_tokens"):
+        assert ops[path][1] == "cuda:0", path
+    with pytest.raises(HybridError, match=r"model\.layers\.0\.self_attn and 60 more on cuda:0 "
+                                          r"by .*DeepSeek-V3\.2\.yaml:\d+.*--optimize-rules cpu"):
+        refuse_unsupported(planned)
+
+
 def test_over_budget_names_items_and_a_fix(capsys, v3_sparse: Path) -> None:
     out = explain_json(capsys, "--gguf-path", str(v3_sparse), "--optimize-rules", "DeepSeek-V3",
                        "--cache-lens", "163840", "--gpu-memory", "16GiB", "--cpu-memory", "512GiB")
@@ -154,7 +233,8 @@ def test_shadowed_rules_are_not_warned_but_dead_ones_are(models, tmp_path) -> No
         assert all("layerz" in w for w in plan.warnings)
 
 def test_bundled_files_exist() -> None:
-    assert set(bundled_rules()) == {"cpu.yaml", "DeepSeek-V3.yaml", "DeepSeek-V2-Lite.yaml",
+    assert set(bundled_rules()) == {"cpu.yaml", "DeepSeek-V3.yaml", "DeepSeek-V3.2.yaml",
+                                    "DeepSeek-V2-Lite.yaml",
                                     "DeepSeek-V2-Lite-gpu.yaml", "DeepSeek-V3-multi-gpu.yaml",
                                     "DeepSeek-V3-gpu-experts.yaml"}
 

@@ -26,6 +26,8 @@ CASES = [
     ("tiny-v2-lite", rules, quant, layout)
     for rules in ("cpu.yaml", "DeepSeek-V2-Lite.yaml", "DeepSeek-V2-Lite-gpu.yaml")
     for quant, layout in (("q4_k_m", "mla"), ("q8_0", "legacy"))
+] + [  # V3.2 writes the MLA layout only; on the CPU mla_attention runs its indexer in torch
+    ("tiny-v32", "DeepSeek-V3.2.yaml", quant, "mla") for quant in ("q4_k_m", "f32")
 ]
 
 
@@ -80,7 +82,7 @@ def test_gpu_rule_files_serve_fast_experts(tmp_path) -> None:
 
     from hybrid.rules.planner import find_rules
 
-    for name in ("DeepSeek-V3", "DeepSeek-V2-Lite", "DeepSeek-V3-multi-gpu",
+    for name in ("DeepSeek-V3", "DeepSeek-V3.2", "DeepSeek-V2-Lite", "DeepSeek-V3-multi-gpu",
                  "DeepSeek-V3-gpu-experts"):
         for mode, path in (("fast", find_rules(name)),
                            ("exact", with_experts_mode(name, "exact", tmp_path))):

@@ -48,7 +48,14 @@ def default_rules_name(spec: ModelSpec) -> str:
 
 
 def family_gpu_rules_name(spec: ModelSpec) -> str:
-    """The bundled rules for one 24 GB GPU of this model's family, whatever this machine has."""
+    """The bundled rules for one 24 GB GPU of this model's family, whatever this machine has.
+
+    DeepSeek-V3.2 (an indexer) gets its own file: DeepSeek-V3.yaml names V3's classes, so on a
+    V3.2 tree it would match nothing but the names and leave attention and the routed experts
+    to `default` (fp32 on the GPU). Serving DeepSeek-V3.2.yaml is still refused
+    (inject.refuse_unsupported: no GPU indexer kernels yet); `rules explain` plans it."""
+    if spec.has_indexer:
+        return "DeepSeek-V3.2.yaml"
     return "DeepSeek-V3.yaml" if spec.is_v3 else "DeepSeek-V2-Lite.yaml"
 
 
