@@ -19,13 +19,19 @@ from hybrid.synth.vocab import get_vocab
 GIB = 2**30
 
 
-@pytest.fixture(scope="module")
-def v3_sparse(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    preset = get_preset("v3")
-    out = tmp_path_factory.mktemp("v3") / "DeepSeek-V3-Q4_K_M.gguf"
-    opts = MakeModelOptions(preset, "q4_k_m", "legacy", vocab="deepseek", header_only=True)
+def _full_size(tmp_path_factory: pytest.TempPathFactory, preset_name: str, layout: str,
+               name: str) -> Path:
+    """A full-size header-only Q4_K_M file of `preset_name` (sparse: no weight bytes)."""
+    preset = get_preset(preset_name)
+    out = tmp_path_factory.mktemp(preset_name) / name
+    opts = MakeModelOptions(preset, "q4_k_m", layout, vocab="deepseek", header_only=True)
     (path,) = make_model(opts, get_vocab("deepseek", preset.vocab_size), out)
     return path
+
+
+@pytest.fixture(scope="module")
+def v3_sparse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _full_size(tmp_path_factory, "v3", "legacy", "DeepSeek-V3-Q4_K_M.gguf")
 
 
 def explain_json(capsys, *argv: str) -> dict:
@@ -66,11 +72,7 @@ def test_full_v3_q4_k_m_on_24_gib(capsys, v3_sparse: Path) -> None:
 
 @pytest.fixture(scope="module")
 def v32_sparse(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    preset = get_preset("v32")
-    out = tmp_path_factory.mktemp("v32") / "DeepSeek-V3.2-Q4_K_M.gguf"
-    opts = MakeModelOptions(preset, "q4_k_m", "mla", vocab="deepseek", header_only=True)
-    (path,) = make_model(opts, get_vocab("deepseek", preset.vocab_size), out)
-    return path
+    return _full_size(tmp_path_factory, "v32", "mla", "DeepSeek-V3.2-Q4_K_M.gguf")
 
 
 @pytest.mark.parametrize("cache_lens,chunk", [(32768, 4608), (131072, 768)])
