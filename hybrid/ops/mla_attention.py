@@ -101,9 +101,6 @@ class MLAAttentionOp(nn.Module):
         first = self.q_a if hasattr(self, "q_a") else self.q_proj
         self.q_kv_a = stack_rows(first, self.kv_a)  # None off the GPU kernels
 
-    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
-
     def forward(self, hidden_states: torch.Tensor, position_embeddings, attention_mask=None,
                 past_key_values=None, **kwargs):
         """hidden_states: [B, T, H] -> ([B, T, H], None), transformers' attention interface:
@@ -114,14 +111,14 @@ class MLAAttentionOp(nn.Module):
         x = hidden_states.to(self.device, torch.float32)
         b, t, _ = x.shape
         if hasattr(self, "q_a"):
-            qa = self._rms(self.kernels.linear(x, self.q_a), self.q_a_norm)  # [B, T, q_lora]
+            qa = self.kernels.rmsnorm(self.kernels.linear(x, self.q_a), self.q_a_norm, self.eps)
             q = self.kernels.linear(qa, self.q_b)
         else:
             qa, q = None, self.kernels.linear(x, self.q_proj)
         q = q.view(b, t, self.heads, self.nope + self.rope)
         q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
         kv = self.kernels.linear(x, self.kv_a)  # [B, T, c + r]
-        latent = self._rms(kv[..., : self.kv_lora], self.kv_a_norm)  # [B, T, c]
+        latent = self.kernels.rmsnorm(kv[..., : self.kv_lora], self.kv_a_norm, self.eps)
         cos, sin = _cos_sin(position_embeddings, self.device)
         q_rope = rotate_pairs(q_rope, cos, sin)  # [B, T, h, r]
         k_rope = rotate_pairs(kv[..., self.kv_lora:], cos, sin)  # [B, T, r]

@@ -37,7 +37,6 @@ class DecodeGraphs:
                  whole_step: bool = False) -> None:
         """attention: the engine's decode attention backend (its capture and replay hooks);
         whole_step: the "step" form (else "layers")."""
-        self.device = device
         self.form = WholeStepGraphs(program, device, progress) if whole_step \
             else PiecewiseGraphs(program)
         self.sizes = bucket_sizes(max_batch_size)

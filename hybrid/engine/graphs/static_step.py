@@ -29,6 +29,10 @@ class StaticStep:
         self.inputs, fb = ForwardBatch.scratch_decode(self.layout, page_size, cache, device)
         attention.prepare_for_capture(fb, size)
         self.staging = torch.empty(self.layout.size, dtype=torch.int64, pin_memory=True)
+        # the staged fields as numpy views, and where the sampled rows sit: made once (the
+        # buffer never moves), not on every replay
+        self._host = self.layout.views(self.staging.numpy())
+        self._sample_at = self.layout.fields["sample_rows"][0]
         self.state = StepState(fb, num_real=size)
 
     def load(self, chunks: list[SequenceRows]) -> None:
@@ -36,10 +40,10 @@ class StaticStep:
         b = len(chunks)
         packed, _, _, _ = ForwardBatch.pack(chunks, self.page_size, self.cache.scratch_slot,
                                             self.layout)
-        at = self.layout.fields["sample_rows"][0]
+        at = self._sample_at
         packed[at + b:at + self.size] = np.arange(b, self.size)
         self.staging.numpy()[:] = packed
-        host = self.layout.views(self.staging.numpy())
-        self.attention.prepare_for_replay(self.state.fb, host["page_table"], host["seq_lens"])
+        self.attention.prepare_for_replay(self.state.fb, self._host["page_table"],
+                                          self._host["seq_lens"])
         self.inputs.copy_(self.staging, non_blocking=True)
         self.state.num_real = b
