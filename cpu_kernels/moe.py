@@ -34,6 +34,7 @@ from cpu_kernels.exact.tile_dot import TILE, tile_dot
 from cpu_kernels.fast.packed import pack
 from cpu_kernels.fast.packed_moe import packed_moe
 from cpu_kernels.fast.q8_activations import quantize_row
+from cpu_kernels.fast.tile_set import TileSet, check_covers, k_quants_of, tile_family
 from cpu_kernels.formats.qtypes import row_nbytes
 from cpu_kernels.formats.weights import ExpertWeights
 from cpu_kernels.simd.clock import cycles
@@ -174,13 +175,15 @@ def check_inputs(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
 
 def run_moe(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
             experts: ExpertWeights, packed: PackedExperts | None, i_lo: int, out: np.ndarray,
-            fast: bool, stamps: np.ndarray, i_hi: int | None = None, use_amx: bool = True
-            ) -> None:
+            fast: bool, stamps: np.ndarray, i_hi: int | None = None, use_amx: bool = True,
+            tiles: TileSet | None = None) -> None:
     """The MoE restricted to intermediate rows i_lo:i_hi (default: to the end), into `out`.
 
     `packed` (fast mode only) holds exactly those rows when given; otherwise the blocks run.
     Experts with >= MIN_TOKENS tokens run AMX bf16 tiles where the CPU has AMX (amx_bf16_moe.py),
-    unless `use_amx` is off.
+    unless `use_amx` is off. `tiles` (packed only): the tile set the kernels compile in, holding
+    the layer's types (tile_set.py; default their broad family); a model passes the same set for
+    all its layers, so one kernel serves them all.
     The sum of `out` over slices that cover 0:I is the MoE. Inputs are checked by the caller.
     stamps: [2] int64, the kernel's cycle counter at entry and exit.
     """
@@ -190,17 +193,21 @@ def run_moe(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
     topk_weights = np.ascontiguousarray(topk_weights, dtype=np.float32)
     if packed is not None:
         pk = packed
+        types = (pk.gate.qtype, pk.up.qtype, pk.down.qtype)
+        tiles = tile_family(*types) if tiles is None else tiles
+        check_covers(tiles, *types)
         # AMX only where some expert reaches its threshold: otherwise (decode, or many experts
         # with few tokens each) the VNNI kernel does the same work without the bf16 activations
         if (use_amx and x.shape[0] >= MIN_TOKENS
-                and runs_on_amx(pk.gate.qtype, pk.up.qtype, pk.down.qtype)
-                and np.bincount(topk_ids.ravel()).max() >= MIN_TOKENS):
-            amx_bf16_moe_kernel(pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data,
-                                pk.down.qtype, pk.down.data, x, topk_ids, topk_weights, out,
-                                stamps, TILE_CONFIG_BF16, MIN_TOKENS, numba.get_num_threads())
+                and runs_on_amx(*types) and np.bincount(topk_ids.ravel()).max() >= MIN_TOKENS):
+            amx_bf16_moe_kernel(k_quants_of(tiles), pk.gate.qtype, pk.gate.data, pk.up.qtype,
+                                pk.up.data, pk.down.qtype, pk.down.data, x, topk_ids,
+                                topk_weights, out, stamps, TILE_CONFIG_BF16, MIN_TOKENS,
+                                numba.get_num_threads())
             return
         packed_moe(pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data, pk.down.qtype,
-                   pk.down.data, x, topk_ids, topk_weights, out, stamps, numba.get_num_threads())
+                   pk.down.data, x, topk_ids, topk_weights, out, stamps, numba.get_num_threads(),
+                   tiles)
         return
     i_hi = experts.intermediate_size if i_hi is None else i_hi
     g, u, d = experts.gate, experts.up, experts.down

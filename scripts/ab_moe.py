@@ -69,7 +69,10 @@ def kernel_call(pkg: str, packed, threads: int):
     def call(x, ids, weights, out):
         args = (pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data, pk.down.qtype,
                 pk.down.data, x, ids, weights, out, stamps)
-        if has_amx:
+        if has_amx and hasattr(vnni, "TileSet"):  # the tile set first
+            amx.amx_bf16_moe_kernel(vnni.tile_family(*args[0:6:2]), *args, amx.TILE_CONFIG_BF16,
+                                    amx.MIN_TOKENS, threads)
+        elif has_amx:
             amx.amx_bf16_moe_kernel(*args, amx.TILE_CONFIG_BF16, amx.MIN_TOKENS, threads)
         elif hasattr(vnni, "packed_moe"):  # the Python entry that picks the tile family
             vnni.packed_moe(*args, threads)

@@ -30,6 +30,7 @@ from bench_cpu_moe import SHAPES
 from cpu_kernels.amx.amx_bf16_moe import TILE_CONFIG_BF16, amx_bf16_moe_kernel
 from cpu_kernels.fast.packed import pack
 from cpu_kernels.fast.packed_moe import packed_moe
+from cpu_kernels.fast.tile_set import KQUANT_TILES
 from cpu_kernels.formats.random_blocks import random_experts
 from cpu_kernels.simd.amx import HAS_AMX
 
@@ -46,7 +47,7 @@ def make_call(packed, threads: int):
         if min_tokens is None:
             packed_moe(*args, threads)
         else:
-            amx_bf16_moe_kernel(*args, TILE_CONFIG_BF16, min_tokens, threads)
+            amx_bf16_moe_kernel(KQUANT_TILES, *args, TILE_CONFIG_BF16, min_tokens, threads)
     call.stamps = stamps
     return call
 

@@ -29,7 +29,6 @@ from cpu_kernels.amx.amx_bf16_tiles import BF16_TILE_TYPES, has_bf16_tiles, to_b
 from cpu_kernels.exact.routing import route
 from cpu_kernels.fast.packed_moe import (
     CHUNK,
-    KQUANT_TILES,
     down_group,
     gate_up_group,
     quantize_h,
@@ -55,8 +54,7 @@ MIN_TOKENS = 12
 
 def runs_on_amx(gate_type: int, up_type: int, down_type: int) -> bool:
     """Whether fast mode on packed experts of these types uses amx_bf16_moe_kernel. Not for a
-    layer with an i-quant: its VNNI half calls the K-quant tiles alone (KQUANT_TILES,
-    packed_moe.tile_family)."""
+    layer with an i-quant: its VNNI half calls the K-quant tiles alone (tile_set.KQUANT_TILES)."""
     return HAS_AMX and not any(t in qt.IQUANTS for t in (gate_type, up_type, down_type)) and (
         (has_bf16_tiles(gate_type) and has_bf16_tiles(up_type)) or has_bf16_tiles(down_type))
 
@@ -67,13 +65,15 @@ def _tiles_ok(qtype):
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def amx_bf16_moe_kernel(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk: np.ndarray,
-                        down_type: int, down_pk: np.ndarray, x: np.ndarray, topk_ids: np.ndarray,
-                        topk_weights: np.ndarray, out: np.ndarray, stamps: np.ndarray,
-                        cfg: np.ndarray, min_tokens: int, threads: int) -> None:
+def amx_bf16_moe_kernel(tiles, gate_type: int, gate_pk: np.ndarray, up_type: int,
+                        up_pk: np.ndarray, down_type: int, down_pk: np.ndarray, x: np.ndarray,
+                        topk_ids: np.ndarray, topk_weights: np.ndarray, out: np.ndarray,
+                        stamps: np.ndarray, cfg: np.ndarray, min_tokens: int, threads: int
+                        ) -> None:
     # gate_pk, up_pk: [E, I/8, bytes]  down_pk: [E, H/8, bytes] (packed)  x: [T, H] f32
     # topk_ids: [T, K] int64  topk_weights: [T, K] f32  out: [T, H] f32
     # stamps: [2] or [3] int64, cycle counter at entry, exit (and where phase 1 ended)
+    # tiles: a TileSet holding the three types, for the experts left on VNNI (tile_set.py)
     # cfg: TILE_CONFIG_BF16; an expert with >= min_tokens slots runs on AMX
     # threads: numba.get_num_threads() of the calling thread (numba's own call of it here would
     # keep the kernel out of the on-disk cache); every get_thread_id() is below it
@@ -118,7 +118,7 @@ def amx_bf16_moe_kernel(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk
                                  up_pk[e, ga], up_pk[e, gb], xs, weights, k_lo, k_hi - k_lo, h,
                                  8 * ga, wbuf[tid, 0], wbuf[tid, 1], cbuf[tid], cfg)
                 else:
-                    gate_up_group(KQUANT_TILES, gate_type, gate_pk[e, ga], gate_pk[e, gb], up_type,
+                    gate_up_group(tiles, gate_type, gate_pk[e, ga], gate_pk[e, gb], up_type,
                                   up_pk[e, ga], up_pk[e, gb], xq, dx, xqsum, xsum16, token_ids,
                                   weights, k_lo, k_hi, h, 8 * ga, inter)
             c = claim(counter)
@@ -145,6 +145,6 @@ def amx_bf16_moe_kernel(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk
                 down_rows(down_type, down_pk[e, ga], down_pk[e, gb], hs, k_lo, k_hi - k_lo,
                           token_ids, out, r0, lanes, wbuf[tid, 0], cbuf[tid], cfg)
             else:
-                down_group(KQUANT_TILES, down_type, down_pk[e, ga], down_pk[e, gb], hq, h_lo, hd, hqsum,
+                down_group(tiles, down_type, down_pk[e, ga], down_pk[e, gb], hq, h_lo, hd, hqsum,
                            hsum_flat, token_ids, k_lo, k_hi, out, r0, lanes)
     stamps[1] = cycles()

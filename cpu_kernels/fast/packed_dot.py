@@ -1,10 +1,5 @@
-"""Dispatch of the packed tiles on the ggml type id, one compiled specialization per shape:
-the K-quants and Q8_0/Q5_0 here; packed_dot_iq adds the i-quants (a kernel calling a dispatch
-compiles every variant it names, so models without i-quants never compile theirs).
-
-packed_tile(qtype, pa, pb, xq, lo_off, dx, xqsum, xsum16, t0..t3, nt, res): 16 rows (row groups pa
-and pb) x nt activation rows, see packed_tiles for the arguments; `xsum16` is flat ([n * C/16])
-and `lo_off` != 0 selects the two-plane tiles.
+"""The packed tiles' compiled variants, one specialization per shape: the K-quants and
+Q8_0/Q5_0 here, the i-quants in packed_dot_iq; tile_set.tile_of dispatches over them.
 """
 
 from __future__ import annotations
@@ -13,9 +8,6 @@ from numba import njit
 
 from cpu_kernels.fast.packed_tiles import g32_tile, q4_k_tile, q6_k_tile
 from cpu_kernels.fast.packed_tiles_low import q2_k_tile, q3_k_tile
-from cpu_kernels.formats import qtypes as qt
-
-Q4_K, Q6_K, Q8_0, Q5_0, Q2_K, Q3_K = qt.Q4_K, qt.Q6_K, qt.Q8_0, qt.Q5_0, qt.Q2_K, qt.Q3_K
 
 
 def _specialize(body, nt: int, two: bool, first: int = 0):
@@ -67,27 +59,3 @@ def _call(f0, f1, f2, f3, f4, f5, f6, f7, v, pa, pb, xq, lo_off, dx, sums, t0, t
         f6(pa, pb, xq, lo_off, dx, sums, t0, t1, t2, t3, res)
     else:
         f7(pa, pb, xq, lo_off, dx, sums, t0, t1, t2, t3, res)
-
-
-@njit(cache=True)
-def packed_tile(qtype, pa, pb, xq, lo_off, dx, xqsum, xsum16, t0, t1, t2, t3, nt, res) -> None:
-    """res[16 i + l] = dot(row l of the pair, activation row t_i) for i < nt (see module doc)."""
-    v = min(nt, 4) - 1 + (4 if lo_off != 0 else 0)
-    if qtype == Q4_K:
-        _call(Q4_K_0, Q4_K_1, Q4_K_2, Q4_K_3, Q4_K_4, Q4_K_5, Q4_K_6, Q4_K_7, v, pa, pb, xq, lo_off, dx,
-              xqsum, t0, t1, t2, t3, res)
-    elif qtype == Q6_K:
-        _call(Q6_K_0, Q6_K_1, Q6_K_2, Q6_K_3, Q6_K_4, Q6_K_5, Q6_K_6, Q6_K_7, v, pa, pb, xq, lo_off, dx,
-              xsum16, t0, t1, t2, t3, res)
-    elif qtype == Q8_0:
-        _call(Q8_0_0, Q8_0_1, Q8_0_2, Q8_0_3, Q8_0_4, Q8_0_5, Q8_0_6, Q8_0_7, v, pa, pb, xq, lo_off, dx,
-              xsum16, t0, t1, t2, t3, res)
-    elif qtype == Q5_0:
-        _call(Q5_0_0, Q5_0_1, Q5_0_2, Q5_0_3, Q5_0_4, Q5_0_5, Q5_0_6, Q5_0_7, v, pa, pb, xq, lo_off, dx,
-              xsum16, t0, t1, t2, t3, res)
-    elif qtype == Q2_K:
-        _call(Q2_K_0, Q2_K_1, Q2_K_2, Q2_K_3, Q2_K_4, Q2_K_5, Q2_K_6, Q2_K_7, v, pa, pb, xq, lo_off, dx,
-              xsum16, t0, t1, t2, t3, res)
-    elif qtype == Q3_K:
-        _call(Q3_K_0, Q3_K_1, Q3_K_2, Q3_K_3, Q3_K_4, Q3_K_5, Q3_K_6, Q3_K_7, v, pa, pb, xq, lo_off, dx,
-              xsum16, t0, t1, t2, t3, res)

@@ -19,27 +19,19 @@ import numpy as np
 from numba import njit, prange
 
 from cpu_kernels.exact.routing import route
-from cpu_kernels.fast.packed_dot_iq import tile_of
 from cpu_kernels.fast.packed_tiles import prefetch_start
 from cpu_kernels.fast.q8_activations import quantize_row
-from cpu_kernels.formats import qtypes as qt
+from cpu_kernels.fast.tile_set import TileSet, check_covers, tile_family, tile_of
 from cpu_kernels.simd.clock import cycles
 from cpu_kernels.simd.task_queue import claim
 
 f32 = np.float32
 TILE = 4
-# The tile family (packed_dot_iq.tile_of) travels as a numba *type*: numba compiles one
-# specialization per argument type, and a type survives the on-disk cache, calls from jitted
-# code and numba's fast dispatch from Python. A literal int under `literally` did not: a call
-# from jitted code was resolved against the other family's compiled code (once a K-quant model
-# had run in the process, an IQ1_S layer's memory-mapped packed experts ran the K-quant tiles and
-# returned NaN), and every call from Python typed the whole kernel again (~30 ms).
-KQUANT_TILES, IQUANT_TILES = np.int8(0), np.int16(1)
 CHUNK = 4  # phase-1 tasks (16 rows of one expert each) claimed at once
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def packed_moe_kernel(family: np.integer, gate_type: int, gate_pk: np.ndarray, up_type: int,
+def packed_moe_kernel(tiles: TileSet, gate_type: int, gate_pk: np.ndarray, up_type: int,
                       up_pk: np.ndarray, down_type: int, down_pk: np.ndarray, x: np.ndarray,
                       topk_ids: np.ndarray, topk_weights: np.ndarray, out: np.ndarray,
                       stamps: np.ndarray, threads: int) -> None:
@@ -47,7 +39,7 @@ def packed_moe_kernel(family: np.integer, gate_type: int, gate_pk: np.ndarray, u
     # topk_ids: [T, K] int64  topk_weights: [T, K] f32  out: [T, H] f32
     # stamps: [2] or [3] int64, cycle counter at entry, exit (and where phase 1 ended)
     # threads: numba.get_num_threads() of the caller (workers claiming phase 1's tasks)
-    # family: tile_family(the types): KQUANT_TILES or IQUANT_TILES (see there)
+    # tiles: the TileSet holding the three types (tile_set.py: its numba type selects the tiles)
     stamps[0] = cycles()
     expert_ids, offsets, token_ids, weights = route(topk_ids, topk_weights, gate_pk.shape[0])
     num_used = expert_ids.shape[0]
@@ -68,18 +60,18 @@ def packed_moe_kernel(family: np.integer, gate_type: int, gate_pk: np.ndarray, u
                 e = expert_ids[u]
                 ga = 2 * (task % pairs_i)
                 gb = min(ga + 1, groups_i - 1)  # an odd last group pairs with itself
-                gate_up_group(family, gate_type, gate_pk[e, ga], gate_pk[e, gb], up_type, up_pk[e, ga],
-                              up_pk[e, gb], xq, dx, xqsum, xsum16, token_ids, weights,
-                              offsets[u], offsets[u + 1], h, 8 * ga, inter)
+                gate_up_group(tiles, gate_type, gate_pk[e, ga], gate_pk[e, gb], up_type,
+                              up_pk[e, ga], up_pk[e, gb], xq, dx, xqsum, xsum16, token_ids,
+                              weights, offsets[u], offsets[u + 1], h, 8 * ga, inter)
             c = claim(counter)
     if stamps.shape[0] > 2:
         stamps[2] = cycles()
-    down_phase(family, h, down_type, down_pk, expert_ids, offsets, token_ids, out)
+    down_phase(tiles, h, down_type, down_pk, expert_ids, offsets, token_ids, out)
     stamps[1] = cycles()
 
 
 @njit(cache=True)
-def gate_up_group(family, gate_type, gate_a, gate_b, up_type, up_a, up_b, xq, dx, xqsum, xsum16,
+def gate_up_group(tiles, gate_type, gate_a, gate_b, up_type, up_a, up_b, xq, dx, xqsum, xsum16,
                   token_ids, weights, k_lo, k_hi, h, r0, inter):
     """h[k, r0:r0+16] = w_k * silu(gate x_t) * up x_t for the slots k_lo:k_hi of one expert
     (t = token_ids[k]); gate_a/b, up_a/b: two row groups [bytes] (rows r0..r0+7, r0+8..r0+15;
@@ -91,9 +83,9 @@ def gate_up_group(family, gate_type, gate_a, gate_b, up_type, up_a, up_b, xq, dx
         nt = min(TILE, k_hi - k0)
         t0, t1 = token_ids[k0], token_ids[k0 + min(1, nt - 1)]
         t2, t3 = token_ids[k0 + min(2, nt - 1)], token_ids[k0 + min(3, nt - 1)]
-        tile_of(family, gate_type, gate_a, gate_b, xq, 0, dx, xqsum, xsum16, t0, t1, t2, t3, nt,
+        tile_of(tiles, gate_type, gate_a, gate_b, xq, 0, dx, xqsum, xsum16, t0, t1, t2, t3, nt,
                 gres)
-        tile_of(family, up_type, up_a, up_b, xq, 0, dx, xqsum, xsum16, t0, t1, t2, t3, nt, ures)
+        tile_of(tiles, up_type, up_a, up_b, xq, 0, dx, xqsum, xsum16, t0, t1, t2, t3, nt, ures)
         for i in range(nt):
             # the routing weight scales h: down is linear, so w * down(h) = down(w * h)
             w = weights[k0 + i]
@@ -103,7 +95,7 @@ def gate_up_group(family, gate_type, gate_a, gate_b, up_type, up_a, up_b, xq, dx
 
 
 @njit(cache=True)
-def down_group(family, down_type, down_a, down_b, hq, h_lo, hd, hqsum, hsum_flat, token_ids, k_lo,
+def down_group(tiles, down_type, down_a, down_b, hq, h_lo, hd, hqsum, hsum_flat, token_ids, k_lo,
                k_hi, out, r0, lanes):
     """out[t, r0:r0+lanes] += down(h_k) for the slots k_lo:k_hi of one expert (t = token_ids[k]);
     down_a/b: two row groups [bytes] (b = a for an odd last group, then lanes <= 8); h as two
@@ -111,7 +103,7 @@ def down_group(family, down_type, down_a, down_b, hq, h_lo, hd, hqsum, hsum_flat
     res = np.empty(4 * 16, f32)
     for k0 in range(k_lo, k_hi, TILE):
         nt = min(TILE, k_hi - k0)
-        tile_of(family, down_type, down_a, down_b, hq, h_lo, hd, hqsum, hsum_flat, k0,
+        tile_of(tiles, down_type, down_a, down_b, hq, h_lo, hd, hqsum, hsum_flat, k0,
                 k0 + min(1, nt - 1), k0 + min(2, nt - 1), k0 + min(3, nt - 1), nt, res)
         for i in range(nt):
             t = token_ids[k0 + i]
@@ -148,7 +140,7 @@ def quantize_h(h: np.ndarray) -> tuple[np.ndarray, int, np.ndarray, np.ndarray, 
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def down_phase(family, h, down_type, down_pk, expert_ids, offsets, token_ids, out) -> None:
+def down_phase(tiles, h, down_type, down_pk, expert_ids, offsets, token_ids, out) -> None:
     """Phase 2: out = sum over each token's slots of down(h_slot); h [N, I] f32 in slot order.
 
     Groups of 8 H rows are split across threads, each summing over all experts into its own rows
@@ -169,20 +161,17 @@ def down_phase(family, h, down_type, down_pk, expert_ids, offsets, token_ids, ou
             if u + 1 < num_used:
                 prefetch_start(down_pk[expert_ids[u + 1], ga], down_pk[expert_ids[u + 1], gb])
             e = expert_ids[u]
-            down_group(family, down_type, down_pk[e, ga], down_pk[e, gb], hq, h_lo, hd, hqsum, hsum_flat,
-                       token_ids, offsets[u], offsets[u + 1], out, r0, lanes)
-
-
-def tile_family(*qtypes: int) -> np.integer:
-    """The `family` argument of these kernels for layers of these types: IQUANT_TILES where
-    one is an i-quant (their tiles, packed_dot_iq), else KQUANT_TILES (packed_dot's alone)."""
-    return IQUANT_TILES if any(t in qt.IQUANTS for t in qtypes) else KQUANT_TILES
+            down_group(tiles, down_type, down_pk[e, ga], down_pk[e, gb], hq, h_lo, hd, hqsum,
+                       hsum_flat, token_ids, offsets[u], offsets[u + 1], out, r0, lanes)
 
 
 def packed_moe(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk: np.ndarray,
                down_type: int, down_pk: np.ndarray, x: np.ndarray, topk_ids: np.ndarray,
                topk_weights: np.ndarray, out: np.ndarray, stamps: np.ndarray,
-               threads: int) -> None:
-    """packed_moe_kernel from Python (shapes there), its tile family chosen from the types."""
-    packed_moe_kernel(tile_family(gate_type, up_type, down_type), gate_type, gate_pk, up_type,
-                      up_pk, down_type, down_pk, x, topk_ids, topk_weights, out, stamps, threads)
+               threads: int, tiles: TileSet | None = None) -> None:
+    """packed_moe_kernel from Python (shapes there); `tiles` defaults to the broad family of
+    the three types (tile_set.tile_family) and must hold them."""
+    tiles = tile_family(gate_type, up_type, down_type) if tiles is None else tiles
+    check_covers(tiles, gate_type, up_type, down_type)
+    packed_moe_kernel(tiles, gate_type, gate_pk, up_type, up_pk, down_type, down_pk, x,
+                      topk_ids, topk_weights, out, stamps, threads)

@@ -20,7 +20,8 @@ import numba
 import numpy as np
 from numba import njit
 
-from cpu_kernels.fast.packed_moe import packed_moe_kernel, tile_family
+from cpu_kernels.fast.packed_moe import packed_moe_kernel
+from cpu_kernels.fast.tile_set import tile_set
 from cpu_kernels.runtime.handshake import store_release, wait_equal
 from cpu_kernels.runtime.placement import PlacedExperts
 
@@ -31,8 +32,10 @@ def is_packed(p: PlacedExperts) -> bool:
 
 
 def packed_layers(layers: list[PlacedExperts]) -> tuple:
-    """The layers argument of drive_layers: (the tile family of them all, per layer (gate_type,
-    gate, up_type, up, down_type, down)), made once; needs every layer `is_packed`."""
+    """The layers argument of drive_layers: (the tile set of all their types, per layer
+    (gate_type, gate, up_type, up, down_type, down)), made once; needs every layer `is_packed`.
+    The set is the pool's (MoEPool.tiles) when these are all the layers placed there: prompt
+    steps and decode steps then run one compiled kernel."""
     out = []
     for p in layers:
         if not is_packed(p):
@@ -40,18 +43,18 @@ def packed_layers(layers: list[PlacedExperts]) -> tuple:
         pk = p.slices[0].packed
         out.append((pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data, pk.down.qtype,
                     pk.down.data))
-    return tile_family(*(t for g in out for t in g[0::2])), tuple(out)
+    return tile_set(t for g in out for t in g[0::2]), tuple(out)
 
 
 @njit(nogil=True, cache=True)
-def _drive(family, ready, done, seq, n, x, ids, weights, out, layers, threads, timeout_cycles,
+def _drive(tiles, ready, done, seq, n, x, ids, weights, out, layers, threads, timeout_cycles,
            stamps):
-    # family: packed_moe_kernel's tile family (a numba type, see there), one for all layers
+    # tiles: packed_moe_kernel's TileSet, one for all layers
     for layer in range(len(layers)):
         if not wait_equal(ready, layer, seq, timeout_cycles):
             return layer
         g = layers[layer]
-        packed_moe_kernel(family, g[0], g[1], g[2], g[3], g[4], g[5], x[:n], ids[:n],
+        packed_moe_kernel(tiles, g[0], g[1], g[2], g[3], g[4], g[5], x[:n], ids[:n],
                           weights[:n], out[:n], stamps[layer], threads)
         store_release(done, layer, seq)
     return len(layers)
@@ -65,8 +68,8 @@ def drive_layers(ready: np.ndarray, done: np.ndarray, seq: int, n: int, x: np.nd
     weights: [T, K] f32  out: [T, H] f32, rows :n used. stamps: [L, 2] int64 kernel cycle
     stamps (optional). -> layers completed: len(layers), or the layer whose inputs did not
     come within timeout_cycles (its done flag and the later ones are not set)."""
-    family, per_layer = layers
+    tiles, per_layer = layers
     if stamps is None:
         stamps = np.empty((len(per_layer), 2), np.int64)
-    return _drive(family, ready, done, seq, n, x, ids, weights, out, per_layer,
+    return _drive(tiles, ready, done, seq, n, x, ids, weights, out, per_layer,
                   numba.get_num_threads(), timeout_cycles, stamps)

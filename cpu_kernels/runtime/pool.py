@@ -29,6 +29,7 @@ import numpy as np
 from cpu_kernels.exact.matmul import check_mode
 from cpu_kernels.fast.packed import PackedExperts, pack
 from cpu_kernels.fast.q8_activations import Q8Activations
+from cpu_kernels.fast.tile_set import TileSet, tile_set
 from cpu_kernels.formats.weights import ExpertWeights
 from cpu_kernels.moe import check_inputs, run_moe
 from cpu_kernels.runtime.placement import ExpertSlice, PlacedExperts, packs, slice_align, split_rows
@@ -79,13 +80,14 @@ class MoEJob:
 
 
 def _run_part(job: MoEJob, n: int, x: np.ndarray, topk_ids: np.ndarray,
-              topk_weights: np.ndarray, placed: PlacedExperts, out: np.ndarray) -> None:
+              topk_weights: np.ndarray, placed: PlacedExperts, out: np.ndarray,
+              tiles: TileSet) -> None:
     job.stamps[n, 0] = now_cycles()
     error = None
     try:
         sl = placed.slices[n]
         run_moe(x, topk_ids, topk_weights, placed.experts, sl.packed, sl.i_lo, out, placed.fast,
-                job.stamps[n, 1:], sl.i_hi)
+                job.stamps[n, 1:], sl.i_hi, tiles=tiles)
     except BaseException as e:  # noqa: BLE001 - handed to wait()
         error = e
     job._part_done(error)
@@ -146,15 +148,31 @@ class MoEPool:
         if len(groups) > 1:
             _require_threadsafe_layer()
         self._threads = [_GroupThread(i, g) for i, g in enumerate(groups)]
+        self._packed_types: set[int] = set()  # of every packed layer placed here
         self._finalizer = weakref.finalize(self, _stop_all, self._threads)
 
     @property
     def groups(self) -> list[WorkerGroup]:
         return [t.group for t in self._threads]
 
+    @property
+    def tiles(self) -> TileSet:
+        """The tile set the pool's kernels compile in: every type of the packed layers placed
+        so far (one kernel for all layers; placing a layer of a new type later compiles
+        another)."""
+        return tile_set(self._packed_types)
+
     def place(self, experts: ExpertWeights, mode: str = "exact") -> PlacedExperts:
         """The layer's experts split over the groups; `fast` packs each slice on its group's
         thread (first touch places it on the node). Call once per layer, at load time."""
+        placed = self._place(experts, mode)
+        for sl in placed.slices:
+            if sl.packed is not None:
+                self._packed_types.update(m.qtype for m in (sl.packed.gate, sl.packed.up,
+                                                            sl.packed.down))
+        return placed
+
+    def _place(self, experts: ExpertWeights, mode: str) -> PlacedExperts:
         fast = check_mode(mode)
         inter = experts.intermediate_size
         if len(self._threads) == 1:
@@ -184,7 +202,8 @@ class MoEPool:
         partials = [np.empty_like(out) for _ in experts.slices[1:]]
         job = MoEJob(out, partials, len(experts.slices))
         for n, dst in enumerate([out, *partials]):
-            self._threads[n].run(_run_part, job, n, x, topk_ids, topk_weights, experts, dst)
+            self._threads[n].run(_run_part, job, n, x, topk_ids, topk_weights, experts, dst,
+                                 self.tiles)
         return job
 
     @property
@@ -205,7 +224,8 @@ class MoEPool:
         check_inputs(x, topk_ids, topk_weights, experts.experts, out)
         sl = experts.slices[0]
         run_moe(x, topk_ids, topk_weights, experts.experts, sl.packed, sl.i_lo, out,
-                experts.fast, np.empty(2, np.int64) if stamps is None else stamps, sl.i_hi)
+                experts.fast, np.empty(2, np.int64) if stamps is None else stamps, sl.i_hi,
+                tiles=self.tiles)
         return out
 
     def use_inline_threads(self) -> None:

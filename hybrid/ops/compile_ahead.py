@@ -15,13 +15,15 @@ if TYPE_CHECKING:
 
 
 def compile_ahead(plan: Plan, gguf: GGUFModelFile, spec: ModelSpec) -> list[BackgroundCompile]:
-    """One BackgroundCompile per distinct kernel set among the plan's fast-mode CPU expert
-    layers: the tile family (i-quant layers run other tiles than K-quant ones) and the step
-    sizes whose kernels differ (AMX for some types only); [] where nothing starts."""
-    from cpu_kernels.formats.qtypes import IQUANTS
-    from cpu_kernels.runtime.precompile import BackgroundCompile, token_counts
+    """The BackgroundCompile of the plan's fast-mode CPU expert layers with packed layouts, []
+    where nothing starts. The engine's pool runs them all on one tile set, every type among
+    them (MoEPool.tiles), so one set of kernels serves every layer: the decode step's, and a
+    prompt step's on AMX where some layer's types run there (compiled for such a layer)."""
+    from cpu_kernels.amx.amx_bf16_moe import runs_on_amx
+    from cpu_kernels.fast.packed import can_pack
+    from cpu_kernels.runtime.precompile import BackgroundCompile
 
-    kernel_sets: dict[tuple, tuple[int, int, int]] = {}
+    layers: list[tuple[int, int, int]] = []
     for placement in plan.placements.values():
         o = placement.options
         if placement.operator != "experts" or o.get("backend") != "cpu" or o.get("mode") != "fast":
@@ -30,7 +32,11 @@ def compile_ahead(plan: Plan, gguf: GGUFModelFile, spec: ModelSpec) -> list[Back
         types = [int(gguf.tensor_infos[n][0].qtype) for n in names]
         if len(types) == 2:  # fused gate_up: gate and up share the type
             types.insert(0, types[0])
-        key = (any(t in IQUANTS for t in types), tuple(token_counts(tuple(types))))
-        kernel_sets.setdefault(key, tuple(types))
-    started = (BackgroundCompile.start(types) for types in kernel_sets.values())
-    return [b for b in started if b is not None]
+        if all(can_pack(t) for t in types):  # others run the blocks (no packed kernels)
+            layers.append((types[0], types[1], types[2]))
+    if not layers:
+        return []
+    tiles = tuple(sorted({t for types in layers for t in types}))
+    chosen = next((types for types in layers if runs_on_amx(*types)), layers[0])
+    job = BackgroundCompile.start(chosen, tiles)
+    return [] if job is None else [job]

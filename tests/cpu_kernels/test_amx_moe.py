@@ -10,6 +10,7 @@ import pytest
 from cpu_kernels.amx.amx_bf16_moe import TILE_CONFIG_BF16, amx_bf16_moe_kernel, runs_on_amx
 from cpu_kernels.amx.amx_bf16_tiles import bf16_weight_tiles, to_bf16
 from cpu_kernels.fast.packed import PackedMatrix, pack
+from cpu_kernels.fast.tile_set import KQUANT_TILES
 from cpu_kernels.formats import qtypes as qt
 from cpu_kernels.formats.random_blocks import random_experts, random_matrix
 from cpu_kernels.formats.reference import dequantize, moe_forward_ref, rel_error
@@ -91,9 +92,9 @@ def test_amx_equals_bf16_reference(case) -> None:
         x = (rng.standard_normal((num_tokens, hidden)) * rng.uniform(0.1, 3)).astype(np.float32)
         ids, w = _route(rng, num_tokens, top_k, num_experts)
         got = np.empty_like(x)
-        amx_bf16_moe_kernel(pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data, pk.down.qtype,
-                            pk.down.data, x, ids, w, got, stamps, TILE_CONFIG_BF16, min_tokens,
-                            numba.get_num_threads())
+        amx_bf16_moe_kernel(KQUANT_TILES, pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data,
+                            pk.down.qtype, pk.down.data, x, ids, w, got, stamps,
+                            TILE_CONFIG_BF16, min_tokens, numba.get_num_threads())
         where = f"T={num_tokens} K={top_k} min_tokens={min_tokens}"
         # fast mode's stated tolerance, with some experts on VNNI (min_tokens 8) or none
         assert rel_error(got, moe_forward_ref(x, ids, w, experts)) <= 1e-2, where

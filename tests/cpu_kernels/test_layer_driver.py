@@ -91,7 +91,7 @@ def test_needs_packed_layers(layers):
 
 
 def test_python_entries_take_numba_fast_dispatch(layers, monkeypatch):
-    """The kernels take their tile family as a numba type; a literal argument would make every
+    """The kernels take their tile set as a numba type; a literal argument would make every
     call from Python type the whole kernel again (~30 ms, 10x a decode layer). The entries from
     Python (drive_layers, moe_forward's packed_moe) must dispatch without typing once compiled:
     here any typing raises."""
@@ -116,12 +116,13 @@ def test_each_tile_family_runs_its_own_tiles_on_read_only_experts():
     """Memory-mapped packed experts (the disk cache's, read-only) of a K-quant layer and then of
     an IQ1_S one, in one process: each equals the reference. With the family a literal int, the
     i-quant call ran the K-quant tiles compiled first and returned NaN."""
-    from cpu_kernels.fast.packed_moe import IQUANT_TILES, KQUANT_TILES, packed_moe, tile_family
+    from cpu_kernels.fast.packed_moe import packed_moe
+    from cpu_kernels.fast.tile_set import ALL_TILES, KQUANT_TILES, tile_family
     from cpu_kernels.formats.reference import moe_forward_ref, rel_error
 
     rng = np.random.default_rng(5)
     for types, family in (((qt.Q2_K, qt.Q2_K, qt.Q3_K), KQUANT_TILES),
-                          ((qt.IQ1_S, qt.IQ1_S, qt.IQ2_XXS), IQUANT_TILES)):
+                          ((qt.IQ1_S, qt.IQ1_S, qt.IQ2_XXS), ALL_TILES)):
         experts = random_experts(rng, 8, 256, 256, *types)
         assert tile_family(*types) is family
         pk = pack(experts).packed

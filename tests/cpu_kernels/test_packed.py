@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from cpu_kernels.fast.packed import PackedMatrix, pack
-from cpu_kernels.fast.packed_dot_iq import packed_tile_iq as packed_tile  # every packed type
 from cpu_kernels.fast.q8_activations import Q8Activations, dequantize_ref
+from cpu_kernels.fast.tile_set import packed_tile  # every packed type
 from cpu_kernels.formats import qtypes as qt
 from cpu_kernels.formats.random_blocks import random_blocks, random_experts, random_matrix
 from cpu_kernels.formats.reference import dequantize, moe_forward_ref, rel_error

@@ -26,19 +26,23 @@ def test_the_background_call_types_as_the_engine_calls(models) -> None:
     llm.generate(prompt_token_ids=[[3, 4, 5]], sampling_params=SamplingParams(max_tokens=2))
     engine_signatures = set(packed_moe_kernel.signatures)
     assert engine_signatures
-    compile_kernels((qt.Q4_K, qt.Q4_K, qt.Q6_K), 1)
+    compile_kernels((qt.Q4_K, qt.Q4_K, qt.Q6_K), 1, (qt.Q4_K, qt.Q6_K))
     assert set(packed_moe_kernel.signatures) == engine_signatures
 
 
-def test_the_loader_starts_one_compile_per_tile_family(models, monkeypatch) -> None:
+def test_the_loader_starts_one_compile_on_the_files_tile_set(models, monkeypatch) -> None:
+    """One job for all layers, on the set of every type among them: the set the engine's pool
+    passes (MoEPool.tiles)."""
     started = []
     monkeypatch.setattr(BackgroundCompile, "start", classmethod(
-        lambda cls, types, cores=None: started.append(types) or "job"))
+        lambda cls, types, tiles=None, cores=None: started.append((types, tiles)) or "job"))
     path = str(models.path("tiny-v3", "q4_k_m", "legacy"))
     fast = plan_model(path, "DeepSeek-V3.yaml", device_map={"cuda": "cpu"}, announce=False)
     assert compile_ahead(fast.plan, fast.gguf, fast.spec) == ["job"]
-    assert len(started) == 1 and all(qt.is_supported(t) for t in started[0])
-    assert started[0][0] == started[0][1] == qt.Q4_K  # gate and up; down Q4_K or Q6_K
+    assert len(started) == 1
+    types, tiles = started[0]
+    assert types[0] == types[1] == qt.Q4_K and types[2] in tiles  # gate and up; down Q4_K/Q6_K
+    assert tiles == (qt.Q4_K, qt.Q6_K)
     started.clear()
     exact = plan_model(path, "cpu.yaml", announce=False)  # exact mode: no packed kernels
     assert compile_ahead(exact.plan, exact.gguf, exact.spec) == [] and started == []
@@ -49,14 +53,14 @@ def test_the_loader_starts_one_compile_per_tile_family(models, monkeypatch) -> N
     (16, (qt.Q4_K, qt.Q4_K, qt.Q5_K), False),  # Q5_K has no packed layout: nothing to compile
 ])
 def test_no_background_compile_where_it_cannot_help(cores, types, expect) -> None:
-    assert (BackgroundCompile.start(types, cores) is not None) is expect
+    assert (BackgroundCompile.start(types, cores=cores) is not None) is expect
 
 
 def test_a_background_process_compiles_and_exits(tmp_path, monkeypatch) -> None:
     """The real processes, with their own cache folder: they exit 0 and leave numba's cache
     files there."""
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
-    job = BackgroundCompile.start((qt.Q8_0, qt.Q8_0, qt.Q8_0), cores=8)
+    job = BackgroundCompile.start((qt.Q8_0, qt.Q8_0, qt.Q8_0), (qt.Q8_0,), cores=8)
     assert job is not None and len(job.procs) == len(token_counts(job.types))
     assert job.wait() == [0] * len(job.procs)
     assert any(p.suffix == ".nbc" for p in tmp_path.rglob("*"))
