@@ -52,15 +52,13 @@ class Engine:
         self.spec = loaded.spec
         self.tokenizer = loaded.tokenizer
         self.scheduler = Scheduler(config, loaded.spec.context_length)
-        if loaded.compiling:  # started while it loaded: read from numba's cache once done
-            if progress is not None:
-                progress("waiting for the CPU experts' kernels compiling in the background")
-            for job in loaded.compiling:
-                job.wait()
         # the pool first: start-up warm-up and graph capture run the experts on it
         self.cpu_pool = _start_cpu_pool(loaded.model, config.cpu_threads)
+        # the runner's start-up compiles the GPU's kernels while the background compile of the
+        # CPU experts' ones (started while loading) runs on, and waits for it before its first
+        # step that runs them (the kernels are then read from numba's cache)
         self.runner = ModelRunner(loaded.model, config, self.scheduler.max_request_tokens,
-                                  progress)
+                                  progress, _waiter(loaded.compiling, progress))
         # chosen at start-up where the config leaves them open
         self.scheduler.chunk_size = self.runner.chunk_size
         self.scheduler.decode_chunk_size = self.runner.decode_chunk_size
@@ -182,6 +180,19 @@ class Engine:
                             r.num_cached_tokens)
         status = RequestStatus.RUNNING if finished is None else RequestStatus(finished)
         return StepOutput(r, token, status)
+
+
+def _waiter(jobs: list, progress: Callable[[str], None] | None) -> Callable[[], None]:
+    """A call that waits for the background compiles `jobs` (cpu_kernels.runtime.precompile)
+    the first time, and returns at once after."""
+    pending = list(jobs)
+
+    def wait() -> None:
+        if pending and progress is not None:
+            progress("waiting for the CPU experts' kernels compiling in the background")
+        while pending:
+            pending.pop().wait()
+    return wait
 
 
 def _start_cpu_pool(model, threads: int | None):

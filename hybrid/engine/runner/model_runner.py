@@ -38,7 +38,11 @@ log = logging.getLogger("hybrid.engine")
 
 class ModelRunner:
     def __init__(self, model: nn.Module, config: EngineConfig, max_request_tokens: int,
-                 progress: Callable[[str], None] | None = None) -> None:
+                 progress: Callable[[str], None] | None = None,
+                 cpu_kernels_ready: Callable[[], None] | None = None) -> None:
+        """`cpu_kernels_ready` returns once the CPU experts' kernels may be called (a first
+        start's background compile done): start-up calls it before its first step that runs
+        them, and before it returns."""
         self.model = model
         self.config = config
         self.page_size = config.page_size
@@ -73,7 +77,8 @@ class ModelRunner:
         self.layered = LayeredPasses(self.program, self.cache, self.page_size, self.device,
                                      self.model_stream, job_stream)
         with self.on_stream():
-            runner_start_up.start_up(self, config, attention, progress)
+            runner_start_up.start_up(self, config, attention, progress,
+                                     cpu_kernels_ready or (lambda: None))
 
     def on_stream(self):
         """The context every step's device work runs in: the model's stream made current on

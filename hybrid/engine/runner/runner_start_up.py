@@ -67,10 +67,12 @@ def auto_chunk_size(runner, max_request_tokens: int,
 
 
 def start_up(runner, config: EngineConfig, attention: list[MLAAttentionOp],
-             progress: Callable[[str], None] | None) -> None:
+             progress: Callable[[str], None] | None, cpu_kernels_ready: Callable[[], None]
+             ) -> None:
     """Everything after the runner's buffers, set on it: the attention backend, the streamed
     experts, the warm-up, the CUDA graphs (their form timed where `decode_graph` is "auto"),
-    the prefill cost model and the chunk sizes chosen from it."""
+    the prefill cost model and the chunk sizes chosen from it. `cpu_kernels_ready` is called
+    before the first step that runs the CPU experts (the GPU's kernels compile before it)."""
     hf = runner.model.config
     runner.graphs = None
     runner.decode_graph = None  # the form of the decode graphs replayed, once captured
@@ -82,13 +84,14 @@ def start_up(runner, config: EngineConfig, attention: list[MLAAttentionOp],
         prefill_setup.warm_up(runner.stream, runner.program.moe_layers[0], hf.hidden_size)
     if config.cuda_graphs and runner.device.type == "cuda" and runner.program.can_capture \
             and _one_device(runner.model, runner.device):
-        warm_up(runner, progress)
+        warm_up(runner, progress, cpu_kernels_ready=cpu_kernels_ready)
         runner.decode_graph = config.decode_graph
         if runner.decode_graph == "auto":
             runner.decode_graph = measure_decode_graphs(runner, progress)
         runner.graphs = capture_graphs(runner, runner.decode_graph, progress)
     elif runner.device.type == "cuda":
-        warm_up(runner, progress, decode=True)
+        warm_up(runner, progress, decode=True, cpu_kernels_ready=cpu_kernels_ready)
+    cpu_kernels_ready()  # before serving, wherever no warm-up step ran the CPU experts
     runner.placement = prefill_setup.placement(runner.stream, runner.program.moe_layers, config,
                                              hf.hidden_size, progress)
     runner.decode_chunk_size = config.decode_chunk_size or choose_decode_chunk_size(
@@ -149,29 +152,39 @@ def capture_graphs(runner, decode_graph: str, progress: Callable[[str], None] | 
 
 @torch.inference_mode()
 def warm_up(runner, progress: Callable[[str], None] | None = None,
-            decode: bool = False) -> None:
+            decode: bool = False, cpu_kernels_ready: Callable[[], None] = lambda: None) -> None:
     """Compile every kernel variant a step can need before the first request: a
     prefill-shaped step of each token-count class of the product kernels' tiles (and of
     chunk_size), every row sampling up to the largest class (the head's products take
     those counts too), and with `decode` a decode-shaped step (without CUDA graphs, whose
-    capture does that). Writes only the cache's scratch slot."""
+    capture does that). Steps that stream every MoE layer's experts run first, then
+    `cpu_kernels_ready`, then the steps that run the CPU experts. Writes only the cache's
+    scratch slot."""
     from gpu_kernels.qmatmul import TOKEN_CLASSES
 
     largest = TOKEN_CLASSES[-1]
     counts = sorted({min(n, runner.max_tokens) for n in (*TOKEN_CLASSES,
                                                        runner.chunk_size)})
+    layers = len(runner.program.moe_layers)
+
+    def streams(n: int) -> bool:
+        # steps past the product classes stream where they can (as served: the CPU
+        # experts add no kernel variant, and cost seconds at chunk_size tokens)
+        return runner.stream is not None and n > largest and layers > 0
+
+    counts.sort(key=lambda n: not streams(n))  # stable: ascending within each part
     for i, n in enumerate(counts):
+        if not streams(n):
+            cpu_kernels_ready()
         if progress is not None:
             progress(f"compiling kernels: a step of {n} tokens ({i + 1}/{len(counts)})")
         fb = ForwardBatch.scratch_prefill(n, runner.page_size, runner.cache, runner.device,
                                           samples=n if n <= largest else 1)
-        # steps past the product classes stream where they can (as served: the CPU
-        # experts add no kernel variant, and cost seconds at chunk_size tokens)
-        streamed = range(len(runner.program.moe_layers)) \
-            if runner.stream is not None and n > largest else range(0)
+        streamed = range(layers) if streams(n) else range(0)
         if streamed:
             runner.stream.begin(streamed)
         runner.program.run(StepState(fb, num_real=n, streamed=frozenset(streamed)))
+    cpu_kernels_ready()
     for op in runner.model.modules():
         if isinstance(op, ExpertsOp):  # on-device experts: block sizes no step picks
             op.warm_up()
