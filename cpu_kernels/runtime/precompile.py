@@ -8,11 +8,14 @@ types and with the argument types the engine passes (the tile set of the file's 
 as the engine's pool passes it; read-only packed arrays, as the packed cache maps them;
 C-contiguous float32/int64 activations, as run_moe makes them), so each lands
 in numba's on-disk cache; the loading process waits for them before its warm-up and then reads
-them from there. A process that fails or is stopped costs nothing but its time: the warm-up
-compiles whatever is missing itself.
+them from there. The 1-token process then compiles the decode step's one-call driver
+(layer_driver.py), which links that kernel into itself, for the engine's number of layers.
+A process that fails or is stopped costs nothing but its time: the warm-up compiles whatever
+is missing itself.
 
-    python -m cpu_kernels.runtime.precompile GATE UP DOWN TOKENS TILES...
-    (ggml type ids; TOKENS 1 or MIN_TOKENS; TILES the tile set's types, holding GATE UP DOWN)
+    python -m cpu_kernels.runtime.precompile GATE UP DOWN TOKENS DRIVE_LAYERS TILES...
+    (ggml type ids; TOKENS 1 or MIN_TOKENS; DRIVE_LAYERS 0 for none; TILES the tile set's
+    types, holding GATE UP DOWN)
 """
 
 from __future__ import annotations
@@ -39,27 +42,29 @@ class BackgroundCompile:
     """The processes compiling one set of kernels; `wait` before the kernels are first
     called. Processes inherit the environment (NUMBA_CACHE_DIR and the thread settings)."""
 
-    def __init__(self, types: tuple[int, int, int], tiles: tuple[int, ...]) -> None:
+    def __init__(self, types: tuple[int, int, int], tiles: tuple[int, ...],
+                 drive_layers: int) -> None:
         self.types, self.tiles = types, tiles
         self.started = time.perf_counter()
         self.procs = [subprocess.Popen(
             [sys.executable, "-m", "cpu_kernels.runtime.precompile", *map(str, types), str(n),
-             *map(str, tiles)],
+             str(drive_layers if n == 1 else 0), *map(str, tiles)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for n in token_counts(types)]
 
     @classmethod
     def start(cls, types: tuple[int, int, int], tiles: tuple[int, ...] | None = None,
-              cores: int | None = None) -> BackgroundCompile | None:
+              drive_layers: int = 0, cores: int | None = None) -> BackgroundCompile | None:
         """Processes for layers of these expert types (gate, up, down) run with the tile set
-        of `tiles` (default: the three types), or None where the machine has fewer than
-        MIN_CORES cores or a type has no packed layout (nothing to do ahead)."""
+        of `tiles` (default: the three types), the one-call driver for `drive_layers` layers
+        (0: none), or None where the machine has fewer than MIN_CORES cores or a type has no
+        packed layout (nothing to do ahead)."""
         from cpu_kernels.fast.packed import can_pack
 
         cores = (os.cpu_count() or 1) if cores is None else cores
         tiles = tuple(sorted(set(types))) if tiles is None else tiles
         if cores < MIN_CORES or not all(can_pack(t) for t in (*types, *tiles)):
             return None
-        return cls(types, tiles)
+        return cls(types, tiles, drive_layers)
 
     def stop(self) -> None:
         """Stop the processes still running (a load that failed or was interrupted)."""
@@ -82,20 +87,27 @@ class BackgroundCompile:
         return codes
 
 
+def _tiny_packed(types: tuple[int, int, int]):
+    """(experts, their packed copy) of 2 random experts of `types`, H = I = 256, the packed
+    arrays read-only as the packed cache maps them."""
+    from cpu_kernels.fast.packed import pack
+    from cpu_kernels.formats.random_blocks import random_experts
+
+    experts = random_experts(np.random.default_rng(0), 2, 256, 256, *types)
+    packed = pack(experts).packed
+    for m in (packed.gate, packed.up, packed.down):
+        m.data.flags.writeable = False
+    return experts, packed
+
+
 def compile_kernels(types: tuple[int, int, int], tokens: int, tiles: tuple[int, ...]) -> None:
     """One call of the packed MoE on random experts of `types` with `tokens` tokens, all routed
     to expert 0 (so a MIN_TOKENS call reaches the AMX threshold), on the tile set of `tiles`."""
-    from cpu_kernels.fast.packed import pack
     from cpu_kernels.fast.tile_set import tile_set
-    from cpu_kernels.formats.random_blocks import random_experts
     from cpu_kernels.moe import run_moe
 
-    rng = np.random.default_rng(0)
-    experts = random_experts(rng, 2, 256, 256, *types)
-    packed = pack(experts).packed
-    for m in (packed.gate, packed.up, packed.down):
-        m.data.flags.writeable = False  # as the packed cache maps them
-    x = rng.standard_normal((tokens, 256)).astype(np.float32)  # [T, H]
+    experts, packed = _tiny_packed(types)
+    x = np.random.default_rng(0).standard_normal((tokens, 256)).astype(np.float32)  # [T, H]
     ids = np.zeros((tokens, 1), np.int64)  # [T, K]
     weights = np.ones((tokens, 1), np.float32)  # [T, K]
     out = np.empty_like(x)
@@ -103,6 +115,24 @@ def compile_kernels(types: tuple[int, int, int], tokens: int, tiles: tuple[int, 
             tiles=tile_set(tiles))
 
 
+def compile_driver(types: tuple[int, int, int], tiles: tuple[int, ...], num_layers: int) -> None:
+    """One pass of drive_layers over `num_layers` layers of random experts of `types`, with the
+    argument types the engine's HostExperts passes (flags and buffers as numpy views of its
+    pinned tensors: C-contiguous int64 / float32)."""
+    from cpu_kernels.fast.tile_set import tile_set
+    from cpu_kernels.runtime.layer_driver import drive_layers
+
+    _, pk = _tiny_packed(types)
+    layer = (pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data, pk.down.qtype, pk.down.data)
+    ready, done = np.zeros(num_layers, np.int64), np.zeros(num_layers, np.int64)  # seq 0: pass
+    x, out = np.zeros((1, 256), np.float32), np.zeros((1, 256), np.float32)  # [T, H]
+    ids, weights = np.zeros((1, 1), np.int64), np.ones((1, 1), np.float32)  # [T, K]
+    drive_layers(ready, done, 0, 1, x, ids, weights, out, (tile_set(tiles), (layer,) * num_layers),
+                 10**12)
+
+
 if __name__ == "__main__":
-    gate, up, down, n, *tile_types = (int(a) for a in sys.argv[1:])
+    gate, up, down, n, drive, *tile_types = (int(a) for a in sys.argv[1:])
     compile_kernels((gate, up, down), n, tuple(tile_types))
+    if drive:
+        compile_driver((gate, up, down), tuple(tile_types), drive)

@@ -18,15 +18,21 @@ def compile_ahead(plan: Plan, gguf: GGUFModelFile, spec: ModelSpec) -> list[Back
     """The BackgroundCompile of the plan's fast-mode CPU expert layers with packed layouts, []
     where nothing starts. The engine's pool runs them all on one tile set, every type among
     them (MoEPool.tiles), so one set of kernels serves every layer: the decode step's, and a
-    prompt step's on AMX where some layer's types run there (compiled for such a layer)."""
+    prompt step's on AMX where some layer's types run there (compiled for such a layer). Where
+    every MoE layer is such a layer, the decode step's one-call driver over all of them too
+    (engine/step/host_experts.py)."""
     from cpu_kernels.amx.amx_bf16_moe import runs_on_amx
     from cpu_kernels.fast.packed import can_pack
     from cpu_kernels.runtime.precompile import BackgroundCompile
 
     layers: list[tuple[int, int, int]] = []
+    moe_layers = 0
     for placement in plan.placements.values():
         o = placement.options
-        if placement.operator != "experts" or o.get("backend") != "cpu" or o.get("mode") != "fast":
+        if placement.operator != "experts":
+            continue
+        moe_layers += 1
+        if o.get("backend") != "cpu" or o.get("mode") != "fast":
             continue
         names = expert_tensors(spec, f"blk.{placement.path.split('.')[2]}.")
         types = [int(gguf.tensor_infos[n][0].qtype) for n in names]
@@ -38,5 +44,5 @@ def compile_ahead(plan: Plan, gguf: GGUFModelFile, spec: ModelSpec) -> list[Back
         return []
     tiles = tuple(sorted({t for types in layers for t in types}))
     chosen = next((types for types in layers if runs_on_amx(*types)), layers[0])
-    job = BackgroundCompile.start(chosen, tiles)
+    job = BackgroundCompile.start(chosen, tiles, len(layers) if len(layers) == moe_layers else 0)
     return [] if job is None else [job]

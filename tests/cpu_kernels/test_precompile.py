@@ -35,14 +35,16 @@ def test_the_loader_starts_one_compile_on_the_files_tile_set(models, monkeypatch
     passes (MoEPool.tiles)."""
     started = []
     monkeypatch.setattr(BackgroundCompile, "start", classmethod(
-        lambda cls, types, tiles=None, cores=None: started.append((types, tiles)) or "job"))
+        lambda cls, types, tiles=None, drive_layers=0, cores=None:
+        started.append((types, tiles, drive_layers)) or "job"))
     path = str(models.path("tiny-v3", "q4_k_m", "legacy"))
     fast = plan_model(path, "DeepSeek-V3.yaml", device_map={"cuda": "cpu"}, announce=False)
     assert compile_ahead(fast.plan, fast.gguf, fast.spec) == ["job"]
     assert len(started) == 1
-    types, tiles = started[0]
+    types, tiles, drive_layers = started[0]
     assert types[0] == types[1] == qt.Q4_K and types[2] in tiles  # gate and up; down Q4_K/Q6_K
     assert tiles == (qt.Q4_K, qt.Q6_K)
+    assert drive_layers == fast.spec.num_layers - fast.spec.first_k_dense  # every MoE layer
     started.clear()
     exact = plan_model(path, "cpu.yaml", announce=False)  # exact mode: no packed kernels
     assert compile_ahead(exact.plan, exact.gguf, exact.spec) == [] and started == []
@@ -60,7 +62,7 @@ def test_a_background_process_compiles_and_exits(tmp_path, monkeypatch) -> None:
     """The real processes, with their own cache folder: they exit 0 and leave numba's cache
     files there."""
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
-    job = BackgroundCompile.start((qt.Q8_0, qt.Q8_0, qt.Q8_0), (qt.Q8_0,), cores=8)
+    job = BackgroundCompile.start((qt.Q8_0, qt.Q8_0, qt.Q8_0), (qt.Q8_0,), 2, cores=8)
     assert job is not None and len(job.procs) == len(token_counts(job.types))
     assert job.wait() == [0] * len(job.procs)
     assert any(p.suffix == ".nbc" for p in tmp_path.rglob("*"))
