@@ -6,6 +6,7 @@
 # /tmp/soak, and each call waits for it up to WAIT seconds and brings back what it wrote:
 #   STAGE=start  launches it (once per machine) and waits;
 #   STAGE=wait   waits again (issue it at once after the last call returned, while it is warm).
+# Then a second start of the same file, timed to /health (serve2.log).
 # Carry .whl as for device_serve_peer.sh (the openai client's wheels included).
 set -uo pipefail
 STAGE=${STAGE:-start}
@@ -37,6 +38,17 @@ if [ "$STAGE" = run ]; then  # the detached part
   wait $SERVER
   rc=$?
   say "server exit $rc, $(python3 -c "print(round($(date +%s.%N) - $ts, 2))") s after SIGTERM"
+  # the second start of the same file (numba's, Triton's and the packed experts' caches warm)
+  ts=$(date +%s.%N)
+  python3 -m cli serve --gguf-path "$M" --port 8000 > $S/serve2.log 2>&1 &
+  SERVER=$!
+  until health http://127.0.0.1:8000/health > /dev/null 2>&1; do
+    kill -0 $SERVER 2> /dev/null || { say "second start: server exited"; break; }
+    sleep 0.5
+  done
+  say "second start: /health after $(python3 -c "print(round($(date +%s.%N) - $ts, 1))") s"
+  kill -TERM $SERVER; wait $SERVER
+  say "second server exit $?"
   nvidia-smi --query-gpu=name --format=csv,noheader
   exit 0
 fi
@@ -47,7 +59,7 @@ if [ "$STAGE" = start ] && [ ! -f $S/run.log ]; then
   STAGE=run setsid nohup bash scripts/device_soak.sh > $S/run.log 2>&1 < /dev/null &
 fi
 t=0
-while [ $t -lt "$WAIT" ] && ! grep -q "server exit" $S/run.log 2> /dev/null; do
+while [ $t -lt "$WAIT" ] && ! grep -q "second server exit" $S/run.log 2> /dev/null; do
   sleep 10
   t=$(( t + 10 ))
 done
