@@ -16,6 +16,7 @@ from pathlib import Path
 from cli.progress import progress_bar
 from cli.serve import add_bench_parser, add_serve_parser
 from cli.tune import add_tune_parsers
+from hybrid.engine.kv_budget import DEFAULT_CACHE_LENS
 from hybrid.errors import HybridError
 
 
@@ -222,7 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a .gguf file, split part or folder (default: the built-in demo model)")
     ex.add_argument("--optimize-rules", default=None,
                     help="a bundled rule file name or a path (default: the machine's default)")
-    ex.add_argument("--cache-lens", type=int, default=32768, help="KV cache tokens to plan for")
+    ex.add_argument("--cache-lens", type=int, default=DEFAULT_CACHE_LENS,
+                    help="KV cache tokens to plan for (hybrid serve's at least this many)")
     ex.add_argument("--gpu-memory", default="24GiB", help="budget per GPU")
     ex.add_argument("--cpu-memory", default=None, help="CPU budget (default: this machine's RAM)")
     ex.add_argument("--json", action="store_true", help="print one JSON object")

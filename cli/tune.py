@@ -46,7 +46,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from hybrid.engine.config import EngineConfig
+    from hybrid.engine.kv_budget import DEFAULT_CACHE_LENS
     from hybrid.rules.devices import parse_device_map
     from hybrid.rules.explain import parse_size
     from hybrid.tuning.report import summary, to_json
@@ -63,7 +63,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
         gguf_path = str(demo_model_path())
     opts = TuneOptions(gguf_path, args.profile, parse_size(args.gpu_memory), out,
-                       args.optimize_rules, args.cache_lens or EngineConfig().cache_lens,
+                       args.optimize_rules, args.cache_lens or DEFAULT_CACHE_LENS,
                        args.gpu_device, args.batch, args.phase, fractions, args.measure,
                        args.steps, threads, chunks, args.prefill_tokens, device_map,
                        args.cpu_bandwidth)

@@ -201,7 +201,7 @@ def check_prompt(ids: list[int], state: ServerState, param: str) -> None:
     m = state.model
     if len(ids) >= m.max_request_tokens:
         where = ("the model's context" if m.max_request_tokens == m.context_length else
-                 f"the server's KV cache (--cache-lens {state.config.engine.cache_lens})")
+                 f"the server's KV cache (--cache-lens {state.worker.engine.config.cache_lens})")
         raise bad_request(f"{param}: the prompt has {len(ids)} tokens but a request may hold at "
                           f"most {m.max_request_tokens} tokens, prompt and output ({where}); "
                           f"shorten the prompt", param, code="context_length_exceeded")

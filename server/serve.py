@@ -97,7 +97,7 @@ def serve(config: ServerConfig, progress: Callable[[int, int], None] | None = No
     auth = "API key required" if config.api_key else "no API key"
     print(f"serving {state.model.name!r} on {bound_url(sock)}/v1 ({auth}; "
           f"max {config.engine.max_batch_size} requests per batch, KV cache "
-          f"{config.engine.cache_lens} tokens)", file=sys.stderr)
+          f"{state.worker.engine.config.cache_lens} tokens)", file=sys.stderr)
     server = uvicorn.Server(uvicorn.Config(app, log_level=config.log_level,
                                            **server_options()))
     try:

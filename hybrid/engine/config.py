@@ -40,7 +40,10 @@ class EngineConfig:
         None, help="prompt tokens per step while other requests decode (their inter-token "
                    "latency grows with it; default: chosen at start-up, the most whose one "
                    "streamed layer costs at most 2 decode steps, else the chunk size)")
-    cache_lens: int = setting(32768, help="tokens the paged KV cache holds, over all requests")
+    cache_lens: int | None = setting(
+        None, help="tokens the paged KV cache holds, over all requests (default: chosen at "
+                   "start-up: 32768, or up to the model's whole context where a third of the "
+                   "GPU memory free after the weights holds it)")
     page_size: int = setting(64, help="tokens per KV cache page")
     cpu_threads: int | None = setting(
         None, help="threads of the CPU expert kernels (default: physical cores minus one)")
@@ -95,7 +98,7 @@ class EngineConfig:
                               f"{self.decode_chunk_size}")
         if not 1 <= self.page_size <= 4096:
             raise HybridError(f"page_size must be between 1 and 4096, got {self.page_size}")
-        if self.cache_lens < self.page_size:
+        if self.cache_lens is not None and self.cache_lens < self.page_size:
             raise HybridError(f"cache_lens ({self.cache_lens}) must hold at least one page "
                               f"of page_size {self.page_size} tokens")
         check_choices(self)
@@ -110,4 +113,8 @@ class EngineConfig:
 
     @property
     def num_pages(self) -> int:
-        return self.cache_lens // self.page_size
+        """Pages of the cache: of cache_lens as the engine chose it (Engine.config), or of
+        kv_budget.DEFAULT_CACHE_LENS where it is still open (a scheduler built alone)."""
+        from hybrid.engine.kv_budget import DEFAULT_CACHE_LENS
+
+        return (self.cache_lens or DEFAULT_CACHE_LENS) // self.page_size

@@ -11,7 +11,7 @@ during a forward.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -48,7 +48,8 @@ class Engine:
                  progress: Callable[[str], None] | None = None) -> None:
         """loaded: a `hybrid.model.loader.LoadedModel` built with optimize rules; `progress`
         hears what start-up is doing (kernel warm-up, CUDA graph capture)."""
-        self.config = config
+        config = _with_cache_lens(config, loaded)
+        self.config = config  # cache_lens chosen
         self.spec = loaded.spec
         self.tokenizer = loaded.tokenizer
         self.scheduler = Scheduler(config, loaded.spec.context_length)
@@ -180,6 +181,23 @@ class Engine:
                             r.num_cached_tokens)
         status = RequestStatus.RUNNING if finished is None else RequestStatus(finished)
         return StepOutput(r, token, status)
+
+
+def _with_cache_lens(config: EngineConfig, loaded) -> EngineConfig:
+    """`config` with cache_lens chosen where it is left open (kv_budget.py): from the memory
+    free on the attention layers' GPU now, after the weights loaded."""
+    if config.cache_lens is not None:
+        return config
+    from hybrid.engine.kv_budget import auto_cache_lens
+    from hybrid.engine.runner.runner_start_up import attention_ops
+    from hybrid.engine.step.kv_cache import PagedLatentCache
+
+    ops = attention_ops(loaded.model)
+    device = ops[0].device
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+    tokens = auto_cache_lens(loaded.spec.context_length, PagedLatentCache.bytes_for(ops, 1), free,
+                             config.page_size)
+    return replace(config, cache_lens=tokens)
 
 
 def _waiter(jobs: list, progress: Callable[[str], None] | None) -> Callable[[], None]:

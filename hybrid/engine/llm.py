@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.engine import Engine
+from hybrid.engine.kv_budget import DEFAULT_CACHE_LENS
 from hybrid.engine.sampling.sampling_params import SamplingParams
 from hybrid.engine.scheduling.request import Request, RequestEvent, RequestFailed, TokenOutput
 from hybrid.engine.worker import EngineWorker
@@ -61,7 +62,8 @@ class LLM:
             device_map = parse_device_map(config.device_map)
         # the plan is checked against the GPUs with the KV cache this engine will allocate
         self.loaded: LoadedModel = load_with_rules(gguf_path, optimize_rules, device_map, progress,
-                                                   cache_lens=config.cache_lens,
+                                                   cache_lens=config.cache_lens
+                                                   or DEFAULT_CACHE_LENS,
                                                    packed_cache=config.packed_cache)
         self.tokenizer = self.loaded.tokenizer
         self.engine = Engine(self.loaded, config, status)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hybrid.engine.kv_budget import DEFAULT_CACHE_LENS
 from hybrid.errors import HybridError
 from hybrid.rules.devices import parse_device
 from hybrid.tuning.planner import (
@@ -77,7 +78,7 @@ class TuneOptions:
     gpu_memory: int
     out: Path
     base_rules: str | None = None
-    cache_lens: int = 32768
+    cache_lens: int = DEFAULT_CACHE_LENS
     gpu_device: str = "cuda:0"
     batch: int = 1
     phase: str = "decode"

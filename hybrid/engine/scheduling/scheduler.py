@@ -90,7 +90,8 @@ class Scheduler:
             raise RequestRejected(
                 f"the prompt has {n} tokens but this server holds at most {limit} tokens per "
                 f"request (prompt plus output; the KV cache is --cache-lens "
-                f"{self.config.cache_lens} tokens): shorten the prompt or raise --cache-lens")
+                f"{self.config.num_pages * self.config.page_size} tokens): shorten the prompt or "
+                f"raise --cache-lens")
         request.max_tokens = min(request.params.max_tokens, limit - n)
         self.waiting.append(request)
 
