@@ -6,13 +6,13 @@ weights, <= 1e-5 relative error against float64) and `fast` (x quantized to int8
 gate/up, h to int16 as two int8 planes for down, 512-bit vpdpbusd dot products (16 rows each; two
 256-bit ones on AVX-VNNI CPUs without AVX-512, vpmaddubsw + vpmaddwd on CPUs with AVX2 alone, e.g.
 AMD Zen 3: the same integer sums, simd_pairs.dpbusd_ir) on the exact weights, repacked at load time
-(fast/packed.py), for Q2_K/Q3_K/Q4_K/Q6_K/Q8_0/Q5_0; scalar int8 dots for the other types; measured
-0.70-0.83% per layer on random blocks (Q2_K/Q3_K mixes 0.73-0.83%), nearly all of it from the int8
-x). On CPUs with AMX (Sapphire Rapids and later), fast mode runs the experts with >= 12 tokens in a
-call (prefill, big batches) on AMX bf16 tiles instead (simd/amx.py, amx/amx_bf16_moe.py): their
-Q4_K/Q6_K/Q8_0/Q5_0 weights dequantized once per call to bf16, x and h rounded to bf16, float32
-sums; measured 0.34-0.44% per layer on random blocks, less than the int8 path. Decode (fewer tokens
-per expert) stays on the int8 VNNI kernels.
+(fast/packed.py), for Q2_K/Q3_K/Q4_K/Q6_K/Q8_0/Q5_0; scalar int8 dots for the other types; its
+error is nearly all from the int8 x, docs/architecture.md gives it). On CPUs with AMX (Sapphire
+Rapids and later), fast mode runs the experts with >= 12 tokens in a call (prefill, big batches)
+on AMX bf16 tiles instead (simd/amx.py, amx/amx_bf16_moe.py): their Q4_K/Q6_K/Q8_0/Q5_0 weights
+dequantized once per call to bf16, x and h rounded to bf16, float32 sums (less error than the int8
+path). Decode (fewer tokens per expert) stays on the int8 VNNI kernels. The kernels compile in only
+the tile types they are given (fast/tile_set.py).
 
 `moe_forward` (moe.py) runs synchronously on numba's threads. `MoEPool` (runtime/pool.py) runs it
 asynchronously on persistent worker threads, one group per NUMA node, each computing a slice of
