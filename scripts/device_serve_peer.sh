@@ -53,12 +53,6 @@ case $SIDE in
     # shellcheck disable=SC2086
     python3 scripts/bench_serve_peer.py --gguf-path $M --only hybrid $PJ --logs "$OUT" \
       --json "$OUT/both.json" ${HYBRID_ARGS:-$ARGS}
-    # the default KV budget (cache_lens 32768 tokens) holds no 32K prompt: that row is
-    # measured with the budget llama-server was given
-    if [ -n "${LONG:-32768}" ]; then
-      python3 scripts/bench_serve_peer.py --gguf-path $M --only hybrid --logs "$OUT" \
-        --json "$OUT/long.json" --hybrid-args "--cache-lens 65536" --ttft "${LONG:-32768}" \
-        --streams "" --rates "" | grep -E "TTFT|start-up"
-    fi;;
+    ;;
 esac
 echo "$SIDE done: $(( $(date +%s) - t0 )) s"
