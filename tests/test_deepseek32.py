@@ -122,29 +122,6 @@ def test_rules_explain_plans_the_file(models, capsys) -> None:
     assert "matches no module" not in captured.err  # cpu.yaml names V3.2's MLP and RMSNorm
 
 
-def test_engine_refuses_the_indexer_on_gpu_kernels(models, monkeypatch) -> None:
-    """On gpu_kernels mla_attention has no indexer kernels yet: a plan placing attention there
-    stops with one error naming it, before any operator is built; the CPU's plan passes."""
-    from hybrid.rules.inject import refuse_unsupported
-
-    path = str(models.path("tiny-v32", "f32", "mla"))
-    refuse_unsupported(plan_model(path, "cpu", check_devices=False, announce=False))
-    # cpu.yaml's placements moved to a GPU (DeepSeek-V3.2.yaml, the bundled GPU file, is
-    # refused the same way: tests/test_rules_explain.py)
-    planned = plan_model(path, "cpu", {"cpu": "cuda:0"}, check_devices=False, announce=False)
-    with pytest.raises(HybridError) as refused:
-        refuse_unsupported(planned)
-    message = str(refused.value)
-    assert "deepseek32" in message and "lightning indexer" in message
-    assert "mla_attention" in message and "top 8 tokens" in message
-    assert "model.layers.0.self_attn and 3 more on cuda:0" in message
-    assert "--optimize-rules cpu" in message
-    # the GPU path's kernels under Triton's interpreter are gpu_kernels too
-    monkeypatch.setenv("HYBRID_GPU_KERNELS_ON_CPU", "1")
-    with pytest.raises(HybridError, match="more on cpu"):
-        refuse_unsupported(plan_model(path, "cpu", check_devices=False, announce=False))
-
-
 def test_rules_explain_counts_the_indexer_keys(models) -> None:
     """Per token and layer the cache holds the latent, the rotated key and the indexer key."""
     from hybrid.rules.explain import explain

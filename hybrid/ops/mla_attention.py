@@ -22,9 +22,9 @@ per decode token.
 
 DeepSeek-V3.2 (a layer with a lightning indexer, mla_indexer.py): each query attends only to the
 top-k keys its indexer scores highest; the indexer's key of every token is cached beside its
-latent (the paged cache's `index_layer`). Off gpu_kernels every row of a step, decodes included,
-runs the kernel set's `sparse_attention`; the engine refuses it on gpu_kernels for now
-(hybrid/rules/inject.py `refuse_unsupported`).
+latent (the paged cache's `index_layer`). Every row of a step runs the kernel set's
+`sparse_attention`: on gpu_kernels the decode rows in Triton (gpu_kernels/mla_index.py, CUDA graphs
+capture them), the prompt chunks in torch as off gpu_kernels.
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from hybrid.errors import HybridError
 from hybrid.model.loader import fill_weights
 from hybrid.ops.context import BuildContext
 from hybrid.rules.planner import PlannedModel
@@ -33,42 +32,10 @@ def _builders() -> dict[str, Callable[[BuildContext], nn.Module]]:
             "experts": ExpertsOp, "mla_attention": MLAAttentionOp}
 
 
-def refuse_unsupported(planned: PlannedModel) -> None:
-    """Refuse a plan whose operators would run a different model than the file's.
-
-    DeepSeek-V3.2 (deepseek32) attends, per query, only to the top-k cached tokens its
-    lightning indexer picks. mla_attention runs the indexer in torch (operators off
-    gpu_kernels, as on the CPU); on gpu_kernels (CUDA) it has no indexer kernels yet and
-    would attend to every token: plausible text from another model, so no load.
-    """
-    from hybrid.ops.kernel_sets import uses_gpu_kernels
-
-    spec, plan = planned.spec, planned.plan
-    if not spec.has_indexer:
-        return
-    placed = [p for p in plan.placements.values()
-              if p.operator == "mla_attention"
-              and uses_gpu_kernels(torch.device(p.generate_device))
-              and hasattr(planned.model.get_submodule(p.path), "indexer")]
-    if placed:
-        rule = placed[0].rule
-        where = f"{plan.source}:{rule.line}" if rule is not None else plan.source
-        raise HybridError(
-            f"{planned.gguf.path}: DeepSeek-V3.2 (deepseek32) needs sparse attention that "
-            f"hybrid runs only off the GPU kernels yet: each query attends to the top "
-            f"{spec.index_topk} tokens its lightning indexer picks, and operator mla_attention "
-            f"(placed on {placed[0].path} and {len(placed) - 1} more on "
-            f"{placed[0].generate_device} by {where}) has no GPU kernels for the indexer and "
-            f"sparse attention (the next slice). Place attention on the CPU (--optimize-rules "
-            f"cpu) to serve it"
-        )
-
-
 def inject(planned: PlannedModel, progress: Callable[[int, int], None] | None = None,
            packed_cache: PackedCache | None = None) -> nn.Module:
     """Build every operator of the plan; `progress` hears (bytes done, bytes in all) of the
     weights the plan counts, after each operator (fast mode's packing included)."""
-    refuse_unsupported(planned)
     model, plan = planned.model, planned.plan
     builders = _builders()
     ops = [p for p in plan.placements.values() if p.operator != "default"]

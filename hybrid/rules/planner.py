@@ -52,8 +52,7 @@ def family_gpu_rules_name(spec: ModelSpec) -> str:
 
     DeepSeek-V3.2 (an indexer) gets its own file: DeepSeek-V3.yaml names V3's classes, so on a
     V3.2 tree it would match nothing but the names and leave attention and the routed experts
-    to `default` (fp32 on the GPU). Serving DeepSeek-V3.2.yaml is still refused
-    (inject.refuse_unsupported: no GPU indexer kernels yet); `rules explain` plans it."""
+    to `default` (fp32 on the GPU)."""
     if spec.has_indexer:
         return "DeepSeek-V3.2.yaml"
     return "DeepSeek-V3.yaml" if spec.is_v3 else "DeepSeek-V2-Lite.yaml"
@@ -66,6 +65,15 @@ def with_experts_mode(rules: str, mode: str, folder: Path) -> Path:
         if cls == "experts" and kwargs.get("backend", "cpu") == "cpu":
             kwargs["mode"] = mode
     return _rewritten(rules, folder, mode, edit)
+
+
+def with_kv_cache_dtype(rules: str, dtype: str, folder: Path) -> Path:
+    """A copy of rule file `rules` whose mla_attention rules keep the KV cache in `dtype`
+    ("f32" for comparisons with the CPU rules, whose cache is f32)."""
+    def edit(cls: str, kwargs: dict) -> None:
+        if cls == "mla_attention":
+            kwargs["kv_cache_dtype"] = dtype
+    return _rewritten(rules, folder, f"kv-{dtype}", edit)
 
 
 def with_activations(rules: str, activations: str, folder: Path) -> Path:

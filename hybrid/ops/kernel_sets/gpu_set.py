@@ -9,13 +9,15 @@ import torch
 
 from gpu_kernels.embedding import embedding
 from gpu_kernels.fused import add_rmsnorm, rope_cache, silu_mul
+from gpu_kernels.mla_decode import choose_splits
+from gpu_kernels.mla_index import sparse_mla_decode
 from gpu_kernels.mla_prefill_expanded import mla_prefill_expanded
 from gpu_kernels.qdot_i8 import empty_xq
 from gpu_kernels.qformat import GpuQuant
 from gpu_kernels.qmatmul import qmatmul, qmatmul_t, uses_int_path
 from gpu_kernels.qtypes import F32
 from gpu_kernels.router import route as gpu_route
-from hybrid.ops.kernel_sets.torch_set import MLADims, TorchKernels
+from hybrid.ops.kernel_sets.torch_set import MLADims, TorchKernels, chunk_sequences
 
 
 class GpuKernels(TorchKernels):
@@ -85,6 +87,23 @@ class GpuKernels(TorchKernels):
         if len(quant) == 2:  # the MLA layout's v_b [h * v, c]
             return qmatmul(o_lat, quant[1], out_rows=d.v, gstride=d.v)
         return qmatmul(o_lat, quant[0], out_rows=d.v, row0=d.nope, gstride=d.nope + d.v)
+
+    def sparse_attention(self, q, iq, iw, cache, index_cache, fb, kv_b, d: MLADims, scale,
+                         topk, out):
+        """Decode rows on gpu_kernels/mla_index.py (the indexer's scores over the paged keys,
+        the top-k slots, the absorbed decode over them): sized by the page table's width, the
+        lengths read on the device, so a CUDA graph captures it. Prompt chunks in torch."""
+        b = fb.num_decodes
+        if b:
+            capacity = fb.page_table.shape[1] * fb.page_size
+            o_lat = sparse_mla_decode(
+                self.absorb(q[:b, :, :d.nope], kv_b, d), q[:b, :, d.nope:], cache, iq[:b],
+                iw[:b], index_cache, fb.page_table, fb.seq_lens, fb.page_size, topk, capacity,
+                scale, choose_splits(b, d.heads, min(topk, capacity)))
+            out[:b] = self.values(o_lat, kv_b, d)
+        if fb.prefill_spans:
+            self.sparse_rows(chunk_sequences(fb), q, iq, iw, cache, index_cache, kv_b, d, scale,
+                             topk, out)
 
     def prefill_attention(self, q, cache, fb, kv_b, d: MLADims, scale, out):
         """The expanded form (gpu_kernels/mla_prefill_expanded.py): the chunks' keys' latents
