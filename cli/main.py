@@ -16,7 +16,7 @@ from pathlib import Path
 from cli.progress import progress_bar
 from cli.serve import add_bench_parser, add_serve_parser
 from cli.tune import add_tune_parsers
-from hybrid.engine.kv_budget import DEFAULT_CACHE_LENS
+from hybrid.engine.config import DEFAULT_CACHE_LENS
 from hybrid.errors import HybridError
 
 

@@ -12,6 +12,9 @@ ATTENTION_BACKENDS = ("auto", "triton", "flashinfer")  # attention/select.py
 PREFILL_EXPERTS = ("auto", "cpu", "stream")  # prefill/prefill_costs.py
 
 
+DEFAULT_CACHE_LENS = 32768  # tokens; the plan is checked with it (engine/kv_budget.py)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Settings of the serving engine, each declared once with the help its `hybrid serve` flag
@@ -114,7 +117,5 @@ class EngineConfig:
     @property
     def num_pages(self) -> int:
         """Pages of the cache: of cache_lens as the engine chose it (Engine.config), or of
-        kv_budget.DEFAULT_CACHE_LENS where it is still open (a scheduler built alone)."""
-        from hybrid.engine.kv_budget import DEFAULT_CACHE_LENS
-
+        DEFAULT_CACHE_LENS where it is still open (a scheduler built alone)."""
         return (self.cache_lens or DEFAULT_CACHE_LENS) // self.page_size

@@ -10,7 +10,8 @@ default: host memory is plentiful, but attention over a long context there is sl
 
 from __future__ import annotations
 
-DEFAULT_CACHE_LENS = 32768  # tokens; what the plan is checked with
+from hybrid.engine.config import DEFAULT_CACHE_LENS
+
 GPU_SHARE = 3  # the cache takes at most 1/GPU_SHARE of the GPU memory free after the weights
 
 

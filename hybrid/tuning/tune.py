@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hybrid.engine.kv_budget import DEFAULT_CACHE_LENS
+from hybrid.engine.config import DEFAULT_CACHE_LENS
 from hybrid.errors import HybridError
 from hybrid.rules.devices import parse_device
 from hybrid.tuning.planner import (
