@@ -165,7 +165,8 @@ def mla_decode(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor,
                heads_per_program: int | None = None, num_warps: int | None = None
                ) -> torch.Tensor:
     """q_lat [B, H, C] f32, q_rope [B, H, R] f32 (any row strides), cache [slots, C + R]
-    (bf16/f16/f32), page_table [B, P] int32, seq_lens [B] int32 -> out [B, H, C] f32."""
+    (bf16/f16/f32), page_table [B, P] int32 (its last dim dense; rows may share one, stride 0),
+    seq_lens [B] int32 -> out [B, H, C] f32."""
     b, h, c = q_lat.shape
     r = q_rope.shape[-1]
     if cache.shape[-1] != c + r or c & (c - 1) or r & (r - 1):
@@ -182,7 +183,7 @@ def mla_decode(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor,
     if precision == "bf16x2" and cache.dtype != torch.bfloat16:
         precision = "tf32"  # its rows are exact in bf16 only when they are bf16
     _split_kernel[(b, triton.cdiv(h, bh), num_splits)](
-        q_lat, q_rope, cache, page_table, seq_lens, o_part, lse, h, page_table.shape[1],
+        q_lat, q_rope, cache, page_table, seq_lens, o_part, lse, h, page_table.stride(0),
         page_size, scale, num_splits, q_rope.stride(0), q_rope.stride(1), C=c, R=r, BH=bh,
         BS=bs, PREC=precision, num_warps=warps)
     out = out if out is not None else torch.empty(b, h, c, dtype=torch.float32,

@@ -52,8 +52,9 @@ def index_scores_paged(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor,
                        page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int,
                        capacity: int) -> torch.Tensor:
     """q [B, Hi, D] (rotated), w [B, Hi], keys [slots, D] (the indexer key cache),
-    page_table [B, P] int32, seq_lens [B] int32 -> scores [B, capacity] f32, -inf at and past
-    each length. Hi and D: powers of two, D >= 16."""
+    page_table [B, P] int32 (its last dim dense; rows may share one, stride 0), seq_lens [B]
+    int32 -> scores [B, capacity] f32, -inf at and past each length. Hi and D: powers of two,
+    D >= 16."""
     b, heads, dim = q.shape
     if heads & (heads - 1) or dim & (dim - 1) or dim < 16 or keys.shape[-1] != dim:
         raise ValueError(f"indexer heads {heads} / dims {dim} (keys {keys.shape[-1]}): powers "
@@ -61,7 +62,7 @@ def index_scores_paged(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor,
     out = torch.empty(b, capacity, dtype=torch.float32, device=q.device)
     grid = (b, triton.cdiv(capacity, BLOCK_TOKENS))
     _scores_kernel[grid](q.contiguous(), w.contiguous(), keys, page_table, seq_lens, out,
-                         page_table.shape[1], capacity, page_size,
+                         page_table.stride(0), capacity, page_size,
                          dim ** -0.5, heads ** -0.5, HI=heads, D=dim, BT=BLOCK_TOKENS)
     return out
 
@@ -93,8 +94,10 @@ def top_slots(scores: torch.Tensor, page_table: torch.Tensor, seq_lens: torch.Te
     and lengths at page size 1. Slots past a sequence's count are never read."""
     k = min(topk, scores.shape[1])
     pos = scores.topk(k, dim=1).indices  # [B, K]: the sequence's own positions first
-    # a position past its sequence (never read) may lie past the table: any page will do
-    page = page_table.long().gather(1, (pos // page_size).clamp(max=page_table.shape[1] - 1))
+    # a position past its sequence (never read) may lie past the table: any page will do;
+    # indexing (not gather) reads rows that share one table without copying it
+    rows = torch.arange(pos.shape[0], device=pos.device)[:, None]
+    page = page_table[rows, (pos // page_size).clamp(max=page_table.shape[1] - 1)].long()
     slots = (page * page_size + pos % page_size).to(torch.int32)
     return slots, seq_lens.clamp(max=k).to(torch.int32)
 

@@ -1,7 +1,8 @@
 """DeepSeek-V3.2 served on gpu_kernels (the bundled DeepSeek-V3.2.yaml, its GPU moved to the CPU
 and its kernels run in Triton's interpreter): the decode rows' sparse attention in
-gpu_kernels/mla_index.py, the prompt chunks' in torch, give the CPU rules' greedy tokens and
-logprobs, in one batch of decodes beside prompt chunks with prompts longer than the top-k.
+gpu_kernels/mla_index.py, the prompt chunks' rows too (in blocks of a few rows here) give the
+CPU rules' greedy tokens and logprobs, in one batch of decodes beside prompt chunks with prompts
+longer than the top-k.
 
 Both with an f32 KV cache and exact CPU experts (the CPU rules'): the GPU rules' bf16 cache and
 fast experts move the indexer's scores by ~1e-3, enough to swap two keys tied that closely at the
@@ -33,6 +34,9 @@ def test_gpu_rules_serve_the_cpu_rules_tokens(models, monkeypatch, tmp_path) -> 
     config = EngineConfig(max_batch_size=3, cache_lens=512, page_size=16, chunk_size=8)
     want = _served(LLM(path, "cpu", engine_config=config))
     monkeypatch.setenv("HYBRID_GPU_KERNELS_ON_CPU", "1")
+    from hybrid.ops.kernel_sets import gpu_set
+
+    monkeypatch.setattr(gpu_set, "SPARSE_SCORE_BYTES", 4 * 3 * 24)  # 3 rows a block at 24 keys
     rules = with_kv_cache_dtype(str(with_experts_mode("DeepSeek-V3.2", "exact", tmp_path)),
                                 "f32", tmp_path)
     gpu = LLM(path, str(rules), device_map={"cuda": "cpu"}, engine_config=config)

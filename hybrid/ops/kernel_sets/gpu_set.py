@@ -17,7 +17,11 @@ from gpu_kernels.qformat import GpuQuant
 from gpu_kernels.qmatmul import qmatmul, qmatmul_t, uses_int_path
 from gpu_kernels.qtypes import F32
 from gpu_kernels.router import route as gpu_route
-from hybrid.ops.kernel_sets.torch_set import MLADims, TorchKernels, chunk_sequences
+from hybrid.ops.kernel_sets.torch_set import MLADims, TorchKernels
+
+# a prompt chunk's sparse rows run in blocks whose indexer scores [rows, keys] f32 stay within
+# this (256 MiB: 512 rows at 128K keys)
+SPARSE_SCORE_BYTES = 1 << 28
 
 
 class GpuKernels(TorchKernels):
@@ -90,20 +94,36 @@ class GpuKernels(TorchKernels):
 
     def sparse_attention(self, q, iq, iw, cache, index_cache, fb, kv_b, d: MLADims, scale,
                          topk, out):
-        """Decode rows on gpu_kernels/mla_index.py (the indexer's scores over the paged keys,
-        the top-k slots, the absorbed decode over them): sized by the page table's width, the
-        lengths read on the device, so a CUDA graph captures it. Prompt chunks in torch."""
+        """Every row on gpu_kernels/mla_index.py: the indexer's scores over the keys the row
+        sees, the top-k slots, the absorbed decode kernel over them. Decode rows through their
+        page tables, sized by the table's width with the lengths read on the device (a CUDA
+        graph captures them); a prompt chunk's rows as sequences of their own sharing its key
+        slots (pages of one token), row i of a chunk of t rows over S keys seeing S - t + i + 1
+        of them, in blocks of rows whose scores stay within SPARSE_SCORE_BYTES."""
         b = fb.num_decodes
         if b:
-            capacity = fb.page_table.shape[1] * fb.page_size
-            o_lat = sparse_mla_decode(
-                self.absorb(q[:b, :, :d.nope], kv_b, d), q[:b, :, d.nope:], cache, iq[:b],
-                iw[:b], index_cache, fb.page_table, fb.seq_lens, fb.page_size, topk, capacity,
-                scale, choose_splits(b, d.heads, min(topk, capacity)))
-            out[:b] = self.values(o_lat, kv_b, d)
-        if fb.prefill_spans:
-            self.sparse_rows(chunk_sequences(fb), q, iq, iw, cache, index_cache, kv_b, d, scale,
-                             topk, out)
+            self._sparse_rows(slice(0, b), fb.page_table, fb.seq_lens, fb.page_size,
+                              fb.page_table.shape[1] * fb.page_size, q, iq, iw, cache,
+                              index_cache, kv_b, d, scale, topk, out)
+        for span in fb.prefill_spans:
+            keys = span.kv_slots.to(torch.int32)  # [S] the chunk's keys' slots, in order
+            s, t = keys.shape[0], span.q_len
+            seen = torch.arange(s - t + 1, s + 1, dtype=torch.int32, device=keys.device)  # [t]
+            block = max(1, SPARSE_SCORE_BYTES // (4 * s))
+            for r0 in range(0, t, block):
+                r1 = min(t, r0 + block)
+                self._sparse_rows(slice(span.q_start + r0, span.q_start + r1),
+                                  keys[None, :].expand(r1 - r0, s), seen[r0:r1], 1, s, q, iq, iw,
+                                  cache, index_cache, kv_b, d, scale, topk, out)
+
+    def _sparse_rows(self, rows, table, lengths, page_size, capacity, q, iq, iw, cache,
+                     index_cache, kv_b, d: MLADims, scale, topk, out):
+        n = rows.stop - rows.start
+        o_lat = sparse_mla_decode(
+            self.absorb(q[rows, :, :d.nope], kv_b, d), q[rows, :, d.nope:], cache, iq[rows],
+            iw[rows], index_cache, table, lengths, page_size, topk, capacity, scale,
+            choose_splits(n, d.heads, min(topk, capacity)))
+        out[rows] = self.values(o_lat, kv_b, d)
 
     def prefill_attention(self, q, cache, fb, kv_b, d: MLADims, scale, out):
         """The expanded form (gpu_kernels/mla_prefill_expanded.py): the chunks' keys' latents

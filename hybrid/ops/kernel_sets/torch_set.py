@@ -148,12 +148,7 @@ class TorchKernels:
         to its own position) with the indexer, keep the top `topk`, attend to those alone.
         q [N, h, nope + r] (rope dims rotated), iq [N, Hi, D] (rotated), iw [N, Hi]
         -> out [N, h, v]."""
-        self.sparse_rows(_sequences(fb), q, iq, iw, cache, index_cache, kv_b, d, scale, topk, out)
-
-    def sparse_rows(self, sequences, q, iq, iw, cache, index_cache, kv_b, d: MLADims,
-                    scale: float, topk: int, out: torch.Tensor) -> None:
-        """sparse_attention over the given (rows, kv_slots [S]) of the step's sequences."""
-        for rows, kv_slots in sequences:
+        for rows, kv_slots in _sequences(fb):
             t, s = rows.stop - rows.start, kv_slots.shape[0]
             allowed = causal_mask(t, s, q.device)  # [t, S]
             scores = index_scores(iq[rows], iw[rows], index_cache[kv_slots])  # [t, S]
@@ -170,11 +165,6 @@ def _sequences(fb):
         positions = torch.arange(int(fb.seq_lens[i]), device=fb.page_table.device)  # [S]
         pages = fb.page_table[i, positions // page_size]
         yield slice(i, i + 1), pages * page_size + positions % page_size
-    yield from chunk_sequences(fb)
-
-
-def chunk_sequences(fb):
-    """(rows, kv_slots [S]) of each prompt chunk of a step."""
     for span in fb.prefill_spans:
         yield slice(span.q_start, span.q_start + span.q_len), span.kv_slots
 
