@@ -155,11 +155,13 @@ def served_file(models, request):
     return path, [transformers_greedy_cached(oracle, p, MAX_TOKENS) for p in SERVED], oracle
 
 
-def test_served_on_the_cpu_matches_transformers(served_file) -> None:
+def test_served_on_the_cpu_matches_transformers(served_file, monkeypatch) -> None:
     """Five prompts in one batch (decodes beside prompt chunks): the indexer's keys paged by
-    slot, every row's top-k, the sparse absorbed attention."""
+    slot, every row's top-k, the sparse absorbed attention (a chunk's rows in blocks of 3)."""
     from hybrid.engine.llm import LLM
+    from hybrid.ops.kernel_sets import torch_set
 
+    monkeypatch.setattr(torch_set, "SPARSE_ROWS", 3)
     path, refs, _ = served_file
     outs = _served(LLM(path, "cpu"), SERVED)
     for i, (out, (tokens, logprobs)) in enumerate(zip(outs, refs)):

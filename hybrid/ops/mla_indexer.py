@@ -49,10 +49,15 @@ def index_keys(k: torch.Tensor, norm_weight: torch.Tensor, norm_bias: torch.Tens
 
 
 def index_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """q: [t, Hi, D] (rotated), w: [t, Hi], keys: [S, D] -> scores [t, S] f32."""
+    """q: [t, Hi, D] (rotated), w: [t, Hi], keys: [S, D] -> scores [t, S] f32. A head at a
+    time: memory [t, S], not [t, Hi, S] (64 heads of an 8K-token chunk over 8K keys: 17 GB)."""
     heads, dim = q.shape[-2], q.shape[-1]
-    dots = torch.einsum("thd,sd->ths", q.float(), keys.float()) * dim ** -0.5  # [t, Hi, S]
-    return torch.einsum("ths,th->ts", dots.relu(), w.float()) * heads ** -0.5
+    k = keys.float().t() * dim ** -0.5  # [D, S]
+    q, w = q.float(), w.float()
+    out = torch.zeros(q.shape[0], keys.shape[0], dtype=torch.float32, device=q.device)
+    for h in range(heads):
+        out += (q[:, h] @ k).relu_() * w[:, h:h + 1]
+    return out * heads ** -0.5
 
 
 def top_k_keys(scores: torch.Tensor, allowed: torch.Tensor, topk: int

@@ -20,6 +20,10 @@ from hybrid.ops.mla_indexer import (
 )
 from hybrid.ops.mla_torch import attend, causal_mask
 
+# a chunk's sparse rows attend in blocks: each gathers its K keys, [rows, K, c + r] f32
+# (64 rows of V3.2: 300 MB)
+SPARSE_ROWS = 64
+
 
 @dataclass(frozen=True)
 class MLADims:
@@ -153,8 +157,13 @@ class TorchKernels:
             allowed = causal_mask(t, s, q.device)  # [t, S]
             scores = index_scores(iq[rows], iw[rows], index_cache[kv_slots])  # [t, S]
             ids, keep = top_k_keys(scores, allowed, topk)  # [t, K]
-            o_lat = sparse_attend(self.absorb(q[rows, :, :d.nope], kv_b, d),
-                                  q[rows, :, d.nope:], cache[kv_slots].float(), ids, keep, scale)
+            q_lat = self.absorb(q[rows, :, :d.nope], kv_b, d)  # [t, h, c]
+            q_rope, kv = q[rows, :, d.nope:], cache[kv_slots].float()
+            o_lat = torch.empty_like(q_lat)
+            # rows in blocks: each attends to its own K keys, gathered [rows, K, c + r]
+            for r0 in range(0, t, SPARSE_ROWS):
+                r = slice(r0, min(t, r0 + SPARSE_ROWS))
+                o_lat[r] = sparse_attend(q_lat[r], q_rope[r], kv, ids[r], keep[r], scale)
             out[rows] = self.values(o_lat, kv_b, d)
 
 
