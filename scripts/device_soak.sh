@@ -50,6 +50,12 @@ if [ "$STAGE" = run ]; then  # the detached part
   kill -TERM $SERVER; wait $SERVER
   say "second server exit $?"
   nvidia-smi --query-gpu=name --format=csv,noheader
+  # under device_stages.sh (OUT set there) what the stage's call brings back: few files
+  if [ -n "${OUT:-}" ]; then
+    cp $S/soak.json "$OUT"/ 2> /dev/null
+    tail -80 $S/soak.out > "$OUT/soak_tail.txt" 2> /dev/null
+    grep -h "start-up \[" $S/serve.log $S/serve2.log > "$OUT/startup.txt" 2> /dev/null
+  fi
   exit 0
 fi
 
