@@ -192,18 +192,23 @@ def mla_decode(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor,
     return out
 
 
+def sequence_slots(page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int):
+    """(i, the slots [n] of sequence i's n = seq_lens[i] tokens) for each non-empty sequence:
+    the references' walk through the page table."""
+    for i in range(page_table.shape[0]):
+        n = int(seq_lens[i])
+        if n:
+            t = torch.arange(n, device=page_table.device)
+            yield i, page_table[i, t // page_size].long() * page_size + t % page_size
+
+
 def mla_decode_ref(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor,
                    page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int,
                    scale: float) -> torch.Tensor:
     """Float64 reference, one sequence at a time."""
     b, h, c = q_lat.shape
     out = torch.zeros(b, h, c, dtype=torch.float64, device=q_lat.device)
-    for i in range(b):
-        n = int(seq_lens[i])
-        if n == 0:
-            continue
-        t = torch.arange(n, device=cache.device)
-        slots = page_table[i, t // page_size].long() * page_size + t % page_size
+    for i, slots in sequence_slots(page_table, seq_lens, page_size):
         kv = cache[slots].double()  # [n, C + R]
         s = (q_lat[i].double() @ kv[:, :c].T + q_rope[i].double() @ kv[:, c:].T) * scale
         out[i] = torch.softmax(s, dim=-1) @ kv[:, :c]

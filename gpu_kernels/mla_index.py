@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gpu_kernels.mla_decode import mla_decode
+from gpu_kernels.mla_decode import mla_decode, sequence_slots
 
 BLOCK_TOKENS = 64  # keys a program scores
 
@@ -73,12 +73,8 @@ def index_scores_paged_ref(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor,
     """Float64 reference, a sequence and a head at a time (the module doc's formula)."""
     b, heads, dim = q.shape
     out = torch.full((b, capacity), float("-inf"), dtype=torch.float64)
-    for i in range(b):
-        n = int(seq_lens[i])
-        if n == 0:
-            continue
-        t = torch.arange(n, device=keys.device)
-        slots = page_table[i, t // page_size].long() * page_size + t % page_size
+    for i, slots in sequence_slots(page_table, seq_lens, page_size):
+        n = slots.shape[0]
         k = keys[slots].double().cpu()  # [n, D]
         s = torch.zeros(n, dtype=torch.float64)
         for h in range(heads):
