@@ -16,8 +16,8 @@ from pathlib import Path
 from cli.progress import progress_bar
 from cli.serve import add_bench_parser, add_serve_parser
 from cli.tune import add_tune_parsers
-from hybrid.engine.config import DEFAULT_CACHE_LENS
 from hybrid.errors import HybridError
+from hybrid.model.kv_budget import DEFAULT_CACHE_LENS
 
 
 def _sampling_defaults():

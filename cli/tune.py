@@ -46,7 +46,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from hybrid.engine.config import DEFAULT_CACHE_LENS
+    from hybrid.model.kv_budget import DEFAULT_CACHE_LENS
     from hybrid.rules.devices import parse_device_map
     from hybrid.rules.explain import parse_size
     from hybrid.tuning.report import summary, to_json

@@ -1,4 +1,4 @@
-"""The KV cache's size when --cache-lens is left open (hybrid/engine/kv_budget.py): the default
+"""The KV cache's size when --cache-lens is left open (hybrid/model/kv_budget.py): the default
 on the CPU, toward the model's whole context on a GPU within a third of its free memory, never
 below the default the plan was checked with, whole pages."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from hybrid.engine.config import DEFAULT_CACHE_LENS, EngineConfig
-from hybrid.engine.kv_budget import GPU_SHARE, auto_cache_lens
+from hybrid.engine.config import EngineConfig
+from hybrid.model.kv_budget import DEFAULT_CACHE_LENS, GPU_SHARE, auto_cache_lens
 
 V3_TOKEN = 61 * 576 * 2  # bytes of one token's latent over V3's layers, bf16
 GIB = 2**30

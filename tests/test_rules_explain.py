@@ -119,6 +119,9 @@ def test_full_v32_q4_k_m_on_24_gib(capsys, v32_sparse: Path, cache_lens: int,
         (chunk - 512) * act
     assert gpu["fits"] is True and gpu["total"] <= gpu["budget"] == 24 * GIB
     assert cpu["fits"] is True and out["fits"] is True
+    # hybrid serve's own KV cache on this budget: a third of what weights and reserve leave
+    serve = (24 * GIB - gpu_bytes - int(1.5 * GIB)) // 3 // per_token // 64 * 64
+    assert out["serve_cache_lens"] == {"cuda:0": serve} and 32768 < serve < 163840
 
 
 def test_v32_default_gpu_rules_place_the_indexer_on_the_gpu(v32_sparse: Path,

@@ -5,14 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybrid.errors import HybridError
+from hybrid.model.kv_budget import DEFAULT_CACHE_LENS
 from hybrid.settings import check_choices, setting
 
 DECODE_GRAPHS = ("auto", "step", "layers")
 ATTENTION_BACKENDS = ("auto", "triton", "flashinfer")  # attention/select.py
 PREFILL_EXPERTS = ("auto", "cpu", "stream")  # prefill/prefill_costs.py
-
-
-DEFAULT_CACHE_LENS = 32768  # tokens; the plan is checked with it (engine/kv_budget.py)
 
 
 @dataclass(frozen=True)

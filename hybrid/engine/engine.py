@@ -184,13 +184,13 @@ class Engine:
 
 
 def _with_cache_lens(config: EngineConfig, loaded) -> EngineConfig:
-    """`config` with cache_lens chosen where it is left open (kv_budget.py): from the memory
+    """`config` with cache_lens chosen where it is left open (model/kv_budget.py): from the memory
     free on the attention layers' GPU now, after the weights loaded."""
     if config.cache_lens is not None:
         return config
-    from hybrid.engine.kv_budget import auto_cache_lens
     from hybrid.engine.runner.runner_start_up import attention_ops
     from hybrid.engine.step.kv_cache import PagedLatentCache
+    from hybrid.model.kv_budget import auto_cache_lens
 
     ops = attention_ops(loaded.model)
     device = ops[0].device

@@ -9,12 +9,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from hybrid.engine.config import DEFAULT_CACHE_LENS, EngineConfig
+from hybrid.engine.config import EngineConfig
 from hybrid.engine.engine import Engine
 from hybrid.engine.sampling.sampling_params import SamplingParams
 from hybrid.engine.scheduling.request import Request, RequestEvent, RequestFailed, TokenOutput
 from hybrid.engine.worker import EngineWorker
 from hybrid.errors import HybridError
+from hybrid.model.kv_budget import DEFAULT_CACHE_LENS
 from hybrid.model.loader import LoadedModel
 from hybrid.rules.load import load_with_rules
 

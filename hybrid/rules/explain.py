@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybrid.errors import HybridError
+from hybrid.model.kv_budget import DEFAULT_CACHE_LENS, auto_cache_lens
 from hybrid.model.spec import ModelSpec
 from hybrid.rules.plan import Plan
 
@@ -78,6 +79,9 @@ class Explanation:
     # in RAM (and on disk, as the packed cache) at steady state
     packed_from: int = 0
     packed_bytes: int = 0
+    # per GPU: the KV cache tokens `hybrid serve` sizes without --cache-lens on this budget
+    # (model/kv_budget.py, from what the weights and the reserve leave)
+    serve_cache_lens: dict[str, int] = field(default_factory=dict)
 
     @property
     def fits(self) -> bool:
@@ -92,6 +96,7 @@ class Explanation:
                                "total": d.total, "budget": d.budget, "fits": d.fits}
                         for name, d in self.devices.items()},
             "kv_bytes_per_token": self.kv_bytes_per_token,
+            "serve_cache_lens": self.serve_cache_lens,
             "groups": [{"group": g.pattern, "operator": g.operator, "device": g.device,
                         "modules": len(g.modules), "bytes": g.nbytes, "types": dict(g.types)}
                        for g in self.groups],
@@ -135,8 +140,11 @@ def explain(plan: Plan, spec: ModelSpec, cache_lens: int, gpu_memory: int,
             d.reserve, d.budget = gpu_reserve, gpu_memory
     _count_prefill_activations(plan, spec, cache_lens, devices)
     ordered = sorted(groups.values(), key=lambda g: (g.device, -g.nbytes))
+    serve = {dev: auto_cache_lens(spec.context_length, per_token,
+                                  max(0, gpu_memory - devices[dev].weights - gpu_reserve), 64)
+             for dev, per_token in kv_per_token.items() if dev != "cpu" and gpu_memory}
     exp = Explanation(ordered, dict(sorted(devices.items())), cache_lens, kv_per_token,
-                      list(plan.warnings), [], packed_from, packed_bytes)
+                      list(plan.warnings), [], packed_from, packed_bytes, serve)
     exp.advice = _advice(exp)
     return exp
 
@@ -228,6 +236,11 @@ def render_table(exp: Explanation, header: str) -> str:
     lines.append("")
     for dev, per_token in exp.kv_bytes_per_token.items():
         lines.append(f"KV cache: {per_token:,} bytes per token on {dev}, {exp.cache_lens:,} tokens")
+        if dev in exp.serve_cache_lens:
+            lines.append(f"  hybrid serve without --cache-lens: {exp.serve_cache_lens[dev]:,} "
+                         f"tokens on this budget (up to the model's context where a third of "
+                         f"the memory the weights and the reserve leave holds it; at least "
+                         f"{DEFAULT_CACHE_LENS:,})")
     lines.append(f"GPU reserve: {gib(GPU_RESERVE_BYTES)} per GPU for activations at 512 "
                  "prompt tokens a step, CUDA graphs and the CUDA context")
     for name, d in exp.devices.items():

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hybrid.engine.config import DEFAULT_CACHE_LENS
 from hybrid.errors import HybridError
+from hybrid.model.kv_budget import DEFAULT_CACHE_LENS
 from hybrid.rules.devices import parse_device
 from hybrid.tuning.planner import (
     ExpertBytes,

@@ -4,14 +4,14 @@ The plan is checked against the GPU with DEFAULT_CACHE_LENS tokens of cache (rul
 so that many always fit. Where attention runs on a GPU, the cache then grows toward one request
 of the model's whole context (as llama.cpp's `-c 0` sizes it), within a third of the memory free
 after the weights loaded: the rest stays for prompt activations (prefill_chunk.py takes a
-quarter of what is free after the cache) and streamed experts. On the CPU it stays at the
+quarter of what is free after the cache) and streamed experts. `rules explain` shows the choice
+its budget gives. On the CPU it stays at the
 default: host memory is plentiful, but attention over a long context there is slow.
 """
 
 from __future__ import annotations
 
-from hybrid.engine.config import DEFAULT_CACHE_LENS
-
+DEFAULT_CACHE_LENS = 32768  # tokens; what the plan is checked with
 GPU_SHARE = 3  # the cache takes at most 1/GPU_SHARE of the GPU memory free after the weights
 
 
