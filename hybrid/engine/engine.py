@@ -10,6 +10,7 @@ during a forward.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -24,6 +25,8 @@ from hybrid.engine.scheduling.request import Request, RequestStatus, TokenOutput
 from hybrid.engine.scheduling.scheduler import ScheduledBatch, Scheduler
 from hybrid.errors import HybridError, RequestRejected
 from hybrid.tokenizer.detokenizer import IncrementalDetokenizer
+
+log = logging.getLogger("hybrid.engine")
 
 
 @dataclass
@@ -202,14 +205,19 @@ def _with_cache_lens(config: EngineConfig, loaded) -> EngineConfig:
 
 def _waiter(jobs: list, progress: Callable[[str], None] | None) -> Callable[[], None]:
     """A call that waits for the background compiles `jobs` (cpu_kernels.runtime.precompile)
-    the first time, and returns at once after."""
+    the first time, and returns at once after. A process that failed is logged: the warm-up
+    then compiles its kernels itself (slower, not wrong)."""
     pending = list(jobs)
 
     def wait() -> None:
         if pending and progress is not None:
             progress("waiting for the CPU experts' kernels compiling in the background")
         while pending:
-            pending.pop().wait()
+            job = pending.pop()
+            codes = job.wait()
+            if any(c != 0 for c in codes):
+                log.warning("a background compile of the CPU experts' kernels (types %s) "
+                            "exited %s; start-up compiles them itself", job.types, codes)
     return wait
 
 

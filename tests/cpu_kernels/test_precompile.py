@@ -75,3 +75,19 @@ def test_a_stopped_background_compile_leaves_no_process(tmp_path, monkeypatch) -
     job.stop()
     assert all(p.poll() is not None for p in job.procs)
     assert job.wait() == [p.returncode for p in job.procs]
+
+
+def test_a_failed_background_compile_is_logged_and_start_up_goes_on(caplog) -> None:
+    """The engine's wait names a process that failed (the warm-up then compiles the kernels
+    itself); a second wait returns at once."""
+    from hybrid.engine.engine import _waiter
+
+    job = BackgroundCompile((qt.Q4_K, qt.Q4_K, 999), (qt.Q4_K,), 0)  # no such type: exits 1
+    said: list[str] = []
+    wait = _waiter([job], said.append)
+    with caplog.at_level("WARNING", logger="hybrid.engine"):
+        wait()
+    assert said == ["waiting for the CPU experts' kernels compiling in the background"]
+    assert "background compile" in caplog.text and "exited [1]" in caplog.text
+    wait()
+    assert len(said) == 1
