@@ -289,7 +289,6 @@ def _kernel(qtype: int):
     compiled in (a kernel naming every body compiles them all). The closure variable is a plain
     int: numba's on-disk cache keys closures by their variables' pickled bytes, stable across
     processes for an int (not for a function object)."""
-    @njit(parallel=True, cache=True)
     def pack(blocks, r_lo, num_rows, b_lo, type_size, packed_bytes, out):
         num_experts, groups, group_bytes = out.shape
         num_blocks = group_bytes // packed_bytes
@@ -341,7 +340,9 @@ def _kernel(qtype: int):
                     _iq4_xs(a, dst, o, dst32, o32)
                 elif qtype == IQ4_NL:
                     _iq4_nl(a, dst, o, dst32, o32)
-    return pack
+    # a name of its own: see packed_dot._specialize (the packers differ only in `qtype`)
+    pack.__qualname__ = f"pack_{qtype}"
+    return njit(parallel=True, cache=True)(pack)
 
 
 def pack_blocks(qtype: int, blocks: np.ndarray, r_lo: int, num_rows: int, b_lo: int,

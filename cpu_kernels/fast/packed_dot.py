@@ -12,15 +12,17 @@ from cpu_kernels.fast.packed_tiles_low import q2_k_tile, q3_k_tile
 
 def _specialize(body, nt: int, two: bool, first: int = 0):
     if first:  # a constant first argument: block bytes (g32_tile, iq4_tile) or a type id
-        @njit(cache=True)
-        def tile_blocks(pa, pb, xq, lo_off, dx, sums, t0, t1, t2, t3, res):
+        def tile(pa, pb, xq, lo_off, dx, sums, t0, t1, t2, t3, res):
             body(first, pa, pb, xq, lo_off, dx, sums, t0, t1, t2, t3, res, nt, two)
-        return tile_blocks
-
-    @njit(cache=True)
-    def tile(pa, pb, xq, lo_off, dx, sums, t0, t1, t2, t3, res):
-        body(pa, pb, xq, lo_off, dx, sums, t0, t1, t2, t3, res, nt, two)
-    return tile
+    else:
+        def tile(pa, pb, xq, lo_off, dx, sums, t0, t1, t2, t3, res):
+            body(pa, pb, xq, lo_off, dx, sums, t0, t1, t2, t3, res, nt, two)
+    # A name of its own: numba names compiled code by qualified name, argument types and a
+    # per-process counter, and the variants share the last two. Compiled in different
+    # processes (the on-disk cache, a first start's background compile) two variants could get
+    # one symbol, and a caller linking both would run the other's tiles.
+    tile.__qualname__ = f"{body.__name__}_{first}_{nt}_{int(two)}"
+    return njit(cache=True)(tile)
 
 
 def variants(body, first: int = 0) -> tuple:

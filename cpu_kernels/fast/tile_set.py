@@ -110,6 +110,7 @@ def tile_family(*qtypes: int) -> TileSet:
     return ALL_TILES if any(t in qt.IQUANTS for t in qtypes) else KQUANT_TILES
 
 
+@functools.cache
 def k_quants_of(tiles: TileSet) -> TileSet:
     """The set without its i-quants: what the AMX kernel's VNNI half runs (its layers have
     none)."""
@@ -213,4 +214,6 @@ def _dispatch(qtypes: tuple[int, ...]):
             _call(iq.IQ4_NL_0, iq.IQ4_NL_1, iq.IQ4_NL_2, iq.IQ4_NL_3, iq.IQ4_NL_4, iq.IQ4_NL_5,
                   iq.IQ4_NL_6, iq.IQ4_NL_7, v, pa, pb, xq, lo_off,
                   dx, xsum16, t0, t1, t2, t3, res)
+    # a name of its own per set (cached callers link it): see packed_dot._specialize
+    impl.__qualname__ = "tile_of_" + "_".join(map(str, qtypes))
     return impl

@@ -113,3 +113,25 @@ def test_a_kernel_compiles_only_its_sets_tiles(tmp_path) -> None:
     done = subprocess.run([sys.executable, "-c", _ONLY_ITS_TILES], capture_output=True,
                           text=True, env=env, timeout=600, check=True)
     assert done.stdout.split("\n")[-2] == "['Q8_0']"
+
+
+
+def test_every_compiled_variant_has_a_name_of_its_own() -> None:
+    """numba names compiled code by qualified name, argument types and a per-process counter.
+    The tile variants (and the per-type packers, and tile_of's per-set bodies) share a body
+    and argument types: compiled in different processes (the on-disk cache, a first start's
+    background compile) two with one qualified name could get one symbol, and a process
+    loading both ran one for the other (the broad kernel gave NaN after a Q8_0 set's kernel
+    was compiled elsewhere). Each carries a name of its own."""
+    from cpu_kernels.fast import pack_kernels
+    from cpu_kernels.fast import packed_dot as kq
+    from cpu_kernels.fast import packed_dot_iq as iq
+    from cpu_kernels.fast.tile_set import PACKED_TYPES, _dispatch
+
+    variants = [getattr(m, n) for m in (kq, iq) for n in dir(m)
+                if n[-2] == "_" and n[-1].isdigit() and hasattr(getattr(m, n), "py_func")]
+    assert len(variants) == 8 * len(PACKED_TYPES)
+    names = {v.py_func.__qualname__ for v in variants}
+    names |= {pack_kernels._kernel(t).py_func.__qualname__ for t in PACKED_TYPES}
+    names |= {_dispatch(s).__qualname__ for s in ((qt.Q8_0,), (qt.Q5_0, qt.Q8_0), PACKED_TYPES)}
+    assert len(names) == len(variants) + len(PACKED_TYPES) + 3
