@@ -148,7 +148,7 @@ class MoEPool:
         if len(groups) > 1:
             _require_threadsafe_layer()
         self._threads = [_GroupThread(i, g) for i, g in enumerate(groups)]
-        self._packed_types: set[int] = set()  # of every packed layer placed here
+        self._tiles = tile_set(())  # every type of the packed layers placed here
         self._finalizer = weakref.finalize(self, _stop_all, self._threads)
 
     @property
@@ -160,16 +160,16 @@ class MoEPool:
         """The tile set the pool's kernels compile in: every type of the packed layers placed
         so far (one kernel for all layers; placing a layer of a new type later compiles
         another)."""
-        return tile_set(self._packed_types)
+        return self._tiles
 
     def place(self, experts: ExpertWeights, mode: str = "exact") -> PlacedExperts:
         """The layer's experts split over the groups; `fast` packs each slice on its group's
         thread (first touch places it on the node). Call once per layer, at load time."""
         placed = self._place(experts, mode)
-        for sl in placed.slices:
-            if sl.packed is not None:
-                self._packed_types.update(m.qtype for m in (sl.packed.gate, sl.packed.up,
-                                                            sl.packed.down))
+        added = [m.qtype for sl in placed.slices if sl.packed is not None
+                 for m in (sl.packed.gate, sl.packed.up, sl.packed.down)]
+        if added:  # once a layer, not per job: submit and run_inline pass it every call
+            self._tiles = tile_set((*self._tiles.qtypes, *added))
         return placed
 
     def _place(self, experts: ExpertWeights, mode: str) -> PlacedExperts:
