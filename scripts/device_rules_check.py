@@ -29,7 +29,7 @@ from hybrid.engine.llm import LLM
 from hybrid.engine.sampling.sampling_params import SamplingParams
 from hybrid.model.loader import load_model
 from hybrid.rules.inject import inject
-from hybrid.rules.planner import plan_model, with_experts_mode
+from hybrid.rules.planner import plan_model, with_experts_mode, with_kv_cache_dtype
 from hybrid.synth.make_model import MakeModelOptions, make_model
 from hybrid.synth.presets import get_preset
 from hybrid.synth.vocab import get_vocab
@@ -76,9 +76,14 @@ def greedy(path: str, rules: str, graphs: bool = True, decode_graph: str = "step
     return out
 
 
-def check_equal(path: str, rules: str) -> dict:
+def check_equal(path: str, rules: str, kv_f32: bool = False) -> dict:
+    """`kv_f32`: the exact rules keep an f32 KV cache (DeepSeek-V3.2: the bf16 cache moves the
+    indexer's scores by ~1e-3, enough to swap two keys tied at the top-k's edge, a different and
+    equally valid selection, so only the f32 cache gives cpu.yaml's tokens)."""
     fast = rules
     rules = str(with_experts_mode(rules, "exact", WORK))  # the bundled GPU files serve fast
+    if kv_f32:
+        rules = str(with_kv_cache_dtype(rules, "f32", WORK))
     ref = load_model(path).model
     model = inject(plan_model(path, rules, announce=False))
     devices = sorted({str(t.device) for m in model.modules() for t in vars(m).values()
@@ -131,11 +136,16 @@ def main() -> None:
     only_flashinfer = os.environ.get("ONLY") == "flashinfer"
     cases = (("tiny-v3", "q4_k_m", "legacy", "DeepSeek-V3"),
              ("tiny-v3", "q4_k_m", "mla", "DeepSeek-V3-gpu-experts"),
-             ("tiny-v2-lite", "q4_k_m", "mla", "DeepSeek-V2-Lite"))
-    # CASES=N: the first N cases only (a short check when device time is scarce)
+             ("tiny-v2-lite", "q4_k_m", "mla", "DeepSeek-V2-Lite"),
+             ("tiny-v32", "q4_k_m", "mla", "DeepSeek-V3.2"))
+    # CASES=N: the first N cases only (a short check when device time is scarce);
+    # PRESETS=a,b: the cases of those presets only
     cases = () if only_flashinfer else cases[:int(os.environ.get("CASES", len(cases)))]
+    if os.environ.get("PRESETS"):
+        cases = tuple(c for c in cases if c[0] in os.environ["PRESETS"].split(","))
     for preset, quant, layout, rules in cases:
-        rows.append(check_equal(build(preset, quant, layout), rules))
+        rows.append(check_equal(build(preset, quant, layout), rules,
+                                kv_f32=get_preset(preset).arch == "deepseek32"))
         print(rows[-1], flush=True)
     fi = check_flashinfer() if available() else None
     print("flashinfer:", fi, flush=True)
