@@ -26,7 +26,7 @@ from cpu_kernels.amx.amx_bf16_moe import (
     amx_bf16_moe_kernel,
     runs_on_amx,
 )
-from cpu_kernels.exact.iquant_decode import decode_row, is_iquant, scratch
+from cpu_kernels.exact.iquant_decode import decode_row, is_table_coded, scratch
 from cpu_kernels.exact.matmul import check_mode
 from cpu_kernels.exact.routing import route
 from cpu_kernels.exact.rowdot import prepare_row
@@ -87,7 +87,8 @@ def _moe_kernel(gate_type: int, gate_w: np.ndarray, up_type: int, up_w: np.ndarr
     hd = np.empty((num_slots, inter // 32 if fast else 0), f32)
     hqsum = np.empty((num_slots, inter // 32 if fast else 0), f32)
     hsum16 = np.empty((num_slots, inter // 16 if fast else 0), np.int32)
-    gate_iq, up_iq, down_iq = is_iquant(gate_type), is_iquant(up_type), is_iquant(down_type)
+    gate_iq, up_iq, down_iq = (is_table_coded(gate_type), is_table_coded(up_type),
+                               is_table_coded(down_type))
     tasks_i = (inter + ROWS_PER_TASK - 1) // ROWS_PER_TASK
     for task in prange(num_used * tasks_i):
         u = task // tasks_i

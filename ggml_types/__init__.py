@@ -31,6 +31,7 @@ IQ2_S = 22
 IQ4_XS = 23
 IQ1_M = 29
 BF16 = 30
+MXFP4 = 39  # OCP microscaling FP4: E2M1 codes, one E8M0 (power of two) scale per 32
 
 # qtype -> (elements per block, bytes per block); the float types are blocks of one element
 GEOMETRY: dict[int, tuple[int, int]] = {
@@ -39,7 +40,7 @@ GEOMETRY: dict[int, tuple[int, int]] = {
     Q2_K: (256, 84), Q3_K: (256, 110), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210),
     IQ2_XXS: (256, 66), IQ2_XS: (256, 74), IQ2_S: (256, 82), IQ3_XXS: (256, 98),
     IQ3_S: (256, 110), IQ1_S: (256, 50), IQ1_M: (256, 56), IQ4_NL: (32, 18),
-    IQ4_XS: (256, 136),
+    IQ4_XS: (256, 136), MXFP4: (32, 17),
 }
 
 NAMES: dict[int, str] = {
@@ -47,6 +48,7 @@ NAMES: dict[int, str] = {
     Q5_1: "Q5_1", Q8_0: "Q8_0", Q2_K: "Q2_K", Q3_K: "Q3_K", Q4_K: "Q4_K", Q5_K: "Q5_K",
     Q6_K: "Q6_K", IQ2_XXS: "IQ2_XXS", IQ2_XS: "IQ2_XS", IQ2_S: "IQ2_S", IQ3_XXS: "IQ3_XXS",
     IQ3_S: "IQ3_S", IQ1_S: "IQ1_S", IQ1_M: "IQ1_M", IQ4_NL: "IQ4_NL", IQ4_XS: "IQ4_XS",
+    MXFP4: "MXFP4",
 }
 
 

@@ -54,7 +54,7 @@ SHAPES = {
     "v3-ud-iq1_s": (7168, 2048, 256, 8, qt.IQ1_S, qt.IQ1_S),
     "v3-ud-iq1_m": (7168, 2048, 256, 8, qt.IQ1_M, qt.IQ2_XXS),
     # one row per i-quant, every matrix in it (v3-iq4_nl: IQ4_NL, the fallback type, alone)
-    **{f"v3-{qt.type_name(t).lower()}": (7168, 2048, 256, 8, t, t) for t in qt.IQUANTS},
+    **{f"v3-{qt.type_name(t).lower()}": (7168, 2048, 256, 8, t, t) for t in qt.TABLE_CODED},
 }
 
 

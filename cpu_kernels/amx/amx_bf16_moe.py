@@ -55,7 +55,7 @@ MIN_TOKENS = 12
 def runs_on_amx(gate_type: int, up_type: int, down_type: int) -> bool:
     """Whether fast mode on packed experts of these types uses amx_bf16_moe_kernel. Not for a
     layer with an i-quant: its VNNI half calls the K-quant tiles alone (tile_set.KQUANT_TILES)."""
-    return HAS_AMX and not any(t in qt.IQUANTS for t in (gate_type, up_type, down_type)) and (
+    return HAS_AMX and not any(t in qt.TABLE_CODED for t in (gate_type, up_type, down_type)) and (
         (has_bf16_tiles(gate_type) and has_bf16_tiles(up_type)) or has_bf16_tiles(down_type))
 
 

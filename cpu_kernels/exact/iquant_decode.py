@@ -10,6 +10,7 @@ Every type becomes w = sc16[e // 16] * w8[e] exactly (the products equal gguf-py
     grid types      w8 = grid * sign (|w8| <= 62), sc16 = the block's sub-scale
     IQ1_S / IQ1_M   w8 = 8 * grid +- 1 (grid + delta times 8: -9..9), sc16 = dl / 8
     IQ4_NL / IQ4_XS w8 = level (-127..113), sc16 = d or d * (scale - 32)
+    MXFP4           w8 = level (-12..12, E2M1 doubled), sc16 = 2^(e - 128)
 Negation: grid bytes are never 0, so (g ^ m) + (m & 0x01..01) negates the bytes where the mask m
 is 0xFF without a carry crossing bytes.
 
@@ -24,7 +25,7 @@ from numba import njit
 from cpu_kernels.exact.iquant1_dots import iq1_m_d
 from cpu_kernels.formats import iquant_tables as tables
 from cpu_kernels.formats import qtypes as qt
-from cpu_kernels.formats.scalars import f16_at, u32_at
+from cpu_kernels.formats.scalars import e8m0_at, f16_at, u32_at
 from cpu_kernels.simd.simd import HAS_AVX2, f32x8_zero
 from cpu_kernels.simd.simd_i8 import dot16_f32, fma_halves, hsum8, levels_intrinsic, sdot32
 
@@ -62,7 +63,10 @@ MASK8 = _masks(np.arange(256))
 # a byte of two IQ4 nibbles -> its two levels as int8 (low nibble first)
 LEVEL_PAIRS = np.stack([tables.IQ4_LEVELS[np.arange(256) & 15],
                         tables.IQ4_LEVELS[np.arange(256) >> 4]], -1).astype(np.int8)
+MX_LEVEL_PAIRS = np.stack([tables.MXFP4_LEVELS[np.arange(256) & 15],
+                           tables.MXFP4_LEVELS[np.arange(256) >> 4]], -1).astype(np.int8)
 _levels32 = levels_intrinsic([int(v) for v in tables.IQ4_LEVELS])
+_mx_levels32 = levels_intrinsic([int(v) for v in tables.MXFP4_LEVELS])
 
 
 @njit(inline="always", cache=True)
@@ -189,6 +193,27 @@ def _levels(row, qo, w8, e0):
         w8[e0 + 16 + j] = LEVEL_PAIRS[q, 1]
 
 
+@njit(inline="always", cache=True)
+def _mx_levels(row, qo, w8, e0):
+    if HAS_AVX2:
+        _mx_levels32(row, qo, w8, e0)
+        return
+    for j in range(16):
+        q = row[qo + j]
+        w8[e0 + j] = MX_LEVEL_PAIRS[q, 0]
+        w8[e0 + 16 + j] = MX_LEVEL_PAIRS[q, 1]
+
+
+@njit(cache=True)
+def _mxfp4(row, w64, sc16):
+    w8 = w64.view(np.int8)
+    for g in range(row.shape[0] // 17):
+        _mx_levels(row, 17 * g + 1, w8, 32 * g)
+        d = e8m0_at(row, 17 * g)
+        sc16[2 * g] = d
+        sc16[2 * g + 1] = d
+
+
 @njit(cache=True)
 def _iq4_nl(row, w64, sc16):
     w8 = w64.view(np.int8)
@@ -216,7 +241,8 @@ def _iq4_xs(row, w64, sc16):
 
 @njit(cache=True)
 def decode_row(qtype: int, row: np.ndarray, w64: np.ndarray, sc16: np.ndarray) -> None:
-    """Decode one i-quant row into w64 (as int8 weights) and sc16; no-op for other types."""
+    """Decode one table-coded row (qtypes.TABLE_CODED) into w64 (as int8 weights) and sc16; no-op
+    for other types."""
     if qtype == qt.IQ1_S:
         _iq1_s(row, w64, sc16)
     elif qtype == qt.IQ2_XXS:
@@ -235,6 +261,8 @@ def decode_row(qtype: int, row: np.ndarray, w64: np.ndarray, sc16: np.ndarray) -
         _iq3_s(row, w64, sc16)
     elif qtype == qt.IQ4_NL:
         _iq4_nl(row, w64, sc16)
+    elif qtype == qt.MXFP4:
+        _mxfp4(row, w64, sc16)
 
 
 @njit(cache=True)
@@ -260,14 +288,14 @@ def dot_decoded_q8(w64: np.ndarray, sc16: np.ndarray, xq: np.ndarray, dx: np.nda
 
 
 @njit(inline="always", cache=True)
-def is_iquant(qtype: int) -> bool:
+def is_table_coded(qtype: int) -> bool:
     return (qtype == qt.IQ1_S or qtype == qt.IQ1_M or qtype == qt.IQ2_XXS or qtype == qt.IQ2_XS
             or qtype == qt.IQ2_S or qtype == qt.IQ3_XXS or qtype == qt.IQ3_S
-            or qtype == qt.IQ4_NL or qtype == qt.IQ4_XS)
+            or qtype == qt.IQ4_NL or qtype == qt.IQ4_XS or qtype == qt.MXFP4)
 
 
 @njit(inline="always", cache=True)
 def scratch(qtype: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
     """A decoded row's buffers (w64 [cols/8], sc16 [cols/16]); empty for other types."""
-    n = cols if is_iquant(qtype) else 0
+    n = cols if is_table_coded(qtype) else 0
     return np.empty(n // 8, np.uint64), np.empty(n // 16, np.float32)

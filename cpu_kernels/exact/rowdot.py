@@ -10,7 +10,7 @@ import numpy as np
 from numba import njit, prange
 
 from cpu_kernels.exact.iquant1_dots import iq1_m, iq1_s
-from cpu_kernels.exact.iquant4_dots import iq4_nl, iq4_xs
+from cpu_kernels.exact.iquant4_dots import iq4_nl, iq4_xs, mxfp4
 from cpu_kernels.exact.iquant_grid_dots import iq2_s, iq2_xs, iq2_xxs, iq3_s, iq3_xxs
 from cpu_kernels.exact.kquant_dots import (
     dot_q4_k,
@@ -39,6 +39,7 @@ Q4_0, Q5_0, BF16, F16 = qt.Q4_0, qt.Q5_0, qt.BF16, qt.F16
 Q2_K, Q3_K = qt.Q2_K, qt.Q3_K
 IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S = qt.IQ1_S, qt.IQ1_M, qt.IQ2_XXS, qt.IQ2_XS, qt.IQ2_S
 IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS = qt.IQ3_XXS, qt.IQ3_S, qt.IQ4_NL, qt.IQ4_XS
+MXFP4 = qt.MXFP4
 
 
 @njit(cache=True)
@@ -70,7 +71,7 @@ def row_dot_exact(qtype: int, row: np.ndarray, x: np.ndarray, xs: np.ndarray) ->
 @njit(cache=True)
 def _iquant(qtype: int, row: np.ndarray, x: np.ndarray, dx: np.ndarray, xs: np.ndarray,
             quantized: bool) -> float:
-    """An i-quant row's dot, both modes: x float32 (exact) or int8 with scales dx (fast)."""
+    """A table-coded row's dot (an i-quant's, MXFP4's), both modes: x float32 (exact) or int8 with scales dx (fast)."""
     if qtype == IQ1_S:
         return iq1_s(row, x, dx, xs, quantized)
     if qtype == IQ2_XXS:
@@ -89,6 +90,8 @@ def _iquant(qtype: int, row: np.ndarray, x: np.ndarray, dx: np.ndarray, xs: np.n
         return iq3_s(row, x, dx, xs, quantized)
     if qtype == IQ4_NL:
         return iq4_nl(row, x, dx, xs, quantized)
+    if qtype == MXFP4:
+        return mxfp4(row, x, dx, xs, quantized)
     return np.nan
 
 

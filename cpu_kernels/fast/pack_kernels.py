@@ -278,9 +278,18 @@ def _iq4_nl(a, out, o, out32, o32):
         _f16_as_f32(a, r, 0, out32, o32 + 32 + r)
 
 
+@njit(inline="always", cache=True)
+def _mxfp4(a, out, o):
+    for r in range(8):
+        for k in range(16):
+            out[o + 32 * (k >> 2) + 4 * r + (k & 3)] = a[r, 1 + k]
+        out[o + 128 + r] = a[r, 0] - 1 if a[r, 0] > 0 else 0
+
+
 Q4_K, Q6_K, Q8_0, Q5_0, Q2_K, Q3_K = qt.Q4_K, qt.Q6_K, qt.Q8_0, qt.Q5_0, qt.Q2_K, qt.Q3_K
 IQ2_XXS, IQ1_S, IQ1_M, IQ2_XS, IQ2_S = qt.IQ2_XXS, qt.IQ1_S, qt.IQ1_M, qt.IQ2_XS, qt.IQ2_S
 IQ3_XXS, IQ3_S, IQ4_XS, IQ4_NL = qt.IQ3_XXS, qt.IQ3_S, qt.IQ4_XS, qt.IQ4_NL
+MXFP4 = qt.MXFP4
 
 
 @functools.cache
@@ -340,6 +349,8 @@ def _kernel(qtype: int):
                     _iq4_xs(a, dst, o, dst32, o32)
                 elif qtype == IQ4_NL:
                     _iq4_nl(a, dst, o, dst32, o32)
+                elif qtype == MXFP4:
+                    _mxfp4(a, dst, o)
     # a name of its own: see packed_dot._specialize (the packers differ only in `qtype`)
     pack.__qualname__ = f"pack_{qtype}"
     return njit(parallel=True, cache=True)(pack)

@@ -121,3 +121,12 @@ def pack_iq4_nl(raw: np.ndarray) -> np.ndarray:
     g, b = a.shape[:2]
     steps = a[..., 2:18].reshape(g, b, 8, 4, 4).transpose(0, 1, 3, 2, 4)
     return np.concatenate([steps.reshape(g, b, 128), f16_bytes_as_f32(a[..., 0:2])], -1)
+
+
+def pack_mxfp4(raw: np.ndarray) -> np.ndarray:
+    # raw: [G, 8 rows, B, 17] -> [G, B, 136]: 4 steps of [8 rows][4 bytes]; k = max(e - 1, 0) [8]
+    a = raw.transpose(0, 2, 1, 3)
+    g, b = a.shape[:2]
+    steps = a[..., 1:17].reshape(g, b, 8, 4, 4).transpose(0, 1, 3, 2, 4)
+    k = np.maximum(a[..., 0].astype(np.int16) - 1, 0).astype(np.uint8)  # [G, B, 8 rows]
+    return np.concatenate([steps.reshape(g, b, 128), k], -1)

@@ -39,7 +39,7 @@ from cpu_kernels.formats import qtypes as qt
 # every type with packed tiles, K-quants (and Q8_0/Q5_0) first
 KQUANT_TYPES = (qt.Q4_K, qt.Q6_K, qt.Q8_0, qt.Q5_0, qt.Q2_K, qt.Q3_K)
 PACKED_TYPES = KQUANT_TYPES + (qt.IQ2_XXS, qt.IQ1_S, qt.IQ1_M, qt.IQ2_XS, qt.IQ2_S, qt.IQ3_XXS,
-                               qt.IQ3_S, qt.IQ4_XS, qt.IQ4_NL)
+                               qt.IQ3_S, qt.IQ4_XS, qt.IQ4_NL, qt.MXFP4)
 
 
 class TileSet:
@@ -106,15 +106,16 @@ ALL_TILES = tile_set(PACKED_TYPES)
 
 def tile_family(*qtypes: int) -> TileSet:
     """The broad set for layers of these types, when nothing narrower is known: ALL_TILES where
-    one is an i-quant, else KQUANT_TILES (so a K-quant model never compiles the i-quants')."""
-    return ALL_TILES if any(t in qt.IQUANTS for t in qtypes) else KQUANT_TILES
+    one is table-coded (an i-quant, MXFP4), else KQUANT_TILES (so a K-quant model never
+    compiles the i-quants')."""
+    return ALL_TILES if any(t in qt.TABLE_CODED for t in qtypes) else KQUANT_TILES
 
 
 @functools.cache
 def k_quants_of(tiles: TileSet) -> TileSet:
-    """The set without its i-quants: what the AMX kernel's VNNI half runs (its layers have
-    none)."""
-    return tile_set(t for t in tiles.qtypes if t not in qt.IQUANTS)
+    """The set without its table-coded types: what the AMX kernel's VNNI half runs (its layers
+    have none)."""
+    return tile_set(t for t in tiles.qtypes if t not in qt.TABLE_CODED)
 
 
 def check_covers(tiles: TileSet, *qtypes: int) -> None:
@@ -149,8 +150,8 @@ def _dispatch(qtypes: tuple[int, ...]):
     """tile_of's body for one set: each `has_*` is a frozen closure variable, so numba prunes
     the branches of the types outside the set before typing them."""
     has_q4_k, has_q6_k, has_q8_0, has_q5_0, has_q2_k, has_q3_k, has_iq2_xxs, has_iq1_s, \
-        has_iq1_m, has_iq2_xs, has_iq2_s, has_iq3_xxs, has_iq3_s, has_iq4_xs, has_iq4_nl = (
-            t in qtypes for t in PACKED_TYPES)
+        has_iq1_m, has_iq2_xs, has_iq2_s, has_iq3_xxs, has_iq3_s, has_iq4_xs, has_iq4_nl, \
+        has_mxfp4 = (t in qtypes for t in PACKED_TYPES)
 
     def impl(tiles, qtype, pa, pb, xq, lo_off, dx, xqsum, xsum16, t0, t1, t2, t3, nt, res):
         v = min(nt, 4) - 1 + (4 if lo_off != 0 else 0)  # the variant: rows, planes
@@ -213,6 +214,10 @@ def _dispatch(qtypes: tuple[int, ...]):
         elif has_iq4_nl and qtype == qt.IQ4_NL:
             _call(iq.IQ4_NL_0, iq.IQ4_NL_1, iq.IQ4_NL_2, iq.IQ4_NL_3, iq.IQ4_NL_4, iq.IQ4_NL_5,
                   iq.IQ4_NL_6, iq.IQ4_NL_7, v, pa, pb, xq, lo_off,
+                  dx, xsum16, t0, t1, t2, t3, res)
+        elif has_mxfp4 and qtype == qt.MXFP4:
+            _call(iq.MXFP4_0, iq.MXFP4_1, iq.MXFP4_2, iq.MXFP4_3, iq.MXFP4_4, iq.MXFP4_5,
+                  iq.MXFP4_6, iq.MXFP4_7, v, pa, pb, xq, lo_off,
                   dx, xsum16, t0, t1, t2, t3, res)
     # a name of its own per set (cached callers link it): see packed_dot._specialize
     impl.__qualname__ = "tile_of_" + "_".join(map(str, qtypes))

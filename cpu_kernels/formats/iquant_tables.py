@@ -44,3 +44,5 @@ GRID_IQ1_S = _decode("IQ1_S", (2048, 8))  # values -1, 0, 1
 SIGNS = _signs()
 # IQ4_NL / IQ4_XS: the 16 non-uniform levels a 4-bit code selects
 IQ4_LEVELS = np.array(_LEVELS, np.int8)
+# MXFP4: the E2M1 values a 4-bit code selects, doubled to integers (ggml's kvalues_mxfp4)
+MXFP4_LEVELS = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)

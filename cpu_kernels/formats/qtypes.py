@@ -20,6 +20,7 @@ from ggml_types import (
     IQ3_XXS,
     IQ4_NL,
     IQ4_XS,
+    MXFP4,
     Q2_K,
     Q3_K,
     Q4_0,
@@ -34,9 +35,12 @@ from ggml_types import NAMES as _GGML_NAMES
 # the types our kernels compute on -> (elements per block, bytes per block)
 BLOCK_GEOMETRY: dict[int, tuple[int, int]] = {t: GEOMETRY[t] for t in (
     F16, BF16, Q4_0, Q5_0, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
-    IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, IQ4_NL, IQ4_XS)}
+    IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, IQ4_NL, IQ4_XS, MXFP4)}
 # the i-quants: lattice or level-table codes, read through cpu_kernels/formats/iquant_tables.py
 IQUANTS = (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS)
+# codes that select values from a table (the i-quants, and MXFP4's E2M1 levels): the exact path
+# decodes their rows once (exact/iquant_decode.py); the AMX kernel takes none of them
+TABLE_CODED = (*IQUANTS, MXFP4)
 
 NAMES: dict[int, str] = {t: _GGML_NAMES[t] for t in (F32, *BLOCK_GEOMETRY)}
 

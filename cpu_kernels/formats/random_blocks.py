@@ -1,7 +1,7 @@
 """Random valid GGUF blocks for tests and benchmarks (numpy only).
 
 Random bytes are valid blocks for every type once the float16 fields (d, dmin) are set to small
-finite values; F16/BF16 rows are random normal values. Scales are chosen so that dequantized
+finite values (MXFP4: its E8M0 scale byte); F16/BF16 rows are random normal values. Scales are chosen so that dequantized
 weights have magnitude ~0.01-0.1, like trained expert weights.
 """
 
@@ -89,6 +89,9 @@ def random_blocks(rng: np.random.Generator, qtype: int, shape: tuple[int, int, i
     raw = rng.integers(0, 256, (num_blocks, type_size), dtype=np.uint8)
     if qtype == qt.IQ1_M:
         _set_iq1_m_d(rng, raw)
+        return raw.reshape(num_experts, rows, nbytes)
+    if qtype == qt.MXFP4:  # E8M0 scales 2^-11..2^-8: levels up to 12 give |w| <= 0.05
+        raw[:, 0] = rng.integers(117, 121, num_blocks)
         return raw.reshape(num_experts, rows, nbytes)
     offsets, scale = _F16_FIELDS[qtype]
     for o in offsets:

@@ -36,6 +36,17 @@ def f16_at(row: np.ndarray, o: int) -> float:
     return F16_TABLE[np.int64(row[o]) | (np.int64(row[o + 1]) << 8)]
 
 
+# MXFP4's E8M0 scale byte e -> 2^(e - 128) (ggml's GGML_E8M0_TO_FP32_HALF: the half folds the
+# doubled E2M1 levels back), exact in float32 for all 256 (2^-128, 2^-127 are subnormal)
+E8M0_HALF = (2.0 ** (np.arange(256, dtype=np.float64) - 128)).astype(np.float32)
+
+
+@njit(inline="always", cache=True)
+def e8m0_at(row: np.ndarray, o: int) -> float:
+    """The MXFP4 block scale whose E8M0 byte is row[o], as float32."""
+    return E8M0_HALF[row[o]]
+
+
 @njit(inline="always", cache=True)
 def u32_at(row: np.ndarray, o: int) -> int:
     return (np.int64(row[o]) | (np.int64(row[o + 1]) << 8) | (np.int64(row[o + 2]) << 16)

@@ -78,6 +78,10 @@ load_b64 = _pair_load(_I8, 32)
 load_f32x16_at = _pair_load(_F32, 8)
 load_u8x16_f32 = _pair_load(_I8, 8, lambda b, v: b.uitofp(v, _V16F32))
 load_i8x16_f32 = _pair_load(_I8, 8, lambda b, v: b.sitofp(v, _V16F32))
+# 8 exponent bytes k per group as the floats with bits k << 23: 2^(k - 127), and 0.0 for k = 0
+# (MXFP4's E8M0 scales, which its packer stores as k = e - 1)
+load_exp2x16_f32 = _pair_load(_I8, 8, lambda b, v: b.bitcast(
+    b.shl(b.zext(v, _V16I32), ir.Constant(_V16I32, [23] * 16)), _V16F32))
 
 
 @intrinsic

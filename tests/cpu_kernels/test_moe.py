@@ -34,6 +34,7 @@ MIXES = {
     "iq2_iq3": (qt.IQ2_XS, qt.IQ2_S, qt.IQ3_XXS),
     "iq3_iq4": (qt.IQ3_S, qt.IQ4_XS, qt.Q4_K),
     "iq4_nl": (qt.Q8_0, qt.IQ4_NL, qt.IQ4_NL),
+    "mxfp4": (qt.MXFP4, qt.MXFP4, qt.MXFP4),  # llama.cpp's MXFP4_MOE experts (DeepSeek-V4's)
 }
 # (T, K, E): T spread over 1..300, K over 1..8
 CASES = [(1, 8, 12), (2, 6, 9), (5, 1, 4), (16, 8, 16), (33, 3, 5), (300, 4, 7)]

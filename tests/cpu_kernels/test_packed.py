@@ -16,7 +16,7 @@ from cpu_kernels.formats.weights import QuantMatrix
 from cpu_kernels.moe import moe_forward
 
 TYPES = [qt.Q4_K, qt.Q6_K, qt.Q8_0, qt.Q5_0, qt.Q2_K, qt.Q3_K, qt.IQ2_XXS, qt.IQ2_XS, qt.IQ2_S,
-         qt.IQ3_XXS, qt.IQ3_S, qt.IQ1_S, qt.IQ1_M, qt.IQ4_XS, qt.IQ4_NL]
+         qt.IQ3_XXS, qt.IQ3_S, qt.IQ1_S, qt.IQ1_M, qt.IQ4_XS, qt.IQ4_NL, qt.MXFP4]
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=qt.type_name)
@@ -50,7 +50,7 @@ def test_packed_tile_is_exact_on_quantized_activations(qtype: int) -> None:
 MIXES = [(qt.Q4_K, qt.Q4_K, qt.Q6_K), (qt.Q4_K, qt.Q4_K, qt.Q4_K), (qt.Q5_0, qt.Q5_0, qt.Q8_0),
          (qt.Q8_0, qt.Q6_K, qt.Q5_0), (qt.Q4_K, qt.Q3_K, qt.Q2_K), (qt.IQ1_S, qt.IQ1_S, qt.IQ2_XXS),
          (qt.IQ2_XS, qt.IQ3_S, qt.IQ1_M), (qt.IQ3_XXS, qt.IQ2_S, qt.IQ3_XXS),
-         (qt.IQ4_XS, qt.IQ4_XS, qt.IQ4_NL)]
+         (qt.IQ4_XS, qt.IQ4_XS, qt.IQ4_NL), (qt.MXFP4, qt.MXFP4, qt.MXFP4)]
 
 
 @pytest.mark.parametrize("mix", MIXES, ids=lambda m: "-".join(map(qt.type_name, m)))
@@ -78,7 +78,8 @@ def test_packed_bytes_stay_near_gguf_bytes() -> None:
     for qtype, limit in [(qt.Q4_K, 1.06), (qt.Q6_K, 1.01), (qt.Q8_0, 1.06), (qt.Q5_0, 1.1),
                          (qt.Q2_K, 1.05), (qt.Q3_K, 1.06), (qt.IQ2_XXS, 1.1), (qt.IQ2_XS, 1.03),
                          (qt.IQ2_S, 1.03), (qt.IQ3_XXS, 1.07), (qt.IQ3_S, 1.02), (qt.IQ1_S, 1.04),
-                         (qt.IQ1_M, 1.08), (qt.IQ4_XS, 1.03), (qt.IQ4_NL, 1.12)]:
+                         (qt.IQ1_M, 1.08), (qt.IQ4_XS, 1.03), (qt.IQ4_NL, 1.12),
+                         (qt.MXFP4, 1.0)]:
         w = random_matrix(rng, qtype, (2, 16, 512))
         assert PackedMatrix.of(w).nbytes <= limit * w.nbytes, qt.type_name(qtype)
 
