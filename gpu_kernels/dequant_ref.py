@@ -21,6 +21,14 @@ def _at(plane: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor) -> torch.Ten
     return plane[rows, idx]
 
 
+def e8m0_half(e: torch.Tensor) -> torch.Tensor:
+    """MXFP4's scale 2^(e - 128) as float32 for exponents e (any integer dtype, values 0..255),
+    written as its bits (ggml's GGML_E8M0_TO_FP32_HALF): exact for every e, 2^-128 and 2^-127
+    (denormal) for e = 0, 1."""
+    e = e.to(torch.int32)
+    return torch.where(e < 2, (e + 1) * 0x00200000, (e - 1) << 23).view(f32)
+
+
 def element_values(q: GpuQuant, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     """Weights at rows [R] x cols [C] (int64 index vectors) -> [R, C] float32."""
     r = rows.reshape(-1, 1).to(q.device)
@@ -44,10 +52,13 @@ def element_values(q: GpuQuant, rows: torch.Tensor, cols: torch.Tensor) -> torch
             return d * (nib - 16).to(f32)
         m = _at(p[-1], r, e // 32).to(f32)
         return d * nib.to(f32) + m
-    if t in (qt.IQ4_NL, qt.IQ4_XS):
+    if t in (qt.IQ4_NL, qt.IQ4_XS, qt.MXFP4):
         b = _at(p[0], r, (e // 32) * 16 + e % 16).to(torch.int32)
         nib = (b >> (((e // 16) % 2) * 4)) & 15
-        level = torch.tensor(qt.IQ4_LEVELS, dtype=f32, device=b.device)[nib]
+        levels = qt.MXFP4_LEVELS if t == qt.MXFP4 else qt.IQ4_LEVELS
+        level = torch.tensor(levels, dtype=f32, device=b.device)[nib]
+        if t == qt.MXFP4:
+            return e8m0_half(_at(p[1], r, e // 32)) * level
         if t == qt.IQ4_NL:
             return _at(p[1], r, e // 32).to(f32) * level
         return (_at(p[2], r, e // 256).to(f32) * _at(p[1], r, e // 32).to(f32)) * level

@@ -23,26 +23,48 @@ _Q5_1, _Q8_0, _Q2_K = tl.constexpr(qt.Q5_1), tl.constexpr(qt.Q8_0), tl.constexpr
 _Q3_K, _Q4_K, _Q5_K = tl.constexpr(qt.Q3_K), tl.constexpr(qt.Q4_K), tl.constexpr(qt.Q5_K)
 _Q6_K = tl.constexpr(qt.Q6_K)
 _IQ4_NL, _IQ4_XS = tl.constexpr(qt.IQ4_NL), tl.constexpr(qt.IQ4_XS)
+_MXFP4 = tl.constexpr(qt.MXFP4)
 
 
-def _level_words() -> list[int]:
-    """IQ4_LEVELS as 4 int32 words of 4 little-endian bytes (levels 4w..4w+3 in word w)."""
+def _level_words(levels: tuple[int, ...]) -> list[int]:
+    """16 int8 levels as 4 int32 words of 4 little-endian bytes (levels 4w..4w+3 in word w)."""
     out = []
     for w in range(4):
-        word = sum((qt.IQ4_LEVELS[4 * w + k] & 0xFF) << (8 * k) for k in range(4))
+        word = sum((levels[4 * w + k] & 0xFF) << (8 * k) for k in range(4))
         out.append(word - (1 << 32) if word >= 1 << 31 else word)
     return out
 
 
-_LV0, _LV1, _LV2, _LV3 = (tl.constexpr(w) for w in _level_words())
+_LV0, _LV1, _LV2, _LV3 = (tl.constexpr(w) for w in _level_words(qt.IQ4_LEVELS))
+_MX0, _MX1, _MX2, _MX3 = (tl.constexpr(w) for w in _level_words(qt.MXFP4_LEVELS))
+
+
+@device_function
+def _signed_byte(word, v):
+    """Byte v % 4 of `word` (the level of code v), sign-extended, as fp32."""
+    return ((((word >> (8 * (v & 3))) & 255) ^ 128) - 128).to(tl.float32)
 
 
 @device_function
 def iq4_level(v):
     """IQ4_LEVELS[v] (v int32 in 0..15) as fp32, from the 4 words: no table in memory."""
-    word = tl.where(v < 8, tl.where(v < 4, _LV0, _LV1), tl.where(v < 12, _LV2, _LV3))
-    byte = (word >> (8 * (v & 3))) & 255
-    return ((byte ^ 128) - 128).to(tl.float32)
+    return _signed_byte(tl.where(v < 8, tl.where(v < 4, _LV0, _LV1),
+                                 tl.where(v < 12, _LV2, _LV3)), v)
+
+
+@device_function
+def mxfp4_level(v):
+    """MXFP4_LEVELS[v] (v int32 in 0..15) as fp32, from the 4 words: no table in memory."""
+    return _signed_byte(tl.where(v < 8, tl.where(v < 4, _MX0, _MX1),
+                                 tl.where(v < 12, _MX2, _MX3)), v)
+
+
+@device_function
+def e8m0_half(e):
+    """MXFP4's scale 2^(e - 128) as fp32 for exponents e (int32 in 0..255), written as its
+    bits (ggml's GGML_E8M0_TO_FP32_HALF): exact for every e, where exp2 may be approximate.
+    e in {0, 1} give the denormals 2^-128 and 2^-127, kept, not flushed (ggml keeps them)."""
+    return tl.where(e < 2, (e + 1) * 0x00200000, (e - 1) << 23).to(tl.float32, bitcast=True)
 
 
 @device_function
@@ -63,6 +85,10 @@ def dequant_tile(QT: tl.constexpr, p0, p1, p2, p3, p4, p5, r, e, K, rmask):
         w = _f32(p0, r, K, e, rmask)
     elif QT == _Q8_0:
         w = _f32(p1, r, K // 32, e // 32, rmask) * _f32(p0, r, K, e, rmask)
+    elif QT == _MXFP4:
+        b = _i32(p0, r, K // 2, (e // 32) * 16 + e % 16, rmask)
+        w = e8m0_half(_i32(p1, r, K // 32, e // 32, rmask)) \
+            * mxfp4_level((b >> (((e // 16) % 2) * 4)) & 15)
     elif QT == _IQ4_NL or QT == _IQ4_XS:
         b = _i32(p0, r, K // 2, (e // 32) * 16 + e % 16, rmask)
         level = iq4_level((b >> (((e // 16) % 2) * 4)) & 15)

@@ -1,9 +1,9 @@
 """Per-type Triton bodies of the quantized product y = x @ W^T: one step over K, accumulated.
 
-A step covers NC chunks of a type's natural unit (Q8_0/Q4_0/Q5_0/IQ4 and float: a 32-block;
-Q4_K/Q5_K: 64 weights, whose 32 packed bytes hold them as low and high nibbles; Q6_K, Q2_K,
-Q3_K: a half super-block of 128). Within a chunk the packed codes are read as contiguous bytes
-(wide, coalesced loads) and split into parts of consecutive columns: low nibbles are columns
+A step covers NC chunks of a type's natural unit (Q8_0/Q4_0/Q5_0/IQ4/MXFP4 and float: a
+32-block; Q4_K/Q5_K: 64 weights, whose 32 packed bytes hold them as low and high nibbles; Q6_K,
+Q2_K, Q3_K: a half super-block of 128). Within a chunk the packed codes are read as contiguous
+bytes (wide, coalesced loads) and split into parts of consecutive columns: low nibbles are columns
 [0, 32) of a Q4_K chunk and high nibbles [32, 64); Q2_K's four 2-bit fields are four runs of
 32. Each part [BN, NC, S] is multiplied with the matching columns of x (`_mac`), so no weight
 is reordered; scales are loaded once per (row, sub-block) and broadcast.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton.language as tl
 
 from gpu_kernels import qtypes as qt
-from gpu_kernels.dequant_tile import iq4_level
+from gpu_kernels.dequant_tile import e8m0_half, iq4_level, mxfp4_level
 from gpu_kernels.device_function import INTERPRETED, device_function
 
 _F32, _F16, _BF16 = tl.constexpr(qt.F32), tl.constexpr(qt.F16), tl.constexpr(qt.BF16)
@@ -26,16 +26,17 @@ _Q5_1, _Q8_0, _Q2_K = tl.constexpr(qt.Q5_1), tl.constexpr(qt.Q8_0), tl.constexpr
 _Q3_K, _Q4_K, _Q5_K = tl.constexpr(qt.Q3_K), tl.constexpr(qt.Q4_K), tl.constexpr(qt.Q5_K)
 _Q6_K = tl.constexpr(qt.Q6_K)
 _IQ4_NL, _IQ4_XS = tl.constexpr(qt.IQ4_NL), tl.constexpr(qt.IQ4_XS)
+_MXFP4 = tl.constexpr(qt.MXFP4)
 _NATIVE_FP16 = tl.constexpr(not INTERPRETED)
 
 # weights per chunk, per type (the launcher's step is NC chunks)
 CHUNK = {qt.F32: 32, qt.F16: 32, qt.BF16: 32, qt.Q8_0: 32, qt.Q4_0: 32, qt.Q4_1: 32,
          qt.Q5_0: 32, qt.Q5_1: 32, qt.Q4_K: 64, qt.Q5_K: 64, qt.Q6_K: 128, qt.Q2_K: 128,
-         qt.Q3_K: 128, qt.IQ4_NL: 32, qt.IQ4_XS: 32}
+         qt.Q3_K: 128, qt.IQ4_NL: 32, qt.IQ4_XS: 32, qt.MXFP4: 32}
 # columns per part of a chunk (a chunk is CHUNK / PART parts of consecutive columns)
 PART = {qt.F32: 32, qt.F16: 32, qt.BF16: 32, qt.Q8_0: 32, qt.Q4_0: 16, qt.Q4_1: 16,
         qt.Q5_0: 16, qt.Q5_1: 16, qt.Q4_K: 32, qt.Q5_K: 32, qt.Q6_K: 64, qt.Q2_K: 32,
-        qt.Q3_K: 32, qt.IQ4_NL: 16, qt.IQ4_XS: 16}
+        qt.Q3_K: 32, qt.IQ4_NL: 16, qt.IQ4_XS: 16, qt.MXFP4: 16}
 
 
 @device_function
@@ -122,18 +123,23 @@ def qdot_step(QT: tl.constexpr, acc, x_row, mmask, p0, p1, p2, p3, p4, p5, r, rm
         col = k0 + c2 * 32 + tl.arange(0, 16)[None, :]
         acc = _mac(acc, w_lo, x_row, col, mmask, NC, 16, DOT)
         acc = _mac(acc, w_hi, x_row, col + 16, mmask, NC, 16, DOT)
-    elif QT == _IQ4_NL or QT == _IQ4_XS:  # Q4_0's nibble order, levels from a table
+    elif QT == _IQ4_NL or QT == _IQ4_XS or QT == _MXFP4:  # Q4_0's nibble order, table levels
         l3 = tl.arange(0, 16)[None, None, :]
         blk = k0 // 32 + c3  # [1, NC, 1]
         b = _ld(p0, r * (K // 2) + blk * 16 + l3, rmask).to(tl.int32)  # [BN, NC, 16]
-        if QT == _IQ4_NL:
-            d = _ld(p1, r * (K // 32) + blk, rmask).to(tl.float32)
-        else:  # planes: qs, sc, d
-            d = _ld(p2, r * (K // 256) + blk // 8, rmask).to(tl.float32) \
-                * _ld(p1, r * (K // 32) + blk, rmask).to(tl.float32)
+        if QT == _MXFP4:  # planes: qs, e
+            d = e8m0_half(_ld(p1, r * (K // 32) + blk, rmask).to(tl.int32))
+            lv_lo, lv_hi = mxfp4_level(b & 15), mxfp4_level(b >> 4)
+        else:
+            if QT == _IQ4_NL:
+                d = _ld(p1, r * (K // 32) + blk, rmask).to(tl.float32)
+            else:  # planes: qs, sc, d
+                d = _ld(p2, r * (K // 256) + blk // 8, rmask).to(tl.float32) \
+                    * _ld(p1, r * (K // 32) + blk, rmask).to(tl.float32)
+            lv_lo, lv_hi = iq4_level(b & 15), iq4_level(b >> 4)
         col = k0 + c2 * 32 + tl.arange(0, 16)[None, :]
-        acc = _mac(acc, d * iq4_level(b & 15), x_row, col, mmask, NC, 16, DOT)
-        acc = _mac(acc, d * iq4_level(b >> 4), x_row, col + 16, mmask, NC, 16, DOT)
+        acc = _mac(acc, d * lv_lo, x_row, col, mmask, NC, 16, DOT)
+        acc = _mac(acc, d * lv_hi, x_row, col + 16, mmask, NC, 16, DOT)
     elif QT == _Q4_K or QT == _Q5_K:
         l3 = tl.arange(0, 32)[None, None, :]
         j = k0 // 64 + c3  # [1, NC, 1] global 64-chunk

@@ -21,6 +21,7 @@ Planes per type (K = columns; every plane is row-major with `rows` rows):
     Q6_K   ql u8 [K/2]    qh u8 [K/4]    sc i8 [K/16]   d f16 [K/256]
     IQ4_NL qs u8 [K/2]    d f16 [K/32]                     (nibbles select IQ4_LEVELS)
     IQ4_XS qs u8 [K/2]    sc i8 [K/32] (signed, -32 applied)  d f16 [K/256]
+    MXFP4  qs u8 [K/2]    e u8 [K/32] (E8M0: scale 2^(e - 128))  (nibbles select MXFP4_LEVELS)
 (IQ4_XS's 6-bit scales unpacked to a byte each: 136 -> 138 bytes per 256 weights.)
 """
 
@@ -113,6 +114,8 @@ def to_planes(raw: torch.Tensor, qtype: int, rows: int, cols: int) -> GpuQuant:
         planes = (flat(b[..., 2:]).view(torch.int8), _f16(b, 0))
     elif qtype in (qt.Q4_0, qt.IQ4_NL):
         planes = (flat(b[..., 2:18]), _f16(b, 0))
+    elif qtype == qt.MXFP4:  # the exponent byte stays a byte: 2^(e - 128) is made in the kernel
+        planes = (flat(b[..., 1:17]), b[..., 0])
     elif qtype == qt.IQ4_XS:
         planes = (flat(b[..., 8:136]), flat(_iq4_xs_scales(b)), _f16(b, 0))
     elif qtype == qt.Q4_1:

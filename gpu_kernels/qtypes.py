@@ -15,6 +15,7 @@ from ggml_types import (
     GEOMETRY,
     IQ4_NL,
     IQ4_XS,
+    MXFP4,
     Q2_K,
     Q3_K,
     Q4_0,
@@ -30,13 +31,16 @@ from ggml_types import NAMES as _GGML_NAMES
 
 # IQ4_NL / IQ4_XS: the 16 non-uniform int8 levels a 4-bit code selects (ggml's kvalues_iq4nl)
 IQ4_LEVELS = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+# MXFP4: the E2M1 values a 4-bit code selects, doubled to integers (ggml's kvalues_mxfp4); the
+# block's E8M0 scale 2^(e - 128) is half the format's 2^(e - 127), so level * scale is the value
+MXFP4_LEVELS = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
 FLOAT_DTYPES: dict[int, torch.dtype] = {F32: torch.float32, F16: torch.float16,
                                         BF16: torch.bfloat16}
 
 # the block-quantized types the GPU kernels read -> (elements per block, bytes per block)
 BLOCK_GEOMETRY: dict[int, tuple[int, int]] = {t: GEOMETRY[t] for t in (
-    Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)}
+    Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4)}
 
 _NAMES = {t: _GGML_NAMES[t] for t in (F32, F16, BF16, *BLOCK_GEOMETRY)}
 

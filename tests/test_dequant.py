@@ -16,8 +16,10 @@ F16_FIELDS = {
     Q.Q8_0: [0], Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q5_0: [0], Q.Q5_1: [0, 2],
     Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208],
     Q.IQ1_S: [0], Q.IQ2_XXS: [0], Q.IQ2_XS: [0], Q.IQ2_S: [0], Q.IQ3_XXS: [0], Q.IQ3_S: [0],
-    Q.IQ4_NL: [0], Q.IQ4_XS: [0], Q.IQ1_M: [],
+    Q.IQ4_NL: [0], Q.IQ4_XS: [0], Q.IQ1_M: [], Q.MXFP4: [],
 }
+# Byte offsets of E8M0 exponents (scale 2^(e - 128)), kept in 110..125: finite, small weights.
+E8M0_FIELDS = {Q.MXFP4: [0]}
 
 
 def random_blocks(rng: np.random.Generator, qtype: int, n: int) -> np.ndarray:
@@ -26,6 +28,8 @@ def random_blocks(rng: np.random.Generator, qtype: int, n: int) -> np.ndarray:
     for off in F16_FIELDS[qtype]:
         scale = rng.uniform(-2.0, 2.0, size=(n, 1)).astype(np.float16)
         raw[:, off : off + 2] = scale.view(np.uint8)
+    for off in E8M0_FIELDS.get(qtype, []):
+        raw[:, off] = rng.integers(110, 126, size=n)
     if qtype == Q.IQ1_M:  # its f16 d sits in the top nibbles of the scale words at 48..55
         d = rng.uniform(-2.0, 2.0, size=n).astype(np.float16).view(np.uint16)
         for m in range(4):
@@ -54,6 +58,18 @@ def test_shapes_and_rows(qtype: int) -> None:
     ours = dequantize(raw, qtype, (rows, blocks_per_row * block_size)).numpy()
     assert ours.shape == (rows, blocks_per_row * block_size)
     np.testing.assert_allclose(ours, quants.dequantize(raw, qtype), rtol=1e-6, atol=1e-30)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+def test_mxfp4_every_exponent_bit_for_bit() -> None:
+    """Every E8M0 exponent with every code: denormal scales at e = 0 and 1, levels overflowing
+    to inf at e = 254 and 255, as in gguf-py, whose values ours equal bit for bit."""
+    raw = np.empty((256, 17), np.uint8)
+    raw[:, 0] = np.arange(256)
+    raw[:, 1:] = np.arange(16) | ((15 - np.arange(16)) << 4)  # codes 0..15, low and high
+    expected = quants.dequantize(raw, Q.MXFP4).reshape(-1)
+    ours = dequantize(raw, Q.MXFP4, (256 * 32,)).numpy()
+    np.testing.assert_array_equal(ours.view(np.uint32), expected.view(np.uint32))
 
 
 @pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.BF16], ids=lambda t: t.name)

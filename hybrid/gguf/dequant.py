@@ -4,7 +4,7 @@ Each `_dequant_*` takes `blocks: [N, type_size] uint8` (N whole blocks) and retu
 `[N, block_size] float32`. The math follows ggml's reference dequantizers exactly (products are
 formed in fp32 in the same order), so results equal `gguf.quants.dequantize` bit for bit or to
 within one fp32 rounding. `tests/test_dequant.py` checks every type against gguf-py on random
-blocks. The i-quants live in dequant_iquants.py.
+blocks. The i-quants, and MXFP4 (level-table codes like IQ4_NL's), live in dequant_iquants.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Vectorized torch dequantization of the i-quant blocks (IQ1_S .. IQ4_XS).
+"""Vectorized torch dequantization of the i-quant blocks (IQ1_S .. IQ4_XS), and of MXFP4, whose
+4-bit codes select levels from a table in IQ4_NL's nibble order.
 
 Same contract as hybrid.gguf.dequant: `blocks: [N, type_size] uint8` -> `[N, block_size]`
 float32, equal to gguf-py's dequantizers (products in fp32 in ggml's order). The grids and sign
@@ -137,12 +138,13 @@ def _dequant_iq1_m(b: torch.Tensor) -> torch.Tensor:
     return (dl.view(n, 16, 1, 1) * runs.view(n, 16, 2, 8)).reshape(n, 256)
 
 
-def _levels(q: torch.Tensor) -> torch.Tensor:
-    """[N, 16 k] nibble bytes (byte j: element j low, 16 + j high) -> [N, 32 k] levels."""
+def _levels(q: torch.Tensor, table: str = "IQ4_LEVELS") -> torch.Tensor:
+    """[N, 16 k] nibble bytes (byte j: element j low, 16 + j high) -> [N, 32 k] levels of
+    `table`."""
     n = q.shape[0]
     q = q.to(torch.int64).view(n, -1, 16)
     idx = torch.cat([q & 15, q >> 4], -1).reshape(n, -1)
-    return _table("IQ4_LEVELS", q.device)[idx]
+    return _table(table, q.device)[idx]
 
 
 def _dequant_iq4_nl(b: torch.Tensor) -> torch.Tensor:
@@ -157,7 +159,22 @@ def _dequant_iq4_xs(b: torch.Tensor) -> torch.Tensor:
     return (dl.view(n, 8, 1) * _levels(b[:, 8:136]).view(n, 8, 32)).reshape(n, 256)
 
 
+def _e8m0_half(e: torch.Tensor) -> torch.Tensor:
+    """E8M0 exponent bytes [N, 1] -> 2^(e - 128) [N, 1] fp32, written as its bits (ggml's
+    GGML_E8M0_TO_FP32_HALF): exact for every e, where exp2 may round; denormal for e < 2."""
+    e = e.to(torch.int32)
+    return torch.where(e < 2, (e + 1) * 0x00200000, (e - 1) << 23).view(torch.float32)
+
+
+def _dequant_mxfp4(b: torch.Tensor) -> torch.Tensor:
+    """Byte 0: the E8M0 exponent e; 1..16: codes of E2M1 values doubled (MXFP4_LEVELS), so the
+    scale is 2^(e - 128), half the format's 2^(e - 127). The products are exact, or inf past
+    fp32's range (e = 254 and 255), as in ggml."""
+    return _e8m0_half(b[:, 0:1]) * _levels(b[:, 1:17], "MXFP4_LEVELS")
+
+
 IQUANT_DEQUANT = {Q.IQ1_S: _dequant_iq1_s, Q.IQ1_M: _dequant_iq1_m, Q.IQ2_XXS: _dequant_iq2_xxs,
                   Q.IQ2_XS: _dequant_iq2_xs, Q.IQ2_S: _dequant_iq2_s,
                   Q.IQ3_XXS: _dequant_iq3_xxs, Q.IQ3_S: _dequant_iq3_s,
-                  Q.IQ4_NL: _dequant_iq4_nl, Q.IQ4_XS: _dequant_iq4_xs}
+                  Q.IQ4_NL: _dequant_iq4_nl, Q.IQ4_XS: _dequant_iq4_xs,
+                  Q.MXFP4: _dequant_mxfp4}

@@ -43,7 +43,7 @@ def routing(n: int, k: int, experts: int, seed: int, skew: bool = False):
 # (gate/up type, down type, tokens), top-2 of 4 experts: blocks of 1 and 4 pairs (fp32
 # products), 16 and 32 (tensor cores; the last with most pairs on one expert)
 CASES = [(Q.Q4_K, Q.Q6_K, 1), (Q.Q8_0, Q.Q8_0, 6), (Q.Q5_0, Q.Q4_K, 24), (Q.Q4_K, Q.Q6_K, 48),
-         (Q.IQ4_XS, Q.IQ4_NL, 6)]
+         (Q.IQ4_XS, Q.IQ4_NL, 6), (Q.MXFP4, Q.MXFP4, 6), (Q.MXFP4, Q.Q8_0, 24)]
 
 
 @pytest.mark.parametrize("gate_type,down_type,n", CASES,

@@ -15,7 +15,7 @@ from hybrid.synth.random_blocks import random_rows
 from tests.gpu_kernels.conftest import rel_err
 
 TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K,
-         Q.IQ4_NL, Q.IQ4_XS,
+         Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4,
          Q.F16, Q.BF16, Q.F32]
 FP32_TOL = 1e-5  # fp32 products, k-order sums
 TF32_TOL = 2e-5  # tensor cores, tf32x3
@@ -40,7 +40,8 @@ def test_qmatmul(qtype: Q, m: int, device: torch.device) -> None:
     assert rel_err(y, qmatmul_ref(x, w)) < tol(m)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q8_0, Q.Q6_K, Q.BF16], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q8_0, Q.Q6_K, Q.MXFP4, Q.BF16],
+                         ids=lambda t: t.name)
 @pytest.mark.parametrize("m", [1, 2, 16])
 def test_grouped_and_transposed(qtype: Q, m: int, device: torch.device) -> None:
     """MLA's per-head products: head g reads rows row0 + g * gstride + [0, n)."""
@@ -55,6 +56,15 @@ def test_grouped_and_transposed(qtype: Q, m: int, device: torch.device) -> None:
     assert rel_err(o, qmatmul_ref(o_lat, w, v, nope, nope + v)) < tol(m)
 
 
+@pytest.mark.parametrize("rows,cols,m", [(5, 32, 1), (19, 96, 2), (33, 320, 12), (9, 1024, 3)])
+def test_mxfp4_shapes(rows: int, cols: int, m: int, device: torch.device) -> None:
+    """Rows of 1, 3, 10 and 32 blocks (steps of one chunk, of two and more), fp32 and
+    tensor-core products."""
+    w = weight(Q.MXFP4, rows, cols, seed=cols, device=device)
+    x = torch.randn(m, cols, generator=torch.Generator().manual_seed(rows)).to(device)
+    assert rel_err(qmatmul(x, w), qmatmul_ref(x, w)) < tol(m)
+
+
 def test_large_k_and_rows(device: torch.device) -> None:
     w = weight(Q.Q4_K, 70, 2048, seed=3, device=device)
     x = torch.randn(2, 2048).to(device)
@@ -67,7 +77,7 @@ def test_bad_width(device: torch.device) -> None:
         qmatmul(torch.randn(1, 32, device=device), w)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.F32], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.MXFP4, Q.F32], ids=lambda t: t.name)
 def test_embedding(qtype: Q, device: torch.device) -> None:
     w = weight(qtype, 50, 256, seed=5, device=device)
     ids = torch.tensor([3, 49, 0, 3, 17], device=device)
