@@ -21,7 +21,8 @@ pytest.importorskip("llama_cpp")
 _rng = np.random.default_rng(0)
 PROMPTS = [[0, *map(int, _rng.integers(3, 4000, size=30))] for _ in range(2)]
 MIXES = ("ud-iq1_s", "ud-iq1_m", "ud-iq2_xxs", "ud-q2_k_xl", "iq4_xs")
-TOLERANCE = {"f32": 1e-3, "bf16": 5e-2, "q8_0": 5e-2, "q4_k_m": 5e-2, **dict.fromkeys(MIXES, 5e-2)}
+TOLERANCE = {"f32": 1e-3, "bf16": 5e-2, "q8_0": 5e-2, "q4_k_m": 5e-2, "mxfp4_moe": 5e-2,
+             **dict.fromkeys(MIXES, 5e-2)}
 CASES = [
     (preset, quant, layout)
     for preset in ("tiny-v3", "tiny-v2-lite")
@@ -30,7 +31,9 @@ CASES = [
 ] + [("tiny-v3", quant, "legacy") for quant in MIXES] + [
     ("tiny-v2-lite", "ud-iq1_m", "legacy"), ("tiny-v2-lite", "iq4_xs", "mla"),
     ("tiny-kimi-k2", "f32", "legacy"), ("tiny-kimi-k2", "q4_k_m", "mla"),
-    ("tiny-moonlight", "f32", "mla"), ("tiny-moonlight", "ud-iq1_s", "legacy")]
+    ("tiny-moonlight", "f32", "mla"), ("tiny-moonlight", "ud-iq1_s", "legacy"),
+    # llama.cpp's MXFP4_MOE (DeepSeek-V4's FP4 experts): MXFP4 experts, Q8_0 elsewhere
+    ("tiny-v3", "mxfp4_moe", "legacy"), ("tiny-v2-lite", "mxfp4_moe", "mla")]
 
 
 @pytest.mark.parametrize("preset,quant,layout", CASES)

@@ -26,7 +26,9 @@ CASES = [
                                                "iq4_xs")
 ] + [("tiny-v2-lite", "ud-iq1_s", "legacy"), ("tiny-v2-lite", "iq4_xs", "mla"),
       # the other deepseek2-architecture families: Kimi-K2 (384 experts, no groups), Moonlight
-      ("tiny-kimi-k2", "q4_k_m", "legacy"), ("tiny-moonlight", "q4_k_m", "mla")]
+      ("tiny-kimi-k2", "q4_k_m", "legacy"), ("tiny-moonlight", "q4_k_m", "mla"),
+      # llama.cpp's MXFP4_MOE: MXFP4 routed experts (DeepSeek-V4's FP4), Q8_0 elsewhere
+      ("tiny-v3", "mxfp4_moe", "legacy"), ("tiny-v2-lite", "mxfp4_moe", "mla")]
 
 
 @pytest.mark.parametrize("preset,quant,layout", CASES)

@@ -165,9 +165,18 @@ def _iquant(qtype: int):
     return gen
 
 
+def _mxfp4(rng, shape, std):
+    # random codes: levels (E2M1 doubled) of mean 0 and std sqrt(34.25) = 5.85; E8M0 scales
+    # 2^(e - 128) of e0 - 1 or e0, whose mean square is 0.625 2^(2 (e0 - 128))
+    qs = rng.integers(0, 256, size=(*shape, 16), dtype=np.uint8)
+    e0 = 128 + round(float(np.log2(std / (5.85 * 0.625 ** 0.5))))
+    e = np.clip(e0 + rng.integers(-1, 1, size=(*shape, 1)), 1, 254).astype(np.uint8)
+    return np.concatenate([e, qs], axis=-1)
+
+
 _GENERATORS = {
     Q.Q8_0: _q8_0, Q.Q4_0: _q4_0, Q.Q4_1: _q4_1, Q.Q5_0: _q5_0, Q.Q5_1: _q5_1,
-    Q.Q2_K: _q2_k, Q.Q3_K: _q3_k, Q.Q4_K: _q4_k, Q.Q5_K: _q5_k, Q.Q6_K: _q6_k,
+    Q.Q2_K: _q2_k, Q.Q3_K: _q3_k, Q.Q4_K: _q4_k, Q.Q5_K: _q5_k, Q.Q6_K: _q6_k, Q.MXFP4: _mxfp4,
     **{t: _iquant(t) for t in (Q.IQ1_S, Q.IQ1_M, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS,
                                Q.IQ3_S, Q.IQ4_NL, Q.IQ4_XS)},
 }

@@ -26,6 +26,9 @@ settle it; they cannot be read from here).
     ud-iq2_xxs  gate/up IQ2_XXS  down IQ2_S (first 3), IQ2_XXS               (183 GB)
     ud-q2_k_xl  gate/up Q2_K     down Q3_K (first 3), Q2_K                   (212 GB)
 
+MXFP4_MOE (llama.cpp's `LLAMA_FTYPE_MOSTLY_MXFP4_MOE`, what its converter writes for DeepSeek-V4,
+whose routed experts ship in FP4): the routed experts MXFP4, every other tensor Q8_0.
+
 A tensor whose rows (ne0) are not a multiple of its type's block falls back as llama.cpp does:
 Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, the 2-3 bit K-quants and the i-quants -> IQ4_NL,
 and to F16 when even 32 does not divide them.
@@ -46,13 +49,14 @@ UD_MIXES = {
     "ud-q2_k_xl": (Q.Q2_K, Q.Q3_K, Q.Q2_K),
 }
 UD_HIGH_DOWN_LAYERS = 3
-QUANTS = ("f32", "f16", "bf16", "q8_0", "q4_k_m", "q2_k", "iq4_xs", *UD_MIXES)
+QUANTS = ("f32", "f16", "bf16", "q8_0", "q4_k_m", "q2_k", "iq4_xs", "mxfp4_moe", *UD_MIXES)
 # llama.cpp's LLAMA_FTYPE values, written as general.file_type (Q2_K_XL has none: Q2_K's).
 FILE_TYPES = {"f32": 0, "f16": 1, "bf16": 32, "q8_0": 7, "q4_k_m": 15, "q2_k": 10,
-              "iq4_xs": 30, "ud-iq1_s": 24, "ud-iq1_m": 31, "ud-iq2_xxs": 19, "ud-q2_k_xl": 10}
+              "iq4_xs": 30, "mxfp4_moe": 38, "ud-iq1_s": 24, "ud-iq1_m": 31, "ud-iq2_xxs": 19, "ud-q2_k_xl": 10}
 _TO_IQ4_NL = (Q.Q2_K, Q.Q3_K, Q.IQ1_S, Q.IQ1_M, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS,
               Q.IQ3_S, Q.IQ4_XS)
-_FALLBACK = {Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0, **{t: Q.IQ4_NL for t in _TO_IQ4_NL}}
+_FALLBACK = {Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0, Q.MXFP4: Q.Q8_0,
+             **{t: Q.IQ4_NL for t in _TO_IQ4_NL}}
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
 
 
@@ -74,6 +78,8 @@ def tensor_type(name: str, shape: tuple[int, ...], num_layers: int, quant: str,
         return Q.BF16
     if quant == "q8_0":
         return with_fallback(Q.Q8_0, shape[-1])
+    if quant == "mxfp4_moe":
+        return with_fallback(Q.MXFP4 if "_exps" in name else Q.Q8_0, shape[-1])
     if name == "output.weight":
         return with_fallback(Q.Q6_K if shape[-1] % 256 == 0 else Q.Q8_0, shape[-1])
     if quant == "q2_k":
