@@ -11,27 +11,30 @@ memory at a time.
 from __future__ import annotations
 
 import math
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from gguf import GGUFWriter
-from gguf.gguf_writer import WriterState
 
 from hybrid.errors import HybridError
-from hybrid.gguf.quant_types import Q, tensor_nbytes
+from hybrid.gguf.quant_types import tensor_nbytes
 from hybrid.model.spec import ARCH_V32, ModelSpec
 from hybrid.model.tensor_map import expected_gguf_shapes
 from hybrid.synth.presets import Preset
 from hybrid.synth.random_blocks import random_rows
 from hybrid.synth.recipe import FILE_TYPES, tensor_type
 from hybrid.synth.router_skew import check_skew, layer_bias
+from hybrid.synth.streaming import (
+    CHUNK_ELEMENTS,
+    add_tensor_infos,
+    add_tokenizer,
+    extend_sparse,
+    tensor_rng,
+    write_streamed,
+)
 from hybrid.synth.vocab import Vocab
-from hybrid.tokenizer.bundled_templates import load_template
-
-_CHUNK_ELEMENTS = 1 << 26  # elements generated at once (64 M: ~256 MB of fp32 temporaries)
 
 
 @dataclass(frozen=True)
@@ -92,15 +95,11 @@ def weight_std(name: str, shape: tuple[int, ...], spec: ModelSpec) -> float:
     return base
 
 
-def _rng(seed: int, name: str, chunk: int) -> np.random.Generator:
-    return np.random.default_rng([seed, zlib.crc32(name.encode()), chunk])
-
-
 def _chunks(name: str, shape: tuple[int, ...], qtype: int, spec: ModelSpec, seed: int,
             router_skew: float = 0.0) -> Iterator[np.ndarray]:
     """The tensor's data in file order, chunk by chunk."""
     if len(shape) == 1:
-        rng = _rng(seed, name, 0)
+        rng = tensor_rng(seed, name, 0)
         if name.endswith("exp_probs_b.bias") and router_skew > 0:
             layer = int(name.split(".")[1])  # blk.N.exp_probs_b.bias
             yield layer_bias(layer, spec.num_experts, spec.num_experts_per_tok, spec.n_group,
@@ -115,41 +114,11 @@ def _chunks(name: str, shape: tuple[int, ...], qtype: int, spec: ModelSpec, seed
     cols = shape[-1]
     rows = int(np.prod(shape[:-1]))
     std = weight_std(name, shape, spec)
-    rows_per_chunk = max(1, _CHUNK_ELEMENTS // cols)
+    rows_per_chunk = max(1, CHUNK_ELEMENTS // cols)
     # Chunk boundaries depend only on the shape, so the bytes depend only on (seed, name).
     for chunk, start in enumerate(range(0, rows, rows_per_chunk)):
         n = min(rows_per_chunk, rows - start)
-        yield random_rows(_rng(seed, name, chunk), qtype, n, cols, std)
-
-
-def _write_streamed(writer: GGUFWriter, chunks: Iterator[np.ndarray]) -> None:
-    """Write the next tensor's data from chunks (gguf's write_tensor_data wants one array)."""
-    assert writer.fout is not None
-    file_id = next(i for i, t in enumerate(writer.tensors) if t)
-    fout = writer.fout[file_id]
-    name = next(iter(writer.tensors[file_id]))
-    info = writer.tensors[file_id].pop(name)
-    writer.write_padding(fout, fout.tell())
-    written = 0
-    for chunk in chunks:
-        chunk.tofile(fout)
-        written += chunk.nbytes
-    if written != info.nbytes:
-        raise RuntimeError(f"{name}: wrote {written} bytes, expected {info.nbytes}")
-    writer.write_padding(fout, written)
-    writer.state = WriterState.WEIGHTS
-
-
-def _extend_sparse(writer: GGUFWriter) -> None:
-    """Give every file its full size without writing data (tensors are padded to alignment)."""
-    assert writer.fout is not None
-    align = writer.data_alignment
-    for fout, tensors in zip(writer.fout, writer.tensors):
-        start = GGUFWriter.ggml_pad(fout.tell(), align)
-        size = start + sum(GGUFWriter.ggml_pad(ti.nbytes, align) for ti in tensors.values())
-        fout.truncate(size)
-        tensors.clear()
-    writer.close()
+        yield random_rows(tensor_rng(seed, name, chunk), qtype, n, cols, std)
 
 
 def _add_metadata(w: GGUFWriter, p: Preset, opts: MakeModelOptions, vocab: Vocab) -> None:
@@ -201,18 +170,7 @@ def _add_metadata(w: GGUFWriter, p: Preset, opts: MakeModelOptions, vocab: Vocab
         w.add_uint32(f"{k}.attention.indexer.head_count", p.index_n_heads)
         w.add_uint32(f"{k}.attention.indexer.key_length", p.index_head_dim)
         w.add_uint32(f"{k}.attention.indexer.top_k", p.index_topk)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(vocab.pre)
-    w.add_token_list(vocab.tokens)
-    w.add_token_types(vocab.token_types)
-    w.add_token_merges(vocab.merges)
-    w.add_bos_token_id(vocab.bos_token_id)
-    w.add_eos_token_id(vocab.eos_token_id)
-    w.add_pad_token_id(vocab.pad_token_id)
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
-    w.add_chat_template(vocab.chat_template if opts.chat_template is None
-                        else load_template(opts.chat_template))
+    add_tokenizer(w, vocab, opts.chat_template)
 
 
 def make_model(opts: MakeModelOptions, vocab: Vocab, out: Path,
@@ -236,27 +194,18 @@ def make_model(opts: MakeModelOptions, vocab: Vocab, out: Path,
     per_file = math.ceil(len(shapes) / opts.split) if opts.split > 1 else 0
     writer = GGUFWriter(out, opts.preset.arch, split_max_tensors=per_file)
     _add_metadata(writer, opts.preset, opts, vocab)
-    for name, shape in shapes.items():
-        qtype = types[name]
-        nbytes = tensor_nbytes(qtype, int(np.prod(shape)))
-        np_dtype = {Q.F32: np.float32, Q.F16: np.float16}.get(qtype, np.uint8)
-        # gguf wants ggml's shape for float types and the byte shape for raw (quantized) data.
-        if np_dtype is np.uint8:
-            byte_shape = (*shape[:-1], nbytes // int(np.prod(shape[:-1])))
-            writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), nbytes, raw_dtype=Q(qtype))
-        else:
-            writer.add_tensor_info(name, shape, np.dtype(np_dtype), nbytes)
+    add_tensor_infos(writer, shapes, types)
     files = writer.format_shard_names(out)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     total = sum(tensor_nbytes(types[n], int(np.prod(s))) for n, s in shapes.items())
     if opts.header_only:
-        _extend_sparse(writer)
+        extend_sparse(writer)
         return files
     done = 0
     for name, shape in shapes.items():
-        _write_streamed(writer, _chunks(name, shape, types[name], spec, opts.seed,
+        write_streamed(writer, _chunks(name, shape, types[name], spec, opts.seed,
                                         opts.router_skew))
         done += tensor_nbytes(types[name], int(np.prod(shape)))
         if progress is not None:

@@ -1,0 +1,85 @@
+"""Writing a synthetic GGUF one tensor at a time: the parts make_model.py (deepseek2/32) and
+make_v4.py (deepseek4) share. Each tensor's bytes come from its own generator, keyed by
+(seed, tensor name, chunk), so they depend on neither chunking nor the split count.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator
+
+import numpy as np
+from gguf import GGUFWriter
+from gguf.gguf_writer import WriterState
+
+from hybrid.gguf.quant_types import Q, tensor_nbytes
+from hybrid.synth.vocab import Vocab
+from hybrid.tokenizer.bundled_templates import load_template
+
+CHUNK_ELEMENTS = 1 << 26  # elements generated at once (64 M: ~256 MB of fp32 temporaries)
+
+
+def tensor_rng(seed: int, name: str, chunk: int) -> np.random.Generator:
+    return np.random.default_rng([seed, zlib.crc32(name.encode()), chunk])
+
+
+def write_streamed(writer: GGUFWriter, chunks: Iterator[np.ndarray]) -> None:
+    """Write the next tensor's data from chunks (gguf's write_tensor_data wants one array)."""
+    assert writer.fout is not None
+    file_id = next(i for i, t in enumerate(writer.tensors) if t)
+    fout = writer.fout[file_id]
+    name = next(iter(writer.tensors[file_id]))
+    info = writer.tensors[file_id].pop(name)
+    writer.write_padding(fout, fout.tell())
+    written = 0
+    for chunk in chunks:
+        chunk.tofile(fout)
+        written += chunk.nbytes
+    if written != info.nbytes:
+        raise RuntimeError(f"{name}: wrote {written} bytes, expected {info.nbytes}")
+    writer.write_padding(fout, written)
+    writer.state = WriterState.WEIGHTS
+
+
+def extend_sparse(writer: GGUFWriter) -> None:
+    """Give every file its full size without writing data (tensors are padded to alignment)."""
+    assert writer.fout is not None
+    align = writer.data_alignment
+    for fout, tensors in zip(writer.fout, writer.tensors):
+        start = GGUFWriter.ggml_pad(fout.tell(), align)
+        size = start + sum(GGUFWriter.ggml_pad(ti.nbytes, align) for ti in tensors.values())
+        fout.truncate(size)
+        tensors.clear()
+    writer.close()
+
+
+def add_tensor_infos(writer: GGUFWriter, shapes: dict[str, tuple[int, ...]],
+                     types: dict[str, int]) -> None:
+    """Declare every tensor (numpy-order shape, ggml type) before any data is written."""
+    for name, shape in shapes.items():
+        qtype = types[name]
+        nbytes = tensor_nbytes(qtype, int(np.prod(shape)))
+        np_dtype = {Q.F32: np.float32, Q.F16: np.float16, Q.I32: np.int32}.get(qtype, np.uint8)
+        # gguf wants ggml's shape for plain element types and the byte shape for raw data
+        if np_dtype is np.uint8:
+            byte_shape = (*shape[:-1], nbytes // int(np.prod(shape[:-1])))
+            writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), nbytes, raw_dtype=Q(qtype))
+        else:
+            writer.add_tensor_info(name, shape, np.dtype(np_dtype), nbytes)
+
+
+def add_tokenizer(w: GGUFWriter, vocab: Vocab, chat_template: str | None) -> None:
+    """The tokenizer keys (gpt2 BPE, as the converters write DeepSeek's), and the vocabulary's
+    chat template or `chat_template` (a bundled name or a .jinja file)."""
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(vocab.pre)
+    w.add_token_list(vocab.tokens)
+    w.add_token_types(vocab.token_types)
+    w.add_token_merges(vocab.merges)
+    w.add_bos_token_id(vocab.bos_token_id)
+    w.add_eos_token_id(vocab.eos_token_id)
+    w.add_pad_token_id(vocab.pad_token_id)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.add_chat_template(vocab.chat_template if chat_template is None
+                        else load_template(chat_template))
