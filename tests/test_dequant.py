@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from gguf import quants
 
 from hybrid.errors import GGUFError
 from hybrid.gguf.dequant import dequantize
 from hybrid.gguf.quant_types import SUPPORTED_TYPES, Q, block_geometry
 
-BLOCK_TYPES = [t for t in SUPPORTED_TYPES if t not in (Q.F32, Q.F16, Q.BF16)]
+BLOCK_TYPES = [t for t in SUPPORTED_TYPES if t not in (Q.F32, Q.F16, Q.BF16, Q.I32)]
 # Byte offsets of the fp16 scale fields per block, kept finite (random bytes can be NaN/inf).
 F16_FIELDS = {
     Q.Q8_0: [0], Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q5_0: [0], Q.Q5_1: [0, 2],
@@ -84,6 +85,13 @@ def test_float_types(qtype: int) -> None:
         raw = (w.view(np.uint32) >> 16).astype(np.uint16)
     expected = quants.dequantize(raw.view(np.uint8).reshape(7, -1), qtype)
     np.testing.assert_array_equal(dequantize(raw, qtype, (7, 64)).numpy(), expected)
+
+
+def test_integer_tables_stay_integers() -> None:
+    """I32 (DeepSeek-V4's token-id routing table) is read as int32, not turned into floats."""
+    table = np.arange(-3, 9, dtype=np.int32).reshape(4, 3)
+    out = dequantize(table.view(np.uint8), Q.I32, (4, 3))
+    assert out.dtype == torch.int32 and out.tolist() == table.tolist()
 
 
 def test_unsupported_type_is_a_clear_error() -> None:

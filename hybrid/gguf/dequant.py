@@ -179,13 +179,16 @@ _CHUNK_BLOCKS = 1 << 18
 def dequantize(raw: np.ndarray | torch.Tensor, qtype: int, shape: tuple[int, ...]) -> torch.Tensor:
     """Dequantize raw GGML data to an fp32 tensor of `shape` (numpy order, rows last).
 
-    `raw` is the tensor's bytes (any shape, uint8) or, for F32/F16/BF16, its elements.
+    `raw` is the tensor's bytes (any shape, uint8) or, for F32/F16/BF16, its elements. An
+    I32 tensor (an integer table, not weights) comes back as int32.
     """
     if qtype not in SUPPORTED_TYPES:
         raise GGUFError(
             f"tensor type {type_name(qtype)} is not supported; supported types: {supported_names()}"
         )
     flat = _as_uint8(raw)
+    if qtype == Q.I32:  # an integer table (DeepSeek-V4's token-id routing): stays int32
+        return flat.view(torch.int32).reshape(shape).clone()
     if qtype == Q.F32:
         return flat.view(torch.float32).reshape(shape).clone()
     if qtype == Q.F16:

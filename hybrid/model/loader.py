@@ -18,6 +18,7 @@ from torch import nn
 from hybrid.errors import GGUFError
 from hybrid.gguf.reader import GGUFModelFile
 from hybrid.model.spec import ModelSpec, read_spec
+from hybrid.model.spec_v4 import V4Spec
 from hybrid.model.tensor_map import check_tensors, load_hf_weight
 from hybrid.tokenizer.gguf_tokenizer import GGUFTokenizer
 
@@ -36,7 +37,7 @@ class LoadedModel:
     compiling: list[BackgroundCompile] = field(default_factory=list)
 
 
-def open_model(path: str) -> tuple[GGUFModelFile, ModelSpec]:
+def open_model(path: str) -> tuple[GGUFModelFile, ModelSpec | V4Spec]:
     """Open and validate a GGUF model without loading weights (headers only)."""
     gguf = GGUFModelFile(path)
     spec = read_spec(gguf)
@@ -45,21 +46,26 @@ def open_model(path: str) -> tuple[GGUFModelFile, ModelSpec]:
     return gguf, spec
 
 
-def build_meta_model(spec: ModelSpec, tokenizer: GGUFTokenizer | None = None) -> nn.Module:
+def build_meta_model(spec: ModelSpec | V4Spec, tokenizer: GGUFTokenizer | None = None) -> nn.Module:
     bos = tokenizer.bos_token_id if tokenizer else None
     eos = tokenizer.eos_token_id if tokenizer else None
     config = spec.to_hf_config(bos_token_id=bos, eos_token_id=eos)
-    config._attn_implementation = "sdpa"
+    # V4's attention (a sink per head beside sliding and compressed keys) is eager only
+    config._attn_implementation = "eager" if isinstance(spec, V4Spec) else "sdpa"
     cls = causal_lm_class(spec)
     with torch.device("meta"):
         model = cls(config)
     return model.eval()
 
 
-def causal_lm_class(spec: ModelSpec) -> type[nn.Module]:
+def causal_lm_class(spec: ModelSpec | V4Spec) -> type[nn.Module]:
     """transformers' model class of the file's architecture and routing."""
     from transformers import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, DeepseekV32ForCausalLM
 
+    if isinstance(spec, V4Spec):
+        from transformers import DeepseekV4ForCausalLM
+
+        return DeepseekV4ForCausalLM
     if spec.has_indexer:
         return DeepseekV32ForCausalLM
     return DeepseekV3ForCausalLM if spec.is_v3 else DeepseekV2ForCausalLM
@@ -86,7 +92,7 @@ def fill_weights(model: nn.Module, gguf: GGUFModelFile, spec: ModelSpec, dtype: 
     """
     names = [n for n, p in model.named_parameters() if p.is_meta]
     names += [n for n, b in model.named_buffers()
-              if b.is_meta and n.endswith("e_score_correction_bias")]
+              if b.is_meta and n.endswith(("e_score_correction_bias", "tid2eid"))]
     for done, name in enumerate(names, start=1):
         module_path, _, leaf = name.rpartition(".")
         module = model.get_submodule(module_path)
@@ -94,16 +100,19 @@ def fill_weights(model: nn.Module, gguf: GGUFModelFile, spec: ModelSpec, dtype: 
         if leaf in module._parameters:
             module._parameters[leaf] = nn.Parameter(tensor.to(dtype), requires_grad=False)
         else:
-            module._buffers[leaf] = tensor  # the routing bias stays fp32
+            module._buffers[leaf] = tensor  # the routing bias stays fp32, tid2eid int64
         if progress is not None:
             progress(done, len(names))
     head, embed = model.lm_head, model.model.embed_tokens
     if spec.tied_embeddings and isinstance(head, nn.Linear) and isinstance(embed, nn.Embedding):
         head.weight = embed.weight
-    rotary = model.model.rotary_emb
-    if any(b.is_meta for b in rotary.buffers()):
-        # RoPE tables are computed, not stored: rebuild them off the meta device.
-        model.model.rotary_emb = type(rotary)(config=model.config).to(device_of("model.rotary_emb"))
+    # RoPE tables are computed, not stored: rebuild them off the meta device (the model's,
+    # and V4's compressors' and indexers' own)
+    for path, module in list(model.named_modules()):
+        if path.endswith("rotary_emb") and any(b.is_meta for b in module.buffers()):
+            parent, _, leaf = path.rpartition(".")
+            setattr(model.get_submodule(parent), leaf,
+                    type(module)(config=model.config).to(device_of(path)))
     leftover = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if leftover:
         raise GGUFError(f"{gguf.path}: no weights in the file for {', '.join(leftover[:5])}")

@@ -20,10 +20,11 @@ from typing import Any
 
 from hybrid.errors import GGUFError, shown
 from hybrid.gguf.reader import GGUFModelFile
+from hybrid.model.spec_v4 import ARCH_V4, V4Spec, read_v4_spec
 
 ARCH = "deepseek2"
 ARCH_V32 = "deepseek32"  # DeepSeek-V3.2: MLA + the DSA lightning indexer
-ARCHS = (ARCH, ARCH_V32)
+ARCHS = (ARCH, ARCH_V32, ARCH_V4)  # deepseek4: DeepSeek-V4 (spec_v4.py)
 
 
 @dataclass(frozen=True)
@@ -131,14 +132,15 @@ class ModelSpec:
         return DeepseekV2Config(**common, topk_method=topk_method)
 
 
-def read_spec(gguf: GGUFModelFile) -> ModelSpec:
-    """Build and check the ModelSpec of an opened GGUF model."""
+def read_spec(gguf: GGUFModelFile) -> ModelSpec | V4Spec:
+    """Build and check the spec of an opened GGUF model (V4Spec for a deepseek4 file)."""
     md = gguf.metadata
     arch = md.get("general.architecture")
     if arch not in ARCHS:
         raise GGUFError(
             f"{gguf.path}: architecture '{shown(arch)}' is not a DeepSeek model; hybrid runs "
-            f"'{ARCH}' GGUFs (DeepSeek-V2, V2-Lite, V2.5, V3, R1) and '{ARCH_V32}' (V3.2)"
+            f"'{ARCH}' GGUFs (DeepSeek-V2, V2-Lite, V2.5, V3, R1), '{ARCH_V32}' (V3.2) and "
+            f"'{ARCH_V4}' (V4)"
         )
 
     def key(name: str, default: Any = ...) -> Any:
@@ -149,6 +151,9 @@ def read_spec(gguf: GGUFModelFile) -> ModelSpec:
             raise GGUFError(f"{gguf.path}: metadata key {full} is missing; the file is incomplete")
         return default
 
+    if arch == ARCH_V4:
+        return read_v4_spec(str(gguf.path), key, _vocab_size(gguf, key),
+                            str(md.get("general.name", gguf.path.stem)))
     num_layers = int(key("block_count"))
     if arch == ARCH_V32:
         # the converter appends the MTP block(s) past the trunk: blk.61 of a 62-block V3.2 file
@@ -165,10 +170,7 @@ def read_spec(gguf: GGUFModelFile) -> ModelSpec:
     gating = int(key("expert_gating_func", 1))
     if gating not in (1, 2):
         raise GGUFError(f"{gguf.path}: expert_gating_func {gating} is unknown (1=softmax, 2=sigmoid)")
-    vocab = key("vocab_size", None)
-    if vocab is None:
-        tokens = md.get("tokenizer.ggml.tokens")
-        vocab = len(tokens) if tokens else gguf.tensor_infos["token_embd.weight"][0].shape[0]
+    vocab = _vocab_size(gguf, key)
     n_group = int(key("expert_group_count", 1))
     rope_scaling = None
     if key("rope.scaling.type", "none") == "yarn":
@@ -195,7 +197,7 @@ def read_spec(gguf: GGUFModelFile) -> ModelSpec:
         qk_nope_head_dim=qk_head - rope_dim,
         qk_rope_head_dim=rope_dim,
         v_head_dim=v_head,
-        vocab_size=int(vocab),
+        vocab_size=vocab,
         first_k_dense=first_dense,
         num_experts=int(key("expert_count")),
         num_experts_per_tok=int(key("expert_used_count")),
@@ -217,6 +219,14 @@ def read_spec(gguf: GGUFModelFile) -> ModelSpec:
     )
     _check_spec(gguf, spec)
     return spec
+
+
+def _vocab_size(gguf: GGUFModelFile, key: Callable[..., Any]) -> int:
+    vocab = key("vocab_size", None)
+    if vocab is None:
+        tokens = gguf.metadata.get("tokenizer.ggml.tokens")
+        vocab = len(tokens) if tokens else gguf.tensor_infos["token_embd.weight"][0].shape[0]
+    return int(vocab)
 
 
 def _indexer_fields(key: Callable[..., Any]) -> dict[str, Any]:

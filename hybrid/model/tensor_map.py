@@ -16,11 +16,15 @@ import torch
 from hybrid.errors import GGUFError
 from hybrid.gguf.reader import GGUFModelFile
 from hybrid.model.spec import ModelSpec
+from hybrid.model.spec_v4 import V4Spec
+from hybrid.model.tensor_map_v4 import combine_v4_sources, expected_v4_shapes, v4_gguf_sources
 
 Shape = tuple[int, ...]
 
 
-def expected_gguf_shapes(spec: ModelSpec) -> dict[str, Shape]:
+def expected_gguf_shapes(spec: ModelSpec | V4Spec) -> dict[str, Shape]:
+    if isinstance(spec, V4Spec):
+        return expected_v4_shapes(spec)
     s = spec
     H, V = s.hidden_size, s.vocab_size
     shapes: dict[str, Shape] = {"token_embd.weight": (V, H), "output_norm.weight": (H,)}
@@ -85,7 +89,7 @@ def _indexer_shapes(p: str, s: ModelSpec) -> dict[str, Shape]:
     }
 
 
-def check_tensors(gguf: GGUFModelFile, spec: ModelSpec) -> None:
+def check_tensors(gguf: GGUFModelFile, spec: ModelSpec | V4Spec) -> None:
     """Every expected tensor is present with the shape the metadata implies."""
     for name, shape in expected_gguf_shapes(spec).items():
         if not gguf.has_tensor(name):
@@ -142,8 +146,10 @@ def kv_b_from_mla(k_b: torch.Tensor, v_b: torch.Tensor) -> torch.Tensor:
 _HF_TO_GGUF_SUFFIX = {hf: suffix for suffix, hf in _LAYER_NAMES.items()}
 
 
-def gguf_sources(hf_name: str, spec: ModelSpec) -> tuple[str, ...]:
+def gguf_sources(hf_name: str, spec: ModelSpec | V4Spec) -> tuple[str, ...]:
     """The GGUF tensors a transformers parameter is built from (for memory planning)."""
+    if isinstance(spec, V4Spec):
+        return v4_gguf_sources(hf_name)
     if hf_name == "model.embed_tokens.weight":
         return ("token_embd.weight",)
     if hf_name == "model.norm.weight":
@@ -164,11 +170,14 @@ def gguf_sources(hf_name: str, spec: ModelSpec) -> tuple[str, ...]:
     raise KeyError(hf_name)
 
 
-def load_hf_weight(gguf: GGUFModelFile, spec: ModelSpec, hf_name: str) -> torch.Tensor:
-    """One transformers parameter as fp32, built from its GGUF source tensor(s)."""
+def load_hf_weight(gguf: GGUFModelFile, spec: ModelSpec | V4Spec, hf_name: str) -> torch.Tensor:
+    """One transformers parameter as fp32 (an integer table as int64), built from its GGUF
+    source tensor(s)."""
     sources = [s for s in gguf_sources(hf_name, spec) if gguf.has_tensor(s)]
     if not sources and hf_name.endswith("e_score_correction_bias"):
         return torch.zeros(spec.num_experts)
+    if isinstance(spec, V4Spec):
+        return combine_v4_sources(hf_name, [gguf.tensor(s).dequantize() for s in sources])
     return combine_sources(hf_name, [gguf.tensor(s).dequantize() for s in sources])
 
 

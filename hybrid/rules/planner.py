@@ -10,9 +10,11 @@ from pathlib import Path
 
 from torch import nn
 
+from hybrid.errors import HybridError
 from hybrid.gguf.reader import GGUFModelFile
 from hybrid.model.loader import build_meta_model, open_model
 from hybrid.model.spec import ModelSpec
+from hybrid.model.spec_v4 import V4Spec
 from hybrid.rules.devices import check_available
 from hybrid.rules.plan import Plan, build_plan
 from hybrid.rules.schema import RuleError, load_rules
@@ -38,6 +40,18 @@ def find_rules(name: str) -> Path:
                     f"({', '.join(sorted(bundled))})")
 
 
+def check_servable(spec: ModelSpec | V4Spec, path: str) -> None:
+    """HybridError for a file the rules and the engine cannot run yet: DeepSeek-V4, whose
+    attention (a window with compressed keys), residual streams and routing have no operators
+    yet. Its files load into transformers' model (hybrid.model.loader.load_model)."""
+    if isinstance(spec, V4Spec):
+        raise HybridError(
+            f"{path} is DeepSeek-V4 (deepseek4): hybrid reads it and runs it through "
+            f"transformers' DeepseekV4 model (python: hybrid.model.loader.load_model), but rules, "
+            f"`hybrid serve` and `generate` cannot run V4 yet (its attention has no operators); "
+            f"serve a deepseek2 or deepseek32 file meanwhile")
+
+
 def default_rules_name(spec: ModelSpec) -> str:
     """The bundled rules for this machine: the 24 GB GPU layout with a GPU, else cpu.yaml."""
     import torch
@@ -53,6 +67,7 @@ def family_gpu_rules_name(spec: ModelSpec) -> str:
     DeepSeek-V3.2 (an indexer) gets its own file: DeepSeek-V3.yaml names V3's classes, so on a
     V3.2 tree it would match nothing but the names and leave attention and the routed experts
     to `default` (fp32 on the GPU)."""
+    check_servable(spec, spec.name)
     if spec.has_indexer:
         return "DeepSeek-V3.2.yaml"
     return "DeepSeek-V3.yaml" if spec.is_v3 else "DeepSeek-V2-Lite.yaml"
@@ -114,6 +129,7 @@ class PlannedModel:
 def plan_model(gguf_path: str, rules: str | None, device_map: Mapping[str, str] | None = None,
                check_devices: bool = True, announce: bool = True) -> PlannedModel:
     gguf, spec = open_model(gguf_path)
+    check_servable(spec, gguf_path)
     if rules is None:
         rules = default_rules_name(spec)
         if announce:
