@@ -64,8 +64,11 @@ def _load_llm(args: argparse.Namespace):
 def cmd_make_model(args: argparse.Namespace) -> int:
     from hybrid.synth.make_model import MakeModelOptions, make_model
     from hybrid.synth.presets import get_preset
+    from hybrid.synth.presets_v4 import V4_PRESETS
     from hybrid.synth.vocab import get_vocab
 
+    if args.preset in V4_PRESETS:
+        return _make_v4(args)
     preset = get_preset(args.preset, args.layers)
     opts = MakeModelOptions(preset, args.quant, args.layout, args.seed, args.split, args.vocab,
                             args.header_only, args.chat_template, args.router_skew)
@@ -75,6 +78,29 @@ def cmd_make_model(args: argparse.Namespace) -> int:
     vocab = get_vocab(args.vocab, preset.vocab_size)
     bar = progress_bar("writing")
     files = make_model(opts, vocab, out, lambda name, done, total: bar(done, total))
+    for f in files:
+        print(f)
+    return 0
+
+
+def _make_v4(args: argparse.Namespace) -> int:
+    """make-model for a DeepSeek-V4 preset (deepseek4 files have one layout, no splits yet)."""
+    from hybrid.synth.make_v4 import make_v4
+    from hybrid.synth.presets_v4 import V4_PRESETS
+    from hybrid.synth.vocab import get_vocab
+
+    if args.split != 1:
+        raise HybridError("--split is not supported for DeepSeek-V4 presets yet; leave it at 1")
+    preset = V4_PRESETS[args.preset]
+    if args.layers is not None:
+        preset = preset.with_layers(args.layers)
+    out = Path(args.out)
+    if out.suffix != ".gguf":
+        out = out / f"{preset.name}-{args.quant}.gguf"
+    bar = progress_bar("writing")
+    files = make_v4(preset, args.quant, args.seed, get_vocab(args.vocab, preset.vocab_size), out,
+                    args.header_only, args.chat_template,
+                    lambda name, done, total: bar(done, total))
     for f in files:
         print(f)
     return 0
@@ -179,7 +205,9 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     from hybrid.synth.make_model import MakeModelOptions
+    from hybrid.synth.make_v4 import V4_QUANTS
     from hybrid.synth.presets import PRESETS
+    from hybrid.synth.presets_v4 import V4_PRESETS
     from hybrid.synth.recipe import QUANTS
     from hybrid.tokenizer.bundled_templates import BUNDLED_TEMPLATES
 
@@ -189,13 +217,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = {f.name: f.default for f in fields(MakeModelOptions)}
     mk = sub.add_parser("make-model", help="write a synthetic DeepSeek GGUF with random weights")
-    mk.add_argument("--preset", required=True, choices=list(PRESETS),
+    mk.add_argument("--preset", required=True, choices=[*PRESETS, *V4_PRESETS],
                     help="the model's shapes: tiny ones for tests, real ones (v2-lite, v3, ...) "
                          "for benchmarks and rules explain")
     mk.add_argument("--layers", type=int, default=None, help="override the layer count")
-    mk.add_argument("--quant", default=d["quant"], choices=list(QUANTS),
+    mk.add_argument("--quant", default=d["quant"], choices=list(dict.fromkeys([*QUANTS,
+                                                                                 *V4_QUANTS])),
                     help="the quant mix, as llama.cpp's recipes and unsloth's dynamic files "
-                         "write them")
+                         "write them (DeepSeek-V4 presets: " + ", ".join(V4_QUANTS) + ")")
     mk.add_argument("--layout", default=d["layout"], choices=["legacy", "mla"],
                     help="legacy: attn_kv_b (most downloads); mla: attn_k_b and attn_v_b "
                          "(llama.cpp since April 2025)")

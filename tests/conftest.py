@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from hybrid.synth.make_model import MakeModelOptions, make_model
+from hybrid.synth.make_v4 import make_v4
 from hybrid.synth.presets import get_preset
+from hybrid.synth.presets_v4 import V4_PRESETS
 from hybrid.synth.vocab import get_vocab
 
 # fast mode's packed-expert cache of the session's throwaway models: not the user's cache, and
@@ -30,6 +32,11 @@ class ModelFactory:
               split: int = 1, vocab: str = "small", seed: int = 0,
               chat_template: str | None = None) -> list[Path]:
         key = (preset, quant, layout, split, vocab, seed, chat_template)
+        if key not in self._built and preset in V4_PRESETS:  # deepseek4: one layout, no splits
+            v4 = V4_PRESETS[preset]
+            out = self.root / "-".join(map(str, key)) / f"{preset}-{quant}.gguf"
+            self._built[key] = make_v4(v4, quant, seed, get_vocab(vocab, v4.vocab_size), out,
+                                       chat_template=chat_template)
         if key not in self._built:
             p = get_preset(preset)
             folder = self.root / "-".join(map(str, key)).replace("/", "_")
