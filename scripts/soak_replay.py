@@ -67,7 +67,8 @@ def replay_alone(url: str, headers: dict, replays: list, tie: float) -> dict:
             if all(g is not None and g <= tie for g in gaps):
                 out["flips"].append(round(max(gaps), 5))
                 continue
-            third = None if steps is None else _shown(b"".join(t for t, _ in steps))[0]
+            third = None if steps is None else _shown(
+                b"".join(t for t, _ in steps if not _special(t)))[0]
             same = "the alone run" if third == again else \
                 "the batched run" if third == batched else "neither"
             out["mismatches"].append(f"gaps {gaps} (the third run equals {same}): {path} "
@@ -108,6 +109,13 @@ def _top_steps(http: httpx.Client, path: str, body: dict) -> list | None:
             for t, top in zip(lp["tokens"], lp["top_logprobs"], strict=True)]
 
 
+def _special(token: bytes) -> bool:
+    """A special token (DeepSeek's `<｜...｜>` and `<|...|>` forms): the server leaves it out
+    of the text it returns, but the log-probabilities list it."""
+    return ((token.startswith("<｜".encode()) and token.endswith("｜>".encode()))
+            or (token.startswith(b"<|") and token.endswith(b"|>")))
+
+
 def _shown(data: bytes) -> tuple[str, bytes]:
     """What the server's detokenizer shows for token bytes `data` (invalid bytes as U+FFFD),
     and the bytes of an incomplete last character it holds back."""
@@ -129,11 +137,13 @@ def _gap(steps: list, text: str) -> float | None:
     step's best logprob minus that of the token `text` took where they part (None: that token
     is not among the step's reported candidates). Texts are compared as the server shows
     them: a token's bytes may end mid-character or be invalid UTF-8 (a random model writes
-    such), shown as U+FFFD."""
+    such), shown as U+FFFD, and special tokens are not in them."""
     done = b""
     for token, top in steps:
         if len(_shown(done)[0]) >= len(text):
             return 0.0  # text ended first (a stop string)
+        if _special(token):
+            continue  # not in the text: the next step's token follows it there
         if token and _fits(done + token, text):
             done += token
             continue

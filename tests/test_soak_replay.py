@@ -42,6 +42,15 @@ def test_invalid_bytes_compare_as_the_server_shows_them() -> None:
     assert _gap(steps, "A\ufffdX") is None
 
 
+def test_special_tokens_are_not_in_the_text() -> None:
+    """The server leaves special tokens out of the text (a random model writes DeepSeek's
+    placeholders): the walk steps over them."""
+    steps = [(b"A", [(b"A", -0.1)]), ("<｜place▁holder▁no▁440｜>".encode(), [(b"x", -0.1)]),
+             (b"<|place_holder_mm_span_0260|>", [(b"y", -0.1)]), (b"C", [(b"C", -0.2)])]
+    assert _gap(steps, "AC") == 0.0
+    assert _gap(steps, "AZ") is None
+
+
 def test_first_text_and_parting() -> None:
     assert _first_text([("content", "[]"), ("other", "[]")]) == "content"
     assert _first_text(["text"]) == "text" and _first_text(503) == 503
