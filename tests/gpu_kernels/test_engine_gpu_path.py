@@ -164,3 +164,34 @@ def test_prefix_cache_on_the_gpu_path(models, tmp_path, monkeypatch):
     monkeypatch.undo()
     assert [o.outputs[0].token_ids for o in alone + out] == greedy(
         path, "cpu", False, monkeypatch, prompts=[base, *prompts])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="scripts/device_rules_check.py on GPUs")
+def test_prompts_beside_a_chunk_in_flight_keep_their_tokens(models, tmp_path, monkeypatch):
+    """While a long prompt's chunk passes the layers over steps (streamed experts) and a short
+    request decodes, a third request arrives whose prompt starts with cached pages: it takes
+    the in-flight budget's small chunks beside the two, and every request gets the tokens
+    cpu.yaml gives it alone (the soak's GPU runs left such mixes as the suspects of their two
+    unexplained answers)."""
+    monkeypatch.setenv("HYBRID_GPU_KERNELS_ON_CPU", "1")
+    path = str(models.path("tiny-v3", "q4_k_m", "legacy"))
+    exact = str(with_experts_mode("DeepSeek-V3", "exact", tmp_path))
+    config = EngineConfig(max_batch_size=4, chunk_size=8, cache_lens=256, page_size=16,
+                          prefill_experts="stream")
+    llm = LLM(path, exact, device_map={"cuda": "cpu"}, engine_config=config)
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)  # greedy()'s
+    shared = list(range(40, 56))  # one full page, published by the first request
+    first = llm.generate(prompt_token_ids=[shared + [7, 8]], sampling_params=params)
+    short = llm._submit([5, 6], params, lambda e: None)
+    long = llm._submit(list(range(20, 36)), params, lambda e: None)
+    runner = llm.engine.runner
+    start_layered_job(llm, runner)
+    third = llm._submit(shared + [9, 10, 11], params, lambda e: None)
+    while llm.engine.has_work:
+        llm.worker.step()
+    assert llm.engine.scheduler.num_cached_tokens >= 16 and runner.layered.count >= 1
+    got = [first[0].outputs[0].token_ids, short.output_ids, long.output_ids, third.output_ids]
+    monkeypatch.undo()
+    assert got == [greedy(path, "cpu", False, monkeypatch, prompts=[p])[0]
+                   for p in (shared + [7, 8], [5, 6], list(range(20, 36)),
+                             shared + [9, 10, 11])]
