@@ -86,14 +86,14 @@ def cmd_make_model(args: argparse.Namespace) -> int:
 def _make_v4(args: argparse.Namespace) -> int:
     """make-model for a DeepSeek-V4 preset (deepseek4 files have one layout, no splits yet)."""
     from hybrid.synth.make_v4 import make_v4
-    from hybrid.synth.presets_v4 import V4_PRESETS
+    from hybrid.synth.presets_v4 import V4_PRESETS, with_layers
     from hybrid.synth.vocab import get_vocab
 
     if args.split != 1:
         raise HybridError("--split is not supported for DeepSeek-V4 presets yet; leave it at 1")
     preset = V4_PRESETS[args.preset]
     if args.layers is not None:
-        preset = preset.with_layers(args.layers)
+        preset = with_layers(preset, args.layers)
     out = Path(args.out)
     if out.suffix != ".gguf":
         out = out / f"{preset.name}-{args.quant}.gguf"

@@ -17,7 +17,7 @@ from hybrid.model.loader import load_model
 from hybrid.model.spec import read_spec
 from hybrid.model.spec_v4 import V4Spec, read_v4_spec
 from hybrid.model.tensor_map_v4 import expected_v4_shapes
-from hybrid.synth.presets_v4 import TINY_V4, V4
+from hybrid.synth.presets_v4 import TINY_V4, V4, with_layers
 
 from .oracles import llama_cpp_logits, rel_l2
 
@@ -116,11 +116,10 @@ def test_serving_refuses_v4_in_one_line(models) -> None:
 
 
 def test_presets_keep_a_csa_layer_and_the_flash_shapes() -> None:
-    assert TINY_V4.with_layers(5).compress_ratios == (0, 4, 128, 128, 128)
+    assert with_layers(TINY_V4, 5).compress_ratios == (0, 4, 128, 128, 128)
     with pytest.raises(HybridError, match="no CSA layer"):
-        TINY_V4.with_layers(1)
-    spec = V4.spec(129280)
-    shapes = expected_v4_shapes(spec)
+        with_layers(TINY_V4, 1)
+    shapes = expected_v4_shapes(V4)
     assert shapes["blk.2.attn_output_a.weight"] == (8 * 1024, 64 * 512 // 8)
     assert shapes["blk.3.attn_compressor_kv.weight"] == (2 * 512, 4096)  # CSA: two series
     assert shapes["blk.2.attn_compressor_ape.weight"] == (128, 512)  # HCA

@@ -35,14 +35,25 @@ def _nibble_run(row: np.ndarray, qo: int, x: np.ndarray, xb: int, levels: np.nda
     return s
 
 
+@njit(inline="always", cache=True)
+def _scaled_blocks(row: np.ndarray, x: np.ndarray, dx: np.ndarray, quantized: bool,
+                   mx: bool) -> float:
+    """Blocks of one scale and 16 nibble bytes: IQ4_NL's (f16 d, 18 B) or MXFP4's (E8M0, 17 B)."""
+    size = 17 if mx else 18
+    acc = f32(0.0)
+    for g in range(row.shape[0] // size):
+        if mx:
+            t = _nibble_run(row, size * g + 1, x, 32 * g, MXFP4_LEVELS) * e8m0_at(row, size * g)
+        else:
+            t = _nibble_run(row, size * g + 2, x, 32 * g, IQ4_LEVELS) * f16_at(row, size * g)
+        acc += t * (dx[g] if quantized else f32(1.0))
+    return acc
+
+
 @njit(fastmath=True, cache=True)
 def iq4_nl(row: np.ndarray, x: np.ndarray, dx: np.ndarray, xs: np.ndarray,
            quantized: bool) -> float:
-    acc = f32(0.0)
-    for g in range(row.shape[0] // 18):
-        t = _nibble_run(row, 18 * g + 2, x, 32 * g, IQ4_LEVELS)
-        acc += f16_at(row, 18 * g) * t * (dx[g] if quantized else f32(1.0))
-    return acc
+    return _scaled_blocks(row, x, dx, quantized, False)
 
 
 @njit(fastmath=True, cache=True)
@@ -62,12 +73,7 @@ def iq4_xs(row: np.ndarray, x: np.ndarray, dx: np.ndarray, xs: np.ndarray,
     return acc
 
 
-
 @njit(fastmath=True, cache=True)
 def mxfp4(row: np.ndarray, x: np.ndarray, dx: np.ndarray, xs: np.ndarray,
           quantized: bool) -> float:
-    acc = f32(0.0)
-    for g in range(row.shape[0] // 17):
-        t = _nibble_run(row, 17 * g + 1, x, 32 * g, MXFP4_LEVELS)
-        acc += e8m0_at(row, 17 * g) * t * (dx[g] if quantized else f32(1.0))
-    return acc
+    return _scaled_blocks(row, x, dx, quantized, True)

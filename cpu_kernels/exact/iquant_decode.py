@@ -204,24 +204,30 @@ def _mx_levels(row, qo, w8, e0):
         w8[e0 + 16 + j] = MX_LEVEL_PAIRS[q, 1]
 
 
-@njit(cache=True)
-def _mxfp4(row, w64, sc16):
+@njit(inline="always", cache=True)
+def _scaled_blocks(row, w64, sc16, mx):
+    """Blocks of one scale and 16 nibble bytes: IQ4_NL's (f16 d, 18 B) or MXFP4's (E8M0, 17 B)."""
     w8 = w64.view(np.int8)
-    for g in range(row.shape[0] // 17):
-        _mx_levels(row, 17 * g + 1, w8, 32 * g)
-        d = e8m0_at(row, 17 * g)
+    size = 17 if mx else 18
+    for g in range(row.shape[0] // size):
+        if mx:
+            _mx_levels(row, size * g + 1, w8, 32 * g)
+            d = e8m0_at(row, size * g)
+        else:
+            _levels(row, size * g + 2, w8, 32 * g)
+            d = f16_at(row, size * g)
         sc16[2 * g] = d
         sc16[2 * g + 1] = d
+
+
+@njit(cache=True)
+def _mxfp4(row, w64, sc16):
+    _scaled_blocks(row, w64, sc16, True)
 
 
 @njit(cache=True)
 def _iq4_nl(row, w64, sc16):
-    w8 = w64.view(np.int8)
-    for g in range(row.shape[0] // 18):
-        _levels(row, 18 * g + 2, w8, 32 * g)
-        d = f16_at(row, 18 * g)
-        sc16[2 * g] = d
-        sc16[2 * g + 1] = d
+    _scaled_blocks(row, w64, sc16, False)
 
 
 @njit(cache=True)

@@ -15,6 +15,7 @@ Weights are random, drawn per tensor from (seed, name, chunk) as make_model.py's
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,7 +27,6 @@ from hybrid.errors import HybridError
 from hybrid.gguf.quant_types import Q, tensor_nbytes
 from hybrid.model.spec_v4 import GATING_SQRT_SOFTPLUS, V4Spec
 from hybrid.model.tensor_map_v4 import expected_v4_shapes
-from hybrid.synth.presets_v4 import V4Preset
 from hybrid.synth.random_blocks import random_rows
 from hybrid.synth.recipe import with_fallback
 from hybrid.synth.streaming import (
@@ -164,11 +164,11 @@ def _add_metadata(w: GGUFWriter, spec: V4Spec, quant: str, seed: int) -> None:
                      s.rope_scaling["original_max_position_embeddings"])
 
 
-def make_v4(preset: V4Preset, quant: str, seed: int, vocab: Vocab, out: Path,
+def make_v4(preset: V4Spec, quant: str, seed: int, vocab: Vocab, out: Path,
             header_only: bool = False, chat_template: str | None = None,
             progress: Callable[[str, int, int], None] | None = None) -> list[Path]:
     """Write the deepseek4 model to `out` (one .gguf). Returns the files."""
-    spec = preset.spec(len(vocab))
+    spec = dataclasses.replace(preset, vocab_size=len(vocab))
     shapes = expected_v4_shapes(spec)
     types = {name: v4_tensor_type(name, shape, quant) for name, shape in shapes.items()}
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -67,6 +67,18 @@ def test_streamed_experts_equal_cpu_rules(models, tmp_path, monkeypatch):
         greedy(path, "cpu", False, monkeypatch, prompts=prompts)
 
 
+def streaming_llm(models, tmp_path, monkeypatch) -> tuple[str, LLM, SamplingParams]:
+    """tiny-v3 on the GPU path in the interpreter, prompt steps streaming every layer's
+    experts, with greedy()'s sampling: (its file, the LLM, the params)."""
+    monkeypatch.setenv("HYBRID_GPU_KERNELS_ON_CPU", "1")
+    path = str(models.path("tiny-v3", "q4_k_m", "legacy"))
+    exact = str(with_experts_mode("DeepSeek-V3", "exact", tmp_path))
+    config = EngineConfig(max_batch_size=4, chunk_size=8, cache_lens=256, page_size=16,
+                          prefill_experts="stream")
+    llm = LLM(path, exact, device_map={"cuda": "cpu"}, engine_config=config)
+    return path, llm, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+
+
 def start_layered_job(llm, runner, steps: int = 20) -> None:
     """Step until a chunk passes the layers over steps; a step that fails instead (its
     requests end) fails here rather than looping."""
@@ -83,13 +95,7 @@ def test_cancelling_a_chunk_in_flight_leaves_the_others_whole(models, tmp_path, 
     """A request cancelled while its chunk is part-way through the layers: its job is dropped
     before its pages are freed, the decoding request's tokens are those cpu.yaml gives it
     alone, and every page comes back; a step failing meanwhile fails both requests."""
-    monkeypatch.setenv("HYBRID_GPU_KERNELS_ON_CPU", "1")
-    path = str(models.path("tiny-v3", "q4_k_m", "legacy"))
-    exact = str(with_experts_mode("DeepSeek-V3", "exact", tmp_path))
-    config = EngineConfig(max_batch_size=4, chunk_size=8, cache_lens=256, page_size=16,
-                          prefill_experts="stream")
-    llm = LLM(path, exact, device_map={"cuda": "cpu"}, engine_config=config)
-    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    path, llm, params = streaming_llm(models, tmp_path, monkeypatch)
     short = llm._submit([5, 6], params, lambda e: None)
     long = llm._submit(list(range(20, 32)), params, lambda e: None)  # 6 now, 6 beside a decode
     runner = llm.engine.runner
@@ -173,13 +179,7 @@ def test_prompts_beside_a_chunk_in_flight_keep_their_tokens(models, tmp_path, mo
     the in-flight budget's small chunks beside the two, and every request gets the tokens
     cpu.yaml gives it alone (the soak's GPU runs left such mixes as the suspects of their two
     unexplained answers)."""
-    monkeypatch.setenv("HYBRID_GPU_KERNELS_ON_CPU", "1")
-    path = str(models.path("tiny-v3", "q4_k_m", "legacy"))
-    exact = str(with_experts_mode("DeepSeek-V3", "exact", tmp_path))
-    config = EngineConfig(max_batch_size=4, chunk_size=8, cache_lens=256, page_size=16,
-                          prefill_experts="stream")
-    llm = LLM(path, exact, device_map={"cuda": "cpu"}, engine_config=config)
-    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)  # greedy()'s
+    path, llm, params = streaming_llm(models, tmp_path, monkeypatch)
     shared = list(range(40, 56))  # one full page, published by the first request
     first = llm.generate(prompt_token_ids=[shared + [7, 8]], sampling_params=params)
     short = llm._submit([5, 6], params, lambda e: None)
