@@ -183,25 +183,20 @@ def _iq1_m(row, w64, sc16):
 
 
 @njit(inline="always", cache=True)
-def _levels(row, qo, w8, e0):
+def _levels(row, qo, w8, e0, mx):
+    """32 levels from the 16 nibble bytes at row[qo] into w8[e0:e0+32]: IQ4's table, or
+    MXFP4's where `mx`."""
     if HAS_AVX2:  # a compile-time constant: one vpshufb for the 32
-        _levels32(row, qo, w8, e0)
+        if mx:
+            _mx_levels32(row, qo, w8, e0)
+        else:
+            _levels32(row, qo, w8, e0)
         return
+    pairs = MX_LEVEL_PAIRS if mx else LEVEL_PAIRS
     for j in range(16):
         q = row[qo + j]
-        w8[e0 + j] = LEVEL_PAIRS[q, 0]
-        w8[e0 + 16 + j] = LEVEL_PAIRS[q, 1]
-
-
-@njit(inline="always", cache=True)
-def _mx_levels(row, qo, w8, e0):
-    if HAS_AVX2:
-        _mx_levels32(row, qo, w8, e0)
-        return
-    for j in range(16):
-        q = row[qo + j]
-        w8[e0 + j] = MX_LEVEL_PAIRS[q, 0]
-        w8[e0 + 16 + j] = MX_LEVEL_PAIRS[q, 1]
+        w8[e0 + j] = pairs[q, 0]
+        w8[e0 + 16 + j] = pairs[q, 1]
 
 
 @njit(inline="always", cache=True)
@@ -211,10 +206,10 @@ def _scaled_blocks(row, w64, sc16, mx):
     size = 17 if mx else 18
     for g in range(row.shape[0] // size):
         if mx:
-            _mx_levels(row, size * g + 1, w8, 32 * g)
+            _levels(row, size * g + 1, w8, 32 * g, True)
             d = e8m0_at(row, size * g)
         else:
-            _levels(row, size * g + 2, w8, 32 * g)
+            _levels(row, size * g + 2, w8, 32 * g, False)
             d = f16_at(row, size * g)
         sc16[2 * g] = d
         sc16[2 * g + 1] = d
@@ -240,7 +235,7 @@ def _iq4_xs(row, w64, sc16):
         for s in range(8):
             low = (i64(row[o + 4 + (s >> 1)]) >> (4 * (s & 1))) & 15
             ds = d * f32((low | (((high >> (2 * s)) & 3) << 4)) - 32)
-            _levels(row, o + 8 + 16 * s, w8, 256 * b + 32 * s)
+            _levels(row, o + 8 + 16 * s, w8, 256 * b + 32 * s, False)
             sc16[16 * b + 2 * s] = ds
             sc16[16 * b + 2 * s + 1] = ds
 
