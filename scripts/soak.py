@@ -241,6 +241,9 @@ def run(args: argparse.Namespace) -> dict:
             "unexplained": replay["unexplained"][:10],
             "health_submitted": submitted, "health_ended": ended, "rss_growth": growth,
             "rss_mib": [round(rss[0] / 2**20), round(rss[-1] / 2**20)] if rss else None,
+            # a sample a minute (every 120th of the half-second ones): growth that levels off
+            # (allocator arenas, caches filling) against growth that goes on (a leak)
+            "rss_mib_by_minute": [round(v / 2**20) for v in rss[::120]],
             "gpu_growth": gpu_growth, "gpu_mib": [gpu[0], gpu[-1]] if gpu else None,
             "checks": checks, "ok": all(checks.values())}
 

@@ -73,9 +73,20 @@ def replay_alone(url: str, headers: dict, replays: list, tie: float) -> dict:
                 "the batched run" if third == batched else "neither"
             out["mismatches"].append(f"gaps {gaps} (the third run equals {same}): {path} "
                                      f"{json.dumps(body)[:120]} {_parting(batched, again)}")
+            # the third run's tokens and candidates too: where a batched token came from
             out["unexplained"].append({"path": path, "body": body, "batched": batched,
-                                       "alone": again, "third": third, "gaps": gaps})
+                                       "alone": again, "third": third, "gaps": gaps,
+                                       "steps": _printable(steps)})
     return out
+
+
+def _printable(steps: list | None) -> list | None:
+    """_top_steps' steps for JSON: (token, [(candidate, logprob)]) with bytes shown as text."""
+    if steps is None:
+        return None
+    def show(b: bytes) -> str:
+        return b.decode("utf-8", "backslashreplace")
+    return [(show(t), [(show(c), round(v, 5)) for c, v in top]) for t, top in steps]
 
 
 def _first_text(result: object) -> object:

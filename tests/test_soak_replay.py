@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
-from soak_replay import _first_text, _gap, _parting
+from soak_replay import _first_text, _gap, _parting, _printable
 
 # a run alone of three steps: its tokens and each step's reported candidates, best first
 STEPS = [(b"He", [(b"He", -0.1), (b"Ha", -0.3)]),
@@ -49,6 +49,11 @@ def test_special_tokens_are_not_in_the_text() -> None:
              (b"<|place_holder_mm_span_0260|>", [(b"y", -0.1)]), (b"C", [(b"C", -0.2)])]
     assert _gap(steps, "AC") == 0.0
     assert _gap(steps, "AZ") is None
+
+
+def test_steps_kept_for_json() -> None:
+    assert _printable([(b"\xe4", [(b"A", -0.123456)])]) == [("\\xe4", [("A", -0.12346)])]
+    assert _printable(None) is None
 
 
 def test_first_text_and_parting() -> None:
