@@ -23,15 +23,19 @@ class PagedLatentCache:
         """attention_ops: each layer's MLAAttentionOp (device, kv_dtype, kv_lora, rope, and
         index_head_dim: 0 without an indexer)."""
         self.num_slots = num_slots
-        # torch.empty: the OS commits memory as pages are first written. Reads only ever touch
-        # slots written earlier (the torch path pads with a sequence's own first slot; the
-        # decode kernel masks past each length), so the uninitialized rows are never read.
+        # Reads only ever touch slots written earlier (the torch path pads with a sequence's own
+        # first slot; the decode kernel masks past each length): the rows need no values. A
+        # host cache is still written once here (zeros): the OS would otherwise commit its pages
+        # as requests first write them, so a server's memory would grow for as long as untouched
+        # pages remain (the soak's CPU form: ~5 MiB a minute for 80 MiB) and a cache the host
+        # cannot hold would fail mid-request rather than at start-up.
+        def alloc(width: int, op) -> torch.Tensor:
+            make = torch.zeros if torch.device(op.device).type == "cpu" else torch.empty
+            return make(num_slots + 1, width, dtype=op.kv_dtype, device=op.device)
         try:
-            self.layers = [torch.empty(num_slots + 1, op.kv_lora + op.rope, dtype=op.kv_dtype,
-                                       device=op.device) for op in attention_ops]
-            self.index_layers = [torch.empty(num_slots + 1, op.index_head_dim,
-                                             dtype=op.kv_dtype, device=op.device)
-                                 if op.index_head_dim else None for op in attention_ops]
+            self.layers = [alloc(op.kv_lora + op.rope, op) for op in attention_ops]
+            self.index_layers = [alloc(op.index_head_dim, op) if op.index_head_dim else None
+                                 for op in attention_ops]
         except (torch.OutOfMemoryError, RuntimeError) as e:
             gib = self.bytes_for(attention_ops, num_slots) / 2**30
             raise HybridError(f"cannot allocate the KV cache ({num_slots} tokens, {gib:.2f} GiB): "
