@@ -15,6 +15,7 @@ from functools import cache
 import torch
 
 from cpu_kernels.formats import iquant_tables as tables
+from cpu_kernels.formats.scalars import E8M0_HALF
 from hybrid.gguf.quant_types import Q
 
 
@@ -159,18 +160,13 @@ def _dequant_iq4_xs(b: torch.Tensor) -> torch.Tensor:
     return (dl.view(n, 8, 1) * _levels(b[:, 8:136]).view(n, 8, 32)).reshape(n, 256)
 
 
-def _e8m0_half(e: torch.Tensor) -> torch.Tensor:
-    """E8M0 exponent bytes [N, 1] -> 2^(e - 128) [N, 1] fp32, written as its bits (ggml's
-    GGML_E8M0_TO_FP32_HALF): exact for every e, where exp2 may round; denormal for e < 2."""
-    e = e.to(torch.int32)
-    return torch.where(e < 2, (e + 1) * 0x00200000, (e - 1) << 23).view(torch.float32)
-
-
 def _dequant_mxfp4(b: torch.Tensor) -> torch.Tensor:
     """Byte 0: the E8M0 exponent e; 1..16: codes of E2M1 values doubled (MXFP4_LEVELS), so the
-    scale is 2^(e - 128), half the format's 2^(e - 127). The products are exact, or inf past
-    fp32's range (e = 254 and 255), as in ggml."""
-    return _e8m0_half(b[:, 0:1]) * _levels(b[:, 1:17], "MXFP4_LEVELS")
+    scale is 2^(e - 128) (cpu_kernels' E8M0_HALF, exact for every e), half the format's
+    2^(e - 127). The products are exact, or inf past fp32's range (e = 254 and 255), as in
+    ggml."""
+    scale = torch.from_numpy(E8M0_HALF).to(b.device)[b[:, 0:1].to(torch.int64)]  # [N, 1]
+    return scale * _levels(b[:, 1:17], "MXFP4_LEVELS")
 
 
 IQUANT_DEQUANT = {Q.IQ1_S: _dequant_iq1_s, Q.IQ1_M: _dequant_iq1_m, Q.IQ2_XXS: _dequant_iq2_xxs,

@@ -176,9 +176,8 @@ def load_hf_weight(gguf: GGUFModelFile, spec: ModelSpec | V4Spec, hf_name: str) 
     sources = [s for s in gguf_sources(hf_name, spec) if gguf.has_tensor(s)]
     if not sources and hf_name.endswith("e_score_correction_bias"):
         return torch.zeros(spec.num_experts)
-    if isinstance(spec, V4Spec):
-        return combine_v4_sources(hf_name, [gguf.tensor(s).dequantize() for s in sources])
-    return combine_sources(hf_name, [gguf.tensor(s).dequantize() for s in sources])
+    combine = combine_v4_sources if isinstance(spec, V4Spec) else combine_sources
+    return combine(hf_name, [gguf.tensor(s).dequantize() for s in sources])
 
 
 def combine_sources(hf_name: str, parts: list[torch.Tensor]) -> torch.Tensor:

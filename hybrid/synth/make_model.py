@@ -19,21 +19,12 @@ import numpy as np
 from gguf import GGUFWriter
 
 from hybrid.errors import HybridError
-from hybrid.gguf.quant_types import tensor_nbytes
 from hybrid.model.spec import ARCH_V32, ModelSpec
 from hybrid.model.tensor_map import expected_gguf_shapes
 from hybrid.synth.presets import Preset
-from hybrid.synth.random_blocks import random_rows
 from hybrid.synth.recipe import FILE_TYPES, tensor_type
 from hybrid.synth.router_skew import check_skew, layer_bias
-from hybrid.synth.streaming import (
-    CHUNK_ELEMENTS,
-    add_tensor_infos,
-    add_tokenizer,
-    extend_sparse,
-    tensor_rng,
-    write_streamed,
-)
+from hybrid.synth.streaming import add_tokenizer, random_matrix_chunks, tensor_rng, write_model
 from hybrid.synth.vocab import Vocab
 
 
@@ -111,14 +102,7 @@ def _chunks(name: str, shape: tuple[int, ...], qtype: int, spec: ModelSpec, seed
         else:  # norm weights: around 1
             yield (1.0 + 0.1 * rng.standard_normal(shape[0], dtype=np.float32)).astype(np.float32)
         return
-    cols = shape[-1]
-    rows = int(np.prod(shape[:-1]))
-    std = weight_std(name, shape, spec)
-    rows_per_chunk = max(1, CHUNK_ELEMENTS // cols)
-    # Chunk boundaries depend only on the shape, so the bytes depend only on (seed, name).
-    for chunk, start in enumerate(range(0, rows, rows_per_chunk)):
-        n = min(rows_per_chunk, rows - start)
-        yield random_rows(tensor_rng(seed, name, chunk), qtype, n, cols, std)
+    yield from random_matrix_chunks(seed, name, qtype, shape, weight_std(name, shape, spec))
 
 
 def _add_metadata(w: GGUFWriter, p: Preset, opts: MakeModelOptions, vocab: Vocab) -> None:
@@ -194,21 +178,7 @@ def make_model(opts: MakeModelOptions, vocab: Vocab, out: Path,
     per_file = math.ceil(len(shapes) / opts.split) if opts.split > 1 else 0
     writer = GGUFWriter(out, opts.preset.arch, split_max_tensors=per_file)
     _add_metadata(writer, opts.preset, opts, vocab)
-    add_tensor_infos(writer, shapes, types)
-    files = writer.format_shard_names(out)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    total = sum(tensor_nbytes(types[n], int(np.prod(s))) for n, s in shapes.items())
-    if opts.header_only:
-        extend_sparse(writer)
-        return files
-    done = 0
-    for name, shape in shapes.items():
-        write_streamed(writer, _chunks(name, shape, types[name], spec, opts.seed,
-                                        opts.router_skew))
-        done += tensor_nbytes(types[name], int(np.prod(shape)))
-        if progress is not None:
-            progress(name, done, total)
-    writer.close()
-    return files
+    return write_model(writer, out, shapes, types,
+                       lambda name, shape, qtype: _chunks(name, shape, qtype, spec, opts.seed,
+                                                          opts.router_skew),
+                       opts.header_only, progress)

@@ -24,19 +24,11 @@ import numpy as np
 from gguf import GGUFWriter
 
 from hybrid.errors import HybridError
-from hybrid.gguf.quant_types import Q, tensor_nbytes
+from hybrid.gguf.quant_types import Q
 from hybrid.model.spec_v4 import GATING_SQRT_SOFTPLUS, V4Spec
 from hybrid.model.tensor_map_v4 import expected_v4_shapes
-from hybrid.synth.random_blocks import random_rows
 from hybrid.synth.recipe import with_fallback
-from hybrid.synth.streaming import (
-    CHUNK_ELEMENTS,
-    add_tensor_infos,
-    add_tokenizer,
-    extend_sparse,
-    tensor_rng,
-    write_streamed,
-)
+from hybrid.synth.streaming import add_tokenizer, random_matrix_chunks, tensor_rng, write_model
 from hybrid.synth.vocab import Vocab
 
 V4_QUANTS = {"f32": 0, "bf16": 32, "q8_0": 7, "mxfp4_moe": 38}  # -> general.file_type
@@ -110,11 +102,7 @@ def _chunks(name: str, shape: tuple[int, ...], qtype: int, spec: V4Spec, seed: i
     if len(shape) == 1:
         yield _vector(name, shape[0], rng)
         return
-    rows, cols = int(np.prod(shape[:-1])), shape[-1]
-    per_chunk = max(1, CHUNK_ELEMENTS // cols)  # boundaries from the shape alone
-    for chunk, start in enumerate(range(0, rows, per_chunk)):
-        yield random_rows(tensor_rng(seed, name, chunk), qtype, min(per_chunk, rows - start),
-                          cols, _std(name, shape, spec))
+    yield from random_matrix_chunks(seed, name, qtype, shape, _std(name, shape, spec))
 
 
 def _add_metadata(w: GGUFWriter, spec: V4Spec, quant: str, seed: int) -> None:
@@ -175,20 +163,6 @@ def make_v4(preset: V4Spec, quant: str, seed: int, vocab: Vocab, out: Path,
     writer = GGUFWriter(out, "deepseek4")
     _add_metadata(writer, spec, quant, seed)
     add_tokenizer(writer, vocab, chat_template)
-    add_tensor_infos(writer, shapes, types)
-    files = writer.format_shard_names(out)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    if header_only:
-        extend_sparse(writer)
-        return files
-    total = sum(tensor_nbytes(types[n], int(np.prod(s))) for n, s in shapes.items())
-    done = 0
-    for name, shape in shapes.items():
-        write_streamed(writer, _chunks(name, shape, types[name], spec, seed))
-        done += tensor_nbytes(types[name], int(np.prod(shape)))
-        if progress is not None:
-            progress(name, done, total)
-    writer.close()
-    return files
+    return write_model(writer, out, shapes, types,
+                       lambda name, shape, qtype: _chunks(name, shape, qtype, spec, seed),
+                       header_only, progress)

@@ -6,7 +6,8 @@ make_v4.py (deepseek4) share. Each tensor's bytes come from its own generator, k
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 from gguf import GGUFWriter
@@ -21,6 +22,19 @@ CHUNK_ELEMENTS = 1 << 26  # elements generated at once (64 M: ~256 MB of fp32 te
 
 def tensor_rng(seed: int, name: str, chunk: int) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(name.encode()), chunk])
+
+
+def random_matrix_chunks(seed: int, name: str, qtype: int, shape: tuple[int, ...], std: float
+                         ) -> Iterator[np.ndarray]:
+    """A 2-D (or stacked) tensor's random rows in file order, CHUNK_ELEMENTS at a time. Chunk
+    boundaries depend only on the shape, so the bytes depend only on (seed, name)."""
+    from hybrid.synth.random_blocks import random_rows
+
+    rows, cols = int(np.prod(shape[:-1])), shape[-1]
+    per_chunk = max(1, CHUNK_ELEMENTS // cols)
+    for chunk, start in enumerate(range(0, rows, per_chunk)):
+        yield random_rows(tensor_rng(seed, name, chunk), qtype, min(per_chunk, rows - start),
+                          cols, std)
 
 
 def write_streamed(writer: GGUFWriter, chunks: Iterator[np.ndarray]) -> None:
@@ -83,3 +97,30 @@ def add_tokenizer(w: GGUFWriter, vocab: Vocab, chat_template: str | None) -> Non
     w.add_add_eos_token(False)
     w.add_chat_template(vocab.chat_template if chat_template is None
                         else load_template(chat_template))
+
+
+def write_model(writer: GGUFWriter, out: Path, shapes: dict[str, tuple[int, ...]],
+                types: dict[str, int], chunks: Callable[[str, tuple[int, ...], int],
+                                                        Iterator[np.ndarray]],
+                header_only: bool, progress: Callable[[str, int, int], None] | None
+                ) -> list[Path]:
+    """Declare the tensors, write header, keys and tensor infos (the keys already added), then
+    each tensor's `chunks(name, shape, qtype)` (or, header_only, a sparse hole of the full
+    size); close. Returns the files (split parts are named from `out`)."""
+    add_tensor_infos(writer, shapes, types)
+    files = writer.format_shard_names(out)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    if header_only:
+        extend_sparse(writer)
+        return files
+    total = sum(tensor_nbytes(types[n], int(np.prod(s))) for n, s in shapes.items())
+    done = 0
+    for name, shape in shapes.items():
+        write_streamed(writer, chunks(name, shape, types[name]))
+        done += tensor_nbytes(types[name], int(np.prod(shape)))
+        if progress is not None:
+            progress(name, done, total)
+    writer.close()
+    return files

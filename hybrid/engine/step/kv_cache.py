@@ -27,8 +27,8 @@ class PagedLatentCache:
         # first slot; the decode kernel masks past each length): the rows need no values. A
         # host cache is still written once here (zeros): the OS would otherwise commit its pages
         # as requests first write them, so a server's memory would grow for as long as untouched
-        # pages remain (the soak's CPU form: ~5 MiB a minute for 80 MiB) and a cache the host
-        # cannot hold would fail mid-request rather than at start-up.
+        # pages remain (docs/serving.md, "Soak") and a cache the host cannot hold would fail
+        # mid-request rather than at start-up.
         def alloc(width: int, op) -> torch.Tensor:
             make = torch.zeros if torch.device(op.device).type == "cpu" else torch.empty
             return make(num_slots + 1, width, dtype=op.kv_dtype, device=op.device)
