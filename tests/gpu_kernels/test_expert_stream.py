@@ -13,10 +13,12 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from cpu_kernels.fast.packed import PackedMatrix
+from cpu_kernels.formats import qtypes as cpu_qtypes
 from cpu_kernels.formats.weights import QuantMatrix
+from gpu_kernels import qtypes as gqt
 from gpu_kernels.moe_grouped import moe_experts_ref
 from gpu_kernels.qformat import to_planes
-from hybrid.engine.prefill.expert_stream import BYTES_PER_UNIT_BYTE, ExpertStream
+from hybrid.engine.prefill.expert_stream import BYTES_PER_UNIT_BYTE, ExpertStream, StreamTensor
 from hybrid.engine.prefill.host_pinning import byte_ranges
 from hybrid.synth.random_blocks import random_rows
 from tests.gpu_kernels.conftest import rel_err
@@ -82,6 +84,22 @@ def test_stream_matches_reference(units: int, fused: bool, n: int, device) -> No
     refs = {i: reference(layers[i], x, ids, w) for i in set(order)}
     for i, y in zip(order, got):
         assert rel_err(y, refs[i]) < 2e-5
+
+
+@pytest.mark.parametrize("qtype", [q for q in (*sorted(gqt.BLOCK_GEOMETRY), *gqt.FLOAT_DTYPES)
+                                   if cpu_qtypes.is_supported(q)], ids=lambda q: Q(q).name)
+def test_planes_hold_none_of_the_raw_slot(qtype: int, device) -> None:
+    """A unit's planes outlive its raw slot (the next unit's bytes land there while its products
+    run): none is a view of the slot, whatever the type (to_planes gives views for float
+    types), and they equal the planes of a copy."""
+    m = stack(Q(qtype), 32, 256, seed=qtype)
+    t = StreamTensor.of(m)
+    raw = torch.from_numpy(t.host.copy()).reshape(-1).to(device)
+    got = t.planes(raw, E)
+    base = raw.untyped_storage().data_ptr()
+    assert all(p.untyped_storage().data_ptr() != base for p in got.planes)
+    want = to_planes(raw.clone(), qtype, E * 32, 256)
+    assert all(torch.equal(a, b) for a, b in zip(got.planes, want.planes, strict=True))
 
 
 @pytest.mark.parametrize("types", [(Q.Q4_K, Q.Q8_0, Q.Q6_K), (Q.Q5_0, Q.Q5_0, Q.Q8_0),

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -68,14 +68,21 @@ class StreamTensor:
         return int(self.host.nbytes)
 
     def planes(self, raw: torch.Tensor, experts: int):
-        """raw: `experts` experts' bytes on the device -> their GpuQuant of experts * rows."""
+        """raw: `experts` experts' bytes on the device -> their GpuQuant of experts * rows,
+        holding none of raw's memory: the stream refills raw with a later unit's bytes while
+        this unit's products may still run (a plane that is a view of raw, as to_planes gives
+        for float types, is copied)."""
         if self.packed:
             from hybrid.engine.prefill.packed_planes import planes_from_packed
 
-            return planes_from_packed(raw.view(experts, -1), self.qtype, self.rows, self.cols)
-        from gpu_kernels.qformat import to_planes
+            q = planes_from_packed(raw.view(experts, -1), self.qtype, self.rows, self.cols)
+        else:
+            from gpu_kernels.qformat import to_planes
 
-        return to_planes(raw, self.qtype, experts * self.rows, self.cols)
+            q = to_planes(raw, self.qtype, experts * self.rows, self.cols)
+        base = raw.untyped_storage().data_ptr()
+        return replace(q, planes=tuple(
+            p.clone() if p.untyped_storage().data_ptr() == base else p for p in q.planes))
 
 
 class ExpertStream:
