@@ -3,6 +3,7 @@ device's copy bandwidth measured in the same run, and the paged MLA decode atten
 
     python scripts/bench_gpu_kernels.py [--json out.json]
     python scripts/bench_gpu_kernels.py --prefill    # MLA prefill attention against torch
+    python scripts/bench_gpu_kernels.py --sparse     # V3.2's sparse decode against dense MLA
 
 Weights rotate over copies totalling > 3x the L2 cache, so every call reads them from HBM.
 Calls are timed inside a CUDA graph of 20 calls (as the engine replays them: launching a Triton
@@ -225,6 +226,38 @@ def bench_prefill(heads: int, q_len: int, kv_len: int) -> dict:
             "expanded_TFLOPS": 2 * pairs * (nope + r + v) / kernel_ms / 1e9}
 
 
+SPARSE = [(b, n) for b in (1, 8) for n in (1024, 8192, 32768, 131072)]  # batch, context
+
+
+def bench_sparse(batch: int, length: int, topk: int = 2048) -> dict:
+    """One decode step's attention of a layer at V3.2's dims over `length` cached tokens: dense
+    MLA (every key) against the sparse path (the indexer's scores over every key, the top-k,
+    MLA over those), and the sparse path's parts."""
+    from gpu_kernels.mla_index import index_scores_paged, sparse_mla_decode, top_slots
+
+    page, c, r, heads, ih, idim = 64, 512, 64, 128, 64, 128
+    pages = batch * -(-length // page)
+    cache = torch.randn(pages * page + 1, c + r, device="cuda").bfloat16()
+    keys = torch.randn(pages * page + 1, idim, device="cuda").bfloat16()
+    table = torch.randperm(pages, device="cuda").reshape(batch, -1).int()
+    q = torch.randn(batch, heads, c, device="cuda") * 0.1
+    qr = torch.randn(batch, heads, r, device="cuda") * 0.1
+    iq = torch.randn(batch, ih, idim, device="cuda")
+    iw = torch.randn(batch, ih, device="cuda")
+    lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
+    capacity = table.shape[1] * page
+    dense = graph_ms(lambda: mla_decode(q, qr, cache, table, lens, page, 0.07,
+                                        choose_splits(batch, heads, length)))
+    splits = choose_splits(batch, heads, min(topk, length))
+    sparse = graph_ms(lambda: sparse_mla_decode(q, qr, cache, iq, iw, keys, table, lens, page,
+                                                topk, capacity, 0.07, splits))
+    scores = index_scores_paged(iq, iw, keys, table, lens, page, capacity)
+    score_ms = graph_ms(lambda: index_scores_paged(iq, iw, keys, table, lens, page, capacity))
+    pick_ms = graph_ms(lambda: top_slots(scores, table, lens, page, topk))
+    return {"dense_us": dense * 1e3, "sparse_us": sparse * 1e3, "index_us": score_ms * 1e3,
+            "topk_us": pick_ms * 1e3}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None)
@@ -237,7 +270,20 @@ def main() -> int:
                     help="only the tile sweep of products with many rows, then stop")
     ap.add_argument("--prefill", action="store_true",
                     help="only MLA prefill attention (absorbed against expanded), then stop")
+    ap.add_argument("--sparse", action="store_true",
+                    help="only V3.2's sparse decode attention against dense MLA, then stop")
     args = ap.parse_args()
+    if args.sparse:
+        rows = []
+        for batch, length in SPARSE:
+            res = bench_sparse(batch, length)
+            rows.append({"batch": batch, "context": length, **res})
+            print(f"decode attention B={batch} context={length:6}: dense {res['dense_us']:8.1f} "
+                  f"us, sparse {res['sparse_us']:7.1f} us (indexer {res['index_us']:6.1f}, "
+                  f"top-k {res['topk_us']:6.1f})", flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"sparse": rows}, indent=1))
+        return 0
     copy = copy_bandwidth()
     print(f"device copy: {copy:.0f} GB/s (read + write)", flush=True)
     rows = []
