@@ -23,28 +23,35 @@ import triton.language as tl
 from gpu_kernels.mla_decode import mla_decode, sequence_slots
 
 BLOCK_TOKENS = 64  # keys a program scores
+HEAD_BLOCK = 16  # indexer heads a program's product takes at a time (the dot's smallest M)
 
 
 @triton.jit(do_not_specialize=["P", "T"])
 def _scores_kernel(q_ptr, w_ptr, keys_ptr, table_ptr, lens_ptr, out_ptr, P, T, page_size,
-                   scale, head_scale, HI: tl.constexpr, D: tl.constexpr, BT: tl.constexpr):
+                   scale, head_scale, HI: tl.constexpr, HB: tl.constexpr, D: tl.constexpr,
+                   BT: tl.constexpr):
     b = tl.program_id(0)
     t = tl.program_id(1) * BT + tl.arange(0, BT)  # [BT] positions
     length = tl.load(lens_ptr + b)
     tmask = t < length
     out = tl.full((BT,), float("-inf"), tl.float32)
     if tl.program_id(1) * BT < length:  # a block past the sequence's end reads nothing
-        h = tl.arange(0, HI)
         d = tl.arange(0, D)
-        q = tl.load(q_ptr + (b * HI + h)[:, None] * D + d[None, :]).to(tl.float32)  # [HI, D]
-        w = tl.load(w_ptr + b * HI + h).to(tl.float32)  # [HI]
         page = tl.load(table_ptr + b.to(tl.int64) * P + t // page_size, mask=tmask, other=0)
         slot = page.to(tl.int64) * page_size + t % page_size  # [BT]
-        k = tl.load(keys_ptr + slot[:, None] * D + d[None, :], mask=tmask[:, None],
-                    other=0.0).to(tl.float32)  # [BT, D]
-        dots = tl.dot(q, tl.trans(k), input_precision="ieee")  # [HI, BT]
-        s = tl.sum(tl.maximum(dots * scale, 0.0) * w[:, None], axis=0) * head_scale  # [BT]
-        out = tl.where(tmask, s, float("-inf"))
+        k = tl.trans(tl.load(keys_ptr + slot[:, None] * D + d[None, :], mask=tmask[:, None],
+                             other=0.0).to(tl.float32))  # [D, BT]
+        s = tl.zeros((BT,), tl.float32)
+        # HB heads at a time: all Hi heads' q and products at once outgrow the registers
+        # (spilled, the step was ~100x slower than its reads); tf32x3 keeps fp32's accuracy
+        # on the tensor cores, so the top-k is the float reference's
+        for h0 in tl.static_range(0, HI, HB):
+            h = h0 + tl.arange(0, HB)
+            q = tl.load(q_ptr + (b * HI + h)[:, None] * D + d[None, :]).to(tl.float32)  # [HB, D]
+            w = tl.load(w_ptr + b * HI + h).to(tl.float32)  # [HB]
+            dots = tl.dot(q, k, input_precision="tf32x3")  # [HB, BT]
+            s += tl.sum(tl.maximum(dots * scale, 0.0) * w[:, None], axis=0)
+        out = tl.where(tmask, s * head_scale, float("-inf"))
     tl.store(out_ptr + b.to(tl.int64) * T + t, out, mask=t < T)
 
 
@@ -59,11 +66,15 @@ def index_scores_paged(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor,
     if heads & (heads - 1) or dim & (dim - 1) or dim < 16 or keys.shape[-1] != dim:
         raise ValueError(f"indexer heads {heads} / dims {dim} (keys {keys.shape[-1]}): powers "
                          f"of two, dims >= 16, as the cache's")
+    if heads < HEAD_BLOCK:  # heads of weight 0 add relu(.) * 0: nothing
+        q = torch.cat([q, q.new_zeros(b, HEAD_BLOCK - heads, dim)], dim=1)
+        w = torch.cat([w, w.new_zeros(b, HEAD_BLOCK - heads)], dim=1)
     out = torch.empty(b, capacity, dtype=torch.float32, device=q.device)
     grid = (b, triton.cdiv(capacity, BLOCK_TOKENS))
     _scores_kernel[grid](q.contiguous(), w.contiguous(), keys, page_table, seq_lens, out,
                          page_table.stride(0), capacity, page_size,
-                         dim ** -0.5, heads ** -0.5, HI=heads, D=dim, BT=BLOCK_TOKENS)
+                         dim ** -0.5, heads ** -0.5, HI=q.shape[1], HB=HEAD_BLOCK, D=dim,
+                         BT=BLOCK_TOKENS)
     return out
 
 
