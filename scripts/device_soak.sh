@@ -20,7 +20,7 @@ if [ "$STAGE" = run ]; then  # the detached part
   say() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
   v2_lite_model
   say "model ready"
-  python3 -m cli serve --gguf-path "$M" --port 8000 > $S/serve.log 2>&1 &
+  python3 -m cli serve --gguf-path "$M" --port 8000 --trace-steps $S/steps.jsonl > $S/serve.log 2>&1 &
   SERVER=$!
   health() { python3 -c "import urllib.request as u; print(u.urlopen('$1').read().decode())"; }
   until health http://127.0.0.1:8000/health > /dev/null 2>&1; do
@@ -30,7 +30,8 @@ if [ "$STAGE" = run ]; then  # the detached part
   say "server ready (first start)"
   grep -E "rules|chose|chunk|start-up" $S/serve.log | tail -8
   python3 scripts/soak.py --url http://127.0.0.1:8000 --clients "${CLIENTS:-64}" \
-    --minutes "${MINUTES:-10}" --pid $SERVER --json $S/soak.json ${SOAK_ARGS:-} > $S/soak.out 2>&1
+    --minutes "${MINUTES:-10}" --pid $SERVER --json $S/soak.json --trace $S/steps.jsonl \
+    ${SOAK_ARGS:-} > $S/soak.out 2>&1
   say "soak exit $?"
   health http://127.0.0.1:8000/health > $S/health.json
   ts=$(date +%s.%N)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import httpx
 import openai
-from soak_replay import replay_alone, texts
+from soak_replay import replay_alone, steps_of, texts
 
 PREFIXES = ["You are a terse assistant. " * 12, "Summarize the following notes. " * 20,
             "Answer in one word. " * 6]
@@ -61,7 +61,8 @@ class Tally:
     by_kind: dict[str, int] = field(default_factory=dict)
     statuses: dict[int, int] = field(default_factory=dict)
     engine_requests: int = 0  # choices the server admitted (disconnects included)
-    replays: list[tuple[str, dict, object]] = field(default_factory=list)  # (path, body, result)
+    # (path, body, result, the response's id)
+    replays: list[tuple[str, dict, object, str | None]] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
 
     def add(self, kind: str, status: int, engine: int = 0) -> None:
@@ -102,20 +103,20 @@ class Client:
                 chat["max_tokens"] = 60
             self._replayable(kind, "/v1/chat/completions", chat, 1)
         elif kind == "chat_stream":
-            stream = self.oai.chat.completions.create(**chat, stream=True)
+            stream = list(self.oai.chat.completions.create(**chat, stream=True))
             text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
             self.tally.add(kind, 200, 1)
-            self._remember("/v1/chat/completions", chat, text)
+            self._remember("/v1/chat/completions", chat, text, stream[0].id if stream else None)
         elif kind in ("completion", "completion_stream", "logprobs"):
             body = {**base, "prompt": self.rng.choice(PREFIXES)[:80] + str(r.randrange(999)),
                     "temperature": 0}
             if kind == "logprobs":
                 body["logprobs"] = 3
             if kind == "completion_stream":
-                out = self.oai.completions.create(**body, stream=True)
+                out = list(self.oai.completions.create(**body, stream=True))
                 text = "".join(c.choices[0].text for c in out if c.choices)
                 self.tally.add(kind, 200, 1)
-                self._remember("/v1/completions", body, text)
+                self._remember("/v1/completions", body, text, out[0].id if out else None)
             else:
                 self._replayable(kind, "/v1/completions", body, 1)
         elif kind == "n_seeded":
@@ -145,11 +146,11 @@ class Client:
         if resp.status_code != 200:
             self.tally.failures.append(f"{kind}: {resp.status_code} {resp.text[:200]}")
             return
-        self._remember(path, body, texts(resp.json()))
+        self._remember(path, body, texts(resp.json()), resp.json().get("id"))
 
-    def _remember(self, path: str, body: dict, result: object) -> None:
+    def _remember(self, path: str, body: dict, result: object, response_id: str | None) -> None:
         with self.tally.lock:
-            self.tally.replays.append((path, body, result))
+            self.tally.replays.append((path, body, result, response_id))
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -283,8 +284,15 @@ def main() -> int:
     ap.add_argument("--tie", type=float, default=0.05,
                     help="nats: a greedy token that differs alone by at most this is a near-tie")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--trace", default=None,
+                    help="the server's --trace-steps file: each unexplained answer's steps "
+                         "go into the JSON")
     args = ap.parse_args()
     result = run(args)
+    if args.trace:
+        for u in result["unexplained"]:
+            if u.get("id"):
+                u["trace"] = steps_of(args.trace, u["id"])
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -34,7 +34,7 @@ def texts(response: dict) -> list:
 
 
 def replay_alone(url: str, headers: dict, replays: list, tie: float) -> dict:
-    """replays: (path, body, result) with result texts(...) or a stream's text ->
+    """replays: (path, body, result, response id) with result texts(...) or a stream's text ->
     {engine: requests sent, mismatches: [str], flips: [gap], sampled_flips: int, unexplained:
     [{the request, the three answers, their gaps}] (whole, for a later look)}."""
     out: dict = {"engine": 0, "mismatches": [], "flips": [], "sampled_flips": 0,
@@ -46,7 +46,7 @@ def replay_alone(url: str, headers: dict, replays: list, tie: float) -> dict:
             out["engine"] += body.get("n", 1)
             return texts(resp.json()) if resp.status_code == 200 else resp.status_code
 
-        for path, body, result in replays:
+        for path, body, result, response_id in replays:
             got = alone(path, body)
             if isinstance(result, str):  # a stream's text: the choice's content or text
                 got = _first_text(got)
@@ -74,9 +74,25 @@ def replay_alone(url: str, headers: dict, replays: list, tie: float) -> dict:
             out["mismatches"].append(f"gaps {gaps} (the third run equals {same}): {path} "
                                      f"{json.dumps(body)[:120]} {_parting(batched, again)}")
             # the third run's tokens and candidates too: where a batched token came from
-            out["unexplained"].append({"path": path, "body": body, "batched": batched,
+            out["unexplained"].append({"path": path, "id": response_id, "body": body,
+                                       "batched": batched,
                                        "alone": again, "third": third, "gaps": gaps,
                                        "steps": _printable(steps)})
+    return out
+
+
+def steps_of(trace_path: str, response_id: str) -> list[dict]:
+    """The lines of a `hybrid serve --trace-steps` file with a step that carried the response's
+    first choice: where each of its tokens was sampled and what shared those steps."""
+    rid = f"{response_id}-0"
+    out = []
+    with open(trace_path) as f:
+        for line in f:
+            if rid in line:
+                step = json.loads(line)
+                step["own"] = [c for c in step["chunks"] if c[0] == rid]
+                step["token"] = next((t for r, t in step["sampled"] if r == rid), None)
+                out.append(step)
     return out
 
 

@@ -57,6 +57,10 @@ class ServerConfig:
         None, flag="--record-routing", metavar="FILE",
         help="record which experts the traffic uses into FILE (a routing profile for `hybrid "
              "tune`, rewritten every 30 s and at shutdown)")
+    trace_steps: str | None = setting(
+        None, metavar="FILE",
+        help="write one JSON line a step to FILE: its requests' chunks and sampled tokens "
+             "(hybrid/engine/step_trace.py; for tracing a wrong answer to its step)")
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -94,6 +94,10 @@ def serve(config: ServerConfig, progress: Callable[[int, int], None] | None = No
 
         writer = RoutingWriter(state.worker.engine, state.model.name, config.routing_profile)
         writer.start()
+    if config.trace_steps:
+        from hybrid.engine.step_trace import StepTrace
+
+        state.worker.trace = StepTrace(config.trace_steps)
     auth = "API key required" if config.api_key else "no API key"
     print(f"serving {state.model.name!r} on {bound_url(sock)}/v1 ({auth}; "
           f"max {config.engine.max_batch_size} requests per batch, KV cache "
@@ -106,6 +110,8 @@ def serve(config: ServerConfig, progress: Callable[[int, int], None] | None = No
     finally:
         if writer is not None:
             writer.stop()
+        if state.worker.trace is not None:
+            state.worker.trace.close()
     code = 0
     if state.worker.fatal is not None:
         print(f"error: the GPU failed ({state.worker.fatal}); the server stopped: restart it "

@@ -5,6 +5,7 @@ cross-talk, pages back, counters, the server's memory."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import signal
 import sys
 from argparse import Namespace
@@ -15,7 +16,7 @@ from tests.test_served_path import _start_serve
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "soak.py"
 
 
-def test_soak_cpu_form(models) -> None:
+def test_soak_cpu_form(models, tmp_path) -> None:
     sys.path.insert(0, str(SCRIPT.parent))  # soak.py imports its sibling soak_replay.py
     spec = importlib.util.spec_from_file_location("soak", SCRIPT)
     soak = importlib.util.module_from_spec(spec)
@@ -23,11 +24,13 @@ def test_soak_cpu_form(models) -> None:
     spec.loader.exec_module(soak)
     proc, url, _ = _start_serve(models.path("tiny-v3", "q4_k_m", vocab="deepseek"),
                                 "--api-key", "k", "--max-batch-size", "4",
-                                "--max-new-tokens", "200")
+                                "--max-new-tokens", "200", "--trace-steps",
+                                str(tmp_path / "steps.jsonl"))
     try:
         result = soak.run(Namespace(url=url, api_key="k", clients=8, minutes=0.5, seed=0,
                                     pid=proc.pid, max_replays=400, tie=0.05, json=None))
         _check_diagnosis(url)
+        _check_trace(url, tmp_path / "steps.jsonl")
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=60)
@@ -36,6 +39,31 @@ def test_soak_cpu_form(models) -> None:
     kinds = result["requests"]
     assert sum(kinds.values()) >= 24 and set(kinds) == {k for k, _ in soak.KINDS}
     assert result["replayed"] > 0 and not result["mismatches"]
+
+
+def _check_trace(url: str, trace: Path) -> None:
+    """`--trace-steps` wrote a line a step, every sampled token in one; a response's tokens are
+    found in it by the response's id."""
+    import httpx
+    from soak_replay import steps_of
+
+    def sampled() -> int:
+        return sum(len(json.loads(line)["sampled"]) for line in trace.read_text().splitlines())
+
+    auth = {"Authorization": "Bearer k"}
+    with httpx.Client(base_url=url, headers=auth) as http:
+        model = http.get("/v1/models").json()["data"][0]["id"]
+        body = {"model": model, "prompt": "Trace me", "max_tokens": 5, "temperature": 0,
+                "ignore_eos": True, "logprobs": 1}
+        traced, generated = sampled(), http.get("/health").json()["num_generated_tokens"]
+        response = http.post("/v1/completions", json=body).json()
+        assert http.get("/health").json()["num_generated_tokens"] - generated == 5
+    assert sampled() - traced == 5
+    steps = steps_of(str(trace), response["id"])
+    tokens = [s["token"] for s in steps if s["token"] is not None]
+    assert len(tokens) == 5  # the prompt's last chunk's step, then 4 decodes
+    assert steps[0]["own"][0][1] == 0  # its first chunk starts the prompt
+    assert all(s["own"][0][3] for s in steps if s["token"] is not None)  # chunks that sample
 
 
 def _check_diagnosis(url: str) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -69,6 +70,7 @@ class EngineWorker:
         self.fatal: str | None = None  # an unrecoverable device error ended the loop
         self._counts = dict.fromkeys(_COUNTERS, 0)
         self.step_log: deque[tuple[int, int, int]] = deque(maxlen=64)  # (requests, decodes, tokens)
+        self.trace = None  # a step_trace.StepTrace every step writes to (`--trace-steps`)
 
     # -- any thread --------------------------------------------------------------------------
 
@@ -146,12 +148,17 @@ class EngineWorker:
         assert self._thread is None or threading.current_thread() is self._thread, \
             "only the worker thread steps a started engine"
         batch = self._schedule()
+        start = time.perf_counter()
         try:
             outputs = self.engine.execute(batch)
         except Exception as e:  # a failing forward must not take the server down
             log.exception("a step of %d requests failed", len(batch.chunks))
             self._fail_step(batch, e)
             return 0
+        if self.trace is not None:
+            job = self.engine.runner.job
+            self.trace.write(batch, job.chunk if job is not None else None, outputs,
+                             time.perf_counter() - start)
         self._deliver(outputs)
         return len(outputs)
 
