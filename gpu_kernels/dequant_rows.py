@@ -37,7 +37,7 @@ def _dequant_rows_kernel(out_ptr, p0, p1, p2, p3, p4, p5, N, K, row0, gstride,
     r = (row0 + g * gstride + i).to(tl.int64)[:, None]  # [BR, 1]
     w = dequant_tile(QT, p0, p1, p2, p3, p4, p5, r, e, K, imask[:, None])  # [BR, BK]
     out = out_ptr + (g.to(tl.int64) * N + i.to(tl.int64))[:, None] * K + e
-    tl.store(out, w, mask=imask[:, None])
+    tl.store(out, w.to(out_ptr.dtype.element_ty), mask=imask[:, None])
 
 
 def _bk(cols: int) -> int:
@@ -46,10 +46,11 @@ def _bk(cols: int) -> int:
 
 
 def dequant_rows(w: GpuQuant, n: int, row0: int = 0, gstride: int = 0,
-                 groups: int = 1) -> torch.Tensor:
-    """-> [groups, n, K] fp32: rows row0 + g * gstride + [0, n) of w for each group g."""
+                 groups: int = 1, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """-> [groups, n, K] `dtype` (fp32, or fp16 rounding each value): rows
+    row0 + g * gstride + [0, n) of w for each group g."""
     k, bk = w.cols, _bk(w.cols)
-    y = torch.empty(groups, n, k, dtype=torch.float32, device=w.planes[0].device)
+    y = torch.empty(groups, n, k, dtype=dtype, device=w.planes[0].device)
     grid = (triton.cdiv(n, ROWS), k // bk, groups)
     _dequant_rows_kernel[grid](y, *plane_args(w.planes), n, k, row0, gstride,
                                QT=w.qtype, BR=ROWS, BK=bk, num_warps=4)

@@ -117,6 +117,42 @@ def sweep(name: str, token_counts: list[int]) -> list[dict]:
     return rows
 
 
+def dense(name: str, token_counts: list[int]) -> list[dict]:
+    """The grouped launches in fp16 tiles (decoding each weight tile per block of pairs) against
+    decoding the layer's weights once into fp16 and grouped fp16 GEMMs (gpu_kernels/moe_dense.py),
+    the decode's time apart and included."""
+    from gpu_kernels.moe_dense import dense_rows, moe_experts_dense
+
+    e, k, h, inter, gate_t, down_t = SHAPES[name]
+    gate = expert_tensor(gate_t, e, inter, h, 1)
+    up = expert_tensor(gate_t, e, inter, h, 2)
+    down = expert_tensor(down_t, e, h, inter, 3)
+    decode_ms = triton.testing.do_bench(lambda: [dense_rows(m) for m in (gate, up, down)],
+                                        return_mode="median")
+    w16 = [dense_rows(m) for m in (gate, up, down)]
+    rows = []
+    for t in token_counts:
+        ids, w = routing(t, k, e), torch.rand(t, k, device="cuda")
+        x = torch.randn(t, h, device="cuda")
+        tiled = triton.testing.do_bench(
+            lambda x=x, ids=ids, w=w: moe_experts(x, ids, w, (gate, up), down, e, fp16=True),
+            return_mode="median")
+        gemm = triton.testing.do_bench(
+            lambda x=x, ids=ids, w=w: moe_experts_dense(x, ids, w, tuple(w16[:2]), w16[2], e),
+            return_mode="median")
+        a = moe_experts(x, ids, w, (gate, up), down, e, fp16=True)
+        b = moe_experts_dense(x, ids, w, tuple(w16[:2]), w16[2], e)
+        diff = float((a - b).norm() / a.norm())
+        flops = 2 * t * k * 3 * h * inter
+        rows.append({"shape": name, "tokens": t, "tiled_ms": tiled, "decode_ms": decode_ms,
+                     "dense_gemm_ms": gemm, "dense_ms": decode_ms + gemm, "rel_diff": diff,
+                     "dense_TFLOPS": flops / gemm / 1e9})
+        print(f"{name:8} {t:5} tokens: fp16 tiles {tiled:7.2f} ms; decoded once {decode_ms:5.2f}"
+              f" + GEMMs {gemm:6.2f} ms ({flops / gemm / 1e9:5.0f} TFLOP/s) = "
+              f"{tiled / (decode_ms + gemm):4.1f}x faster; rel diff {diff:.1e}", flush=True)
+    return rows
+
+
 STREAM_REPEATS = 5
 
 
@@ -186,12 +222,19 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--sweep", action="store_true", help="only the tiling sweep, then stop")
     ap.add_argument("--stream", action="store_true", help="only the streamed rows, then stop")
+    ap.add_argument("--dense", action="store_true",
+                    help="only fp16 tiles against weights decoded once (moe_dense.py), then stop")
     ap.add_argument("--packed", action="store_true",
                     help="stream fast mode's packed copy (unpacked on the GPU) instead")
     ap.add_argument("--stream-memory-gib", default="24,4",
                     help="GPU memory budgets of the streamed rows (GiB, comma-separated)")
     args = ap.parse_args()
     counts = [int(t) for t in args.tokens.split(",")]
+    if args.dense:
+        rows = [r for shape in args.shapes.split(",") for r in dense(shape, counts)]
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+        return 0
     if args.stream:
         budgets = [float(g) for g in args.stream_memory_gib.split(",")]
         rows = [r for shape in args.shapes.split(",")
