@@ -27,6 +27,9 @@ from gpu_kernels.qformat import GpuQuant
 
 # rows per program (pairs), weights per program, K per step, warps, stages
 TILES = (128, 128, 64, 8, 3)
+# (token, choice) pairs from which a streamed unit's products run here rather than on
+# moe_grouped's tiles (the decode's fixed cost against the tiles' repeated decoding)
+DENSE_MIN_PAIRS = 4096
 
 
 @triton.jit
@@ -80,22 +83,29 @@ def grouped_dense(x16: torch.Tensor, w16: torch.Tensor, rows: int, slots: torch.
 
 
 def moe_experts_dense(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-                      gate_up16: tuple[torch.Tensor, ...], down16: torch.Tensor,
+                      gate_up: tuple[GpuQuant, ...], down: GpuQuant,
                       num_experts: int) -> torch.Tensor:
     """x [N, H] f32, ids [N, K] (negative: not held here), weights [N, K] -> [N, H] f32.
-    gate_up16: (gate, up) [E * I, H] fp16 each, or the fused layout's one [E * 2I, H] (each
-    expert's gate rows, then its up rows); down16 [E * H, I] fp16 (dense_rows of each)."""
+    gate_up: (gate, up), each [E * I, H] rows, or the fused layout's one [E * 2I, H] (each
+    expert's gate rows, then its up rows); down: [E * H, I]. Each tensor is decoded into fp16
+    just before its product and dropped after it: one tensor's fp16 rows at a time."""
     n, k = ids.shape
     slots, block_expert = align(ids, num_experts, TILES[0])
     x16 = x.to(torch.float16)
-    widths = [w.shape[0] // num_experts for w in gate_up16]
+    widths = [w.rows // num_experts for w in gate_up]
     gu = torch.empty(n * k, sum(widths), dtype=torch.float32, device=x.device)  # [NK, 2I]
     col = 0
-    for w, width in zip(gate_up16, widths):
-        grouped_dense(x16, w, width, slots, block_expert, k, gu[:, col:col + width])
+    for w, width in zip(gate_up, widths):
+        grouped_dense(x16, dense_rows(w), width, slots, block_expert, k, gu[:, col:col + width])
         col += width
-    h = down16.shape[0] // num_experts
+    h = down.rows // num_experts
     y = torch.zeros(n * k, h, dtype=torch.float32, device=x.device)  # left-out pairs: 0
-    grouped_dense(silu_mul(gu).to(torch.float16), down16, h, slots, block_expert, 1, y)
+    grouped_dense(silu_mul(gu).to(torch.float16), dense_rows(down), h, slots, block_expert, 1,
+                  y)
     held = torch.where(ids >= 0, weights.float(), 0.0)  # [N, K]
     return torch.einsum("nkh,nk->nh", y.view(n, k, h), held)
+
+
+def scratch_bytes(tensors: tuple[GpuQuant, ...]) -> int:
+    """The most GPU memory moe_experts_dense's decoded rows take at once (one tensor's)."""
+    return max(2 * w.rows * w.cols for w in tensors)

@@ -15,10 +15,16 @@ from gguf import GGMLQuantizationType as Q
 from cpu_kernels.fast.packed import PackedMatrix
 from cpu_kernels.formats import qtypes as cpu_qtypes
 from cpu_kernels.formats.weights import QuantMatrix
+from gpu_kernels import moe_dense
 from gpu_kernels import qtypes as gqt
 from gpu_kernels.moe_grouped import moe_experts_ref
 from gpu_kernels.qformat import to_planes
-from hybrid.engine.prefill.expert_stream import BYTES_PER_UNIT_BYTE, ExpertStream, StreamTensor
+from hybrid.engine.prefill.expert_stream import (
+    BYTES_PER_UNIT_BYTE,
+    ExpertStream,
+    StreamTensor,
+    expert_memory,
+)
 from hybrid.engine.prefill.host_pinning import byte_ranges
 from hybrid.synth.random_blocks import random_rows
 from tests.gpu_kernels.conftest import rel_err
@@ -131,6 +137,25 @@ def test_fp16_products_within_their_error(device) -> None:
     for bm in (8, 16):
         y = stream.run(0, x.to(device), ids.to(device), w.to(device), bm=bm)
         assert rel_err(y, ref) < (2e-5 if bm <= 8 else 2e-3)
+
+
+@pytest.mark.parametrize("units", [1, 3])
+def test_many_pairs_multiply_on_weights_decoded_once(units: int, device, monkeypatch) -> None:
+    """fp16 over many pairs: each unit's tensors decoded into fp16 rows (moe_dense.py), within
+    the fp16 error; the memory budget counts those rows, and without room for them the stream
+    stays on the tiles."""
+    monkeypatch.setattr(moe_dense, "DENSE_MIN_PAIRS", 16)
+    layers = [layer(60, fused=units == 3)]
+    streamed = [tuple(StreamTensor.of(m) for m in layers[0])]
+    memory = expert_memory(streamed, True) * -(-E // units)
+    stream = ExpertStream(layers, device, memory, fp16=True)
+    assert stream.dense and -(-E // stream.experts_per_unit) == units
+    x, ids, w = routing(12, seed=6)
+    stream.begin([0])
+    y = stream.run(0, x.to(device), ids.to(device), w.to(device))
+    assert rel_err(y, reference(layers[0], x, ids, w)) < 2e-3
+    assert not ExpertStream(layers, device, expert_memory(streamed, True) - 1, fp16=True).dense
+    assert not ExpertStream(layers, device, 1 << 30, fp16=False).dense  # exact: tf32x3 tiles
 
 
 def test_unqueued_layer_and_too_little_memory_are_errors(device) -> None:

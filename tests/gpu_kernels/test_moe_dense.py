@@ -38,8 +38,7 @@ def test_matches_reference(gate_type: Q, down_type: Q, n: int, skew: bool,
     ids[::5, 1] = -1  # held elsewhere: adds nothing
     x = torch.randn(n, H, generator=torch.Generator().manual_seed(5))
     ids, w, x = ids.to(device), w.to(device), x.to(device)
-    y = moe_experts_dense(x, ids, w, (dense_rows(gate), dense_rows(up)), dense_rows(down),
-                          experts)
+    y = moe_experts_dense(x, ids, w, (gate, up), down, experts)
     assert 1e-5 < rel_err(y, moe_experts_ref(x, ids, w, gate, up, down, experts)) < 2e-3
 
 
@@ -55,5 +54,5 @@ def test_fused_gate_up(device: torch.device) -> None:
     x = torch.randn(n, H).to(device)
     ids, w = ids.to(device), w.to(device)
     ref = moe_experts_ref(x, ids, w, gate, up, down, experts)
-    y = moe_experts_dense(x, ids, w, (dense_rows(gate_up),), dense_rows(down), experts)
+    y = moe_experts_dense(x, ids, w, (gate_up,), down, experts)
     assert rel_err(y, ref) < 2e-3

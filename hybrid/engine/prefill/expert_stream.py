@@ -33,7 +33,8 @@ from cpu_kernels.fast.packed import PackedMatrix
 from cpu_kernels.formats.weights import QuantMatrix
 
 # GPU bytes a unit's expert costs: two raw slots, its planes (<= 1.04x) and to_planes'
-# temporaries (the K-quants' scale unpacking)
+# temporaries (the K-quants' scale unpacking); with fp16 products over many pairs, one of its
+# tensors decoded into fp16 rows besides (gpu_kernels/moe_dense.py)
 BYTES_PER_UNIT_BYTE = 3.25
 
 
@@ -93,11 +94,17 @@ class ExpertStream:
         stacks (fast mode's copy; planes_from_packed must cover them). memory_bytes: the GPU
         memory the stream may hold. fp16: tensor-core products in fp16 (fast mode's error
         budget) instead of tf32x3."""
+        from gpu_kernels import moe_dense
+
         self.layers = [tuple(StreamTensor.of(m) for m in parts) for parts in layers]
         self.device, self.fp16 = device, fp16
         self.num_experts = self.layers[0][0].num_experts
         self.expert_nbytes = max(sum(m.expert_nbytes for m in parts) for parts in self.layers)
-        fits = int(memory_bytes // (BYTES_PER_UNIT_BYTE * self.expert_nbytes))
+        # many pairs multiply on weights decoded once (fast mode only: fp16), where the memory
+        # holds a unit's decoded tensor too; else on the tiles
+        self.dense = fp16 and all(moe_dense.fits(m.cols) for p in self.layers for m in p) \
+            and memory_bytes >= expert_memory(self.layers, True)
+        fits = int(memory_bytes // expert_memory(self.layers, self.dense))
         if fits < 1:
             raise ValueError(f"{memory_bytes / 2**20:.0f} MiB of GPU memory for streaming holds "
                              f"no expert ({self.expert_nbytes / 2**20:.1f} MiB each, "
@@ -144,7 +151,7 @@ class ExpertStream:
         """x [N, H] f32, ids [N, K], weights [N, K] on the device -> [N, H] f32: `layer`'s
         routed experts for every row (the next layer `begin` named). `bm` forces the
         grouped launches' block size (warm-up)."""
-        from gpu_kernels import moe_grouped
+        from gpu_kernels import moe_dense, moe_grouped
 
         n, k = ids.shape
         bm = bm or moe_grouped.block_rows(n * k, self.num_experts)
@@ -171,8 +178,12 @@ class ExpertStream:
                 self._copy(u + 2)
             held = ids if e1 - e0 == self.num_experts else \
                 torch.where((ids >= e0) & (ids < e1), ids - e0, -1)  # [N, K] local, -1: not here
-            part = moe_grouped.moe_experts(x, held, weights, tuple(planes[:-1]), planes[-1],
-                                           e1 - e0, bm=bm, fp16=self.fp16)  # [N, H]
+            if self.dense and n * k >= moe_dense.DENSE_MIN_PAIRS:
+                part = moe_dense.moe_experts_dense(x, held, weights, tuple(planes[:-1]),
+                                                   planes[-1], e1 - e0)  # [N, H]
+            else:
+                part = moe_grouped.moe_experts(x, held, weights, tuple(planes[:-1]), planes[-1],
+                                               e1 - e0, bm=bm, fp16=self.fp16)  # [N, H]
             out = part if out is None else out.add_(part)
         return out
 
@@ -194,6 +205,14 @@ class ExpertStream:
             src = _host_tensor(m.host[e0:e1].reshape(-1))
             slot[at:at + src.numel()].copy_(src, non_blocking=True)
             at += src.numel()
+
+
+def expert_memory(layers: Sequence[tuple[StreamTensor, ...]], dense: bool) -> int:
+    """GPU bytes the stream holds per expert of a unit (the most any layer needs): its bytes
+    times BYTES_PER_UNIT_BYTE, plus its largest tensor's fp16 rows where `dense`."""
+    nbytes = max(sum(m.expert_nbytes for m in parts) for parts in layers)
+    rows16 = max(2 * m.rows * m.cols for parts in layers for m in parts) if dense else 0
+    return int(BYTES_PER_UNIT_BYTE * nbytes) + rows16
 
 
 def _host_tensor(a: np.ndarray) -> torch.Tensor:

@@ -16,7 +16,11 @@ import numpy as np
 import torch
 
 from hybrid.engine.config import EngineConfig
-from hybrid.engine.prefill.expert_stream import BYTES_PER_UNIT_BYTE, ExpertStream
+from hybrid.engine.prefill.expert_stream import (
+    ExpertStream,
+    StreamTensor,
+    expert_memory,
+)
 from hybrid.engine.prefill.prefill_costs import ExpertPlacement, PrefillCosts
 from hybrid.errors import HybridError
 from hybrid.ops.experts import ExpertsOp
@@ -43,15 +47,16 @@ def build_stream(layers: list[ExpertsOp], config: EngineConfig, device: torch.de
     if why is None:
         why = _host_memory_short(layers, parts, device)
     if why is None:
-        layer_bytes = max(sum(m.nbytes for m in p) for p in parts)
+        fast = layers[0].mode == "fast"
         if config.stream_memory_gib is not None:
             memory = int(config.stream_memory_gib * 2**30)
-        else:
-            memory = int(BYTES_PER_UNIT_BYTE * layer_bytes)
+        else:  # a whole layer a unit (fast mode: with one tensor decoded to fp16 too)
+            streamed = [tuple(StreamTensor.of(m) for m in p) for p in parts]
+            memory = streamed[0][0].num_experts * expert_memory(streamed, fast)
             if device.type == "cuda":
                 memory = min(memory, torch.cuda.mem_get_info(device)[0] // 2)
         try:
-            return ExpertStream(parts, device, memory, fp16=layers[0].mode == "fast")
+            return ExpertStream(parts, device, memory, fp16=fast)
         except ValueError as e:
             why = str(e)
     if config.prefill_experts == "stream":
