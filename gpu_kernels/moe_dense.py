@@ -27,9 +27,10 @@ from gpu_kernels.qformat import GpuQuant
 
 # rows per program (pairs), weights per program, K per step, warps, stages
 TILES = (128, 128, 64, 8, 3)
-# (token, choice) pairs from which a streamed unit's products run here rather than on
-# moe_grouped's tiles (the decode's fixed cost against the tiles' repeated decoding)
-DENSE_MIN_PAIRS = 4096
+# (token, choice) pairs per expert (on average over the layer's experts) from which products run
+# here rather than on moe_grouped's tiles: the decode's fixed cost against the tiles' repeated
+# decoding (docs/long-prompts.md: V2-Lite's crossover lies at 48-96, V3's at 64-256)
+DENSE_MIN_PAIRS_PER_EXPERT = 96
 
 
 @triton.jit

@@ -69,6 +69,10 @@ class EngineConfig:
     overlap_prefill: bool = setting(
         True, help="run a long prompt's layers after the decoding requests' step instead of "
                    "on a CUDA stream of its own beside their CPU experts")
+    dense_prefill: bool = setting(
+        True, help="multiply a long prompt's streamed experts on the tiles that decode each "
+                   "weight per block of tokens, instead of on their weights decoded once into "
+                   "fp16 (fast mode; the decoded tensor takes GPU memory beside the stream)")
     attention_backend: str = setting(
         "auto", choices=ATTENTION_BACKENDS,
         help="the decode attention kernel: triton (ours), flashinfer (its paged MLA decode; "

@@ -144,7 +144,7 @@ def test_many_pairs_multiply_on_weights_decoded_once(units: int, device, monkeyp
     """fp16 over many pairs: each unit's tensors decoded into fp16 rows (moe_dense.py), within
     the fp16 error; the memory budget counts those rows, and without room for them the stream
     stays on the tiles."""
-    monkeypatch.setattr(moe_dense, "DENSE_MIN_PAIRS", 16)
+    monkeypatch.setattr(moe_dense, "DENSE_MIN_PAIRS_PER_EXPERT", 2)
     layers = [layer(60, fused=units == 3)]
     streamed = [tuple(StreamTensor.of(m) for m in layers[0])]
     memory = expert_memory(streamed, True) * -(-E // units)
@@ -156,6 +156,7 @@ def test_many_pairs_multiply_on_weights_decoded_once(units: int, device, monkeyp
     assert rel_err(y, reference(layers[0], x, ids, w)) < 2e-3
     assert not ExpertStream(layers, device, expert_memory(streamed, True) - 1, fp16=True).dense
     assert not ExpertStream(layers, device, 1 << 30, fp16=False).dense  # exact: tf32x3 tiles
+    assert not ExpertStream(layers, device, 1 << 30, fp16=True, dense=False).dense
 
 
 def test_unqueued_layer_and_too_little_memory_are_errors(device) -> None:

@@ -88,12 +88,13 @@ class StreamTensor:
 
 class ExpertStream:
     def __init__(self, layers: Sequence[tuple[QuantMatrix | PackedMatrix, ...]],
-                 device: torch.device, memory_bytes: int, fp16: bool) -> None:
+                 device: torch.device, memory_bytes: int, fp16: bool, dense: bool = True) -> None:
         """layers: each streamable MoE layer's expert tensors, (gate, up, down) or the fused
         layout's (gate_up, down), as QuantMatrix stacks on the GGUF's bytes or PackedMatrix
         stacks (fast mode's copy; planes_from_packed must cover them). memory_bytes: the GPU
         memory the stream may hold. fp16: tensor-core products in fp16 (fast mode's error
-        budget) instead of tf32x3."""
+        budget) instead of tf32x3. dense: with fp16, many pairs multiply on weights decoded once
+        (gpu_kernels/moe_dense.py) where the memory holds them."""
         from gpu_kernels import moe_dense
 
         self.layers = [tuple(StreamTensor.of(m) for m in parts) for parts in layers]
@@ -102,7 +103,8 @@ class ExpertStream:
         self.expert_nbytes = max(sum(m.expert_nbytes for m in parts) for parts in self.layers)
         # many pairs multiply on weights decoded once (fast mode only: fp16), where the memory
         # holds a unit's decoded tensor too; else on the tiles
-        self.dense = fp16 and all(moe_dense.fits(m.cols) for p in self.layers for m in p) \
+        self.dense = dense and fp16 \
+            and all(moe_dense.fits(m.cols) for p in self.layers for m in p) \
             and memory_bytes >= expert_memory(self.layers, True)
         fits = int(memory_bytes // expert_memory(self.layers, self.dense))
         if fits < 1:
@@ -178,7 +180,7 @@ class ExpertStream:
                 self._copy(u + 2)
             held = ids if e1 - e0 == self.num_experts else \
                 torch.where((ids >= e0) & (ids < e1), ids - e0, -1)  # [N, K] local, -1: not here
-            if self.dense and n * k >= moe_dense.DENSE_MIN_PAIRS:
+            if self.dense and n * k >= moe_dense.DENSE_MIN_PAIRS_PER_EXPERT * self.num_experts:
                 part = moe_dense.moe_experts_dense(x, held, weights, tuple(planes[:-1]),
                                                    planes[-1], e1 - e0)  # [N, H]
             else:

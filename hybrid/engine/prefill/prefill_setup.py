@@ -52,11 +52,12 @@ def build_stream(layers: list[ExpertsOp], config: EngineConfig, device: torch.de
             memory = int(config.stream_memory_gib * 2**30)
         else:  # a whole layer a unit (fast mode: with one tensor decoded to fp16 too)
             streamed = [tuple(StreamTensor.of(m) for m in p) for p in parts]
-            memory = streamed[0][0].num_experts * expert_memory(streamed, fast)
+            memory = streamed[0][0].num_experts * expert_memory(
+                streamed, fast and config.dense_prefill)
             if device.type == "cuda":
                 memory = min(memory, torch.cuda.mem_get_info(device)[0] // 2)
         try:
-            return ExpertStream(parts, device, memory, fp16=fast)
+            return ExpertStream(parts, device, memory, fp16=fast, dense=config.dense_prefill)
         except ValueError as e:
             why = str(e)
     if config.prefill_experts == "stream":
