@@ -2,7 +2,9 @@
 compile its kernel variants, and measure the cost model `--prefill-experts auto` follows.
 
 Calibration (CUDA only; a few hundred ms for V2-Lite shapes, a few seconds for V3's):
-- streamed: `streamed_layer_ms` at each token count of STREAM_TOKENS, random routing;
+- streamed: `streamed_layer_ms` at each token count of STREAM_TOKENS and at the largest prompt
+  step (the cost model would extrapolate there otherwise; fast mode's products change method
+  at many tokens, gpu_kernels/moe_dense.py), random routing;
 - CPU: the same layer's `run_host` at each count of CPU_TOKENS (best of two after one run).
 """
 
@@ -129,8 +131,10 @@ def warm_up(stream: ExpertStream, layer: ExpertsOp, hidden: int) -> None:
 
 
 def placement(stream: ExpertStream | None, layers: list[ExpertsOp], config: EngineConfig,
-              hidden: int, progress: Callable[[str], None] | None = None) -> ExpertPlacement:
-    """The step-by-step choice, calibrated where it is "auto" on CUDA."""
+              hidden: int, progress: Callable[[str], None] | None = None,
+              largest: int = 0) -> ExpertPlacement:
+    """The step-by-step choice, calibrated where it is "auto" on CUDA (up to `largest` tokens,
+    the largest prompt step, too)."""
     if stream is None:
         return ExpertPlacement("cpu", ())
     nbytes = tuple(stream.layer_nbytes)
@@ -138,13 +142,14 @@ def placement(stream: ExpertStream | None, layers: list[ExpertsOp], config: Engi
         return ExpertPlacement(config.prefill_experts, nbytes)
     if progress is not None:
         progress("measuring streamed against CPU experts")
-    costs = calibrate(stream, layers[0], hidden)
+    counts = tuple(sorted({*STREAM_TOKENS, *([largest] if largest > STREAM_TOKENS[-1] else [])}))
+    costs = calibrate(stream, layers[0], hidden, counts)
     cross = costs.crossover()
     log.info("streamed experts (%s, %d of %d experts a copy): a layer %s; from %s tokens a "
              "step streams", "page-locked" if stream.pinned else "pageable",
              stream.experts_per_unit, stream.num_experts,
              ", ".join(f"{n} tokens {s:.1f} ms streamed / {c:.1f} ms CPU"
-                       for n in (*CPU_TOKENS, *STREAM_TOKENS)
+                       for n in (*CPU_TOKENS, *counts)
                        for s, c in [costs.costs(n, costs.layer_nbytes)]),
              cross if cross is not None else "no count measured")
     return ExpertPlacement("auto", nbytes, costs)
@@ -164,10 +169,11 @@ def streamed_layer_ms(stream: ExpertStream, x: torch.Tensor, ids: torch.Tensor,
     return ends[0].elapsed_time(ends[-1]) / (repeats - 1)
 
 
-def calibrate(stream: ExpertStream, layer: ExpertsOp, hidden: int) -> PrefillCosts:
+def calibrate(stream: ExpertStream, layer: ExpertsOp, hidden: int,
+              stream_tokens: tuple[int, ...] = STREAM_TOKENS) -> PrefillCosts:
     dev, k = stream.device, layer.top_k
     stream_ms = [(n, streamed_layer_ms(stream, *_routing(n, hidden, layer.num_experts, k, dev)))
-                 for n in STREAM_TOKENS]
+                 for n in stream_tokens]
     cpu_ms = []
     for n in CPU_TOKENS:
         x, ids, weights = (t.cpu().numpy() for t in _routing(n, hidden, layer.num_experts, k,

@@ -93,7 +93,7 @@ def start_up(runner, config: EngineConfig, attention: list[MLAAttentionOp],
         warm_up(runner, progress, decode=True, cpu_kernels_ready=cpu_kernels_ready)
     cpu_kernels_ready()  # before serving, wherever no warm-up step ran the CPU experts
     runner.placement = prefill_setup.placement(runner.stream, runner.program.moe_layers, config,
-                                             hf.hidden_size, progress)
+                                             hf.hidden_size, progress, runner.chunk_size)
     runner.decode_chunk_size = config.decode_chunk_size or choose_decode_chunk_size(
         runner.placement, runner.chunk_size, len(runner.program.moe_layers))
     if config.decode_chunk_size is None and progress is not None:
