@@ -22,7 +22,7 @@ import triton.language as tl
 
 from gpu_kernels.dequant_rows import dequant_rows
 from gpu_kernels.fused import silu_mul
-from gpu_kernels.moe_grouped import align
+from gpu_kernels.moe_grouped import align, block_pairs
 from gpu_kernels.qformat import GpuQuant
 
 # rows per program (pairs), weights per program, K per step, warps, stages
@@ -40,9 +40,7 @@ def _dense_kernel(x_ptr, w_ptr, y_ptr, slots_ptr, bexp_ptr, R, K, XDIV, sxm, sym
     blk = tl.program_id(1)
     e = tl.load(bexp_ptr + blk)
     if e >= 0:  # blocks past the real count hold -1
-        s = tl.load(slots_ptr + blk * BM + tl.arange(0, BM))  # [BM] pair index, -1 padding
-        mmask = s >= 0
-        s = tl.where(mmask, s, 0).to(tl.int64)
+        s, mmask = block_pairs(slots_ptr, blk, BM)  # [BM]
         n = pid_n * BN + tl.arange(0, BN)  # [BN]
         nmask = n < R
         x_row = x_ptr + (s // XDIV)[:, None] * sxm  # [BM, 1]

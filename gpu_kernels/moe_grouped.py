@@ -31,6 +31,14 @@ from gpu_kernels.qmatmul import _product_tiles, _tiles
 
 
 @triton.jit
+def block_pairs(slots_ptr, blk, BM: tl.constexpr):
+    """Block blk's BM pair indices (int64; padding read as pair 0) and which are real."""
+    s = tl.load(slots_ptr + blk * BM + tl.arange(0, BM))  # [BM] pair index, -1 padding
+    mmask = s >= 0
+    return tl.where(mmask, s, 0).to(tl.int64), mmask
+
+
+@triton.jit
 def _grouped_kernel(x_ptr, y_ptr, slots_ptr, bexp_ptr, p0, p1, p2, p3, p4, p5, R, K, XDIV,
                     sxm, sym, QT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                     NC: tl.constexpr, STEP: tl.constexpr, L: tl.constexpr, DOT: tl.constexpr,
@@ -39,9 +47,7 @@ def _grouped_kernel(x_ptr, y_ptr, slots_ptr, bexp_ptr, p0, p1, p2, p3, p4, p5, R
     blk = tl.program_id(1)
     e = tl.load(bexp_ptr + blk)
     if e >= 0:  # blocks past the real count hold -1
-        s = tl.load(slots_ptr + blk * BM + tl.arange(0, BM))  # [BM] pair index, -1 padding
-        mmask = s >= 0
-        s = tl.where(mmask, s, 0).to(tl.int64)
+        s, mmask = block_pairs(slots_ptr, blk, BM)  # [BM]
         x_row = x_ptr + (s // XDIV)[:, None] * sxm  # [BM, 1]
         n = pid_n * BN + tl.arange(0, BN)  # [BN]
         nmask = n < R

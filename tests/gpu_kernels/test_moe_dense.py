@@ -1,5 +1,5 @@
 """Routed experts on weights dequantized once into fp16 (gpu_kernels/moe_dense.py) against the
-float64 reference: types, skewed routing, left-out experts, the fused gate_up layout; and the
+float64 reference: types, skewed routing, left-out experts (the fused gate_up layout: test_moe_grouped.py); and the
 fp16 rows equal the reference dequantization rounded to fp16."""
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from gguf import GGMLQuantizationType as Q
 from gpu_kernels.dequant_ref import dequantize
 from gpu_kernels.moe_dense import dense_rows, moe_experts_dense
 from gpu_kernels.moe_grouped import moe_experts_ref
-from gpu_kernels.qformat import GpuQuant
 from tests.gpu_kernels.conftest import rel_err
 from tests.gpu_kernels.test_moe_grouped import INTER, H, routing, stacked
 
@@ -41,18 +40,3 @@ def test_matches_reference(gate_type: Q, down_type: Q, n: int, skew: bool,
     y = moe_experts_dense(x, ids, w, (gate, up), down, experts)
     assert 1e-5 < rel_err(y, moe_experts_ref(x, ids, w, gate, up, down, experts)) < 2e-3
 
-
-def test_fused_gate_up(device: torch.device) -> None:
-    experts, k, n = 4, 2, 20
-    gate = stacked(Q.Q4_K, experts, INTER, H, 1, device)
-    up = stacked(Q.Q4_K, experts, INTER, H, 2, device)
-    planes = tuple(torch.cat([a.view(experts, INTER, -1), b.view(experts, INTER, -1)], 1)
-                   .reshape(experts * 2 * INTER, -1) for a, b in zip(gate.planes, up.planes))
-    gate_up = GpuQuant(gate.qtype, experts * 2 * INTER, H, planes)
-    down = stacked(Q.Q6_K, experts, H, INTER, 3, device)
-    ids, w = routing(n, k, experts, seed=9)
-    x = torch.randn(n, H).to(device)
-    ids, w = ids.to(device), w.to(device)
-    ref = moe_experts_ref(x, ids, w, gate, up, down, experts)
-    y = moe_experts_dense(x, ids, w, (gate_up,), down, experts)
-    assert rel_err(y, ref) < 2e-3

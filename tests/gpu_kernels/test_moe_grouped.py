@@ -9,6 +9,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
+from gpu_kernels.moe_dense import moe_experts_dense
 from gpu_kernels.moe_grouped import (
     align,
     block_rows,
@@ -27,6 +28,14 @@ def stacked(qtype: Q, experts: int, rows: int, cols: int, seed: int,
     """An [E, rows, cols] expert tensor as the GGUF stores it, as one GpuQuant."""
     raw = random_rows(np.random.default_rng(seed), int(qtype), experts * rows, cols, 0.05)
     return to_planes(torch.from_numpy(raw.copy()), int(qtype), experts * rows, cols).to(device)
+
+
+def fused(gate: GpuQuant, up: GpuQuant, experts: int) -> GpuQuant:
+    """Gate and up [E * I, H] each as the fused GGUF layout's one [E * 2I, H] tensor: each
+    expert's gate rows, then its up rows."""
+    planes = tuple(torch.cat([a.view(experts, INTER, -1), b.view(experts, INTER, -1)], 1)
+                   .reshape(experts * 2 * INTER, -1) for a, b in zip(gate.planes, up.planes))
+    return GpuQuant(gate.qtype, experts * 2 * INTER, H, planes)
 
 
 def routing(n: int, k: int, experts: int, seed: int, skew: bool = False):
@@ -62,14 +71,12 @@ def test_matches_reference(gate_type: Q, down_type: Q, n: int, device: torch.dev
 
 
 def test_fused_gate_up_and_left_out_experts(device: torch.device) -> None:
-    """Gate and up as one [E * 2I, H] tensor (fused GGUF layout); pairs with a negative id
-    (experts held elsewhere) add nothing."""
+    """Gate and up as one [E * 2I, H] tensor (fused GGUF layout), on the tiles and on weights
+    decoded once; pairs with a negative id (experts held elsewhere) add nothing."""
     experts, k, n = 4, 2, 20
     gate = stacked(Q.Q4_K, experts, INTER, H, 1, device)
     up = stacked(Q.Q4_K, experts, INTER, H, 2, device)
-    planes = tuple(torch.cat([a.view(experts, INTER, -1), b.view(experts, INTER, -1)], 1)
-                   .reshape(experts * 2 * INTER, -1) for a, b in zip(gate.planes, up.planes))
-    gate_up = GpuQuant(gate.qtype, experts * 2 * INTER, H, planes)
+    gate_up = fused(gate, up, experts)
     down = stacked(Q.Q6_K, experts, H, INTER, 3, device)
     ids, w = routing(n, k, experts, seed=9)
     ids[::3, 0] = -1
@@ -78,6 +85,8 @@ def test_fused_gate_up_and_left_out_experts(device: torch.device) -> None:
     ref = moe_experts_ref(x, ids, w, gate, up, down, experts)
     assert rel_err(moe_experts(x, ids, w, (gate_up,), down, experts), ref) < 2e-5
     assert rel_err(moe_experts(x, ids, w, (gate, up), down, experts), ref) < 2e-5
+    # weights decoded once into fp16 (gpu_kernels/moe_dense.py): within fp16's rounding
+    assert rel_err(moe_experts_dense(x, ids, w, (gate_up,), down, experts), ref) < 2e-3
 
 
 @pytest.mark.parametrize("bm", [1, 4, 16])
