@@ -79,6 +79,11 @@ def serve(config: ServerConfig, progress: Callable[[int, int], None] | None = No
     # minutes of loading; clients are refused until uvicorn listens on it.
     sock = bind_listener(config.host, config.port)
     try:
+        trace = None
+        if config.trace_steps:  # opened before loading too: a bad path fails at once
+            from hybrid.engine.step_trace import StepTrace
+
+            trace = StepTrace(config.trace_steps)
         state = build_state(config, progress, start=False)
     except BaseException:
         sock.close()
@@ -94,10 +99,7 @@ def serve(config: ServerConfig, progress: Callable[[int, int], None] | None = No
 
         writer = RoutingWriter(state.worker.engine, state.model.name, config.routing_profile)
         writer.start()
-    if config.trace_steps:
-        from hybrid.engine.step_trace import StepTrace
-
-        state.worker.trace = StepTrace(config.trace_steps)
+    state.worker.trace = trace
     auth = "API key required" if config.api_key else "no API key"
     print(f"serving {state.model.name!r} on {bound_url(sock)}/v1 ({auth}; "
           f"max {config.engine.max_batch_size} requests per batch, KV cache "

@@ -151,6 +151,18 @@ def test_serve_fails_at_once_on_a_bad_host(capsys, monkeypatch, host: str) -> No
     assert err.count("\n") == 1
 
 
+def test_serve_fails_at_once_on_a_trace_it_cannot_write(capsys, monkeypatch, tmp_path) -> None:
+    import server.serve
+    from cli.main import main
+
+    monkeypatch.setattr(server.serve, "build_state", _no_loading)
+    path = tmp_path / "no-such-folder" / "steps.jsonl"
+    assert main(["serve", "--port", "0", "--trace-steps", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --trace-steps {path}: cannot write it")
+    assert err.count("\n") == 1
+
+
 def test_bound_listener_is_refused_until_served() -> None:
     """Bound but not listening: a client is refused (not left hanging) while the model loads."""
     from server.listen import bind_listener, bound_url

@@ -3,8 +3,8 @@ step that sampled it and what else ran in that step.
 
 A line: {"step": n, "t": seconds since the trace began, "ms": the step's time, "chunks":
 [[request id, first position, tokens, samples], ...] (decodes first, as scheduled),
-"job": the request id whose prompt chunk is passing the layers over steps after this one
-(layered_prefill.py) or null, "sampled": [[request id, token id], ...]}. Request ids are the
+"in_flight": the request ids whose prompt chunk is passing the layers over steps after this
+one (layered_prefill.py; at most one), "sampled": [[request id, token id], ...]}. Request ids are the
 engine's (an API response's id, then "-" and the choice's index). Lines are written as steps
 end (line-buffered: a crashed server keeps what it wrote). Imports no torch.
 """
@@ -14,22 +14,28 @@ from __future__ import annotations
 import json
 import time
 
+from hybrid.errors import HybridError
+
 
 class StepTrace:
     def __init__(self, path: str) -> None:
-        self._file = open(path, "w", buffering=1)  # noqa: SIM115 (closed by close())
+        try:
+            self._file = open(path, "w", buffering=1)  # noqa: SIM115 (closed by close())
+        except OSError as e:
+            raise HybridError(f"--trace-steps {path}: cannot write it ({e.strerror}); give a "
+                              f"path in a writable folder") from None
         self._start = time.perf_counter()
         self._steps = 0
 
-    def write(self, batch, job, outputs, seconds: float) -> None:
-        """batch: the step's ScheduledBatch; job: the layered chunk in flight after it (or
-        None); outputs: its StepOutputs."""
+    def write(self, batch, in_flight, outputs, seconds: float) -> None:
+        """batch: the step's ScheduledBatch; in_flight: the Requests whose chunk is in flight
+        after it; outputs: its StepOutputs."""
         self._steps += 1
         line = {"step": self._steps, "t": round(time.perf_counter() - self._start, 4),
                 "ms": round(seconds * 1e3, 2),
                 "chunks": [[c.request.request_id, c.start, len(c.token_ids), c.samples]
                            for c in batch.chunks],
-                "job": job.request.request_id if job is not None else None,
+                "in_flight": [r.request_id for r in in_flight],
                 "sampled": [[o.request.request_id, o.token.token_id] for o in outputs]}
         self._file.write(json.dumps(line, separators=(",", ":")) + "\n")
 

@@ -156,9 +156,8 @@ class EngineWorker:
             self._fail_step(batch, e)
             return 0
         if self.trace is not None:
-            job = self.engine.runner.job
-            self.trace.write(batch, job.chunk if job is not None else None, outputs,
-                             time.perf_counter() - start)
+            in_flight = [r for r in self.engine.scheduler.running if r.in_flight]
+            self.trace.write(batch, in_flight, outputs, time.perf_counter() - start)
         self._deliver(outputs)
         return len(outputs)
 
