@@ -155,10 +155,7 @@ class EngineWorker:
             log.exception("a step of %d requests failed", len(batch.chunks))
             self._fail_step(batch, e)
             return 0
-        if self.trace is not None:
-            in_flight = [r for r in self.engine.scheduler.running if r.in_flight]
-            self.trace.write(batch, in_flight, outputs, time.perf_counter() - start)
-        self._deliver(outputs)
+        self._deliver(outputs, batch, time.perf_counter() - start)
         return len(outputs)
 
     def _schedule(self):
@@ -180,9 +177,12 @@ class EngineWorker:
                       batch.num_decodes, batch.num_tokens)
         return batch
 
-    def _deliver(self, outputs) -> None:
+    def _deliver(self, outputs, batch, seconds: float) -> None:
         """Each sampled token to its request's sink; finished (or disconnected) requests
-        retired."""
+        retired. The step (`batch`, its `seconds`) goes to the trace first, if one is on."""
+        if self.trace is not None:
+            in_flight = [r for r in self.engine.scheduler.running if r.in_flight]
+            self.trace.write(batch, in_flight, outputs, seconds)
         for out in outputs:
             status = out.status
             if not self._emit(out.request, out.token):

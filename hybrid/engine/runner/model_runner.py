@@ -3,12 +3,9 @@
 All N tokens of the step go through the model as rows [N, H] (decodes first); the attention
 operators find their sequences and cache rows in a `ForwardBatch`, built on the host and copied
 to the device once. Only the rows that sample (the last token of each chunk that reaches its
-request's newest token) go through the final norm and lm_head: with a 129K vocabulary that is
-most of the head's cost saved during prefill.
-
-Decode-only steps replay CUDA graphs (graphs/) when the model runs on one CUDA device
-with every MoE layer's routed experts on the CPU, unless `cuda_graphs` is off; everything else
-runs the same DecoderProgram eagerly. A step with prompt tokens may stream some MoE layers'
+request's newest token) go through the final norm and lm_head. Decode-only steps replay CUDA
+graphs (graphs/) when the model runs on one CUDA device with every MoE layer's routed experts
+on the CPU, unless `cuda_graphs` is off; everything else runs the same DecoderProgram eagerly. A step with prompt tokens may stream some MoE layers'
 routed experts to the GPU instead of handing its rows to the CPU (`--prefill-experts`,
 expert_stream.py, the choice per layer from prefill_costs.py). Start-up (runner_start_up.py)
 runs every shape a step can take once, so no request pays for compiling a kernel.
