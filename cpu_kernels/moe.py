@@ -30,6 +30,7 @@ from cpu_kernels.exact.iquant_decode import decode_row, is_table_coded, scratch
 from cpu_kernels.exact.matmul import check_mode
 from cpu_kernels.exact.routing import route
 from cpu_kernels.exact.rowdot import prepare_row
+from cpu_kernels.exact.swiglu import weighted_swiglu
 from cpu_kernels.exact.tile_dot import TILE, tile_dot
 from cpu_kernels.fast.packed import pack
 from cpu_kernels.fast.packed_moe import packed_moe
@@ -57,11 +58,13 @@ def _tile_tokens(ids: np.ndarray, k0: int, nt: int) -> tuple[int, int, int, int]
 def _moe_kernel(gate_type: int, gate_w: np.ndarray, up_type: int, up_w: np.ndarray,
                 down_type: int, down_w: np.ndarray, i_lo: int, i_hi: int, d_lo: int, d_hi: int,
                 fast: bool, x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
-                out: np.ndarray, stamps: np.ndarray) -> None:
+                limit: float, out: np.ndarray, stamps: np.ndarray) -> None:
     # gate_w, up_w: [E, I, bytes]  down_w: [E, H, bytes]  x: [T, H] f32  topk_ids: [T, K] int64
     # topk_weights: [T, K] f32  out: [T, H] f32. Intermediate rows i_lo:i_hi only: those rows
     # of gate/up and bytes d_lo:d_hi of each down row. stamps: [2] int64, cycles at entry, exit.
+    # limit: the SwiGLU clamp (exact/swiglu.py; inf: none)
     stamps[0] = cycles()
+    lim = f32(limit)
     expert_ids, offsets, token_ids, weights = route(topk_ids, topk_weights, gate_w.shape[0])
     num_tokens, hidden = x.shape
     num_used = expert_ids.shape[0]
@@ -109,8 +112,7 @@ def _moe_kernel(gate_type: int, gate_w: np.ndarray, up_type: int, up_w: np.ndarr
                 v = tile_dot(fast, up_type, urow, x, xs, xq, 0, dx, xqsum, t0, t1, t2, t3, nt,
                              up_iq, up64, usc)
                 for i in range(nt):
-                    # the routing weight scales h: down is linear, so w * down(h) = down(w * h)
-                    h[k0 + i, r] = weights[k0 + i] * v[i] * g[i] / (f32(1.0) + np.exp(-g[i]))
+                    h[k0 + i, r] = weighted_swiglu(weights[k0 + i], g[i], v[i], lim)
     for k in prange(num_slots):
         prepare_row(h[k], hs[k], hq[k], hd[k], False)
         if fast:  # h as int16 in two planes: int8 h would double fast mode's error
@@ -190,6 +192,7 @@ def run_moe(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
     """
     # one dtype each: every other would compile the whole kernel again
     x = np.ascontiguousarray(x, dtype=np.float32)
+    limit = float(experts.swiglu_limit)
     topk_ids = np.ascontiguousarray(topk_ids, dtype=np.int64)
     topk_weights = np.ascontiguousarray(topk_weights, dtype=np.float32)
     if packed is not None:
@@ -203,15 +206,15 @@ def run_moe(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
                 and runs_on_amx(*types) and np.bincount(topk_ids.ravel()).max() >= MIN_TOKENS):
             amx_bf16_moe_kernel(k_quants_of(tiles), pk.gate.qtype, pk.gate.data, pk.up.qtype,
                                 pk.up.data, pk.down.qtype, pk.down.data, x, topk_ids,
-                                topk_weights, out, stamps, TILE_CONFIG_BF16, MIN_TOKENS,
+                                topk_weights, limit, out, stamps, TILE_CONFIG_BF16, MIN_TOKENS,
                                 numba.get_num_threads())
             return
         packed_moe(pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data, pk.down.qtype,
-                   pk.down.data, x, topk_ids, topk_weights, out, stamps, numba.get_num_threads(),
-                   tiles)
+                   pk.down.data, x, topk_ids, topk_weights, limit, out, stamps,
+                   numba.get_num_threads(), tiles)
         return
     i_hi = experts.intermediate_size if i_hi is None else i_hi
     g, u, d = experts.gate, experts.up, experts.down
     _moe_kernel(g.qtype, g.blocks, u.qtype, u.blocks, d.qtype, d.blocks, i_lo, i_hi,
                 row_nbytes(d.qtype, i_lo), row_nbytes(d.qtype, i_hi), fast, x, topk_ids,
-                topk_weights, out, stamps)
+                topk_weights, limit, out, stamps)

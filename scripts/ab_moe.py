@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
+import math
 import os
 import subprocess
 import time
@@ -65,10 +67,12 @@ def kernel_call(pkg: str, packed, threads: int):
     has_amx = _module(pkg, "simd.amx", "amx").HAS_AMX
     stamps = np.empty(2, np.int64)
     pk = packed
+    # trees with the clamped SwiGLU take its limit after the weights (inf: plain SwiGLU)
+    limit = (math.inf,) if importlib.util.find_spec(f"{pkg}.exact.swiglu") else ()
 
     def call(x, ids, weights, out):
         args = (pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data, pk.down.qtype,
-                pk.down.data, x, ids, weights, out, stamps)
+                pk.down.data, x, ids, weights, *limit, out, stamps)
         if has_amx and hasattr(vnni, "TileSet"):  # the tile set first
             amx.amx_bf16_moe_kernel(vnni.tile_family(*args[0:6:2]), *args, amx.TILE_CONFIG_BF16,
                                     amx.MIN_TOKENS, threads)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 
 import numba
@@ -43,7 +44,7 @@ def make_call(packed, threads: int):
     def call(x, ids, weights, out, min_tokens):
         pk = packed
         args = (pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data, pk.down.qtype,
-                pk.down.data, x, ids, weights, out, stamps)
+                pk.down.data, x, ids, weights, math.inf, out, stamps)
         if min_tokens is None:
             packed_moe(*args, threads)
         else:

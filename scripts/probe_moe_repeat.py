@@ -21,10 +21,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cpu_kernels.formats import qtypes as qt  # noqa: E402
-from cpu_kernels.formats.random_blocks import random_experts  # noqa: E402
-from cpu_kernels.formats.reference import moe_forward_ref, rel_error  # noqa: E402
-from cpu_kernels.moe import moe_forward  # noqa: E402
+from cpu_kernels.formats import qtypes as qt
+from cpu_kernels.formats.random_blocks import random_experts
+from cpu_kernels.formats.reference import moe_forward_ref, rel_error
+from cpu_kernels.moe import moe_forward
 
 TOKENS = (1, 2, 3, 4, 8, 12, 16, 20, 33, 64, 100, 257, 512, 1024)
 

@@ -67,11 +67,12 @@ def _tiles_ok(qtype):
 @njit(parallel=True, nogil=True, cache=True)
 def amx_bf16_moe_kernel(tiles, gate_type: int, gate_pk: np.ndarray, up_type: int,
                         up_pk: np.ndarray, down_type: int, down_pk: np.ndarray, x: np.ndarray,
-                        topk_ids: np.ndarray, topk_weights: np.ndarray, out: np.ndarray,
-                        stamps: np.ndarray, cfg: np.ndarray, min_tokens: int, threads: int
-                        ) -> None:
+                        topk_ids: np.ndarray, topk_weights: np.ndarray, limit: float,
+                        out: np.ndarray, stamps: np.ndarray, cfg: np.ndarray, min_tokens: int,
+                        threads: int) -> None:
     # gate_pk, up_pk: [E, I/8, bytes]  down_pk: [E, H/8, bytes] (packed)  x: [T, H] f32
     # topk_ids: [T, K] int64  topk_weights: [T, K] f32  out: [T, H] f32
+    # limit: the SwiGLU clamp (exact/swiglu.py; inf: none)
     # stamps: [2] or [3] int64, cycle counter at entry, exit (and where phase 1 ended)
     # tiles: a TileSet holding the three types, for the experts left on VNNI (tile_set.py)
     # cfg: TILE_CONFIG_BF16; an expert with >= min_tokens slots runs on AMX
@@ -101,6 +102,7 @@ def amx_bf16_moe_kernel(tiles, gate_type: int, gate_pk: np.ndarray, up_type: int
     h = np.empty((num_slots, inter), f32)  # [N, I]
     blocks_i = (groups_i + 1) // 2
     num_tasks = num_used * blocks_i
+    lim = f32(limit)
     counter = np.zeros(1, np.int64)
     # AMX and VNNI experts' tasks differ in cost: claimed CHUNK at a time (task_queue.py)
     for _ in prange(threads):
@@ -116,11 +118,11 @@ def amx_bf16_moe_kernel(tiles, gate_type: int, gate_pk: np.ndarray, up_type: int
                 if gate_up_tiles and k_hi - k_lo >= min_tokens:
                     gate_up_rows(gate_type, gate_pk[e, ga], gate_pk[e, gb], up_type,
                                  up_pk[e, ga], up_pk[e, gb], xs, weights, k_lo, k_hi - k_lo, h,
-                                 8 * ga, wbuf[tid, 0], wbuf[tid, 1], cbuf[tid], cfg)
+                                 8 * ga, wbuf[tid, 0], wbuf[tid, 1], cbuf[tid], cfg, lim)
                 else:
                     gate_up_group(tiles, gate_type, gate_pk[e, ga], gate_pk[e, gb], up_type,
                                   up_pk[e, ga], up_pk[e, gb], xq, dx, xqsum, xsum16, token_ids,
-                                  weights, k_lo, k_hi, h, 8 * ga, inter)
+                                  weights, k_lo, k_hi, h, 8 * ga, inter, lim)
             c = claim(counter)
     if stamps.shape[0] > 2:
         stamps[2] = cycles()

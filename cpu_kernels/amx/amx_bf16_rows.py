@@ -17,6 +17,7 @@ import numpy as np
 from numba import njit
 
 from cpu_kernels.amx.amx_bf16_tiles import TILE_BYTES, bf16_weight_tile, bf16_weight_tiles
+from cpu_kernels.exact.swiglu import weighted_swiglu
 from cpu_kernels.simd.amx import (
     bf16_dp_0_2_3,
     bf16_dp_1_2_4,
@@ -61,15 +62,16 @@ def activation_rows(num_slots, cols):
 
 @njit(cache=True)
 def gate_up_rows(gate_type, g_a, g_b, up_type, u_a, u_b, xs, weights, s0, n, h, r0, gbuf, ubuf,
-                 c, cfg):
+                 c, cfg, limit):
     # g_a, g_b, u_a, u_b: packed row groups (rows r0..r0+7, r0+8..r0+15) of gate and up
     # xs [N + 32, H + ROW_PAD] bf16 bits (slot order)  h [N, I] f32  gbuf, ubuf [H * 32] u8
     # c [1024] f32: gate [16 tokens, 16 rows] of block 0 at 0, up at 256; block 1 at 512, 768
+    # limit: the SwiGLU clamp, float32 (exact/swiglu.py)
     hidden, row = xs.shape[1] - ROW_PAD, xs.shape[1]
     stride, steps = 2 * row, hidden // 32
     if n <= 32:
         _gate_up_streamed(gate_type, g_a, g_b, up_type, u_a, u_b, xs, s0, n, gbuf, ubuf, c, cfg)
-        _silu_into_h(c, weights, s0, n, h, r0)
+        _silu_into_h(c, weights, s0, n, h, r0, limit)
         return
     bf16_weight_tiles(gate_type, g_a, g_b, hidden, gbuf)
     bf16_weight_tiles(up_type, u_a, u_b, hidden, ubuf)
@@ -92,7 +94,7 @@ def gate_up_rows(gate_type, g_a, g_b, up_type, u_a, u_b, xs, weights, s0, n, h, 
                 bf16_dp_6_5_3()
                 bf16_dp_7_5_4()
         _store_sums(c)
-        _silu_into_h(c, weights, s0 + tb, min(32, n - tb), h, r0)
+        _silu_into_h(c, weights, s0 + tb, min(32, n - tb), h, r0, limit)
     tile_release()
 
 
@@ -138,15 +140,15 @@ def _store_sums(c):
 
 
 @njit(cache=True)
-def _silu_into_h(c, weights, s0, n, h, r0):
-    """h[s0 + i, r0:r0+16] = w * silu(gate) * up for the i < n <= 32 tokens whose sums c holds."""
+def _silu_into_h(c, weights, s0, n, h, r0, limit):
+    """h[s0 + i, r0:r0+16] = w * swiglu(gate, up) for the i < n <= 32 tokens whose sums c
+    holds."""
     lanes = min(16, h.shape[1] - r0)
     for i in range(n):
         o = 512 * (i // 16) + 16 * (i % 16)  # gate; up 256 after it
-        w = weights[s0 + i]  # down is linear: w * down(h) = down(w * h)
+        w = weights[s0 + i]
         for lane in range(lanes):
-            g = c[o + lane]
-            h[s0 + i, r0 + lane] = w * c[o + 256 + lane] * g / (f32(1.0) + np.exp(-g))
+            h[s0 + i, r0 + lane] = weighted_swiglu(w, c[o + lane], c[o + 256 + lane], limit)
 
 
 @njit(cache=True)

@@ -19,6 +19,7 @@ import numpy as np
 from numba import njit, prange
 
 from cpu_kernels.exact.routing import route
+from cpu_kernels.exact.swiglu import weighted_swiglu
 from cpu_kernels.fast.packed_tiles import prefetch_start
 from cpu_kernels.fast.q8_activations import quantize_row
 from cpu_kernels.fast.tile_set import TileSet, check_covers, tile_family, tile_of
@@ -33,10 +34,11 @@ CHUNK = 4  # phase-1 tasks (16 rows of one expert each) claimed at once
 @njit(parallel=True, nogil=True, cache=True)
 def packed_moe_kernel(tiles: TileSet, gate_type: int, gate_pk: np.ndarray, up_type: int,
                       up_pk: np.ndarray, down_type: int, down_pk: np.ndarray, x: np.ndarray,
-                      topk_ids: np.ndarray, topk_weights: np.ndarray, out: np.ndarray,
-                      stamps: np.ndarray, threads: int) -> None:
+                      topk_ids: np.ndarray, topk_weights: np.ndarray, limit: float,
+                      out: np.ndarray, stamps: np.ndarray, threads: int) -> None:
     # gate_pk, up_pk: [E, I/8, bytes]  down_pk: [E, H/8, bytes]  x: [T, H] f32
     # topk_ids: [T, K] int64  topk_weights: [T, K] f32  out: [T, H] f32
+    # limit: the SwiGLU clamp (exact/swiglu.py; inf: none)
     # stamps: [2] or [3] int64, cycle counter at entry, exit (and where phase 1 ended)
     # threads: numba.get_num_threads() of the caller (workers claiming phase 1's tasks)
     # tiles: the TileSet holding the three types (tile_set.py: its numba type selects the tiles)
@@ -50,6 +52,7 @@ def packed_moe_kernel(tiles: TileSet, gate_type: int, gate_pk: np.ndarray, up_ty
     groups_i = gate_pk.shape[1]
     pairs_i = (groups_i + 1) // 2
     num_tasks = num_used * pairs_i
+    lim = f32(limit)
     counter = np.zeros(1, np.int64)
     # tasks cost what their expert's tokens cost: claimed CHUNK at a time (task_queue.py)
     for _ in prange(threads):
@@ -62,7 +65,7 @@ def packed_moe_kernel(tiles: TileSet, gate_type: int, gate_pk: np.ndarray, up_ty
                 gb = min(ga + 1, groups_i - 1)  # an odd last group pairs with itself
                 gate_up_group(tiles, gate_type, gate_pk[e, ga], gate_pk[e, gb], up_type,
                               up_pk[e, ga], up_pk[e, gb], xq, dx, xqsum, xsum16, token_ids,
-                              weights, offsets[u], offsets[u + 1], h, 8 * ga, inter)
+                              weights, offsets[u], offsets[u + 1], h, 8 * ga, inter, lim)
             c = claim(counter)
     if stamps.shape[0] > 2:
         stamps[2] = cycles()
@@ -72,8 +75,8 @@ def packed_moe_kernel(tiles: TileSet, gate_type: int, gate_pk: np.ndarray, up_ty
 
 @njit(cache=True)
 def gate_up_group(tiles, gate_type, gate_a, gate_b, up_type, up_a, up_b, xq, dx, xqsum, xsum16,
-                  token_ids, weights, k_lo, k_hi, h, r0, inter):
-    """h[k, r0:r0+16] = w_k * silu(gate x_t) * up x_t for the slots k_lo:k_hi of one expert
+                  token_ids, weights, k_lo, k_hi, h, r0, inter, limit):
+    """h[k, r0:r0+16] = w_k * swiglu(gate x_t, up x_t) for the slots k_lo:k_hi of one expert
     (t = token_ids[k]); gate_a/b, up_a/b: two row groups [bytes] (rows r0..r0+7, r0+8..r0+15;
     b = a for an odd last group). Rows >= inter are padding."""
     gres = np.empty(4 * 16, f32)
@@ -87,11 +90,10 @@ def gate_up_group(tiles, gate_type, gate_a, gate_b, up_type, up_a, up_b, xq, dx,
                 gres)
         tile_of(tiles, up_type, up_a, up_b, xq, 0, dx, xqsum, xsum16, t0, t1, t2, t3, nt, ures)
         for i in range(nt):
-            # the routing weight scales h: down is linear, so w * down(h) = down(w * h)
             w = weights[k0 + i]
             for lane in range(lanes):
-                g = gres[16 * i + lane]
-                h[k0 + i, r0 + lane] = w * ures[16 * i + lane] * g / (f32(1.0) + np.exp(-g))
+                h[k0 + i, r0 + lane] = weighted_swiglu(w, gres[16 * i + lane],
+                                                       ures[16 * i + lane], limit)
 
 
 @njit(cache=True)
@@ -167,11 +169,11 @@ def down_phase(tiles, h, down_type, down_pk, expert_ids, offsets, token_ids, out
 
 def packed_moe(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk: np.ndarray,
                down_type: int, down_pk: np.ndarray, x: np.ndarray, topk_ids: np.ndarray,
-               topk_weights: np.ndarray, out: np.ndarray, stamps: np.ndarray,
+               topk_weights: np.ndarray, limit: float, out: np.ndarray, stamps: np.ndarray,
                threads: int, tiles: TileSet | None = None) -> None:
     """packed_moe_kernel from Python (shapes there); `tiles` defaults to the broad family of
     the three types (tile_set.tile_family) and must hold them."""
     tiles = tile_family(gate_type, up_type, down_type) if tiles is None else tiles
     check_covers(tiles, gate_type, up_type, down_type)
     packed_moe_kernel(tiles, gate_type, gate_pk, up_type, up_pk, down_type, down_pk, x,
-                      topk_ids, topk_weights, out, stamps, threads)
+                      topk_ids, topk_weights, limit, out, stamps, threads)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -85,13 +86,15 @@ class ExpertWeights:
     """The routed experts of one MoE layer: gate/up `[E, I, H]`, down `[E, H, I]`.
 
     `packed` (made by `pack()`) is the row-interleaved copy that `fast` mode runs on; `exact`
-    mode always reads the blocks.
+    mode always reads the blocks. `swiglu_limit`: the activation's clamp (DeepSeek-V4's
+    clamped SwiGLU, exact/swiglu.py); inf for plain SwiGLU.
     """
 
     gate: QuantMatrix
     up: QuantMatrix
     down: QuantMatrix
     packed: PackedExperts | None = field(default=None, repr=False, compare=False)
+    swiglu_limit: float = math.inf
 
     def __post_init__(self) -> None:
         num_experts, inter, hidden = self.gate.shape
@@ -99,6 +102,8 @@ class ExpertWeights:
             raise ValueError(f"gate {self.gate.shape} and up {self.up.shape} differ")
         if self.down.shape != (num_experts, hidden, inter):
             raise ValueError(f"down {self.down.shape} is not {(num_experts, hidden, inter)}")
+        if not self.swiglu_limit > 0:
+            raise ValueError(f"swiglu_limit must be > 0 (inf: no clamp), got {self.swiglu_limit}")
 
     @property
     def num_experts(self) -> int:

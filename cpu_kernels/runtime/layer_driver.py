@@ -33,7 +33,8 @@ def is_packed(p: PlacedExperts) -> bool:
 
 def packed_layers(layers: list[PlacedExperts]) -> tuple:
     """The layers argument of drive_layers: (the tile set of all their types, per layer
-    (gate_type, gate, up_type, up, down_type, down)), made once; needs every layer `is_packed`.
+    (gate_type, gate, up_type, up, down_type, down, swiglu limit)), made once; needs every
+    layer `is_packed`.
     The set is the pool's (MoEPool.tiles) when these are all the layers placed there: prompt
     steps and decode steps then run one compiled kernel."""
     out = []
@@ -42,8 +43,8 @@ def packed_layers(layers: list[PlacedExperts]) -> tuple:
             raise ValueError("drive_layers needs fast-mode experts placed in one slice")
         pk = p.slices[0].packed
         out.append((pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data, pk.down.qtype,
-                    pk.down.data))
-    return tile_set(t for g in out for t in g[0::2]), tuple(out)
+                    pk.down.data, float(p.experts.swiglu_limit)))
+    return tile_set(t for g in out for t in g[0:6:2]), tuple(out)
 
 
 @njit(nogil=True, cache=True)
@@ -55,7 +56,7 @@ def _drive(tiles, ready, done, seq, n, x, ids, weights, out, layers, threads, ti
             return layer
         g = layers[layer]
         packed_moe_kernel(tiles, g[0], g[1], g[2], g[3], g[4], g[5], x[:n], ids[:n],
-                          weights[:n], out[:n], stamps[layer], threads)
+                          weights[:n], g[6], out[:n], stamps[layer], threads)
         store_release(done, layer, seq)
     return len(layers)
 

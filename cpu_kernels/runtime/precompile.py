@@ -20,6 +20,7 @@ is missing itself.
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -123,7 +124,8 @@ def compile_driver(types: tuple[int, int, int], tiles: tuple[int, ...], num_laye
     from cpu_kernels.runtime.layer_driver import drive_layers
 
     _, pk = _tiny_packed(types)
-    layer = (pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data, pk.down.qtype, pk.down.data)
+    layer = (pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data, pk.down.qtype, pk.down.data,
+             math.inf)  # as layer_driver.packed_layers makes it (the SwiGLU clamp last)
     ready, done = np.zeros(num_layers, np.int64), np.zeros(num_layers, np.int64)  # seq 0: pass
     x, out = np.zeros((1, 256), np.float32), np.zeros((1, 256), np.float32)  # [T, H]
     ids, weights = np.zeros((1, 1), np.int64), np.ones((1, 1), np.float32)  # [T, K]

@@ -183,14 +183,14 @@ class EngineWorker:
         if self.trace is not None:
             in_flight = [r for r in self.engine.scheduler.running if r.in_flight]
             self.trace.write(batch, in_flight, outputs, seconds)
+        with self._lock:  # counted before any client sees them: /health never lags a response
+            self._counts["tokens"] += len(outputs)
         for out in outputs:
             status = out.status
             if not self._emit(out.request, out.token):
                 status = RequestStatus.FINISHED_CANCELLED
             if status is not RequestStatus.RUNNING:
                 self._retire(out.request, status)
-        with self._lock:
-            self._counts["tokens"] += len(outputs)
 
     def _fail_step(self, batch, e: Exception) -> None:
         """A step raised: its requests (and any whose chunk was part-way through the layers)

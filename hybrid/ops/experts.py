@@ -9,6 +9,7 @@ threads, NUMA groups): it then runs asynchronously, overlapping the gpu_experts.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hybrid.errors import HybridError
 from hybrid.gguf.dequant import dequantize
 from hybrid.ops.context import BuildContext
 
@@ -75,6 +77,12 @@ class ExpertsOp(nn.Module):
                                ctx.module)
         self.on_device = None  # backend torch on gpu_kernels: _GpuExperts of every expert
         self.stream_parts = None  # backend cpu: the expert tensors a step may stream
+        # DeepSeek-V4's clamped SwiGLU (transformers' DeepseekV4Experts.limit): the CPU kernels
+        # clamp (cpu_kernels/exact/swiglu.py); the other backends do not yet
+        limit = getattr(ctx.module, "limit", None)
+        if limit is not None and self.backend != "cpu":
+            raise HybridError(f"{ctx.path}: experts with a clamped SwiGLU (limit {limit}) run "
+                              f"on the cpu backend only so far; set `backend: cpu` in the rule")
         if self.backend == "cpu":
             from cpu_kernels.formats.weights import ExpertWeights
 
@@ -84,7 +92,8 @@ class ExpertsOp(nn.Module):
             else:
                 gate, up = _quant_matrix(ctx, p + "ffn_gate_exps.weight"), _quant_matrix(ctx, p + "ffn_up_exps.weight")
             down = _quant_matrix(ctx, p + "ffn_down_exps.weight")
-            self.cpu_weights = ExpertWeights(gate, up, down)
+            self.cpu_weights = ExpertWeights(
+                gate, up, down, swiglu_limit=math.inf if limit is None else float(limit))
             # the GGUF's tensors whole, as a long prompt's step may stream them to the GPU
             # (engine/expert_stream.py): the fused layout stays one tensor there
             self.stream_parts = ((_quant_matrix(ctx, fused),) if spec.fused_gate_up_experts

@@ -3,6 +3,8 @@ a float64 MoE on bf16-rounded x, weights and h."""
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 import pytest
@@ -93,7 +95,7 @@ def test_amx_equals_bf16_reference(case) -> None:
         ids, w = _route(rng, num_tokens, top_k, num_experts)
         got = np.empty_like(x)
         amx_bf16_moe_kernel(KQUANT_TILES, pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data,
-                            pk.down.qtype, pk.down.data, x, ids, w, got, stamps,
+                            pk.down.qtype, pk.down.data, x, ids, w, math.inf, got, stamps,
                             TILE_CONFIG_BF16, min_tokens, numba.get_num_threads())
         where = f"T={num_tokens} K={top_k} min_tokens={min_tokens}"
         # fast mode's stated tolerance, with some experts on VNNI (min_tokens 8) or none

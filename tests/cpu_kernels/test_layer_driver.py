@@ -1,9 +1,11 @@
 """drive_layers against moe_forward, with a second thread in the GPU's place: it writes each
 layer's inputs, raises the ready flag and waits for the done flag before the next layer, as the
-decode step's CUDA graph does through mapped pinned memory."""
+decode step's CUDA graph does through mapped pinned memory; one layer's SwiGLU clamped."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import threading
 
 import numpy as np
@@ -24,9 +26,11 @@ SECOND = 3_000_000_000  # TSC cycles: ample on any machine
 def layers():
     rng = np.random.default_rng(3)
     pool = MoEPool(threads=2)
+    # the last layer's SwiGLU clamped (DeepSeek-V4's): each layer its own limit
     experts = [random_experts(rng, 8, 256, 256, qt.Q4_K, qt.Q4_K, qt.Q6_K),
                random_experts(rng, 8, 256, 256, qt.Q5_0, qt.Q5_0, qt.Q8_0),
-               random_experts(rng, 8, 256, 256, qt.Q8_0, qt.Q8_0, qt.Q8_0)]
+               dataclasses.replace(random_experts(rng, 8, 256, 256, qt.Q8_0, qt.Q8_0, qt.Q8_0),
+                                   swiglu_limit=0.5)]
     placed = [pool.place(e, mode="fast") for e in experts]
     # compile the driver first, every flag already up (as the engine's start-up does): a cold
     # compile inside a test step would outlast the other thread's wait
@@ -133,7 +137,7 @@ def test_each_tile_family_runs_its_own_tiles_on_read_only_experts():
         ids = np.stack([rng.choice(8, 2, replace=False) for _ in range(3)])
         w = rng.random((3, 2)).astype(np.float32)
         out = np.zeros_like(x)
-        packed_moe(types[0], mats[0], types[1], mats[1], types[2], mats[2], x, ids, w, out,
-                   np.zeros(2, np.int64), 2)
+        packed_moe(types[0], mats[0], types[1], mats[1], types[2], mats[2], x, ids, w,
+                   math.inf, out, np.zeros(2, np.int64), 2)
         want = moe_forward_ref(x, ids, w, experts)
         assert rel_error(out, want) <= 1e-2, types  # test_moe's FAST_TOL

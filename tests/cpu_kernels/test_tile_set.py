@@ -4,6 +4,7 @@ one set; a set that lacks a layer's type is refused before any kernel runs."""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -50,7 +51,7 @@ def _call(experts, rng, tiles=None):
     w = rng.random((5, 2)).astype(np.float32)  # [T, K]
     out = np.zeros_like(x)
     packed_moe(pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data, pk.down.qtype, pk.down.data,
-               x, ids, w, out, np.zeros(2, np.int64), 2, tiles)
+               x, ids, w, math.inf, out, np.zeros(2, np.int64), 2, tiles)
     return out, moe_forward_ref(x, ids, w, experts)
 
 
@@ -86,6 +87,8 @@ def test_a_pool_runs_all_its_layers_on_the_union_of_their_types() -> None:
 
 
 _ONLY_ITS_TILES = """
+import math
+
 import numpy as np
 from cpu_kernels.fast import packed_dot as kq
 from cpu_kernels.fast.packed import pack
@@ -98,7 +101,7 @@ e = random_experts(np.random.default_rng(0), 2, 256, 256, qt.Q8_0, qt.Q8_0, qt.Q
 pk = pack(e).packed
 x = np.ones((1, 256), np.float32)
 packed_moe(qt.Q8_0, pk.gate.data, qt.Q8_0, pk.up.data, qt.Q8_0, pk.down.data, x,
-           np.zeros((1, 1), np.int64), np.ones((1, 1), np.float32), np.zeros_like(x),
+           np.zeros((1, 1), np.int64), np.ones((1, 1), np.float32), math.inf, np.zeros_like(x),
            np.zeros(2, np.int64), 1, tile_set([qt.Q8_0]))
 compiled = {name for name in dir(kq) if name[-2] == "_" and name[-1].isdigit()
             and getattr(kq, name).signatures}
