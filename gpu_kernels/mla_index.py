@@ -43,8 +43,8 @@ def _scores_kernel(q_ptr, w_ptr, keys_ptr, table_ptr, lens_ptr, out_ptr, P, T, p
                              other=0.0).to(tl.float32))  # [D, BT]
         s = tl.zeros((BT,), tl.float32)
         # HB heads at a time: all Hi heads' q and products at once outgrow the registers
-        # (spilled, the step was ~100x slower than its reads); tf32x3 keeps fp32's accuracy
-        # on the tensor cores, so the top-k is the float reference's
+        # (docs/model-files.md); tf32x3 keeps fp32's accuracy on the tensor cores, so the
+        # top-k is the float reference's
         for h0 in tl.static_range(0, HI, HB):
             h = h0 + tl.arange(0, HB)
             q = tl.load(q_ptr + (b * HI + h)[:, None] * D + d[None, :]).to(tl.float32)  # [HB, D]

@@ -21,15 +21,14 @@ import triton
 import triton.language as tl
 
 from gpu_kernels.dequant_rows import dequant_rows
-from gpu_kernels.fused import silu_mul
-from gpu_kernels.moe_grouped import align, block_pairs
+from gpu_kernels.moe_grouped import block_pairs, grouped_experts
 from gpu_kernels.qformat import GpuQuant
 
 # rows per program (pairs), weights per program, K per step, warps, stages
 TILES = (128, 128, 64, 8, 3)
 # (token, choice) pairs per expert (on average over the layer's experts) from which products run
 # here rather than on moe_grouped's tiles: the decode's fixed cost against the tiles' repeated
-# decoding (docs/long-prompts.md: V2-Lite's crossover lies at 48-96, V3's at 64-256)
+# decoding (the crossovers measured: docs/long-prompts.md)
 DENSE_MIN_PAIRS_PER_EXPERT = 96
 
 
@@ -84,27 +83,9 @@ def grouped_dense(x16: torch.Tensor, w16: torch.Tensor, rows: int, slots: torch.
 def moe_experts_dense(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                       gate_up: tuple[GpuQuant, ...], down: GpuQuant,
                       num_experts: int) -> torch.Tensor:
-    """x [N, H] f32, ids [N, K] (negative: not held here), weights [N, K] -> [N, H] f32.
-    gate_up: (gate, up), each [E * I, H] rows, or the fused layout's one [E * 2I, H] (each
-    expert's gate rows, then its up rows); down: [E * H, I]. Each tensor is decoded into fp16
-    just before its product and dropped after it: one tensor's fp16 rows at a time."""
-    n, k = ids.shape
-    slots, block_expert = align(ids, num_experts, TILES[0])
-    x16 = x.to(torch.float16)
-    widths = [w.rows // num_experts for w in gate_up]
-    gu = torch.empty(n * k, sum(widths), dtype=torch.float32, device=x.device)  # [NK, 2I]
-    col = 0
-    for w, width in zip(gate_up, widths):
-        grouped_dense(x16, dense_rows(w), width, slots, block_expert, k, gu[:, col:col + width])
-        col += width
-    h = down.rows // num_experts
-    y = torch.zeros(n * k, h, dtype=torch.float32, device=x.device)  # left-out pairs: 0
-    grouped_dense(silu_mul(gu).to(torch.float16), dense_rows(down), h, slots, block_expert, 1,
-                  y)
-    held = torch.where(ids >= 0, weights.float(), 0.0)  # [N, K]
-    return torch.einsum("nkh,nk->nh", y.view(n, k, h), held)
-
-
-def scratch_bytes(tensors: tuple[GpuQuant, ...]) -> int:
-    """The most GPU memory moe_experts_dense's decoded rows take at once (one tensor's)."""
-    return max(2 * w.rows * w.cols for w in tensors)
+    """moe_grouped.moe_experts' contract. Each tensor is decoded into fp16 just before its
+    product and dropped after it: one tensor's fp16 rows at a time."""
+    def product(a, w, rows, slots, block_expert, x_div, out):
+        grouped_dense(a, dense_rows(w), rows, slots, block_expert, x_div, out)
+    return grouped_experts(x, ids, weights, gate_up, down, num_experts, TILES[0], product,
+                           torch.float16)

@@ -143,19 +143,32 @@ def moe_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     tensor (each expert's gate rows, then its up rows); down: [E * H, I].
     `bm` (pairs per block, a qmatmul.TOKEN_CLASSES value) overrides block_rows: a warm-up
     compiles every variant with one token. `tiling`: grouped_matmul's tiles and fp16."""
+    bm = bm or block_rows(ids.numel(), num_experts)
+
+    def product(a, w, rows, slots, block_expert, x_div, out):
+        grouped_matmul(a, w, rows, slots, block_expert, bm, x_div, out, **tiling)
+    return grouped_experts(x, ids, weights, gate_up, down, num_experts, bm, product)
+
+
+def grouped_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+                    gate_up: tuple[GpuQuant, ...], down: GpuQuant, num_experts: int, bm: int,
+                    product, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The MoE around a grouped product (moe_experts' arguments; the pairs grouped by expert in
+    blocks of `bm`): product(a, w, rows, slots, block_expert, x_div, out) writes
+    out[p, :rows] = a[p // x_div] @ W_e^T for every pair p, W_e rows e * rows + [0, rows) of w.
+    The activations it gets (x, then h) are in `dtype`."""
     n, k = ids.shape
-    bm = bm or block_rows(n * k, num_experts)
     slots, block_expert = align(ids, num_experts, bm)
+    xa = x.to(dtype)
     widths = [w.rows // num_experts for w in gate_up]
     gu = torch.empty(n * k, sum(widths), dtype=torch.float32, device=x.device)  # [NK, 2I]
     col = 0
     for w, width in zip(gate_up, widths):
-        grouped_matmul(x, w, width, slots, block_expert, bm, k, gu[:, col:col + width],
-                       **tiling)
+        product(xa, w, width, slots, block_expert, k, gu[:, col:col + width])
         col += width
     h = down.rows // num_experts
     y = torch.zeros(n * k, h, dtype=torch.float32, device=x.device)  # left-out pairs: 0
-    grouped_matmul(silu_mul(gu), down, h, slots, block_expert, bm, 1, y, **tiling)
+    product(silu_mul(gu).to(dtype), down, h, slots, block_expert, 1, y)
     held = torch.where(ids >= 0, weights.float(), 0.0)  # [N, K]
     return torch.einsum("nkh,nk->nh", y.view(n, k, h), held)
 

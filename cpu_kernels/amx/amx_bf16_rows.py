@@ -71,7 +71,7 @@ def gate_up_rows(gate_type, g_a, g_b, up_type, u_a, u_b, xs, weights, s0, n, h, 
     stride, steps = 2 * row, hidden // 32
     if n <= 32:
         _gate_up_streamed(gate_type, g_a, g_b, up_type, u_a, u_b, xs, s0, n, gbuf, ubuf, c, cfg)
-        _silu_into_h(c, weights, s0, n, h, r0, limit)
+        _swiglu_into_h(c, weights, s0, n, h, r0, limit)
         return
     bf16_weight_tiles(gate_type, g_a, g_b, hidden, gbuf)
     bf16_weight_tiles(up_type, u_a, u_b, hidden, ubuf)
@@ -94,7 +94,7 @@ def gate_up_rows(gate_type, g_a, g_b, up_type, u_a, u_b, xs, weights, s0, n, h, 
                 bf16_dp_6_5_3()
                 bf16_dp_7_5_4()
         _store_sums(c)
-        _silu_into_h(c, weights, s0 + tb, min(32, n - tb), h, r0, limit)
+        _swiglu_into_h(c, weights, s0 + tb, min(32, n - tb), h, r0, limit)
     tile_release()
 
 
@@ -140,7 +140,7 @@ def _store_sums(c):
 
 
 @njit(cache=True)
-def _silu_into_h(c, weights, s0, n, h, r0, limit):
+def _swiglu_into_h(c, weights, s0, n, h, r0, limit):
     """h[s0 + i, r0:r0+16] = w * swiglu(gate, up) for the i < n <= 32 tokens whose sums c
     holds."""
     lanes = min(16, h.shape[1] - r0)

@@ -24,4 +24,3 @@ def weighted_swiglu(w, g, u, limit):
     g = min(g, limit)
     u = max(min(u, limit), -limit)
     return w * u * g / (f32(1.0) + np.exp(-g))
-

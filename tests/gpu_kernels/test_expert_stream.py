@@ -157,6 +157,8 @@ def test_many_pairs_multiply_on_weights_decoded_once(units: int, device, monkeyp
     assert not ExpertStream(layers, device, expert_memory(streamed, True) - 1, fp16=True).dense
     assert not ExpertStream(layers, device, 1 << 30, fp16=False).dense  # exact: tf32x3 tiles
     assert not ExpertStream(layers, device, 1 << 30, fp16=True, dense=False).dense
+    default = ExpertStream(layers, device, None, fp16=True)  # a whole layer, decoded rows too
+    assert default.dense and default.experts_per_unit == E
 
 
 def test_unqueued_layer_and_too_little_memory_are_errors(device) -> None:

@@ -88,11 +88,13 @@ class StreamTensor:
 
 class ExpertStream:
     def __init__(self, layers: Sequence[tuple[QuantMatrix | PackedMatrix, ...]],
-                 device: torch.device, memory_bytes: int, fp16: bool, dense: bool = True) -> None:
+                 device: torch.device, memory_bytes: int | None, fp16: bool,
+                 dense: bool = True) -> None:
         """layers: each streamable MoE layer's expert tensors, (gate, up, down) or the fused
         layout's (gate_up, down), as QuantMatrix stacks on the GGUF's bytes or PackedMatrix
         stacks (fast mode's copy; planes_from_packed must cover them). memory_bytes: the GPU
-        memory the stream may hold. fp16: tensor-core products in fp16 (fast mode's error
+        memory the stream may hold; None: a whole layer a unit (with one decoded tensor where
+        `dense` may apply), at most half the device's free memory. fp16: tensor-core products in fp16 (fast mode's error
         budget) instead of tf32x3. dense: with fp16, many pairs multiply on weights decoded once
         (gpu_kernels/moe_dense.py) where the memory holds them."""
         from gpu_kernels import moe_dense
@@ -101,6 +103,10 @@ class ExpertStream:
         self.device, self.fp16 = device, fp16
         self.num_experts = self.layers[0][0].num_experts
         self.expert_nbytes = max(sum(m.expert_nbytes for m in parts) for parts in self.layers)
+        if memory_bytes is None:
+            memory_bytes = self.num_experts * expert_memory(self.layers, dense and fp16)
+            if device.type == "cuda":
+                memory_bytes = min(memory_bytes, torch.cuda.mem_get_info(device)[0] // 2)
         # many pairs multiply on weights decoded once (fast mode only: fp16), where the memory
         # holds a unit's decoded tensor too; else on the tiles
         self.dense = dense and fp16 \

@@ -18,11 +18,7 @@ import numpy as np
 import torch
 
 from hybrid.engine.config import EngineConfig
-from hybrid.engine.prefill.expert_stream import (
-    ExpertStream,
-    StreamTensor,
-    expert_memory,
-)
+from hybrid.engine.prefill.expert_stream import ExpertStream
 from hybrid.engine.prefill.prefill_costs import ExpertPlacement, PrefillCosts
 from hybrid.errors import HybridError
 from hybrid.ops.experts import ExpertsOp
@@ -50,14 +46,8 @@ def build_stream(layers: list[ExpertsOp], config: EngineConfig, device: torch.de
         why = _host_memory_short(layers, parts, device)
     if why is None:
         fast = layers[0].mode == "fast"
-        if config.stream_memory_gib is not None:
-            memory = int(config.stream_memory_gib * 2**30)
-        else:  # a whole layer a unit (fast mode: with one tensor decoded to fp16 too)
-            streamed = [tuple(StreamTensor.of(m) for m in p) for p in parts]
-            memory = streamed[0][0].num_experts * expert_memory(
-                streamed, fast and config.dense_prefill)
-            if device.type == "cuda":
-                memory = min(memory, torch.cuda.mem_get_info(device)[0] // 2)
+        memory = None if config.stream_memory_gib is None \
+            else int(config.stream_memory_gib * 2**30)  # None: the stream's default
         try:
             return ExpertStream(parts, device, memory, fp16=fast, dense=config.dense_prefill)
         except ValueError as e:
