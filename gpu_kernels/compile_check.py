@@ -128,13 +128,15 @@ def variants() -> Iterator[Variant]:
                        **dict.fromkeys(["C", "R", "BQ", "BH", "BS", "PREC"], "constexpr")},
                       {"C": 512, "R": 64, "BQ": max(1, mla_prefill.ROWS // bh), "BH": bh,
                        "BS": mla_prefill.BLOCK_KEYS, "PREC": mla_decode.PRECISION}, 8)
-    yield Variant("mla_prefill_expanded", mla_prefill_expanded._expanded_kernel,
-                  {**_sig("q_ptr kn_ptr kr_ptr v_ptr meta_ptr o_ptr scale sqn sqh skn skh skr svn "
-                          "svh son soh", "*fp32 *fp32 *bf16 *fp32 *i64 *fp32 fp32" + " i32" * 9),
-                   **dict.fromkeys(["NOPE", "R", "V", "BQ", "BS", "PREC"], "constexpr")},
-                  {"NOPE": 128, "R": 64, "V": 128, "BQ": mla_prefill_expanded.BLOCK_QUERIES,
-                   "BS": mla_prefill_expanded.BLOCK_KEYS, "PREC": mla_decode.PRECISION},
-                  mla_prefill_expanded.WARPS)
+    for prec, (bq, bs, warps, stages) in mla_prefill_expanded.TILES.items():
+        yield Variant(f"mla_prefill_expanded {prec}", mla_prefill_expanded._expanded_kernel,
+                      {**_sig("q_ptr kn_ptr kr_ptr v_ptr meta_ptr o_ptr scale sqn sqh skn skh skr "
+                              "svn svh son soh",
+                              "*fp32 *fp32 *bf16 *fp32 *i64 *fp32 fp32" + " i32" * 9),
+                       **dict.fromkeys(["NOPE", "R", "V", "BQ", "BS", "PREC", "STAGES"],
+                                       "constexpr")},
+                      {"NOPE": 128, "R": 64, "V": 128, "BQ": bq, "BS": bs, "PREC": prec,
+                       "STAGES": stages}, warps)
     yield Variant("mla_decode merge", mla_decode._merge_kernel,
                   {**_sig("o_ptr lse_ptr out_ptr NSPLIT", "*fp32 *fp32 *fp32 i32"),
                    "C": "constexpr"}, {"C": 512})

@@ -7,7 +7,10 @@ tf32x3 (three tensor-core products): at 2048 tokens every weight is decoded 32 t
 dense linears took 186 ms of a 2048-token V2-Lite prompt's 431 ms on the H200
 (`scripts/profile_prefill.py`), ~14 TFLOP/s. From SCRATCH_MIN_TOKENS tokens on, qmatmul
 dequantizes the rows once into this scratch (SCRATCH_BYTES at most at a time) and multiplies
-with cuBLAS in fp32: each weight decoded once, products exact to fp32 rounding like tf32x3.
+with cuBLAS: each weight decoded once. In fp32 the products are exact to fp32 rounding like
+tf32x3; a weight with `fp16_prompts` is decoded to fp16 and x's rows are scaled by powers of two
+(the largest |x| of a row to 2^14: no overflow, nothing lost to the scale) and rounded to fp16,
+so the products run on tensor cores with fp32 sums (~5e-4 relative, tf32's mantissa).
 The values are dequant_tile's, so they equal dequant_ref's element for element.
 """
 
@@ -57,24 +60,51 @@ def dequant_rows(w: GpuQuant, n: int, row0: int = 0, gstride: int = 0,
     return y
 
 
+FP16_ROW_MAX = 2.0 ** 14  # a row's largest |x| after scaling (fp16's largest finite: 65504)
+
+
+def fp16_rows(x3: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x3 [M, G, K] fp32 -> (x16 [M, G, K] fp16, scale [M, G, 1] fp32) with x3 ~= x16 * scale:
+    each row divided by a power of two (exact) that brings its largest |x| to (2^13, 2^14]."""
+    amax = x3.abs().amax(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+    scale = torch.exp2(torch.ceil(torch.log2(amax / FP16_ROW_MAX)))  # [M, G, 1]
+    return (x3 / scale).half(), scale
+
+
+def _mm16(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a [.., M, K] fp16 @ b [.., K, N] fp16 -> fp32 with fp32 sums (cuBLAS on CUDA; off it the
+    fp16 values multiplied in fp32, the same products)."""
+    if a.is_cuda:
+        mm = torch.mm if a.dim() == 2 else torch.bmm
+        return mm(a, b, out_dtype=torch.float32)
+    return torch.matmul(a.float(), b.float())
+
+
 def scratch_matmul(x3: torch.Tensor, w: GpuQuant, n: int, row0: int, gstride: int,
                    y3: torch.Tensor) -> None:
     """y3[m, g, :] = x3[m, g, :] @ rows(g)^T, x3 [M, G, K] fp32, y3 [M, G, n]: the rows
     dequantized into the scratch, as many groups (or, for one group, rows) per round as
-    SCRATCH_BYTES holds, each round one cuBLAS product."""
+    SCRATCH_BYTES holds, each round one cuBLAS product (fp16 operands where w.fp16_prompts)."""
     _, g, k = x3.shape
-    row_bytes = 4 * k
+    dtype = torch.float16 if w.fp16_prompts else torch.float32
+    scale = None
+    if w.fp16_prompts:
+        x3, scale = fp16_rows(x3)
+    mm, bmm = (_mm16, _mm16) if w.fp16_prompts else (torch.mm, torch.bmm)
+    row_bytes = dtype.itemsize * k
     if g == 1:
         step = max(ROWS, SCRATCH_BYTES // row_bytes // ROWS * ROWS)
         for n0 in range(0, n, step):
             rows = min(step, n - n0)
-            wt = dequant_rows(w, rows, row0 + n0)[0]  # [rows, K]
-            y3[:, 0, n0:n0 + rows] = x3[:, 0, :] @ wt.T
-        return
-    per = max(1, SCRATCH_BYTES // (row_bytes * n))
-    for g0 in range(0, g, per):
-        gs = min(per, g - g0)
-        wt = dequant_rows(w, n, row0 + g0 * gstride, gstride, gs)  # [gs, n, K]
-        # [gs, M, K] @ [gs, K, n] -> [gs, M, n]
-        y3[:, g0:g0 + gs, :] = torch.bmm(x3[:, g0:g0 + gs, :].transpose(0, 1),
-                                         wt.transpose(1, 2)).transpose(0, 1)
+            wt = dequant_rows(w, rows, row0 + n0, dtype=dtype)[0]  # [rows, K]
+            y3[:, 0, n0:n0 + rows] = mm(x3[:, 0, :], wt.T)
+    else:
+        per = max(1, SCRATCH_BYTES // (row_bytes * n))
+        for g0 in range(0, g, per):
+            gs = min(per, g - g0)
+            wt = dequant_rows(w, n, row0 + g0 * gstride, gstride, gs, dtype)  # [gs, n, K]
+            # [gs, M, K] @ [gs, K, n] -> [gs, M, n]
+            y3[:, g0:g0 + gs, :] = bmm(x3[:, g0:g0 + gs, :].transpose(0, 1),
+                                       wt.transpose(1, 2)).transpose(0, 1)
+    if scale is not None:
+        y3.mul_(scale)

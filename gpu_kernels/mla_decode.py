@@ -23,7 +23,7 @@ import triton.language as tl
 
 from gpu_kernels.device_function import INTERPRETED, device_function
 
-PRECISION = "tf32"  # the prefill kernels' products (mla_prefill*.py)
+PRECISION = "tf32"  # the absorbed prefill kernel's products (mla_prefill.py)
 DECODE_PRECISION = "bf16x2"  # for a bf16 cache (else tf32)
 
 
@@ -54,8 +54,8 @@ def dot_bf16x2(x_hi, x_lo, y):
 def softmax_step(s, kv, m_i, l_i, acc, PREC: tl.constexpr):
     """One block of keys into a running softmax (flash attention): s [rows, BS] scaled scores
     (-inf where a key is not seen; every row must see a key of its first block), kv [BS, C]
-    values (bf16 for PREC "bf16x2"); m_i, l_i [rows] the running max and sum, acc [rows, C]
-    -> the three updated."""
+    values (bf16 for PREC "bf16x2", fp16 for "fp16"); m_i, l_i [rows] the running max and sum,
+    acc [rows, C] -> the three updated."""
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     p = tl.exp(s - m_new[:, None])
     alpha = tl.exp(m_i - m_new)
@@ -63,6 +63,8 @@ def softmax_step(s, kv, m_i, l_i, acc, PREC: tl.constexpr):
     if PREC == "bf16x2":
         p_hi, p_lo = split_bf16(p)
         acc = acc * alpha[:, None] + dot_bf16x2(p_hi, p_lo, kv)
+    elif PREC == "fp16":  # p in [0, 1] rounded to fp16: tf32's 10-bit mantissa, 2x its rate
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), kv)
     else:
         acc = acc * alpha[:, None] + tl.dot(p, kv, input_precision=PREC)
     return m_new, l_i, acc

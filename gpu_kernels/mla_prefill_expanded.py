@@ -12,8 +12,10 @@ by the heads (read from the cache rows as they are).
 One launch serves every span of a step: a program takes BQ tokens of one span and one head
 and streams that span's keys in blocks of BS with an online softmax, up to the last key its
 tokens see (causal). Spans use the same meta as mla_prefill: (first row, q_len, kv_len, offset
-of the span's keys in k_nope/k_rope/v). Products on tensor cores in tf32 (~1e-3 relative error
-in the output), softmax and sums in fp32.
+of the span's keys in k_nope/k_rope/v). Products on tensor cores with fp32 sums, the operands
+rounded to fp16 (default) or tf32: both keep 10 mantissa bits (~1e-3 relative error in the
+output), fp16 at twice the rate and in half the registers, so its tiles are 4x larger. fp16's
+range (65504) bounds the queries, keys and values; softmax weights are in [0, 1].
 """
 
 from __future__ import annotations
@@ -22,20 +24,47 @@ import torch
 import triton
 import triton.language as tl
 
-from gpu_kernels.mla_decode import PRECISION, softmax_step
+from gpu_kernels.mla_decode import softmax_step
 from gpu_kernels.mla_prefill import causal_softmax
 
-# tokens x keys per step, warps: sm_90 compiles (python -m gpu_kernels.compile_check) 32 x 32
-# in 8 warps with the fewest spills in tf32 (40 bytes; 64 x 32: 96, 64 x 64: 280)
-BLOCK_QUERIES = 32
-BLOCK_KEYS = 32
-WARPS = 8
+PRECISION = "fp16"
+# (tokens, keys per step, warps, pipeline stages) per precision. tf32: sm_90 compiles
+# (python -m gpu_kernels.compile_check) 32 x 32 in 8 warps with the fewest spills (40 bytes;
+# 64 x 32: 96, 64 x 64: 280). fp16 (keys and values in fp16): the fastest measured
+# (scripts/bench_gpu_kernels.py --prefill-sweep, docs/long-prompts.md).
+TILES = {"tf32": (32, 32, 8, 1), "fp16": (128, 128, 8, 1)}
+
+
+@triton.jit
+def _keys_block(t0, qn, qr, pos, end, m_i, l_i, acc, kn_ptr, kr_ptr, v_ptr, kv_off, hd, scale,
+                skn, skh, skr, svn, svh, dn, dr, dv, BS: tl.constexpr, PREC: tl.constexpr,
+                MASKED: tl.constexpr):
+    """Keys t0 + [0, BS) into the running softmax; MASKED: some are past `end` or after a
+    row's position (else every row sees every key of the block)."""
+    t = t0 + tl.arange(0, BS)
+    tmask = (t < end)[:, None]
+    key = (kv_off + t).to(tl.int64)[:, None]  # [BS, 1]
+    kn = tl.load(kn_ptr + key * skn + hd * skh + dn[None, :], mask=tmask, other=0.0)
+    kr = tl.load(kr_ptr + key * skr + dr[None, :], mask=tmask, other=0.0)
+    v = tl.load(v_ptr + key * svn + hd * svh + dv[None, :], mask=tmask, other=0.0)
+    if PREC == "fp16":
+        kn, kr, v = kn.to(tl.float16), kr.to(tl.float16), v.to(tl.float16)
+        s = tl.dot(qn, tl.trans(kn)) + tl.dot(qr, tl.trans(kr))  # [BQ, BS] fp32 sums
+    else:
+        s = tl.dot(qn, tl.trans(kn), input_precision=PREC)
+        s += tl.dot(qr, tl.trans(kr.to(tl.float32)), input_precision=PREC)  # [BQ, BS]
+    s = s * scale
+    if MASKED:
+        seen = (t < end)[None, :] & (t[None, :] <= pos[:, None])
+        s = tl.where(seen, s, float("-inf"))
+    return softmax_step(s, v, m_i, l_i, acc, PREC)
 
 
 @triton.jit
 def _expanded_kernel(q_ptr, kn_ptr, kr_ptr, v_ptr, meta_ptr, o_ptr, scale, sqn, sqh, skn, skh,
                      skr, svn, svh, son, soh, NOPE: tl.constexpr, R: tl.constexpr,
-                     V: tl.constexpr, BQ: tl.constexpr, BS: tl.constexpr, PREC: tl.constexpr):
+                     V: tl.constexpr, BQ: tl.constexpr, BS: tl.constexpr, PREC: tl.constexpr,
+                     STAGES: tl.constexpr):
     qb = tl.program_id(0)
     sp = tl.program_id(1)
     hd = tl.program_id(2).to(tl.int64)
@@ -50,36 +79,39 @@ def _expanded_kernel(q_ptr, kn_ptr, kr_ptr, v_ptr, meta_ptr, o_ptr, scale, sqn, 
     q_row = q_ptr + row * sqn + hd * sqh
     qn = tl.load(q_row + dn[None, :], mask=imask[:, None], other=0.0)  # [BQ, NOPE]
     qr = tl.load(q_row + NOPE + dr[None, :], mask=imask[:, None], other=0.0)  # [BQ, R]
+    if PREC == "fp16":
+        qn, qr = qn.to(tl.float16), qr.to(tl.float16)
     pos = kv_len - q_len + i  # [BQ] each token's position: it sees keys 0..pos
     # the keys the block's last token sees; none for a block past the span's end
     end = tl.where(qb * BQ < q_len, tl.minimum(kv_len, kv_len - q_len + qb * BQ + BQ), 0)
+    # whole blocks of keys that the block's first token (so every token) sees: no mask
+    free = tl.minimum((kv_len - q_len + qb * BQ + 1) // BS * BS, end)
     m_i = tl.full((BQ,), float("-inf"), tl.float32)
     l_i = tl.zeros((BQ,), tl.float32)
     acc = tl.zeros((BQ, V), tl.float32)
-    for t0 in range(0, end, BS):
-        t = t0 + tl.arange(0, BS)
-        tmask = (t < end)[:, None]
-        key = (kv_off + t).to(tl.int64)[:, None]  # [BS, 1]
-        kn = tl.load(kn_ptr + key * skn + hd * skh + dn[None, :], mask=tmask, other=0.0)
-        kr = tl.load(kr_ptr + key * skr + dr[None, :], mask=tmask, other=0.0).to(tl.float32)
-        v = tl.load(v_ptr + key * svn + hd * svh + dv[None, :], mask=tmask, other=0.0)
-        s = tl.dot(qn, tl.trans(kn), input_precision=PREC)
-        s += tl.dot(qr, tl.trans(kr), input_precision=PREC)  # [BQ, BS]
-        seen = (t < end)[None, :] & (t[None, :] <= pos[:, None])
-        s = tl.where(seen, s * scale, float("-inf"))
-        # every row sees key 0 in the first block (padding rows too: their pos >= 0)
-        m_i, l_i, acc = softmax_step(s, v, m_i, l_i, acc, PREC)
+    for t0 in tl.range(0, free, BS, num_stages=STAGES):
+        m_i, l_i, acc = _keys_block(t0, qn, qr, pos, end, m_i, l_i, acc, kn_ptr, kr_ptr, v_ptr,
+                                    kv_off, hd, scale, skn, skh, skr, svn, svh, dn, dr, dv, BS,
+                                    PREC, False)
+    # every row sees key 0 in the first block (padding rows too: their pos >= 0), so no row's
+    # running max stays -inf
+    for t0 in tl.range(free, end, BS, num_stages=STAGES):
+        m_i, l_i, acc = _keys_block(t0, qn, qr, pos, end, m_i, l_i, acc, kn_ptr, kr_ptr, v_ptr,
+                                    kv_off, hd, scale, skn, skh, skr, svn, svh, dn, dr, dv, BS,
+                                    PREC, True)
     out = acc / tl.maximum(l_i, 1e-30)[:, None]
     tl.store(o_ptr + row * son + hd * soh + dv[None, :], out, mask=imask[:, None])
 
 
 def mla_prefill_expanded(q: torch.Tensor, k_nope: torch.Tensor, k_rope: torch.Tensor,
                          v: torch.Tensor, meta: torch.Tensor, scale: float, max_q_len: int,
-                         out: torch.Tensor, precision: str = PRECISION) -> torch.Tensor:
-    """q [N, h, nope + r] f32 (rope dims rotated), k_nope [S, h, nope] f32, k_rope [S, r] (any
-    float dtype), v [S, h, v] f32 (strided views fine: last dims dense); meta [spans, 4] int64
-    (first row, q_len, kv_len, offset of its keys) -> out [N, h, v] f32: the spans' rows
-    written, the others untouched. max_q_len: the longest span (host-known)."""
+                         out: torch.Tensor, precision: str = PRECISION,
+                         tiles: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """q [N, h, nope + r] f32 (rope dims rotated), k_nope [S, h, nope] f32 or fp16, k_rope
+    [S, r] (any float dtype), v [S, h, v] f32 or fp16 (strided views fine: last dims dense);
+    meta [spans, 4] int64 (first row, q_len, kv_len, offset of its keys) -> out [N, h, v] f32:
+    the spans' rows written, the others untouched. max_q_len: the longest span (host-known).
+    precision: "fp16" or "tf32" products; tiles (tokens, keys, warps, stages) override TILES."""
     _, h, d = q.shape
     nope, r, dv = k_nope.shape[-1], k_rope.shape[-1], v.shape[-1]
     if d != nope + r or any(x & (x - 1) or x < 16 for x in (nope, r, dv)):
@@ -89,11 +121,14 @@ def mla_prefill_expanded(q: torch.Tensor, k_nope: torch.Tensor, k_rope: torch.Te
         raise ValueError("mla_prefill_expanded needs every operand's last dim dense")
     if meta.shape[0] == 0:
         return out
-    grid = (triton.cdiv(max_q_len, BLOCK_QUERIES), meta.shape[0], h)
+    if precision not in TILES:
+        raise ValueError(f"precision {precision!r}: one of {sorted(TILES)}")
+    bq, bs, warps, stages = tiles or TILES[precision]
+    grid = (triton.cdiv(max_q_len, bq), meta.shape[0], h)
     _expanded_kernel[grid](q, k_nope, k_rope, v, meta, out, scale, q.stride(0), q.stride(1),
                            k_nope.stride(0), k_nope.stride(1), k_rope.stride(0), v.stride(0),
                            v.stride(1), out.stride(0), out.stride(1), NOPE=nope, R=r, V=dv,
-                           BQ=BLOCK_QUERIES, BS=BLOCK_KEYS, PREC=precision, num_warps=WARPS)
+                           BQ=bq, BS=bs, PREC=precision, STAGES=stages, num_warps=warps)
     return out
 
 

@@ -27,7 +27,7 @@ Planes per type (K = columns; every plane is row-major with `rows` rows):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -45,6 +45,10 @@ class GpuQuant:
     # 16 or 8: one-token products quantize x to this many bits per 32 columns and take
     # integer dot products where the type has them (qdot_i8.I8_TYPES); 0: fp32 x throughout
     x_bits: int = 0
+    # products of many tokens (dequant_rows.SCRATCH_MIN_TOKENS and more): True rounds x (rows
+    # scaled by powers of two) and the weights to fp16 for tensor cores with fp32 sums; False
+    # multiplies in fp32, exact to rounding
+    fp16_prompts: bool = False
 
     @property
     def device(self) -> torch.device:
@@ -55,8 +59,7 @@ class GpuQuant:
         return sum(p.numel() * p.element_size() for p in self.planes)
 
     def to(self, device: torch.device | str) -> GpuQuant:
-        return GpuQuant(self.qtype, self.rows, self.cols,
-                        tuple(p.to(device) for p in self.planes), self.x_bits)
+        return replace(self, planes=tuple(p.to(device) for p in self.planes))
 
 
 def _f16(b: torch.Tensor, at: int) -> torch.Tensor:

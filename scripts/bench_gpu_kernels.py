@@ -3,6 +3,7 @@ device's copy bandwidth measured in the same run, and the paged MLA decode atten
 
     python scripts/bench_gpu_kernels.py [--json out.json]
     python scripts/bench_gpu_kernels.py --prefill    # MLA prefill attention against torch
+    python scripts/bench_gpu_kernels.py --prefill-sweep  # the expanded kernel's tiles
     python scripts/bench_gpu_kernels.py --sparse     # V3.2's sparse decode against dense MLA
 
 Weights rotate over copies totalling > 3x the L2 cache, so every call reads them from HBM.
@@ -226,6 +227,43 @@ def bench_prefill(heads: int, q_len: int, kv_len: int) -> dict:
             "expanded_TFLOPS": 2 * pairs * (nope + r + v) / kernel_ms / 1e9}
 
 
+PREFILL_SWEEP = [(16, 8192, 8192), (16, 2048, 8192), (128, 2048, 2048)]  # heads, chunk, keys
+EXPANDED_TILES = [("tf32", None), ("fp16", None)] + [
+    ("fp16", t) for t in ((128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 1), (128, 128, 8, 1))]
+
+
+def prefill_sweep(heads: int, q_len: int, kv_len: int) -> dict:
+    """The expanded kernel alone (keys and values made once), per (precision, tiles):
+    TFLOP/s of its causal products, one printed line."""
+    from gpu_kernels.mla_prefill_expanded import mla_prefill_expanded
+
+    r, nope, v = 64, 128, 128
+    kv = torch.randn(kv_len, heads, nope + v, device="cuda") * 0.3
+    k_rope = torch.randn(kv_len, r, device="cuda").bfloat16()
+    q = torch.randn(q_len, heads, nope + r, device="cuda") * 0.1
+    meta = torch.tensor([[0, q_len, kv_len, 0]], device="cuda")
+    o = torch.empty(q_len, heads, v, device="cuda")
+    flop = 2 * heads * q_len * (kv_len - q_len / 2) * (nope + r + v)
+    res, line = {}, []
+    kv16 = kv.half()
+    for (prec, tiles), keys in [(t, k) for t in EXPANDED_TILES for k in ("f32", "f16")]:
+        if keys == "f16" and prec != "fp16":
+            continue
+        k = kv16 if keys == "f16" else kv
+        label = f"{prec} {tiles} {keys} keys"
+        try:
+            ms = graph_ms(lambda: mla_prefill_expanded(q, k[..., :nope], k_rope, k[..., nope:],
+                                                       meta, 0.07, q_len, o, prec, tiles),
+                          calls=3)
+        except Exception as e:  # a tile that does not compile (shared memory): skipped
+            line.append(f"{label}: {type(e).__name__}")
+            continue
+        res[label] = ms * 1e3
+        line.append(f"{label}: {ms * 1e3:.0f} us {flop / ms / 1e9:.0f} TF")
+    print(f"expanded H={heads} chunk={q_len} keys={kv_len}:\n  " + "\n  ".join(line), flush=True)
+    return {"heads": heads, "q_len": q_len, "kv_len": kv_len, "us": res}
+
+
 SPARSE = [(b, n) for b in (1, 8) for n in (1024, 8192, 32768, 131072)]  # batch, context
 
 
@@ -270,6 +308,8 @@ def main() -> int:
                     help="only the tile sweep of products with many rows, then stop")
     ap.add_argument("--prefill", action="store_true",
                     help="only MLA prefill attention (absorbed against expanded), then stop")
+    ap.add_argument("--prefill-sweep", action="store_true",
+                    help="only the expanded prefill kernel's tiles, per precision, then stop")
     ap.add_argument("--sparse", action="store_true",
                     help="only V3.2's sparse decode attention against dense MLA, then stop")
     args = ap.parse_args()
@@ -287,6 +327,11 @@ def main() -> int:
     copy = copy_bandwidth()
     print(f"device copy: {copy:.0f} GB/s (read + write)", flush=True)
     rows = []
+    if args.prefill_sweep:
+        rows = [prefill_sweep(*shape) for shape in PREFILL_SWEEP]
+        if args.json:
+            Path(args.json).write_text(json.dumps({"prefill_sweep": rows}, indent=1))
+        return 0
     if args.prefill:
         for heads, q_len, kv_len in PREFILL:
             res = bench_prefill(heads, q_len, kv_len)

@@ -44,4 +44,5 @@ class BuildContext:
         from hybrid.ops.registry import ACTIVATIONS
 
         return Weight(self.gguf, self.spec, name, fmt or self.weight_format, str(self.device),
-                      ACTIVATIONS[self.options.get("activations", "fp32")])
+                      ACTIVATIONS[self.options.get("activations", "fp32")],
+                      self.options.get("prompt_products", "fp32") == "fp16")

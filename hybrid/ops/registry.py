@@ -64,7 +64,12 @@ def _activations() -> dict[str, Option]:
     return {"activations": Option(
         str, "int16", tuple(ACTIVATIONS),
         "x of one-token products on Q4_K blocks (GPU): int16 or int8 per 32 columns with "
-        "integer dot products (relative error ~3e-5 / ~1e-2), or fp32 (exact to rounding)")}
+        "integer dot products (relative error ~3e-5 / ~1e-2), or fp32 (exact to rounding)"),
+        "prompt_products": Option(
+            str, "fp16", ("fp16", "fp32"),
+            "products of long prompts' rows (GPU, 256 tokens and more): fp16 operands on "
+            "tensor cores with fp32 sums (~5e-4 relative, x's rows scaled into fp16's range), "
+            "or fp32 (exact to rounding)")}
 
 
 _SPECS = [

@@ -36,10 +36,11 @@ class Weight:
     `quant` holds it as GpuQuant matrices, one per GGUF source tensor ([rows, last dim])."""
 
     def __init__(self, gguf: GGUFModelFile, spec: ModelSpec, hf_name: str, fmt: str,
-                 device: str, x_bits: int = 0) -> None:
-        """x_bits: GpuQuant.x_bits of its quantized matrices (the op's `activations`)."""
+                 device: str, x_bits: int = 0, fp16_prompts: bool = False) -> None:
+        """x_bits, fp16_prompts: GpuQuant's fields of its matrices (the op's `activations` and
+        `prompt_products`)."""
         self.hf_name, self.fmt, self.device = hf_name, fmt, torch.device(device)
-        self.x_bits = x_bits
+        self.x_bits, self.fp16_prompts = x_bits, fp16_prompts
         self._kernels = uses_gpu_kernels(self.device)  # once: `quant` is read every call
         self._dense: torch.Tensor | None = None
         self._raw: list[_Raw] = []
@@ -90,7 +91,8 @@ class Weight:
         from gpu_kernels.qformat import to_planes
 
         self._quant = tuple(replace(to_planes(r.data, r.qtype, _rows(r.shape), r.shape[-1]),
-                                    x_bits=self.x_bits) for r in self._raw)
+                                    x_bits=self.x_bits, fp16_prompts=self.fp16_prompts)
+                            for r in self._raw)
         self._shapes = [r.shape for r in self._raw]
         self._raw = []  # the planes are the only copy on the device
 
@@ -103,7 +105,8 @@ class Weight:
 
             qtype = {torch.float32: F32, torch.float16: F16, torch.bfloat16: BF16}[self._dense.dtype]
             w = self._dense.reshape(-1, self._dense.shape[-1])
-            self._quant = (GpuQuant(qtype, w.shape[0], w.shape[1], (w,)),)
+            self._quant = (GpuQuant(qtype, w.shape[0], w.shape[1], (w,),
+                                    fp16_prompts=self.fp16_prompts),)
         return self._quant
 
     def get(self) -> torch.Tensor:
@@ -144,12 +147,8 @@ def stack_rows(first: Weight, second: Weight):
     if a is None or b is None or len(a) != 1 or len(b) != 1 or a[0].qtype != b[0].qtype \
             or a[0].cols != b[0].cols:
         return None
-    from gpu_kernels.qformat import GpuQuant
-
     a, b = a[0], b[0]
     planes = tuple(torch.cat([p, q]) for p, q in zip(a.planes, b.planes))
-    first._quant = (GpuQuant(a.qtype, a.rows, a.cols, tuple(p[:a.rows] for p in planes),
-                             a.x_bits),)
-    second._quant = (GpuQuant(b.qtype, b.rows, b.cols, tuple(p[a.rows:] for p in planes),
-                              b.x_bits),)
-    return GpuQuant(a.qtype, a.rows + b.rows, a.cols, planes, a.x_bits)
+    first._quant = (replace(a, planes=tuple(p[:a.rows] for p in planes)),)
+    second._quant = (replace(b, planes=tuple(p[a.rows:] for p in planes)),)
+    return replace(a, rows=a.rows + b.rows, planes=planes)

@@ -190,7 +190,7 @@ def test_prefill_attention(kernels, split, device, wide_tiles) -> None:
         o_lat = attend(q_lat, q[rows, :, d.nope:].double(), keys,
                        causal_mask(n, kv, device), 0.1)
         expected = torch.einsum("thc,hvc->thv", o_lat, w[:, d.nope:])
-        assert rel_err(out[rows], expected) < 1e-4  # tf32 products in the flash kernel
+        assert rel_err(out[rows], expected) < 1e-3  # fp16 operands in the flash kernel
 
 
 @pytest.mark.parametrize("kernels", SETS)

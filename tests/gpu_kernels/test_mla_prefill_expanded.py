@@ -33,15 +33,37 @@ def _step(heads, nope, r, dv, spans, device, decodes: int = 2):
     return q, kv[..., :nope], k_rope, kv[..., nope + 8:], meta_t
 
 
+@pytest.mark.parametrize("precision", ["fp16", "tf32"])
 @pytest.mark.parametrize("heads,nope,r,dv,spans", CASES)
-def test_matches_reference(heads, nope, r, dv, spans, device) -> None:
+def test_matches_reference(heads, nope, r, dv, spans, precision, device) -> None:
     q, kn, kr, v, meta = _step(heads, nope, r, dv, spans, device)
     out = torch.full((q.shape[0], heads, dv), 7.0, device=device)
-    mla_prefill_expanded(q, kn, kr, v, meta, 0.08, max(s[0] for s in spans), out)
+    mla_prefill_expanded(q, kn, kr, v, meta, 0.08, max(s[0] for s in spans), out, precision)
     ref = mla_prefill_expanded_ref(q, kn, kr, v, meta, 0.08, out.clone())
     assert torch.isfinite(out).all()
     assert (out[:2] == 7.0).all()  # the decode rows are not the kernel's
-    assert rel_err(out[2:], ref[2:]) < 3e-3  # tf32 products
+    assert rel_err(out[2:], ref[2:]) < 3e-3  # products on 10-bit mantissas
+
+
+def test_fp16_operands_and_other_tiles(device) -> None:
+    """Keys and values already in fp16 give what their fp32 originals do (the kernel rounds
+    to fp16 itself); other tiles round the softmax weights against other running maxima."""
+    heads, nope, r, dv, spans = 4, 32, 16, 32, [(40, 75), (9, 9)]
+    q, kn, kr, v, meta = _step(heads, nope, r, dv, spans, device)
+    kn16, v16 = kn.half(), v.half()
+    a = mla_prefill_expanded(q, kn, kr, v, meta, 0.1, 40, torch.zeros(q.shape[0], heads, dv,
+                                                                      device=device))
+    for tiles in [None, (16, 32, 4, 1), (32, 16, 2, 2)]:
+        b = mla_prefill_expanded(q, kn16, kr, v16, meta, 0.1, 40,
+                                 torch.zeros(q.shape[0], heads, dv, device=device), tiles=tiles)
+        assert rel_err(b[2:], a[2:]) < (1e-6 if tiles is None else 3e-4), tiles
+
+
+def test_bad_precision(device) -> None:
+    q, kn, kr, v, meta = _step(2, 32, 32, 32, [(2, 2)], device)
+    with pytest.raises(ValueError, match="precision 'bf16'"):
+        mla_prefill_expanded(q, kn, kr, v, meta, 0.1, 2, torch.zeros(q.shape[0], 2, 32,
+                                                                     device=device), "bf16")
 
 
 def test_expanded_equals_absorbed() -> None:

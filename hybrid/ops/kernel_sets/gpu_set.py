@@ -129,7 +129,7 @@ class GpuKernels(TorchKernels):
         """The expanded form (gpu_kernels/mla_prefill_expanded.py): the chunks' keys' latents
         (prefix and own, in the prefill index's order) multiplied out by kv_b into per-head
         k_nope and v once per step; with many keys per query ~7x fewer products than the
-        absorbed form."""
+        absorbed form. Products in fp16 with fp32 sums (the kernel's PRECISION)."""
         meta, slots, longest = fb.prefill_index()
         rows = cache[slots]  # [S, c + r] the chunks' keys, in the cache's dtype
         latent = rows[:, :d.kv_lora].float()  # [S, c]
@@ -138,7 +138,9 @@ class GpuKernels(TorchKernels):
             kv = qmatmul(latent, quant[0])  # [S, h * (nope + v)]
         else:  # dense kv_b, or the MLA layout's k_b [h * c, nope] (a transposed product)
             kv = torch.matmul(latent, kv_b.get().float().t())
-        kv = kv.view(-1, d.heads, d.nope + d.v)
+        # [S, h, nope + v] in fp16: the kernel's operands (it reads them once per block of
+        # queries: half the bytes of fp32)
+        kv = kv.view(-1, d.heads, d.nope + d.v).half()
         mla_prefill_expanded(q, kv[..., :d.nope], rows[:, d.kv_lora:], kv[..., d.nope:], meta,
                              scale, longest, out)
 
