@@ -104,9 +104,10 @@ def _q5_0_fields(p: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     c = _codes(steps, n).reshape(n, -1, 32)  # [n, B, 32] 5-bit codes in column order
     qs = (c[..., :16] & 15) | ((c[..., 16:] & 15) << 4)  # [n, B, 16]
     bits = ((c >> 4) & 1).reshape(n, -1, 4, 8)  # [n, B, byte, bit]
-    weights = torch.tensor([1 << i for i in range(8)], dtype=torch.uint8, device=p.device)
-    qh = (bits * weights).sum(-1, dtype=torch.uint8)  # [n, B, 4] little-endian bytes
-    return qs.reshape(n, -1), qh.reshape(n, -1).view(torch.int32)
+    # [n, B, 4] little-endian bytes: ORs of shifted bits (elementwise; torch's byte-sum
+    # reduction over 8 was the slowest op of the unpacking, docs/long-prompts.md)
+    qh = _bits_to_bytes(bits.transpose(-1, -2), 1)
+    return qs.reshape(n, -1), qh.reshape(n, -1).contiguous().view(torch.int32)
 
 
 def _bits_to_bytes(bits: torch.Tensor, width: int) -> torch.Tensor:
