@@ -6,8 +6,9 @@ Without --gguf-path it writes a V2-Lite-shaped Q4_K_M model. Runs a prompt of --
 (one chunk, every MoE layer streamed or on the CPU as the start-up cost model picks) a few times,
 then once under torch.profiler, and prints the wall time beside the CUDA time of each kernel
 name (summed over launches; torch ops that launch kernels appear beside their kernels), largest
-first. --itl also profiles, alone, the first two steps of a stream decoding beside a prompt of
-4x --tokens (the first and second step of a chunk's pass spread over steps).
+first. --itl also times every step of a stream decoding beside the prompt (its chunk's pass
+spread over steps: the step's wall time and the host's time launching the pass's pieces) and
+profiles one step in the middle of the pass.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--itl", action="store_true",
-                    help="also profile the steps of a decoding stream beside a 4x longer prompt")
+                    help="also time the steps of a decoding stream beside the prompt")
     args = ap.parse_args()
     path = args.gguf_path or build_model(args.preset, Path(tempfile.mkdtemp()))
     config = EngineConfig(max_batch_size=2, chunk_size=args.tokens, decode_chunk_size=args.tokens,
@@ -72,7 +73,7 @@ def main() -> int:
         wall = prompt_once(llm, args.tokens, 7)
     table(prof, f"a {args.tokens}-token prompt alone: wall {wall * 1e3:.1f} ms", args.top)
     if args.itl:
-        itl_steps(llm, args.tokens * 4, args.top)
+        itl_steps(llm, args.tokens, args.top)
     return 0
 
 
@@ -87,29 +88,60 @@ def table(prof, title: str, top: int) -> None:
 
 
 def itl_steps(llm: LLM, n: int, top: int) -> None:
-    """A decoding stream, then an n-token prompt: the step that starts the prompt's first
-    chunk (layered_prefill.py) and the next one, each profiled alone."""
+    """A decoding stream, then an n-token prompt passing the layers over steps
+    (layered_prefill.py): every step's wall time and the host's time launching the prompt's
+    pieces, then one middle step of the pass profiled alone."""
     params = SamplingParams(temperature=0, max_tokens=4096, ignore_eos=True)
     stream = llm._submit([1000 + j for j in range(32)], params, lambda e: None)
     for _ in range(8):
         llm.worker.step()
-    prompt = llm._submit([2000 + (j * 37) % 90000 for j in range(n)],
-                         SamplingParams(temperature=0, max_tokens=1, ignore_eos=True),
-                         lambda e: None)
-    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    for name in ("first step beside the prompt", "second step"):
-        _sync()
-        with torch.profiler.profile(activities=acts) as prof:
-            t = time.perf_counter()
-            llm.worker.step()
+    layered = llm.engine.runner.layered
+    advance, spent = layered.advance, []
+
+    def timed_advance(*a, **k):
+        t = time.perf_counter()
+        try:
+            return advance(*a, **k)
+        finally:
+            spent.append(time.perf_counter() - t)
+    layered.advance = timed_advance
+    for profiled in (False, True):
+        prompt = llm._submit([2000 + (j * 37 + profiled) % 90000 for j in range(n)],
+                             SamplingParams(temperature=0, max_tokens=1, ignore_eos=True),
+                             lambda e: None)
+        rows, step = [], 0
+        while not prompt.is_finished:
             _sync()
-            wall = time.perf_counter() - t
-        job, program = llm.engine.runner.job, llm.engine.runner.program
-        passed = None if job is None else program.layers_passed(job.pieces)
-        table(prof, f"{name}: wall {wall * 1e3:.1f} ms, layered job "
-              f"{'none' if job is None else f'{passed} layers passed'}", top)
-    while not prompt.is_finished:
+            spent.clear()
+            job = layered.job
+            if profiled and step == 6:
+                acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+                with torch.profiler.profile(activities=acts) as prof:
+                    t = time.perf_counter()
+                    llm.worker.step()
+                    _sync()
+                    wall = time.perf_counter() - t
+                table(prof, f"step 6 of the pass: wall {wall * 1e3:.1f} ms", top)
+            else:
+                t = time.perf_counter()
+                llm.worker.step()
+                _sync()
+                wall = time.perf_counter() - t
+            rows.append((wall, sum(spent), job is not None and job.pieces or 0))
+            step += 1
+        if not profiled:
+            print(f"\n{n}-token prompt beside a decoding stream: {len(rows)} steps")
+            print("| step | wall ms | host ms launching the pass | pieces before |")
+            print("|---|---|---|---|")
+            for i, (wall, host, pieces) in enumerate(rows):
+                print(f"| {i} | {wall * 1e3:.1f} | {host * 1e3:.1f} | {pieces} |")
+    for _ in range(8):
+        _sync()
+        t = time.perf_counter()
         llm.worker.step()
+        _sync()
+        print(f"decode step alone: {(time.perf_counter() - t) * 1e3:.1f} ms")
+    layered.advance = advance
     stream.cancel()
     while llm.engine.has_work:
         llm.worker.step()

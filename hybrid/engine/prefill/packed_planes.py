@@ -42,9 +42,10 @@ def _f32_to_f16(p: torch.Tensor, rows: int) -> torch.Tensor:
 
 def _codes(steps: torch.Tensor, rows: int) -> torch.Tensor:
     """Row-interleaved steps [E, G, B, S, 32] (byte 4r + j of step s: row r, column 4s + j) ->
-    codes [rows, B * 4S] in column order."""
-    e, g, b, s, _ = steps.shape
-    return _rows(steps.reshape(e, g, b, s, ROWS, 4), (0, 1, 4, 2, 3, 5), rows)
+    codes [rows, B * 4S] in column order. A row's 4 bytes of a step stay together: they move
+    as one int32 word (a quarter of the elements a byte-wise permute copies)."""
+    words = steps.view(torch.int32)  # [E, G, B, S, 8]: row r's 4 codes of step s
+    return _rows(words, (0, 1, 4, 2, 3), rows).contiguous().view(torch.uint8)
 
 
 def planes_from_packed(data: torch.Tensor, qtype: int, rows: int, cols: int) -> GpuQuant:
@@ -57,7 +58,8 @@ def planes_from_packed(data: torch.Tensor, qtype: int, rows: int, cols: int) -> 
     n = e * rows
     p = data.reshape(e, rows // ROWS, cols // block, size)  # [E, G, B, size]
     if qtype == qt.Q4_K:
-        qs = _rows(p[..., :1024].reshape(*p.shape[:3], 4, 8, ROWS, 4), (0, 1, 5, 2, 3, 4, 6), n)
+        words = p[..., :1024].view(torch.int32).reshape(*p.shape[:3], 4, 8, ROWS)  # 4 bytes
+        qs = _rows(words, (0, 1, 5, 2, 3, 4), n).contiguous().view(torch.uint8)
         sc = _rows(p[..., 1024:1088].reshape(*p.shape[:3], 8, ROWS), (0, 1, 4, 2, 3), n)
         mn = _rows(p[..., 1088:1152].reshape(*p.shape[:3], 8, ROWS), (0, 1, 4, 2, 3), n)
         planes = (qs, sc, mn, _f32_to_f16(p[..., 1152:1184], n), _f32_to_f16(p[..., 1184:], n))
