@@ -54,6 +54,8 @@ def main() -> int:
     ap.add_argument("--mode", choices=["fast", "exact"], default="fast")
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--host", action="store_true",
+                    help="also profile the host's Python time of one prompt (cProfile)")
     ap.add_argument("--itl", action="store_true",
                     help="also time the steps of a decoding stream beside the prompt")
     args = ap.parse_args()
@@ -72,6 +74,8 @@ def main() -> int:
     with torch.profiler.profile(activities=acts) as prof:
         wall = prompt_once(llm, args.tokens, 7)
     table(prof, f"a {args.tokens}-token prompt alone: wall {wall * 1e3:.1f} ms", args.top)
+    if args.host:
+        host_table(llm, args.tokens, args.top)
     if args.itl:
         itl_steps(llm, args.tokens, args.top)
     return 0
@@ -85,6 +89,21 @@ def table(prof, title: str, top: int) -> None:
     print("| kernel | launches | ms | share |\n|---|---|---|---|")
     for us, count, key in kernels[:top]:
         print(f"| {key[:90]} | {count} | {us / 1e3:.2f} | {us / total:.0%} |")
+
+
+def host_table(llm: LLM, n: int, top: int) -> None:
+    """Where the host's time of one n-token prompt goes: cProfile's functions by own time,
+    then by cumulative time."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    wall = prompt_once(llm, n, 11)
+    prof.disable()
+    print(f"\nhost profile of a {n}-token prompt: wall {wall * 1e3:.1f} ms")
+    for key in ("tottime", "cumulative"):
+        pstats.Stats(prof).strip_dirs().sort_stats(key).print_stats(top)
 
 
 def itl_steps(llm: LLM, n: int, top: int) -> None:
