@@ -64,11 +64,12 @@ class DecodeGraphs:
         per piece (None for host pieces) (profilers time them alone)."""
         return self._buckets[next(s for s in self.sizes if s >= batch)][1]
 
-    def run(self, chunks: list[SequenceRows]) -> torch.Tensor:
+    def run(self, chunks: list[SequenceRows], beside: Callable[[], None] | None = None
+            ) -> torch.Tensor:
         """chunks: one decode (one token, its pages, its position, sampling) per request ->
-        logits [B, V]."""
+        logits [B, V]. beside: host work run during the step (the form says when)."""
         b = len(chunks)
         static, graphs = self._buckets[next(s for s in self.sizes if s >= b)]
         static.load(chunks)
-        self.form.replay(graphs, static.state)
+        self.form.replay(graphs, static.state, beside)
         return static.state.logits[:b]

@@ -26,7 +26,11 @@ class PiecewiseGraphs:
             graphs.append(g)
         return graphs
 
-    def replay(self, graphs: list, state: StepState) -> None:
+    def replay(self, graphs: list, state: StepState, beside=None) -> None:
+        """The pieces in order; `beside()` first (the host runs each layer's experts itself
+        between the pieces: nothing to overlap on it)."""
+        if beside is not None:
+            beside()
         for piece, graph in zip(self.program.pieces, graphs):
             if graph is not None:
                 graph.replay()

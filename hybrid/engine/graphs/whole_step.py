@@ -2,11 +2,18 @@
 flag when a MoE layer's rows are in pinned memory and waits for the flag of the experts'
 answer); the host launches it and then drives every layer's CPU experts from one call
 (HostExperts) while it runs. Nothing is launched per layer and no host code runs between two
-layers' experts but a spin on a flag."""
+layers' experts but a spin on a flag.
+
+Work `beside` the step (a prompt's layers launched on a stream of their own) is launched by the
+calling thread while a thread of this object's drives the CPU experts: the driver is numba
+without the GIL, so the host's launches and the experts run at once instead of one after the
+other. Invariant: the driver thread runs only HostExperts.run, one step at a time, and a
+replay returns only after it finished (the graph's flags are answered)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -21,6 +28,7 @@ class WholeStepGraphs:
         self.program, self.device = program, device
         program.bridge.use_flags(len(program.moe_layers))
         self.host = HostExperts(program.moe_layers, program.bridge)
+        self._driver = ThreadPoolExecutor(1, thread_name_prefix="hybrid-experts-driver")
         if progress is not None:
             progress("compiling the CPU experts' step driver")
         self.host.warm_up()
@@ -35,11 +43,21 @@ class WholeStepGraphs:
             self.program.run_on_device(state)
         return g
 
-    def replay(self, graph: torch.cuda.CUDAGraph, state: StepState) -> None:
+    def replay(self, graph: torch.cuda.CUDAGraph, state: StepState,
+               beside: Callable[[], None] | None = None) -> None:
+        """The step's graph, its CPU experts driven meanwhile; `beside()` called on this
+        thread while they run (on the driver thread then)."""
         bridge = self.program.bridge
         if bridge.gave_up:
             raise DeviceLost("a CUDA graph stopped waiting for the CPU experts (see the log "
                              "for the failure before it); restart the server")
         seq = bridge.next_seq()  # before the replay, on its stream
         graph.replay()
-        self.host.run(seq, state.num_real)
+        if beside is None:
+            self.host.run(seq, state.num_real)
+            return
+        driven = self._driver.submit(self.host.run, seq, state.num_real)
+        try:
+            beside()
+        finally:
+            driven.result()  # the graph's flags answered (or DeviceLost) before anything else

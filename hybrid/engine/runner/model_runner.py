@@ -93,20 +93,17 @@ class ModelRunner:
         chunks, layered = batch.chunks, self.layered
         layers = len(self.program.moe_layers)
         new = finished = done = None
-        streamed = 0
+        streamed, advanced = 0, []  # advanced: the pass's pieces launched during the decodes
         if layered.job is None and self.stream is not None \
                 and (new := layered_prefill.candidate(batch, self.placement, layers)) is not None:
             chunks = [x for x in chunks if x is not new]
         overlapped = layered.job is not None and layered.overlaps and bool(chunks)
-        if overlapped:  # queued first, on its stream: it runs beside this step's CPU experts
-            done, streamed, finished = layered.advance(decodes=True)
-        logits, on_stream, on_cpu = self._run(chunks,
-                                              may_stream=layered.job is None and new is None)
-        if new is not None:
-            # after the decodes are queued: the pass's first expert copies (two layers' worth)
-            # would otherwise sit in the host-to-device queue ahead of the decode step's
-            # per-layer copies of the CPU experts' output, and stretch it by their length
-            # (docs/serving.md)
+        beside = (lambda: advanced.append(layered.advance(decodes=True))) if overlapped else None
+        logits, on_stream, on_cpu = self._run(chunks, layered.job is None and new is None, beside)
+        if advanced:
+            done, streamed, finished = advanced[0]
+        if new is not None:  # after the decodes are queued: the pass's first expert copies
+            # would otherwise stand ahead of their per-layer copies back (docs/serving.md)
             layered.start(new, self.placement)
         if layered.job is not None and not overlapped:
             done, streamed, finished = layered.advance(decodes=bool(chunks))
@@ -123,17 +120,20 @@ class ModelRunner:
         step failed."""
         self.layered.drop(request)
 
-    def _run(self, batch_chunks, may_stream: bool) -> tuple[torch.Tensor, int, int]:
+    def _run(self, batch_chunks, may_stream: bool, beside=None) -> tuple[torch.Tensor, int, int]:
         """One forward over `batch_chunks` (graphs for decode-only steps) -> (their logits,
-        MoE layers streamed, MoE layers on the CPU)."""
+        MoE layers streamed, MoE layers on the CPU). beside(): host work during the step (a
+        whole-step graph runs its CPU experts meanwhile), else before it."""
         layers = len(self.program.moe_layers)
-        if not batch_chunks:
-            return torch.empty(0, self.model.config.vocab_size, device=self.device), 0, 0
         chunks = [SequenceRows(c.token_ids, c.request.page_ids, c.start, c.samples)
                   for c in batch_chunks]
-        if self.graphs is not None and len(chunks) <= self.graphs.max_batch \
+        if chunks and self.graphs is not None and len(chunks) <= self.graphs.max_batch \
                 and all(len(c.token_ids) == 1 for c in chunks):
-            return self.graphs.run(chunks), 0, layers
+            return self.graphs.run(chunks, beside), 0, layers
+        if beside is not None:
+            beside()
+        if not chunks:
+            return torch.empty(0, self.model.config.vocab_size, device=self.device), 0, 0
         fb = ForwardBatch.build(chunks, self.page_size, self.cache, self.device)
         self.attention.prepare(fb)
         streamed = self.placement.streamed(fb.num_tokens,
