@@ -252,9 +252,9 @@ def prefill_sweep(heads: int, q_len: int, kv_len: int) -> dict:
         k = kv16 if keys == "f16" else kv
         label = f"{prec} {tiles} {keys} keys"
         try:
-            ms = graph_ms(lambda: mla_prefill_expanded(q, k[..., :nope], k_rope, k[..., nope:],
-                                                       meta, 0.07, q_len, o, prec, tiles),
-                          calls=3)
+            ms = graph_ms(lambda k=k, prec=prec, tiles=tiles: mla_prefill_expanded(
+                q, k[..., :nope], k_rope, k[..., nope:], meta, 0.07, q_len, o, prec, tiles),
+                calls=3)
         except Exception as e:  # a tile that does not compile (shared memory): skipped
             line.append(f"{label}: {type(e).__name__}")
             continue
