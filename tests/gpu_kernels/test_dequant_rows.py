@@ -5,10 +5,10 @@ operands (rows of any magnitude scaled into fp16's range)."""
 
 from __future__ import annotations
 
-import pytest
-import torch
 from dataclasses import replace
 
+import pytest
+import torch
 from gguf import GGMLQuantizationType as Q
 
 from gpu_kernels import dequant_rows as dr
