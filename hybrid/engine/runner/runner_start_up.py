@@ -157,9 +157,10 @@ def warm_up(runner, progress: Callable[[str], None] | None = None,
     prefill-shaped step of each token-count class of the product kernels' tiles (and of
     chunk_size), every row sampling up to the largest class (the head's products take
     those counts too), and with `decode` a decode-shaped step (without CUDA graphs, whose
-    capture does that). Steps that stream every MoE layer's experts run first, then
-    `cpu_kernels_ready`, then the steps that run the CPU experts. Writes only the cache's
-    scratch slot."""
+    capture does that). Steps that stream every MoE layer's experts run first (where a
+    stream exists the small ones too, once, so their GPU kernels compile while the CPU
+    experts' compile in the background), then `cpu_kernels_ready`, then the steps that run
+    the CPU experts. Writes only the cache's scratch slot."""
     from gpu_kernels.qmatmul import TOKEN_CLASSES
 
     largest = TOKEN_CLASSES[-1]
@@ -172,15 +173,23 @@ def warm_up(runner, progress: Callable[[str], None] | None = None,
         # experts add no kernel variant, and cost seconds at chunk_size tokens)
         return runner.stream is not None and n > largest and layers > 0
 
-    counts.sort(key=lambda n: not streams(n))  # stable: ascending within each part
-    for i, n in enumerate(counts):
-        if not streams(n):
+    # (tokens, every MoE layer streamed): the streamed steps first; the small ones also
+    # streamed once before the CPU experts' kernels are ready, so their GPU kernels compile
+    # while the CPU's compile in the background and only the CPU experts' steps wait
+    plan = [(n, True) for n in counts if streams(n)]
+    if runner.stream is not None and layers > 0:
+        plan += [(n, True) for n in counts if not streams(n)]
+    plan += [(n, False) for n in counts if not streams(n)]
+    for i, (n, streamed_step) in enumerate(plan):
+        if not streamed_step:
             cpu_kernels_ready()
         if progress is not None:
-            progress(f"compiling kernels: a step of {n} tokens ({i + 1}/{len(counts)})")
+            progress(f"compiling kernels: a step of {n} tokens"
+                     f"{', experts streamed' if streamed_step and n <= largest else ''}"
+                     f" ({i + 1}/{len(plan)})")
         fb = ForwardBatch.scratch_prefill(n, runner.page_size, runner.cache, runner.device,
                                           samples=n if n <= largest else 1)
-        streamed = range(layers) if streams(n) else range(0)
+        streamed = range(layers) if streamed_step else range(0)
         if streamed:
             runner.stream.begin(streamed)
         runner.program.run(StepState(fb, num_real=n, streamed=frozenset(streamed)))
