@@ -180,8 +180,12 @@ def warm_up(runner, progress: Callable[[str], None] | None = None,
     if runner.stream is not None and layers > 0:
         plan += [(n, True) for n in counts if not streams(n)]
     plan += [(n, False) for n in counts if not streams(n)]
+    early_decode = runner.stream is not None and layers > 0
     for i, (n, streamed_step) in enumerate(plan):
         if not streamed_step:
+            if early_decode:  # a decode step's own kernels (paged attention) too
+                _decode_step(runner, range(layers))
+                early_decode = False
             cpu_kernels_ready()
         if progress is not None:
             progress(f"compiling kernels: a step of {n} tokens"
@@ -198,12 +202,19 @@ def warm_up(runner, progress: Callable[[str], None] | None = None,
         if isinstance(op, ExpertsOp):  # on-device experts: block sizes no step picks
             op.warm_up()
     if decode:
-        _, fb = ForwardBatch.scratch_decode(StepLayout(1, 1, runner.max_pages, 1),
-                                            runner.page_size, runner.cache, runner.device)
-        runner.attention.prepare(fb)
-        runner.program.run(StepState(fb, num_real=1))
+        _decode_step(runner, range(0))
     if runner.device.type == "cuda":
         torch.cuda.synchronize(runner.device)
+
+
+def _decode_step(runner, streamed: range) -> None:
+    """One decode-shaped step of one request, the MoE layers `streamed` streamed."""
+    _, fb = ForwardBatch.scratch_decode(StepLayout(1, 1, runner.max_pages, 1),
+                                        runner.page_size, runner.cache, runner.device)
+    runner.attention.prepare(fb)
+    if streamed:
+        runner.stream.begin(streamed)
+    runner.program.run(StepState(fb, num_real=1, streamed=frozenset(streamed)))
 
 
 def _one_device(model: nn.Module, device: torch.device) -> bool:
