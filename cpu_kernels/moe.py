@@ -176,6 +176,13 @@ def check_inputs(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
         raise ValueError(f"expert ids outside [0, {experts.num_experts}) (negative: skipped)")
 
 
+def busiest_expert(topk_ids: np.ndarray) -> int:
+    """The most rows any one expert takes in topk_ids [T, K] (negative ids, the experts held
+    elsewhere, are no expert's): 0 when none is picked."""
+    ids = topk_ids.ravel()
+    return int(np.bincount(ids[ids >= 0], minlength=1).max())
+
+
 def run_moe(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
             experts: ExpertWeights, packed: PackedExperts | None, i_lo: int, out: np.ndarray,
             fast: bool, stamps: np.ndarray, i_hi: int | None = None, use_amx: bool = True,
@@ -203,7 +210,7 @@ def run_moe(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
         # AMX only where some expert reaches its threshold: otherwise (decode, or many experts
         # with few tokens each) the VNNI kernel does the same work without the bf16 activations
         if (use_amx and x.shape[0] >= MIN_TOKENS
-                and runs_on_amx(*types) and np.bincount(topk_ids.ravel()).max() >= MIN_TOKENS):
+                and runs_on_amx(*types) and busiest_expert(topk_ids) >= MIN_TOKENS):
             amx_bf16_moe_kernel(k_quants_of(tiles), pk.gate.qtype, pk.gate.data, pk.up.qtype,
                                 pk.up.data, pk.down.qtype, pk.down.data, x, topk_ids,
                                 topk_weights, limit, out, stamps, TILE_CONFIG_BF16, MIN_TOKENS,

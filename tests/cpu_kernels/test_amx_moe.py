@@ -120,3 +120,17 @@ def test_fast_mode_runs_amx_within_tolerance() -> None:
     # bf16 (8 mantissa bits on x, h and the weights) errs less than VNNI's int8 x
     assert rel_error(amx, ref) <= 1e-2
     assert rel_error(amx, ref) < rel_error(vnni, ref)
+
+
+def test_experts_held_elsewhere_are_skipped_on_amx() -> None:
+    """Negative ids (experts held on the GPU) in a step that takes AMX: those slots add
+    nothing, as in the VNNI kernel."""
+    rng = np.random.default_rng(8)
+    experts = random_experts(rng, 8, 512, 256, qt.Q4_K, qt.Q4_K, qt.Q6_K)
+    x = rng.standard_normal((64, 512)).astype(np.float32)
+    ids, w = _route(rng, 64, 6, 8)
+    held = ids == 3  # expert 3 lives elsewhere
+    amx = np.empty_like(x)
+    moe_forward(x, np.where(held, -1, ids), w, experts, amx, mode="fast")
+    ref = moe_forward_ref(x, ids, np.where(held, 0.0, w).astype(np.float32), experts)
+    assert rel_error(amx, ref) <= 1e-2

@@ -10,7 +10,7 @@ from cpu_kernels.exact.routing import group_by_expert, route
 from cpu_kernels.formats import qtypes as qt
 from cpu_kernels.formats.random_blocks import random_experts
 from cpu_kernels.formats.reference import moe_forward_ref, rel_error
-from cpu_kernels.moe import moe_forward
+from cpu_kernels.moe import busiest_expert, moe_forward
 
 EXACT_TOL = 1e-5
 # int8 x for gate/up: measured 0.5-0.8% per layer on random (centred) blocks
@@ -108,3 +108,10 @@ def test_moe_rejects_bad_inputs() -> None:
         moe_forward(x[:, :32], ids, weights, experts, out[:, :32])
     with pytest.raises(ValueError, match="unknown mode"):
         moe_forward(x, ids, weights, experts, out, mode="turbo")
+
+
+def test_busiest_expert_ignores_experts_held_elsewhere() -> None:
+    """The AMX gate counts rows per expert; negative ids (held on the GPU) are no expert's."""
+    assert busiest_expert(np.array([[2, -1], [2, 0], [-1, 2]])) == 3
+    assert busiest_expert(np.full((4, 2), -1)) == 0
+    assert busiest_expert(np.zeros((0, 6), np.int64)) == 0
