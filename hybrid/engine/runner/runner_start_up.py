@@ -157,10 +157,9 @@ def warm_up(runner, progress: Callable[[str], None] | None = None,
     prefill-shaped step of each token-count class of the product kernels' tiles (and of
     chunk_size), every row sampling up to the largest class (the head's products take
     those counts too), and with `decode` a decode-shaped step (without CUDA graphs, whose
-    capture does that). Steps that stream every MoE layer's experts run first (where a
-    stream exists the small ones too, once, so their GPU kernels compile while the CPU
-    experts' compile in the background), then `cpu_kernels_ready`, then the steps that run
-    the CPU experts. Writes only the cache's scratch slot."""
+    capture does that). Steps that stream every MoE layer's experts run first, then
+    `cpu_kernels_ready`, then the steps that run the CPU experts. Writes only the cache's
+    scratch slot."""
     from gpu_kernels.qmatmul import TOKEN_CLASSES
 
     largest = TOKEN_CLASSES[-1]
@@ -173,27 +172,15 @@ def warm_up(runner, progress: Callable[[str], None] | None = None,
         # experts add no kernel variant, and cost seconds at chunk_size tokens)
         return runner.stream is not None and n > largest and layers > 0
 
-    # (tokens, every MoE layer streamed): the streamed steps first; the small ones also
-    # streamed once before the CPU experts' kernels are ready, so their GPU kernels compile
-    # while the CPU's compile in the background and only the CPU experts' steps wait
-    plan = [(n, True) for n in counts if streams(n)]
-    if runner.stream is not None and layers > 0:
-        plan += [(n, True) for n in counts if not streams(n)]
-    plan += [(n, False) for n in counts if not streams(n)]
-    early_decode = runner.stream is not None and layers > 0
-    for i, (n, streamed_step) in enumerate(plan):
-        if not streamed_step:
-            if early_decode:  # a decode step's own kernels (paged attention) too
-                _decode_step(runner, range(layers))
-                early_decode = False
+    counts.sort(key=lambda n: not streams(n))  # stable: ascending within each part
+    for i, n in enumerate(counts):
+        if not streams(n):
             cpu_kernels_ready()
         if progress is not None:
-            progress(f"compiling kernels: a step of {n} tokens"
-                     f"{', experts streamed' if streamed_step and n <= largest else ''}"
-                     f" ({i + 1}/{len(plan)})")
+            progress(f"compiling kernels: a step of {n} tokens ({i + 1}/{len(counts)})")
         fb = ForwardBatch.scratch_prefill(n, runner.page_size, runner.cache, runner.device,
                                           samples=n if n <= largest else 1)
-        streamed = range(layers) if streamed_step else range(0)
+        streamed = range(layers) if streams(n) else range(0)
         if streamed:
             runner.stream.begin(streamed)
         runner.program.run(StepState(fb, num_real=n, streamed=frozenset(streamed)))
@@ -202,19 +189,12 @@ def warm_up(runner, progress: Callable[[str], None] | None = None,
         if isinstance(op, ExpertsOp):  # on-device experts: block sizes no step picks
             op.warm_up()
     if decode:
-        _decode_step(runner, range(0))
+        _, fb = ForwardBatch.scratch_decode(StepLayout(1, 1, runner.max_pages, 1),
+                                            runner.page_size, runner.cache, runner.device)
+        runner.attention.prepare(fb)
+        runner.program.run(StepState(fb, num_real=1))
     if runner.device.type == "cuda":
         torch.cuda.synchronize(runner.device)
-
-
-def _decode_step(runner, streamed: range) -> None:
-    """One decode-shaped step of one request, the MoE layers `streamed` streamed."""
-    _, fb = ForwardBatch.scratch_decode(StepLayout(1, 1, runner.max_pages, 1),
-                                        runner.page_size, runner.cache, runner.device)
-    runner.attention.prepare(fb)
-    if streamed:
-        runner.stream.begin(streamed)
-    runner.program.run(StepState(fb, num_real=1, streamed=frozenset(streamed)))
 
 
 def _one_device(model: nn.Module, device: torch.device) -> bool:
