@@ -1,7 +1,7 @@
 """Work beside a whole-step decode graph (a prompt's layers launched while the CPU experts run):
-the CPU experts are driven on another thread at the same time as `beside` runs on the caller's,
-a replay returns only after the driver answered the step, and a failure on either side
-propagates after both finished. The graph and the driver are stand-ins (CUDA graphs need a
+`beside` runs on another thread at the same time as the CPU experts are driven on the caller's
+(the thread that warmed them up), a replay returns only after both finished, and a failure on
+either side propagates after both finished. The graph and the driver are stand-ins (CUDA graphs need a
 GPU; tests/gpu_kernels/test_engine_gpu_path.py runs the real ones there)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from hybrid.errors import DeviceLost
 
 class Driver:
     """HostExperts.run's stand-in: answers a step only once `release` is set (as the real
-    driver waits for the GPU's flags), recording its thread."""
+    driver waits for the GPU's flags; `beside` sets it), recording its thread."""
 
     def __init__(self, fail: Exception | None = None) -> None:
         self.release, self.fail, self.calls = threading.Event(), fail, []
@@ -33,8 +33,8 @@ class Driver:
 def graphs(driver: Driver) -> WholeStepGraphs:
     g = WholeStepGraphs.__new__(WholeStepGraphs)  # no CUDA: the parts replay() reads
     g.program = SimpleNamespace(bridge=SimpleNamespace(gave_up=False, next_seq=lambda: 7))
-    g.host = driver
-    g._driver = ThreadPoolExecutor(1, thread_name_prefix="hybrid-experts-driver")
+    g.host, g.device = driver, None
+    g._beside = ThreadPoolExecutor(1, thread_name_prefix="hybrid-beside-step")
     return g
 
 
@@ -44,13 +44,12 @@ def test_beside_runs_while_the_experts_are_driven() -> None:
     seen = []
 
     def beside() -> None:
-        seen.append(threading.current_thread() is threading.main_thread())
-        driver.release.set()  # would never happen if the driver ran first on this thread
+        seen.append(threading.current_thread().name)
+        driver.release.set()  # would never happen if beside ran after the driver
 
     g.replay(SimpleNamespace(replay=lambda: None), SimpleNamespace(num_real=3), beside)
-    assert seen == [True]
-    assert driver.calls == [(7, 3, driver.calls[0][2])]
-    assert driver.calls[0][2].startswith("hybrid-experts-driver")
+    assert seen[0].startswith("hybrid-beside-step")
+    assert driver.calls == [(7, 3, threading.current_thread().name)]
 
 
 def test_without_beside_the_caller_drives() -> None:
@@ -73,7 +72,7 @@ def test_failures_propagate_after_the_step_is_answered() -> None:
     finished = []
 
     def failing() -> None:
-        threading.Timer(0.05, driver.release.set).start()
+        driver.release.set()
         raise RuntimeError("a launch failed")
 
     def run_driver(seq, n):
@@ -82,4 +81,15 @@ def test_failures_propagate_after_the_step_is_answered() -> None:
     g.host = SimpleNamespace(run=run_driver)
     with pytest.raises(RuntimeError, match="a launch failed"):
         g.replay(SimpleNamespace(replay=lambda: None), SimpleNamespace(num_real=1), failing)
-    assert finished == [True]  # the replay waited for the driver before raising
+    assert finished == [True]  # the driver answered the step before the error came up
+
+    launched = []  # the driver fails first: beside's launches still finish before the raise
+    g = graphs(Driver(fail=DeviceLost("lost")))
+    g.host.release.set()
+
+    def slow() -> None:
+        threading.Event().wait(0.05)
+        launched.append(True)
+    with pytest.raises(DeviceLost):
+        g.replay(SimpleNamespace(replay=lambda: None), SimpleNamespace(num_real=1), slow)
+    assert launched == [True]

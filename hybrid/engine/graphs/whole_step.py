@@ -4,11 +4,12 @@ answer); the host launches it and then drives every layer's CPU experts from one
 (HostExperts) while it runs. Nothing is launched per layer and no host code runs between two
 layers' experts but a spin on a flag.
 
-Work `beside` the step (a prompt's layers launched on a stream of their own) is launched by the
-calling thread while a thread of this object's drives the CPU experts: the driver is numba
-without the GIL, so the host's launches and the experts run at once instead of one after the
-other. Invariant: the driver thread runs only HostExperts.run, one step at a time, and a
-replay returns only after it finished (the graph's flags are answered)."""
+Work `beside` the step (a prompt's layers launched on a stream of their own) runs on a thread
+of this object's while the calling thread drives the CPU experts: the driver is numba without
+the GIL, so the launches and the experts run at once instead of one after the other. The
+experts stay on the thread that warmed them up (a numba/OpenMP team belongs to the thread that
+starts it: another thread would start a second team of spinning threads). Invariant: a replay
+returns only after both finished, whatever either raised."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ class WholeStepGraphs:
         self.program, self.device = program, device
         program.bridge.use_flags(len(program.moe_layers))
         self.host = HostExperts(program.moe_layers, program.bridge)
-        self._driver = ThreadPoolExecutor(1, thread_name_prefix="hybrid-experts-driver")
+        self._beside = ThreadPoolExecutor(1, thread_name_prefix="hybrid-beside-step")
         if progress is not None:
             progress("compiling the CPU experts' step driver")
         self.host.warm_up()
@@ -45,8 +46,8 @@ class WholeStepGraphs:
 
     def replay(self, graph: torch.cuda.CUDAGraph, state: StepState,
                beside: Callable[[], None] | None = None) -> None:
-        """The step's graph, its CPU experts driven meanwhile; `beside()` called on this
-        thread while they run (on the driver thread then)."""
+        """The step's graph, its CPU experts driven meanwhile on this thread; `beside()` run
+        on another thread at the same time (under inference mode, on this device)."""
         bridge = self.program.bridge
         if bridge.gave_up:
             raise DeviceLost("a CUDA graph stopped waiting for the CPU experts (see the log "
@@ -56,8 +57,15 @@ class WholeStepGraphs:
         if beside is None:
             self.host.run(seq, state.num_real)
             return
-        driven = self._driver.submit(self.host.run, seq, state.num_real)
+        launched = self._beside.submit(self._in_context, beside)
         try:
-            beside()
+            self.host.run(seq, state.num_real)
         finally:
-            driven.result()  # the graph's flags answered (or DeviceLost) before anything else
+            launched.result()  # its launches done (or its error raised) before anything else
+
+    def _in_context(self, fn: Callable[[], None]) -> None:
+        """fn() on a thread of its own with the caller's per-thread torch state."""
+        if self.device is not None and self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # the current device is per thread
+        with torch.inference_mode():
+            fn()
