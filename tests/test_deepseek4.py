@@ -124,3 +124,51 @@ def test_presets_keep_a_csa_layer_and_the_flash_shapes() -> None:
     assert shapes["blk.3.attn_compressor_kv.weight"] == (2 * 512, 4096)  # CSA: two series
     assert shapes["blk.2.attn_compressor_ape.weight"] == (128, 512)  # HCA
     assert shapes["blk.0.ffn_gate_tid2eid.weight"] == (129280, 6)
+
+
+V4_CPU_EXPERTS = """\
+- match: {name: "^model\\\\.layers\\\\.\\\\d+\\\\.mlp\\\\.experts$", class: DeepseekV4Experts}
+  replace: {class: experts, kwargs: {generate_device: cpu, backend: cpu, mode: MODE}}
+  recursive: false
+- match: {name: ""}
+  replace: {class: default, kwargs: {generate_device: cpu}}
+"""
+
+
+@pytest.mark.parametrize("quant,mode,bar", [("f32", "exact", 1e-6), ("mxfp4_moe", "exact", 1e-5),
+                                            ("mxfp4_moe", "fast", 2e-2)])
+def test_rules_run_v4_experts_on_the_cpu_kernels(models, tmp_path, quant, mode, bar) -> None:
+    """A rule file of the user's puts V4's routed experts on hybrid's experts operator (the
+    rest transformers' own modules): the same logits as transformers on the dequantized
+    weights. MXFP4 experts run the CPU kernels (clamped SwiGLU, exact or fast); F32 ones,
+    which cpu_kernels does not read, the torch loop with the same clamp."""
+    from hybrid.rules.inject import inject
+    from hybrid.rules.planner import plan_model
+
+    rules = tmp_path / "v4-cpu-experts.yaml"
+    rules.write_text(V4_CPU_EXPERTS.replace("MODE", mode))
+    path = str(models.path("tiny-v4", quant))
+    model = inject(plan_model(path, str(rules), announce=False))
+    experts = model.get_submodule("model.layers.0.mlp.experts")
+    assert type(experts).__name__ == "ExpertsOp" and experts.swiglu_limit == 10.0
+    assert experts.backend == ("torch" if quant == "f32" else "cpu")
+    with torch.inference_mode():
+        ids = torch.tensor([PROMPT])
+        ours = model(input_ids=ids).logits[0].numpy()  # [T, V]
+        ref = load_model(path).model(input_ids=ids).logits[0].numpy()
+    assert rel_l2(ours, ref) <= bar
+
+
+def test_the_engine_and_explain_refuse_v4_with_rules(models, tmp_path) -> None:
+    from hybrid.engine.llm import LLM
+    from hybrid.rules.explain import explain
+    from hybrid.rules.planner import plan_model
+
+    rules = tmp_path / "v4-cpu-experts.yaml"
+    rules.write_text(V4_CPU_EXPERTS.replace("MODE", "exact"))
+    path = str(models.path("tiny-v4", "f32"))
+    with pytest.raises(HybridError, match="cannot run V4 yet"):
+        LLM(path, str(rules))
+    planned = plan_model(path, str(rules), announce=False)
+    with pytest.raises(HybridError, match="does not count its window and compressed caches"):
+        explain(planned.plan, planned.spec, 4096, 24 << 30, None)

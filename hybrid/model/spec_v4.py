@@ -65,6 +65,7 @@ class V4Spec:
     name: str
     arch: str = ARCH_V4
     tied_embeddings: bool = False
+    fused_gate_up_experts: bool = False  # the converter writes ffn_gate_exps and ffn_up_exps
 
     @property
     def layer_types(self) -> list[str]:

@@ -78,11 +78,9 @@ class ExpertsOp(nn.Module):
         self.on_device = None  # backend torch on gpu_kernels: _GpuExperts of every expert
         self.stream_parts = None  # backend cpu: the expert tensors a step may stream
         # DeepSeek-V4's clamped SwiGLU (transformers' DeepseekV4Experts.limit): the CPU kernels
-        # clamp (cpu_kernels/exact/swiglu.py); the other backends do not yet
+        # (cpu_kernels/exact/swiglu.py) and the torch loop clamp; the GPU kernels do not yet
         limit = getattr(ctx.module, "limit", None)
-        if limit is not None and self.backend != "cpu":
-            raise HybridError(f"{ctx.path}: experts with a clamped SwiGLU (limit {limit}) run "
-                              f"on the cpu backend only so far; set `backend: cpu` in the rule")
+        self.swiglu_limit = math.inf if limit is None else float(limit)
         if self.backend == "cpu":
             from cpu_kernels.formats.weights import ExpertWeights
 
@@ -92,8 +90,7 @@ class ExpertsOp(nn.Module):
             else:
                 gate, up = _quant_matrix(ctx, p + "ffn_gate_exps.weight"), _quant_matrix(ctx, p + "ffn_up_exps.weight")
             down = _quant_matrix(ctx, p + "ffn_down_exps.weight")
-            self.cpu_weights = ExpertWeights(
-                gate, up, down, swiglu_limit=math.inf if limit is None else float(limit))
+            self.cpu_weights = ExpertWeights(gate, up, down, swiglu_limit=self.swiglu_limit)
             # the GGUF's tensors whole, as a long prompt's step may stream them to the GPU
             # (engine/expert_stream.py): the fused layout stays one tensor there
             self.stream_parts = ((_quant_matrix(ctx, fused),) if spec.fused_gate_up_experts
@@ -102,12 +99,15 @@ class ExpertsOp(nn.Module):
                 # fast mode reads a load-time repack (<= 1.1x the GGUF bytes): build it now, not
                 # on the first forward
                 _pack(ctx, layer, self.cpu_weights)
-        elif _gpu_kernels_cover(ctx, p, self.device):
+        elif _gpu_kernels_cover(ctx, p, self.device) and limit is None:
             # every expert's blocks on the device, all tokens in grouped launches
             self.on_device = _GpuExperts(ctx, p, list(range(spec.num_experts)), self.device)
         else:
             self.gate_up = ctx.weight("gate_up_proj").get()  # [E, 2I, H]
             self.down = ctx.weight("down_proj").get()  # [E, H, I]
+        if limit is not None and gpu_ids:
+            raise HybridError(f"{ctx.path}: experts with a clamped SwiGLU (limit {limit}) run on "
+                              f"the CPU only so far: drop `gpu_experts` from the rule")
         mask = torch.zeros(spec.num_experts, dtype=torch.bool)
         mask[gpu_ids] = True
         self.gpu_held = mask  # [E] bool: the experts held on the GPU (`gpu_experts`)
@@ -212,7 +212,7 @@ class ExpertsOp(nn.Module):
             res = self.on_device(hidden, ids, weights).to(hidden.device)
             return lambda: res
         res = _torch_experts(hidden.to(self.device), ids.to(self.device), weights.to(self.device),
-                             self.gate_up, self.down).to(hidden.device)
+                             self.gate_up, self.down, self.swiglu_limit).to(hidden.device)
         return lambda: res
 
 
@@ -322,8 +322,10 @@ class _GpuExperts:
 
 
 def _torch_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-                   gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """Reference loop over the experts present. x: [N, H] -> [N, H] fp32."""
+                   gate_up: torch.Tensor, down: torch.Tensor,
+                   limit: float = math.inf) -> torch.Tensor:
+    """Reference loop over the experts present. x: [N, H] -> [N, H] fp32; `limit` clamps
+    the gate from above and up on both sides before the SwiGLU (V4)."""
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for e in torch.unique(ids).tolist():
         tok, slot = torch.where(ids == e)
@@ -331,6 +333,8 @@ def _torch_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
         if not bool((w != 0).any()):
             continue
         g, u = F.linear(x[tok].float(), gate_up[e].float()).chunk(2, dim=-1)
+        if limit != math.inf:
+            g, u = g.clamp(max=limit), u.clamp(min=-limit, max=limit)
         y = F.linear(F.silu(g) * u, down[e].float())
         out.index_add_(0, tok, y * w[:, None])
     return out

@@ -12,9 +12,10 @@ from torch import nn
 def known_class_names() -> frozenset[str]:
     from transformers.models.deepseek_v2 import modeling_deepseek_v2 as v2
     from transformers.models.deepseek_v3 import modeling_deepseek_v3 as v3
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as v4
     from transformers.models.deepseek_v32 import modeling_deepseek_v32 as v32
 
-    names = {n for mod in (v2, v3, v32) for n, obj in vars(mod).items()
+    names = {n for mod in (v2, v3, v32, v4) for n, obj in vars(mod).items()
              if inspect.isclass(obj) and issubclass(obj, nn.Module)}
     names.update(n for n, obj in vars(nn).items() if inspect.isclass(obj) and issubclass(obj, nn.Module))
     return frozenset(names)

@@ -16,6 +16,7 @@ from typing import Any
 from hybrid.errors import HybridError
 from hybrid.model.kv_budget import DEFAULT_CACHE_LENS, auto_cache_lens
 from hybrid.model.spec import ModelSpec
+from hybrid.model.spec_v4 import V4Spec
 from hybrid.rules.plan import Plan
 
 GPU_RESERVE_BYTES = int(1.5 * 2**30)  # activations at 512-token steps, CUDA graphs, context
@@ -110,6 +111,9 @@ def explain(plan: Plan, spec: ModelSpec, cache_lens: int, gpu_memory: int,
             cpu_memory: int | None, gpu_reserve: int = GPU_RESERVE_BYTES) -> Explanation:
     if cache_lens < 0:
         raise HybridError(f"--cache-lens must be >= 0, got {cache_lens}")
+    if isinstance(spec, V4Spec):  # its caches (window, compressed, indexer) are not MLA's
+        raise HybridError(f"{spec.name} is DeepSeek-V4: `rules explain` does not count its "
+                          f"window and compressed caches yet")
     groups: dict[tuple[str, str, str], Group] = {}
     devices: dict[str, DeviceTotal] = {}
     packed_from = packed_bytes = 0

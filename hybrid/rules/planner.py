@@ -41,15 +41,18 @@ def find_rules(name: str) -> Path:
 
 
 def check_servable(spec: ModelSpec | V4Spec, path: str) -> None:
-    """HybridError for a file the rules and the engine cannot run yet: DeepSeek-V4, whose
-    attention (a window with compressed keys), residual streams and routing have no operators
-    yet. Its files load into transformers' model (hybrid.model.loader.load_model)."""
+    """HybridError for a file the engine cannot run yet: DeepSeek-V4, whose attention (a window
+    with compressed keys), residual streams and routing have no operators yet. Its files load
+    into transformers' model (hybrid.model.loader.load_model), and rules given explicitly may
+    put its routed experts on hybrid's experts operator (the rest `default`)."""
     if isinstance(spec, V4Spec):
         raise HybridError(
             f"{path} is DeepSeek-V4 (deepseek4): hybrid reads it and runs it through "
-            f"transformers' DeepseekV4 model (python: hybrid.model.loader.load_model), but rules, "
-            f"`hybrid serve` and `generate` cannot run V4 yet (its attention has no operators); "
-            f"serve a deepseek2 or deepseek32 file meanwhile")
+            f"transformers' DeepseekV4 model (python: hybrid.model.loader.load_model, or "
+            f"with its routed experts on the CPU kernels by a rule file of your own: "
+            f"docs/model-files.md), but there are no bundled V4 rules, and `hybrid serve` and "
+            f"`generate` cannot run V4 yet (its attention has no operators); serve a deepseek2 "
+            f"or deepseek32 file meanwhile")
 
 
 def default_rules_name(spec: ModelSpec) -> str:
@@ -129,8 +132,8 @@ class PlannedModel:
 def plan_model(gguf_path: str, rules: str | None, device_map: Mapping[str, str] | None = None,
                check_devices: bool = True, announce: bool = True) -> PlannedModel:
     gguf, spec = open_model(gguf_path)
-    check_servable(spec, gguf_path)
     if rules is None:
+        check_servable(spec, gguf_path)
         rules = default_rules_name(spec)
         if announce:
             print(f"using optimize rules {rules} (the default for this machine)", file=sys.stderr)
