@@ -50,9 +50,10 @@ def _keys_block(t0, qn, qr, pos, end, m_i, l_i, acc, kn_ptr, kr_ptr, v_ptr, kv_o
     if PREC == "fp16":
         kn, kr, v = kn.to(tl.float16), kr.to(tl.float16), v.to(tl.float16)
         s = tl.dot(qn, tl.trans(kn)) + tl.dot(qr, tl.trans(kr))  # [BQ, BS] fp32 sums
-    else:
+    else:  # fp32 operands whatever the keys' and values' dtype
+        kn, kr, v = kn.to(tl.float32), kr.to(tl.float32), v.to(tl.float32)
         s = tl.dot(qn, tl.trans(kn), input_precision=PREC)
-        s += tl.dot(qr, tl.trans(kr.to(tl.float32)), input_precision=PREC)  # [BQ, BS]
+        s += tl.dot(qr, tl.trans(kr), input_precision=PREC)  # [BQ, BS]
     s = s * scale
     if MASKED:
         seen = (t < end)[None, :] & (t[None, :] <= pos[:, None])

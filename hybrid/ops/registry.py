@@ -60,7 +60,8 @@ def _weights(default: str = "gguf") -> dict[str, Option]:
 ACTIVATIONS = {"int16": 16, "int8": 8, "fp32": 0}  # x's bits in one-token products
 
 
-def _activations() -> dict[str, Option]:
+def _product_options() -> dict[str, Option]:
+    """How a GPU operator's quantized products take x: one token, and long prompts."""
     return {"activations": Option(
         str, "int16", tuple(ACTIVATIONS),
         "x of one-token products on Q4_K blocks (GPU): int16 or int8 per 32 columns with "
@@ -80,17 +81,17 @@ _SPECS = [
     OperatorSpec("rotary", "YaRN rotary embedding tables", ("RotaryEmbedding",), _devices(),
                  default_weight_format="f32"),
     OperatorSpec("linear", "a linear layer on dequantized or quantized weights", ("Linear",),
-                 {**_devices(), **_weights(), **_activations()}),
+                 {**_devices(), **_weights(), **_product_options()}),
     OperatorSpec("lm_head", "the output projection to the vocabulary", ("Linear",),
-                 {**_devices(), **_weights(), **_activations()}),
+                 {**_devices(), **_weights(), **_product_options()}),
     OperatorSpec("mla_attention", "MLA attention, absorbed form over a latent KV cache",
                  ("Attention",), {
-                     **_devices(), **_weights(), **_activations(),
+                     **_devices(), **_weights(), **_product_options(),
                      "kv_cache_dtype": Option(str, "bf16", ("bf16", "f16", "f32"),
                                               "latent KV cache element type"),
                  }),
     OperatorSpec("mlp", "dense MLP or shared experts: down(silu(gate x) * up x)", ("MLP",),
-                 {**_devices(), **_weights(), **_activations()}),
+                 {**_devices(), **_weights(), **_product_options()}),
     OperatorSpec("gate", "MoE router: V2 softmax greedy, V3 sigmoid + bias + groups",
                  ("TopkRouter",), _devices(), default_weight_format="f32"),
     OperatorSpec("experts", "routed experts on CPU kernels or torch, per-expert placement",

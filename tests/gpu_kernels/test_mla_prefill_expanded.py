@@ -47,7 +47,8 @@ def test_matches_reference(heads, nope, r, dv, spans, precision, device) -> None
 
 def test_fp16_operands_and_other_tiles(device) -> None:
     """Keys and values already in fp16 give what their fp32 originals do (the kernel rounds
-    to fp16 itself); other tiles round the softmax weights against other running maxima."""
+    to fp16 itself); other tiles round the softmax weights against other running maxima; tf32
+    products take fp16 keys and values as well."""
     heads, nope, r, dv, spans = 4, 32, 16, 32, [(40, 75), (9, 9)]
     q, kn, kr, v, meta = _step(heads, nope, r, dv, spans, device)
     kn16, v16 = kn.half(), v.half()
@@ -57,6 +58,9 @@ def test_fp16_operands_and_other_tiles(device) -> None:
         b = mla_prefill_expanded(q, kn16, kr, v16, meta, 0.1, 40,
                                  torch.zeros(q.shape[0], heads, dv, device=device), tiles=tiles)
         assert rel_err(b[2:], a[2:]) < (1e-6 if tiles is None else 3e-4), tiles
+    c = mla_prefill_expanded(q, kn16, kr, v16, meta, 0.1, 40,  # tf32 reads fp16 keys too
+                             torch.zeros(q.shape[0], heads, dv, device=device), "tf32")
+    assert rel_err(c[2:], a[2:]) < 3e-3
 
 
 def test_bad_precision(device) -> None:
