@@ -71,10 +71,16 @@ def fp16_rows(x3: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (x3 / scale).half(), scale
 
 
+# cuBLAS's fp16 products with an fp32 result (aten's mm.dtype / bmm.dtype overloads, newer
+# than the oldest torch pyproject.toml allows)
+_MM_OUT_DTYPE = hasattr(torch.ops.aten.mm, "dtype") and hasattr(torch.ops.aten.bmm, "dtype")
+
+
 def _mm16(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a [.., M, K] fp16 @ b [.., K, N] fp16 -> fp32 with fp32 sums (cuBLAS on CUDA; off it the
-    fp16 values multiplied in fp32, the same products)."""
-    if a.is_cuda:
+    """a [.., M, K] fp16 @ b [.., K, N] fp16 -> fp32 with fp32 sums (cuBLAS on CUDA; elsewhere,
+    or on a torch without those overloads, the fp16 values multiplied in fp32: the same
+    products, slower)."""
+    if a.is_cuda and _MM_OUT_DTYPE:
         mm = torch.mm if a.dim() == 2 else torch.bmm
         return mm(a, b, out_dtype=torch.float32)
     return torch.matmul(a.float(), b.float())
