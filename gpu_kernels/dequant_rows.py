@@ -96,7 +96,7 @@ def scratch_matmul(x3: torch.Tensor, w: GpuQuant, n: int, row0: int, gstride: in
     scale = None
     if w.fp16_prompts:
         x3, scale = fp16_rows(x3)
-    mm, bmm = (_mm16, _mm16) if w.fp16_prompts else (torch.mm, torch.bmm)
+    mm = _mm16 if w.fp16_prompts else torch.matmul  # 2-D or batched
     row_bytes = dtype.itemsize * k
     if g == 1:
         step = max(ROWS, SCRATCH_BYTES // row_bytes // ROWS * ROWS)
@@ -110,7 +110,7 @@ def scratch_matmul(x3: torch.Tensor, w: GpuQuant, n: int, row0: int, gstride: in
             gs = min(per, g - g0)
             wt = dequant_rows(w, n, row0 + g0 * gstride, gstride, gs, dtype)  # [gs, n, K]
             # [gs, M, K] @ [gs, K, n] -> [gs, M, n]
-            y3[:, g0:g0 + gs, :] = bmm(x3[:, g0:g0 + gs, :].transpose(0, 1),
-                                       wt.transpose(1, 2)).transpose(0, 1)
+            y3[:, g0:g0 + gs, :] = mm(x3[:, g0:g0 + gs, :].transpose(0, 1),
+                                      wt.transpose(1, 2)).transpose(0, 1)
     if scale is not None:
         y3.mul_(scale)

@@ -28,10 +28,9 @@ from gpu_kernels.mla_decode import softmax_step
 from gpu_kernels.mla_prefill import causal_softmax
 
 PRECISION = "fp16"
-# (tokens, keys per step, warps, pipeline stages) per precision. tf32: sm_90 compiles
-# (python -m gpu_kernels.compile_check) 32 x 32 in 8 warps with the fewest spills (40 bytes;
-# 64 x 32: 96, 64 x 64: 280). fp16 (keys and values in fp16): the fastest measured
-# (scripts/bench_gpu_kernels.py --prefill-sweep, docs/long-prompts.md).
+# (tokens, keys per step, warps, pipeline stages) per precision. tf32: the fewest register
+# spills on sm_90 (python -m gpu_kernels.compile_check); fp16 (keys and values in fp16): the
+# fastest measured (scripts/bench_gpu_kernels.py --prefill-sweep). Both: docs/long-prompts.md.
 TILES = {"tf32": (32, 32, 8, 1), "fp16": (128, 128, 8, 1)}
 
 

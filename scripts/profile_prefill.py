@@ -91,6 +91,15 @@ def table(prof, title: str, top: int) -> None:
         print(f"| {key[:90]} | {count} | {us / 1e3:.2f} | {us / total:.0%} |")
 
 
+def timed_step(llm: LLM) -> float:
+    """Seconds of one engine step, the device synchronized before and after."""
+    _sync()
+    t = time.perf_counter()
+    llm.worker.step()
+    _sync()
+    return time.perf_counter() - t
+
+
 def host_table(llm: LLM, n: int, top: int) -> None:
     """Where the host's time of one n-token prompt goes: cProfile's functions by own time,
     then by cumulative time."""
@@ -128,26 +137,18 @@ def itl_steps(llm: LLM, n: int, top: int) -> None:
         prompt = llm._submit([2000 + (j * 37 + profiled) % 90000 for j in range(n)],
                              SamplingParams(temperature=0, max_tokens=1, ignore_eos=True),
                              lambda e: None)
-        rows, step = [], 0
+        rows = []
         while not prompt.is_finished:
-            _sync()
             spent.clear()
             job = layered.job
-            if profiled and step == 6:
+            if profiled and len(rows) == 6:
                 acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
                 with torch.profiler.profile(activities=acts) as prof:
-                    t = time.perf_counter()
-                    llm.worker.step()
-                    _sync()
-                    wall = time.perf_counter() - t
+                    wall = timed_step(llm)
                 table(prof, f"step 6 of the pass: wall {wall * 1e3:.1f} ms", top)
             else:
-                t = time.perf_counter()
-                llm.worker.step()
-                _sync()
-                wall = time.perf_counter() - t
+                wall = timed_step(llm)
             rows.append((wall, sum(spent), job is not None and job.pieces or 0))
-            step += 1
         if not profiled:
             print(f"\n{n}-token prompt beside a decoding stream: {len(rows)} steps")
             print("| step | wall ms | host ms launching the pass | pieces before |")
@@ -155,11 +156,7 @@ def itl_steps(llm: LLM, n: int, top: int) -> None:
             for i, (wall, host, pieces) in enumerate(rows):
                 print(f"| {i} | {wall * 1e3:.1f} | {host * 1e3:.1f} | {pieces} |")
     for _ in range(8):
-        _sync()
-        t = time.perf_counter()
-        llm.worker.step()
-        _sync()
-        print(f"decode step alone: {(time.perf_counter() - t) * 1e3:.1f} ms")
+        print(f"decode step alone: {timed_step(llm) * 1e3:.1f} ms")
     layered.advance = advance
     stream.cancel()
     while llm.engine.has_work:

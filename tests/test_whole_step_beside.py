@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from hybrid.engine.graphs.whole_step import WholeStepGraphs
 from hybrid.errors import DeviceLost
@@ -33,7 +34,7 @@ class Driver:
 def graphs(driver: Driver) -> WholeStepGraphs:
     g = WholeStepGraphs.__new__(WholeStepGraphs)  # no CUDA: the parts replay() reads
     g.program = SimpleNamespace(bridge=SimpleNamespace(gave_up=False, next_seq=lambda: 7))
-    g.host, g.device = driver, None
+    g.host, g.device = driver, torch.device("cpu")
     g._beside = ThreadPoolExecutor(1, thread_name_prefix="hybrid-beside-step")
     return g
 

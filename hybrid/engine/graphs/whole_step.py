@@ -65,7 +65,7 @@ class WholeStepGraphs:
 
     def _in_context(self, fn: Callable[[], None]) -> None:
         """fn() on a thread of its own with the caller's per-thread torch state."""
-        if self.device is not None and self.device.type == "cuda":
+        if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # the current device is per thread
         with torch.inference_mode():
             fn()
