@@ -38,11 +38,25 @@ def test_the_only_prompt_chunk_beside_decodes_when_every_layer_streams() -> None
     assert candidate(alone, ExpertPlacement("stream", (1, 1, 1)), 3) is None
 
 
-def test_layers_per_step_keep_a_step_near_two_decode_steps() -> None:
+def test_layers_per_step_fit_the_prompt_share_of_a_step() -> None:
     # a decode step's CPU experts: 26 x 0.45 = 11.7 ms; a streamed layer 7 ms at 2048 tokens
-    assert layers_per_step(ExpertPlacement("auto", (1,) * 26, COSTS), 2048, 26) == 1
-    assert layers_per_step(ExpertPlacement("auto", (1,) * 60, COSTS), 2048, 60) == 3
-    assert layers_per_step(ExpertPlacement("stream", (1,) * 26), 2048, 26) == 1
+    assert layers_per_step(ExpertPlacement("auto", (1,) * 26, COSTS), 2048, 26, 1.0) == 1
+    assert layers_per_step(ExpertPlacement("auto", (1,) * 26, COSTS), 2048, 26, 2.0) == 3
+    assert layers_per_step(ExpertPlacement("auto", (1,) * 60, COSTS), 2048, 60, 1.0) == 3
+    # 20 ms a layer at 8192 tokens: 23.4 ms of share holds one
+    assert layers_per_step(ExpertPlacement("auto", (1,) * 26, COSTS), 8192, 26, 2.0) == 1
+    assert layers_per_step(ExpertPlacement("stream", (1,) * 26), 2048, 26, 2.0) == 1
+
+
+def test_decode_gap_sets_the_prompt_share() -> None:
+    import pytest
+
+    from hybrid.errors import HybridError
+
+    assert EngineConfig().prompt_share == 2.0
+    assert EngineConfig(decode_gap=1.5).prompt_share == 0.5
+    with pytest.raises(HybridError, match="decode_gap must be above 1"):
+        EngineConfig(decode_gap=1.0)
 
 
 def test_a_deferred_chunk_holds_its_request_back_until_complete() -> None:
@@ -107,10 +121,10 @@ def test_in_flight_budget_keeps_the_step_within_two_decode_steps_of_cpu_experts(
     from hybrid.engine.prefill.prefill_chunk import choose_in_flight_chunk_size
 
     placement = ExpertPlacement("auto", (1,) * 26, COSTS)
-    n = choose_in_flight_chunk_size(placement, 4096, 26)
+    n = choose_in_flight_chunk_size(placement, 4096, 26, 2.0)
     one = 26 * COSTS.costs(1, 1)[1]
     assert 1 <= n < 16
     assert 26 * COSTS.costs(n, 1)[1] <= 2 * one < 26 * COSTS.costs(n + 1, 1)[1]
     # nothing streams: no chunk is ever in flight; streaming unmeasured: prompts wait
-    assert choose_in_flight_chunk_size(ExpertPlacement("cpu", (1,) * 26), 512, 26) == 512
-    assert choose_in_flight_chunk_size(ExpertPlacement("stream", (1,) * 26), 2048, 26) == 0
+    assert choose_in_flight_chunk_size(ExpertPlacement("cpu", (1,) * 26), 512, 26, 2.0) == 512
+    assert choose_in_flight_chunk_size(ExpertPlacement("stream", (1,) * 26), 2048, 26, 2.0) == 0

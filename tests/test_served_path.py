@@ -142,13 +142,17 @@ def test_bench_served_decode_reports_every_row(tmp_path, models) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     subprocess.run([sys.executable, "scripts/bench_served_decode.py", "--gguf-path",
                     str(models.path("tiny-v3", "q4_k_m")), "--optimize-rules", "cpu",
-                    "--gen-len", "6", "--repeats", "1", "--ttft", "40", "--json", str(out)],
+                    "--gen-len", "6", "--repeats", "1", "--ttft", "40", "--mixed", "40",
+                    "--json", str(out)],
                    cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
     rows = json.loads(out.read_text())
     assert set(rows["median_tokens_per_s"]) == {"offline", "engine", "http", "http+chat"}
     assert all(v > 0 for v in rows["median_tokens_per_s"].values())
     assert rows["ratio_http"] > 0 and rows["ttft_s"]["40"] > 0
     assert rows["engine_thread"] == "main"
+    mixed = rows["mixed"]  # a prompt arriving while a stream decodes: its tokens as alone
+    assert mixed["ttft_s"] > 0 and len(mixed["runs"]) == 1
+    assert mixed["same_first_token"] and mixed["same_stream_tokens"]
 
 
 V2_LITE = ModelShapes(hidden_size=2048, num_attention_heads=16, qk_head_dim=192, v_head_dim=128,
@@ -204,23 +208,23 @@ def test_decode_chunk_keeps_one_streamed_layer_within_two_decode_steps() -> None
     # a decode step's CPU experts: 4 layers x 2 ms = 8 ms; budget 16 ms a streamed layer.
     # Streamed: 6 ms up to 2048 tokens, then proportional: 16 ms at 5461 tokens -> 5376.
     p = _placement([(128, 6.0), (2048, 6.0)], [(1, 2.0), (256, 40.0)])
-    assert choose_decode_chunk_size(p, 8192, 4) == 5376
-    assert choose_decode_chunk_size(p, 4096, 4) == 4096  # never above the chunk
+    assert choose_decode_chunk_size(p, 8192, 4, 2.0) == 5376
+    assert choose_decode_chunk_size(p, 4096, 4, 2.0) == 4096  # never above the chunk
     # the budget below the fewest streaming tokens: that count (rounded up to 256)
     # (the CPU's 0.5 ms at 1 token to 40 at 1024 passes the streamed 30 ms at 769 tokens)
     slow = _placement([(128, 30.0), (2048, 30.0)], [(1, 0.5), (1024, 40.0)])
-    assert choose_decode_chunk_size(slow, 8192, 4) == 768
+    assert choose_decode_chunk_size(slow, 8192, 4, 2.0) == 768
 
 
 def test_decode_chunk_without_measurements() -> None:
     from hybrid.engine.prefill.prefill_chunk import choose_decode_chunk_size
 
-    assert choose_decode_chunk_size(_placement(None, None, mode="cpu"), 512, 4) == 512
-    assert choose_decode_chunk_size(_placement(None, None, mode="stream"), 8192, 4) == 2048
-    assert choose_decode_chunk_size(_placement(None, None, layers=0), 8192, 0) == CPU_CHUNK
+    assert choose_decode_chunk_size(_placement(None, None, mode="cpu"), 512, 4, 2.0) == 512
+    assert choose_decode_chunk_size(_placement(None, None, mode="stream"), 8192, 4, 2.0) == 2048
+    assert choose_decode_chunk_size(_placement(None, None, layers=0), 8192, 0, 2.0) == CPU_CHUNK
     # streaming never wins up to the chunk: the chunk's experts run on the CPU, 512 a step
     never = _placement([(128, 50.0), (2048, 500.0)], [(1, 1.0), (256, 10.0)])
-    assert choose_decode_chunk_size(never, 8192, 4) == CPU_CHUNK
+    assert choose_decode_chunk_size(never, 8192, 4, 2.0) == CPU_CHUNK
 
 
 def test_bench_serve_peer_measures_hybrid_as_users_start_it(tmp_path, models) -> None:

@@ -40,7 +40,13 @@ class EngineConfig:
     decode_chunk_size: int | None = setting(
         None, help="prompt tokens per step while other requests decode (their inter-token "
                    "latency grows with it; default: chosen at start-up, the most whose one "
-                   "streamed layer costs at most 2 decode steps, else the chunk size)")
+                   "streamed layer fits --decode-gap, else the chunk size)")
+    decode_gap: float = setting(
+        3.0, metavar="X",
+        help="how long a step may grow, in decode steps, while a long prompt passes the layers "
+             "beside decoding requests (their longest inter-token gap against the usual one); "
+             "sets the prompt tokens and layers such a step takes: more finishes the prompt "
+             "sooner")
     cache_lens: int | None = setting(
         None, help="tokens the paged KV cache holds, over all requests (default: chosen at "
                    "start-up: 32768, or up to the model's whole context where a third of the "
@@ -101,6 +107,9 @@ class EngineConfig:
         if self.decode_chunk_size is not None and self.decode_chunk_size < 1:
             raise HybridError(f"decode_chunk_size must be at least 1, got "
                               f"{self.decode_chunk_size}")
+        if not self.decode_gap > 1:
+            raise HybridError(f"decode_gap must be above 1 (a step beside a long prompt takes "
+                              f"the decode step and a share of the prompt), got {self.decode_gap}")
         if not 1 <= self.page_size <= 4096:
             raise HybridError(f"page_size must be between 1 and 4096, got {self.page_size}")
         if self.cache_lens is not None and self.cache_lens < self.page_size:
@@ -115,6 +124,13 @@ class EngineConfig:
             parse_device_map(self.device_map)  # a bad map fails here, before any loading
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise HybridError(f"cpu_threads must be at least 1, got {self.cpu_threads}")
+
+    @property
+    def prompt_share(self) -> float:
+        """The time, in one-token decode steps' CPU experts, that a long prompt's share may add
+        to a step beside decodes: the step then stays within `decode_gap` decode steps even
+        where the prompt's share runs after the decodes instead of beside them."""
+        return self.decode_gap - 1
 
     @property
     def num_pages(self) -> int:

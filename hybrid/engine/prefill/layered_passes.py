@@ -26,10 +26,11 @@ log = logging.getLogger("hybrid.engine")
 
 class LayeredPasses:
     def __init__(self, program: DecoderProgram, cache: PagedLatentCache, page_size: int,
-                 device: torch.device, model_stream, job_stream) -> None:
+                 device: torch.device, model_stream, job_stream, share: float) -> None:
         """model_stream: the steps' stream (None on the CPU); job_stream: the jobs' own, or
-        None to run them on the model stream."""
+        None to run them on the model stream; share: EngineConfig.prompt_share."""
         self.program, self.cache, self.page_size, self.device = program, cache, page_size, device
+        self.share = share
         self.model_stream, self.job_stream = model_stream, job_stream
         self.job: layered_prefill.LayeredPrefill | None = None
         self.count = 0  # chunks passed over several steps so far
@@ -47,7 +48,8 @@ class LayeredPasses:
         rows = SequenceRows(chunk.token_ids, chunk.request.page_ids, chunk.start, chunk.samples)
         fb = ForwardBatch.build([rows], self.page_size, self.cache, self.device)
         self.program.stream.begin(list(range(layers)))
-        per_step = layered_prefill.layers_per_step(placement, len(chunk.token_ids), layers)
+        per_step = layered_prefill.layers_per_step(placement, len(chunk.token_ids), layers,
+                                                   self.share)
         if self.job_stream is not None:  # its pieces read what the model stream queued
             self.job_stream.wait_stream(self.model_stream)
         self.job = layered_prefill.LayeredPrefill(

@@ -18,9 +18,12 @@ part before the first MoE layer (embedding, dense layers, the first attention); 
 step one MoE layer's experts and the next layer's attention, so no step carries the first
 layers' extra work on top of a layer's.
 
-`layers_per_step` keeps a step within about twice a decode step: as many streamed layers (at
-the chunk's token count) as the CPU experts of a one-token decode step take, by the start-up
-cost model; one layer a step where nothing was measured.
+`layers_per_step` keeps a step within `EngineConfig.decode_gap` decode steps: as many streamed
+layers (at the chunk's token count) as fit in `share` (EngineConfig.prompt_share) times the CPU
+experts of a one-token decode step, by the start-up cost model, so the step stays within that
+bound even where the layers run after the decodes rather than beside them; one layer a step
+where nothing was measured. Fewer layers a step would only stretch the prompt: the steps beside
+it cost about the same, and the expert copies run on between steps.
 """
 
 from __future__ import annotations
@@ -62,15 +65,20 @@ def candidate(batch: ScheduledBatch, placement: ExpertPlacement,
     if len(prompts) != 1 or len(prompts) == len(batch.chunks) or num_layers == 0:
         return None
     chunk = prompts[0]
-    if len(placement.streamed(len(chunk.token_ids), True)) != num_layers:
-        return None
-    return chunk
+    return chunk if candidate_tokens(placement, len(chunk.token_ids), num_layers) else None
 
 
-def layers_per_step(placement: ExpertPlacement, tokens: int, num_layers: int) -> int:
+def candidate_tokens(placement: ExpertPlacement, tokens: int, num_layers: int) -> bool:
+    """A chunk of `tokens` tokens beside decodes passes the layers over steps: every MoE layer
+    would stream it."""
+    return num_layers > 0 and len(placement.streamed(tokens, True)) == num_layers
+
+
+def layers_per_step(placement: ExpertPlacement, tokens: int, num_layers: int,
+                    share: float) -> int:
     costs = placement.costs
     if costs is None:
         return 1
     streamed = costs.costs(tokens, costs.layer_nbytes)[0]  # ms a streamed layer, these tokens
     decode = num_layers * costs.costs(1, costs.layer_nbytes)[1]  # a decode step's CPU experts
-    return max(1, int(decode // max(streamed, 1e-3)))
+    return max(1, int(share * decode // max(streamed, 1e-3)))

@@ -72,7 +72,7 @@ class ModelRunner:
             if self.device.type == "cuda" and config.overlap_prefill \
             and not config.record_routing else None
         self.layered = LayeredPasses(self.program, self.cache, self.page_size, self.device,
-                                     self.model_stream, job_stream)
+                                     self.model_stream, job_stream, config.prompt_share)
         with self.on_stream():
             runner_start_up.start_up(self, config, attention, progress,
                                      cpu_kernels_ready or (lambda: None))

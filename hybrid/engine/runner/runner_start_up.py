@@ -19,7 +19,7 @@ from torch import nn
 
 from hybrid.engine.attention import select as attention_select
 from hybrid.engine.config import EngineConfig
-from hybrid.engine.prefill import prefill_setup
+from hybrid.engine.prefill import layered_prefill, prefill_setup
 from hybrid.engine.prefill.prefill_chunk import (
     choose_decode_chunk_size,
     choose_in_flight_chunk_size,
@@ -95,12 +95,21 @@ def start_up(runner, config: EngineConfig, attention: list[MLAAttentionOp],
     runner.placement = prefill_setup.placement(runner.stream, runner.program.moe_layers, config,
                                              hf.hidden_size, progress, runner.chunk_size)
     runner.decode_chunk_size = config.decode_chunk_size or choose_decode_chunk_size(
-        runner.placement, runner.chunk_size, len(runner.program.moe_layers))
+        runner.placement, runner.chunk_size, len(runner.program.moe_layers), config.prompt_share)
     if config.decode_chunk_size is None and progress is not None:
         progress(f"beside decoding requests, prompt steps of up to "
                  f"{runner.decode_chunk_size} tokens (--decode-chunk-size sets it)")
+    layers = len(runner.program.moe_layers)
+    if progress is not None and layered_prefill.candidate_tokens(
+            runner.placement, runner.decode_chunk_size, layers):
+        per_step = layered_prefill.layers_per_step(runner.placement, runner.decode_chunk_size,
+                                                   layers, config.prompt_share)
+        progress(f"a prompt chunk of {runner.decode_chunk_size} tokens passes the layers "
+                 f"beside decodes, {per_step} MoE layers a step (--decode-gap "
+                 f"{config.decode_gap:g})")
     runner.in_flight_chunk_size = choose_in_flight_chunk_size(
-        runner.placement, runner.decode_chunk_size, len(runner.program.moe_layers))
+        runner.placement, runner.decode_chunk_size, len(runner.program.moe_layers),
+        config.prompt_share)
     if runner.in_flight_chunk_size < runner.decode_chunk_size and progress is not None:
         progress(f"while a long prompt passes the layers beside decodes, other prompts "
                  f"take up to {runner.in_flight_chunk_size} tokens a step")
