@@ -58,10 +58,13 @@ def main() -> int:
                     help="also profile the host's Python time of one prompt (cProfile)")
     ap.add_argument("--itl", action="store_true",
                     help="also time the steps of a decoding stream beside the prompt")
+    ap.add_argument("--decode-gap", type=float, default=EngineConfig.decode_gap,
+                    help="the engine's --decode-gap (the layers a step of the pass takes)")
     args = ap.parse_args()
     path = args.gguf_path or build_model(args.preset, Path(tempfile.mkdtemp()))
     config = EngineConfig(max_batch_size=2, chunk_size=args.tokens, decode_chunk_size=args.tokens,
-                          cache_lens=max(16 * 1024, 2 * args.tokens), prefix_cache=False)
+                          cache_lens=max(16 * 1024, 2 * args.tokens), prefix_cache=False,
+                          decode_gap=args.decode_gap)
     llm = LLM(path, rules_with_mode(args.optimize_rules, args.mode), engine_config=config,
               status=lambda m: print("start-up:", m, flush=True))
     runner = llm.engine.runner
@@ -100,6 +103,17 @@ def timed_step(llm: LLM) -> float:
     return time.perf_counter() - t
 
 
+def _timed(fn, spent: list):
+    """fn, appending each call's wall seconds to `spent`."""
+    def timed(*a, **k):
+        t = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            spent.append(time.perf_counter() - t)
+    return timed
+
+
 def host_table(llm: LLM, n: int, top: int) -> None:
     """Where the host's time of one n-token prompt goes: cProfile's functions by own time,
     then by cumulative time."""
@@ -117,22 +131,32 @@ def host_table(llm: LLM, n: int, top: int) -> None:
 
 def itl_steps(llm: LLM, n: int, top: int) -> None:
     """A decoding stream, then an n-token prompt passing the layers over steps
-    (layered_prefill.py): every step's wall time and the host's time launching the prompt's
-    pieces, then one middle step of the pass profiled alone."""
+    (layered_prefill.py): every step's wall time, the host's time launching the prompt's
+    pieces, and where the decode's step is one graph, its CPU experts' host time and the
+    graph's GPU time; then one middle step of the pass profiled alone."""
     params = SamplingParams(temperature=0, max_tokens=4096, ignore_eos=True)
     stream = llm._submit([1000 + j for j in range(32)], params, lambda e: None)
     for _ in range(8):
         llm.worker.step()
     layered = llm.engine.runner.layered
     advance, spent = layered.advance, []
+    layered.advance = _timed(advance, spent)
+    form = getattr(llm.engine.runner.graphs, "form", None)
+    whole = form is not None and hasattr(form, "host")
+    experts, graph_events = [], []
+    if whole:  # the decode's CPU experts (host wall) and its graph on the GPU (events)
+        host_run, replay = form.host.run, form.replay
+        form.host.run = _timed(host_run, experts)
 
-    def timed_advance(*a, **k):
-        t = time.perf_counter()
-        try:
-            return advance(*a, **k)
-        finally:
-            spent.append(time.perf_counter() - t)
-    layered.advance = timed_advance
+        def evented_replay(*a, **k):
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+            ev[0].record()
+            try:
+                return replay(*a, **k)
+            finally:
+                ev[1].record()
+                graph_events.append(ev)
+        form.replay = evented_replay
     for profiled in (False, True):
         prompt = llm._submit([2000 + (j * 37 + profiled) % 90000 for j in range(n)],
                              SamplingParams(temperature=0, max_tokens=1, ignore_eos=True),
@@ -140,6 +164,8 @@ def itl_steps(llm: LLM, n: int, top: int) -> None:
         rows = []
         while not prompt.is_finished:
             spent.clear()
+            experts.clear()
+            graph_events.clear()
             job = layered.job
             if profiled and len(rows) == 6:
                 acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
@@ -148,16 +174,27 @@ def itl_steps(llm: LLM, n: int, top: int) -> None:
                 table(prof, f"step 6 of the pass: wall {wall * 1e3:.1f} ms", top)
             else:
                 wall = timed_step(llm)
-            rows.append((wall, sum(spent), job is not None and job.pieces or 0))
+            gpu = sum(a.elapsed_time(b) for a, b in graph_events)
+            rows.append((wall, sum(spent), 1e3 * sum(experts), gpu,
+                         job is not None and job.pieces or 0))
         if not profiled:
             print(f"\n{n}-token prompt beside a decoding stream: {len(rows)} steps")
-            print("| step | wall ms | host ms launching the pass | pieces before |")
-            print("|---|---|---|---|")
-            for i, (wall, host, pieces) in enumerate(rows):
-                print(f"| {i} | {wall * 1e3:.1f} | {host * 1e3:.1f} | {pieces} |")
+            print("| step | wall ms | host ms launching the pass | decode's CPU experts ms | "
+                  "decode graph on the GPU ms | pieces before |")
+            print("|---|---|---|---|---|---|")
+            for i, (wall, host, cpu, gpu, pieces) in enumerate(rows):
+                print(f"| {i} | {wall * 1e3:.1f} | {host * 1e3:.1f} | {cpu:.1f} | {gpu:.1f} "
+                      f"| {pieces} |")
     for _ in range(8):
-        print(f"decode step alone: {timed_step(llm) * 1e3:.1f} ms")
+        experts.clear()
+        graph_events.clear()
+        wall = timed_step(llm)
+        gpu = sum(a.elapsed_time(b) for a, b in graph_events)
+        print(f"decode step alone: {wall * 1e3:.1f} ms; CPU experts {1e3 * sum(experts):.1f} "
+              f"ms, graph on the GPU {gpu:.1f} ms")
     layered.advance = advance
+    if whole:
+        form.host.run, form.replay = host_run, replay
     stream.cancel()
     while llm.engine.has_work:
         llm.worker.step()
