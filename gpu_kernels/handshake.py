@@ -13,6 +13,11 @@ they never need resetting and a flag left from an earlier step never passes for 
 - wait(flags, index, seq, error): spin until flags[index] == seq, polling host memory. After
   `max_spins` polls (~1 us each over PCIe: the default is ~10-20 s) it gives up and sets
   error[0] = 1, so a host that died never hangs the GPU; the host checks `error` per step.
+- fetch(src, dst): dst = src (pinned host memory), read by a kernel over PCIe, and
+  set_seq(seq, value): seq[0] = value, the value a launch argument. Neither is a copy: a copy
+  from the host queues on a host-to-device copy engine behind whatever that engine carries
+  (a long prompt's expert uploads, ~8 ms each), and a decode step's graph would wait there at
+  every MoE layer.
 """
 
 from __future__ import annotations
@@ -42,6 +47,19 @@ def _wait_kernel(flags_ptr, index, seq_ptr, error_ptr, max_spins):
         tl.store(error_ptr, 1)
 
 
+@triton.jit
+def _fetch_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    # volatile: a system-scope read of what the host wrote before raising the done flag
+    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=mask, volatile=True), mask=mask)
+
+
+@triton.jit(do_not_specialize=["value"])  # one variant for every step's number
+def _set_kernel(ptr, value):
+    tl.store(ptr, value)
+
+
 def _check(flags: torch.Tensor, index: int, seq: torch.Tensor) -> None:
     if flags.dtype != torch.int64 or seq.dtype != torch.int64 or not 0 <= index < flags.numel():
         raise ValueError(f"flags {flags.dtype}[{flags.numel()}] index {index}, seq {seq.dtype}")
@@ -58,6 +76,38 @@ def wait(flags: torch.Tensor, index: int, seq: torch.Tensor, error: torch.Tensor
     """Block the stream until flags[index] == seq (or set error[0] = 1 after max_spins)."""
     _check(flags, index, seq)
     _wait_kernel[(1,)](flags, index, seq, error, max_spins, num_warps=1)
+
+
+FETCH_BLOCK = 1024
+
+
+def fetch(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """dst [...] on the device = src [same shape, dtype] in pinned host memory (any host
+    memory where dst is on the CPU, as Triton's interpreter runs it), both contiguous."""
+    if src.shape != dst.shape or src.dtype != dst.dtype or not (
+            src.is_contiguous() and dst.is_contiguous()) or (
+            dst.device.type == "cuda" and not src.is_pinned()):
+        raise ValueError(f"fetch: pinned contiguous {src.dtype}{tuple(src.shape)} into "
+                         f"contiguous {dst.dtype}{tuple(dst.shape)}")
+    n = dst.numel()
+    if n:
+        _fetch_kernel[(triton.cdiv(n, FETCH_BLOCK),)](src, dst, n, BLOCK=FETCH_BLOCK,
+                                                     num_warps=4)
+
+
+def set_seq(seq: torch.Tensor, value: int) -> None:
+    """seq: [1] int64 on the device; set in stream order."""
+    if seq.dtype != torch.int64 or seq.numel() != 1:
+        raise ValueError(f"seq {seq.dtype}[{seq.numel()}]")
+    _set_kernel[(1,)](seq, value, num_warps=1)
+
+
+def fetch_ref(src: torch.Tensor, dst: torch.Tensor) -> None:
+    dst.copy_(src)
+
+
+def set_seq_ref(seq: torch.Tensor, value: int) -> None:
+    seq.fill_(value)
 
 
 def signal_ref(flags: torch.Tensor, index: int, seq: torch.Tensor) -> None:

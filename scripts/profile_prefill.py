@@ -103,6 +103,17 @@ def timed_step(llm: LLM) -> float:
     return time.perf_counter() - t
 
 
+def _computing_ms(form) -> float:
+    """The last whole-step graph's CPU experts' kernel time (the one-call driver's stamps; the
+    rest of their wall time is waiting for the GPU's flags), or nan."""
+    host = getattr(form, "host", None)
+    if host is None or not host.one_call:
+        return float("nan")
+    from cpu_kernels.simd.clock import cycles_per_us
+
+    return float((host.stamps[:, 1] - host.stamps[:, 0]).sum()) / cycles_per_us() / 1e3
+
+
 def _timed(fn, spent: list):
     """fn, appending each call's wall seconds to `spent`."""
     def timed(*a, **k):
@@ -175,23 +186,23 @@ def itl_steps(llm: LLM, n: int, top: int) -> None:
             else:
                 wall = timed_step(llm)
             gpu = sum(a.elapsed_time(b) for a, b in graph_events)
-            rows.append((wall, sum(spent), 1e3 * sum(experts), gpu,
+            rows.append((wall, sum(spent), 1e3 * sum(experts), _computing_ms(form), gpu,
                          job is not None and job.pieces or 0))
         if not profiled:
             print(f"\n{n}-token prompt beside a decoding stream: {len(rows)} steps")
-            print("| step | wall ms | host ms launching the pass | decode's CPU experts ms | "
-                  "decode graph on the GPU ms | pieces before |")
+            print("| step | wall ms | host ms launching the pass | decode's CPU experts ms "
+                  "(computing) | decode graph on the GPU ms | pieces before |")
             print("|---|---|---|---|---|---|")
-            for i, (wall, host, cpu, gpu, pieces) in enumerate(rows):
-                print(f"| {i} | {wall * 1e3:.1f} | {host * 1e3:.1f} | {cpu:.1f} | {gpu:.1f} "
-                      f"| {pieces} |")
+            for i, (wall, host, cpu, busy, gpu, pieces) in enumerate(rows):
+                print(f"| {i} | {wall * 1e3:.1f} | {host * 1e3:.1f} | {cpu:.1f} ({busy:.1f}) "
+                      f"| {gpu:.1f} | {pieces} |")
     for _ in range(8):
         experts.clear()
         graph_events.clear()
         wall = timed_step(llm)
         gpu = sum(a.elapsed_time(b) for a, b in graph_events)
         print(f"decode step alone: {wall * 1e3:.1f} ms; CPU experts {1e3 * sum(experts):.1f} "
-              f"ms, graph on the GPU {gpu:.1f} ms")
+              f"ms (computing {_computing_ms(form):.1f}), graph on the GPU {gpu:.1f} ms")
     layered.advance = advance
     if whole:
         form.host.run, form.replay = host_run, replay

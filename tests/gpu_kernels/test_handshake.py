@@ -1,12 +1,22 @@
-"""The GPU side of the CPU-experts hand-over flags, against its reference: signal writes the
-step's sequence number; wait passes on an equal flag and reports a stale one after its spins."""
+"""The GPU side of the CPU-experts hand-over, against its reference: signal writes the step's
+sequence number; wait passes on an equal flag and reports a stale one after its spins; fetch
+reads the experts' answer from pinned memory; set_seq sets the step's number."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from gpu_kernels.handshake import signal, signal_ref, wait, wait_ref
+from gpu_kernels.handshake import (
+    fetch,
+    fetch_ref,
+    set_seq,
+    set_seq_ref,
+    signal,
+    signal_ref,
+    wait,
+    wait_ref,
+)
 
 
 def _host(n: int) -> torch.Tensor:
@@ -40,3 +50,30 @@ def test_bad_arguments(device) -> None:
         signal(_host(3), 3, torch.tensor([1], device=device))
     with pytest.raises(ValueError, match="int32"):
         signal(_host(3).int(), 0, torch.tensor([1], device=device))
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 2048), (3, 7168), (16, 2048), (5, 1), (0, 64)])
+def test_fetch(rows: int, cols: int, device) -> None:
+    src = torch.randn(rows, cols).pin_memory() if device.type == "cuda" \
+        else torch.randn(rows, cols)
+    dst = torch.full((rows, cols), float("nan"), device=device)
+    ref = torch.empty(rows, cols)
+    fetch(src, dst)
+    fetch_ref(src, ref)
+    assert torch.equal(dst.cpu(), ref)
+
+
+def test_fetch_refuses_what_it_cannot_read(device) -> None:
+    with pytest.raises(ValueError, match="fetch"):
+        fetch(torch.zeros(2, 3), torch.zeros(3, 2, device=device))
+    if device.type == "cuda":  # pageable host memory is not the device's to read
+        with pytest.raises(ValueError, match="pinned"):
+            fetch(torch.zeros(2, 3), torch.zeros(2, 3, device=device))
+
+
+@pytest.mark.parametrize("value", [1, 16, 12345, 1 << 40])
+def test_set_seq(value: int, device) -> None:
+    seq, ref = torch.zeros(1, dtype=torch.int64, device=device), torch.zeros(1, dtype=torch.int64)
+    set_seq(seq, value)
+    set_seq_ref(ref, value)
+    assert seq.tolist() == ref.tolist() == [value]

@@ -4,7 +4,9 @@ its pinned host twin, and the StepState over them.
 A decode step of B requests replays the graphs of a bucket of `size` >= B rows: its indices are
 packed into the staging buffer (padding rows get token 0, length 0 and the cache's scratch
 slot), the attention backend rewrites what else the graphs read (prepare_for_replay), and one
-host-to-device copy moves the array. Padding rows sample too; their logits are dropped.
+kernel reads the array from pinned memory (gpu_kernels/handshake.py's fetch: a copy would queue
+behind a long prompt's expert uploads on the host-to-device copy engine). Padding rows sample
+too; their logits are dropped.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from gpu_kernels.handshake import fetch
 from hybrid.engine.step.decoder import StepState
 from hybrid.engine.step.forward_batch import ForwardBatch, SequenceRows, StepLayout
 from hybrid.engine.step.kv_cache import PagedLatentCache
@@ -45,5 +48,5 @@ class StaticStep:
         self.staging.numpy()[:] = packed
         self.attention.prepare_for_replay(self.state.fb, self._host["page_table"],
                                           self._host["seq_lens"])
-        self.inputs.copy_(self.staging, non_blocking=True)
+        fetch(self.staging, self.inputs)  # the previous step's read is done: its tokens came
         self.state.num_real = b

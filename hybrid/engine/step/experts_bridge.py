@@ -1,9 +1,11 @@
 """The hand-over of a MoE layer's routed experts from the model's device to the CPU and back.
 
 Per MoE layer and step, exactly one device-to-host copy (the normalized hidden rows, the chosen
-expert ids and their weights, into pinned buffers) and one host-to-device copy (the experts'
-weighted sum), both on the model's stream, and one host wait (an event recorded right after
-the first copy). Between them the GPU runs the layer's shared expert while the CPU pool runs
+expert ids and their weights, into pinned buffers) and one host-to-device transfer (the
+experts' weighted sum), both on the model's stream, and one host wait (an event recorded right
+after the first copy). The transfer back of a few rows (a decode step's) is a kernel reading the
+pinned buffer (gpu_kernels/handshake.py's fetch), not a copy: a copy would queue behind a long
+prompt's expert uploads on the host-to-device copy engine. Between them the GPU runs the layer's shared expert while the CPU pool runs
 the routed ones. Layers run one after another, so every layer shares one set of buffers.
 
     send(h, ids, w)   GPU work: the three copies into pinned memory     (in a captured piece)
@@ -22,6 +24,8 @@ on the GPU before `receive`. Flags carry the step's sequence number (`next_seq`)
 from __future__ import annotations
 
 import torch
+
+FETCH_ROWS = 64  # up to this many rows come back by a kernel's reads; more by a copy
 
 
 class ExpertsBridge:
@@ -65,11 +69,16 @@ class ExpertsBridge:
         return bool(self._error_np[0])
 
     def next_seq(self) -> int:
-        """A new step's sequence number, copied to the device on the current stream (before
-        the step's graph replays: the flags of this step are compared with it)."""
+        """A new step's sequence number, set on the device on the current stream (before the
+        step's graph replays: the flags of this step are compared with it)."""
         self.step_seq += 1
-        self._seq_np[0] = self.step_seq
-        self.seq.copy_(self._seq_host, non_blocking=True)
+        if self.seq.device.type == "cuda":  # a launch argument: no copy engine
+            from gpu_kernels.handshake import set_seq
+
+            set_seq(self.seq, self.step_seq)
+        else:
+            self._seq_np[0] = self.step_seq
+            self.seq.copy_(self._seq_host)
         return self.step_seq
 
     def signal(self, layer: int) -> None:
@@ -115,5 +124,10 @@ class ExpertsBridge:
     def receive(self, n: int) -> torch.Tensor:
         """-> [n, H] f32 on the device: the routed experts' output for this step's rows."""
         if self.routed is not self.out:
-            self.routed[:n].copy_(self.out[:n], non_blocking=True)
+            if n <= FETCH_ROWS:
+                from gpu_kernels.handshake import fetch
+
+                fetch(self.out[:n], self.routed[:n])
+            else:
+                self.routed[:n].copy_(self.out[:n], non_blocking=True)
         return self.routed[:n]
