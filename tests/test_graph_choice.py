@@ -64,10 +64,10 @@ def test_a_timing_that_fails_keeps_whole_steps_but_a_lost_device_stops(monkeypat
 
     monkeypatch.setattr(graph_choice, "measure", fails(RuntimeError("capture went wrong")))
     with caplog.at_level("WARNING", logger="hybrid.engine"):
-        assert runner_start_up.measure_decode_graphs(runner, None) == "step"
+        assert runner_start_up.measure_decode_graphs(runner, None) == ("step", None)
     assert "timing the decode graphs failed (RuntimeError: capture went wrong)" in caplog.text
     monkeypatch.setattr(graph_choice, "measure", fails(DeviceLost("gone")))
     with pytest.raises(DeviceLost):
         runner_start_up.measure_decode_graphs(runner, None)
     runner.program.moe_layers = []  # no CPU experts: nothing to time
-    assert runner_start_up.measure_decode_graphs(runner, None) == "step"
+    assert runner_start_up.measure_decode_graphs(runner, None) == ("step", None)

@@ -46,6 +46,8 @@ def test_layers_per_step_fit_the_prompt_share_of_a_step() -> None:
     # 20 ms a layer at 8192 tokens: 23.4 ms of share holds one
     assert layers_per_step(ExpertPlacement("auto", (1,) * 26, COSTS), 8192, 26, 2.0) == 1
     assert layers_per_step(ExpertPlacement("stream", (1,) * 26), 2048, 26, 2.0) == 1
+    # a decode step timed at 17 ms: 34 ms of share holds 4 layers of 7 ms
+    assert layers_per_step(ExpertPlacement("auto", (1,) * 26, COSTS), 2048, 26, 2.0, 17.0) == 4
 
 
 def test_decode_gap_sets_the_prompt_share() -> None:

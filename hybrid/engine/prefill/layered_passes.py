@@ -31,6 +31,7 @@ class LayeredPasses:
         None to run them on the model stream; share: EngineConfig.prompt_share."""
         self.program, self.cache, self.page_size, self.device = program, cache, page_size, device
         self.share = share
+        self.decode_ms: float | None = None  # a one-token decode step, timed at start-up
         self.model_stream, self.job_stream = model_stream, job_stream
         self.job: layered_prefill.LayeredPrefill | None = None
         self.count = 0  # chunks passed over several steps so far
@@ -49,7 +50,7 @@ class LayeredPasses:
         fb = ForwardBatch.build([rows], self.page_size, self.cache, self.device)
         self.program.stream.begin(list(range(layers)))
         per_step = layered_prefill.layers_per_step(placement, len(chunk.token_ids), layers,
-                                                   self.share)
+                                                   self.share, self.decode_ms)
         if self.job_stream is not None:  # its pieces read what the model stream queued
             self.job_stream.wait_stream(self.model_stream)
         self.job = layered_prefill.LayeredPrefill(

@@ -19,10 +19,11 @@ step one MoE layer's experts and the next layer's attention, so no step carries 
 layers' extra work on top of a layer's.
 
 `layers_per_step` keeps a step within `EngineConfig.decode_gap` decode steps: as many streamed
-layers (at the chunk's token count) as fit in `share` (EngineConfig.prompt_share) times the CPU
-experts of a one-token decode step, by the start-up cost model, so the step stays within that
-bound even where the layers run after the decodes rather than beside them; one layer a step
-where nothing was measured. Fewer layers a step would only stretch the prompt: the steps beside
+layers (at the chunk's token count, by the start-up cost model) as fit in `share`
+(EngineConfig.prompt_share) times a one-token decode step (as start-up timed its graphs; where
+it timed none, its CPU experts by the cost model), so the step stays within that bound even
+where the layers run after the decodes rather than beside them; one layer a step where nothing
+was measured. Fewer layers a step would only stretch the prompt: the steps beside
 it cost about the same, and the expert copies run on between steps.
 """
 
@@ -75,10 +76,12 @@ def candidate_tokens(placement: ExpertPlacement, tokens: int, num_layers: int) -
 
 
 def layers_per_step(placement: ExpertPlacement, tokens: int, num_layers: int,
-                    share: float) -> int:
+                    share: float, decode_ms: float | None = None) -> int:
+    """decode_ms: a one-token decode step as timed, or None."""
     costs = placement.costs
     if costs is None:
         return 1
     streamed = costs.costs(tokens, costs.layer_nbytes)[0]  # ms a streamed layer, these tokens
-    decode = num_layers * costs.costs(1, costs.layer_nbytes)[1]  # a decode step's CPU experts
+    decode = decode_ms if decode_ms is not None \
+        else num_layers * costs.costs(1, costs.layer_nbytes)[1]  # a decode step's CPU experts
     return max(1, int(share * decode // max(streamed, 1e-3)))

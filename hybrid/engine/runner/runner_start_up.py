@@ -12,6 +12,7 @@ model is measured last, on the warm kernels, and the chunk sizes beside decodes 
 from __future__ import annotations
 
 import logging
+import statistics
 from collections.abc import Callable
 
 import torch
@@ -87,7 +88,8 @@ def start_up(runner, config: EngineConfig, attention: list[MLAAttentionOp],
         warm_up(runner, progress, cpu_kernels_ready=cpu_kernels_ready)
         runner.decode_graph = config.decode_graph
         if runner.decode_graph == "auto":
-            runner.decode_graph = measure_decode_graphs(runner, progress)
+            runner.decode_graph, runner.layered.decode_ms = measure_decode_graphs(runner,
+                                                                                  progress)
         runner.graphs = capture_graphs(runner, runner.decode_graph, progress)
     elif runner.device.type == "cuda":
         warm_up(runner, progress, decode=True, cpu_kernels_ready=cpu_kernels_ready)
@@ -103,7 +105,8 @@ def start_up(runner, config: EngineConfig, attention: list[MLAAttentionOp],
     if progress is not None and layered_prefill.candidate_tokens(
             runner.placement, runner.decode_chunk_size, layers):
         per_step = layered_prefill.layers_per_step(runner.placement, runner.decode_chunk_size,
-                                                   layers, config.prompt_share)
+                                                   layers, config.prompt_share,
+                                                   runner.layered.decode_ms)
         progress(f"a prompt chunk of {runner.decode_chunk_size} tokens passes the layers "
                  f"beside decodes, {per_step} MoE layers a step (--decode-gap "
                  f"{config.decode_gap:g})")
@@ -117,15 +120,17 @@ def start_up(runner, config: EngineConfig, attention: list[MLAAttentionOp],
         runner.recorder.reset()  # start-up's warm-up steps are not traffic
 
 
-def measure_decode_graphs(runner, progress: Callable[[str], None] | None) -> str:
+def measure_decode_graphs(runner, progress: Callable[[str], None] | None
+                          ) -> tuple[str, float | None]:
     """graphs/choice.py: the faster form of decode graphs here ("step" where no MoE layer's
     experts are on the CPU: the forms are then the same graphs; also where the timing itself
     fails short of a lost device, said in a warning: the choice is an optimization, and the
-    capture that follows meets any real fault again)."""
+    capture that follows meets any real fault again) -> (that form, its ms a one-token step,
+    or None where nothing was timed)."""
     from hybrid.engine.graphs import choice as graph_choice
 
     if not runner.program.moe_layers:
-        return "step"
+        return "step", None
     if progress is not None:
         progress("timing decode steps as one graph against layer by layer")
     try:
@@ -136,14 +141,14 @@ def measure_decode_graphs(runner, progress: Callable[[str], None] | None) -> str
             raise
         log.warning("timing the decode graphs failed (%s: %s); decode steps run as one graph",
                     type(e).__name__, e)
-        return "step"
+        return "step", None
     chosen = graph_choice.faster(seconds)
     line = graph_choice.describe(seconds, chosen)
     if progress is not None:
         progress(line)
     else:
         log.info("%s", line)
-    return chosen
+    return chosen, 1e3 * statistics.median(seconds[chosen])
 
 
 def capture_graphs(runner, decode_graph: str, progress: Callable[[str], None] | None = None,
