@@ -47,7 +47,7 @@ def _wait_kernel(flags_ptr, index, seq_ptr, error_ptr, max_spins):
         tl.store(error_ptr, 1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])  # one variant a dtype, whatever the rows
 def _fetch_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n

@@ -32,6 +32,10 @@ class StaticStep:
         self.inputs, fb = ForwardBatch.scratch_decode(self.layout, page_size, cache, device)
         attention.prepare_for_capture(fb, size)
         self.staging = torch.empty(self.layout.size, dtype=torch.int64, pin_memory=True)
+        # the capture's indices back through the staging buffer: load's kernel compiled now,
+        # not in the first request's step
+        self.staging.copy_(self.inputs)
+        fetch(self.staging, self.inputs)
         # the staged fields as numpy views, and where the sampled rows sit: made once (the
         # buffer never moves), not on every replay
         self._host = self.layout.views(self.staging.numpy())

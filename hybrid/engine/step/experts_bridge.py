@@ -41,6 +41,10 @@ class ExpertsBridge:
         self.weights = host(max_tokens, top_k)  # [T, K]
         self.out = host(max_tokens, hidden)  # [T, H] the routed experts' weighted sum
         self.routed = torch.zeros(max_tokens, hidden, device=device) if on_gpu else self.out
+        if on_gpu:  # compiled now, not in the first request's step (receive's kernel)
+            from gpu_kernels.handshake import fetch
+
+            fetch(self.out[:1], self.routed[:1])
         self.event = torch.cuda.Event() if on_gpu else None
         self._np = (self.x.numpy(), self.ids.numpy(), self.weights.numpy(), self.out.numpy())
         self.ready = self.done = self.error = self.seq = None
@@ -59,6 +63,10 @@ class ExpertsBridge:
         self.done = torch.zeros(num_layers, dtype=torch.int64, pin_memory=pin)  # CPU -> GPU
         self.error = torch.zeros(1, dtype=torch.int32, pin_memory=pin)  # a wait gave up
         self.seq = torch.zeros(1, dtype=torch.int64, device=self.device)
+        if pin:  # compiled now, not in the first request's step (next_seq's kernel)
+            from gpu_kernels.handshake import set_seq
+
+            set_seq(self.seq, 0)
         # numpy views: per step, a torch element read or write costs microseconds
         self._seq_host = torch.zeros(1, dtype=torch.int64, pin_memory=pin)
         self._seq_np, self._error_np = self._seq_host.numpy(), self.error.numpy()
