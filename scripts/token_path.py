@@ -2,7 +2,7 @@
 its sampled tokens, with `hybrid serve`'s defaults: what a newcomer following a token reads.
 
     python scripts/token_path.py [--gguf-path FILE] [--optimize-rules NAME] [--tokens 4]
-        [--json OUT]
+        [--json OUT] [--functions]
 
 It starts the served app in this process (server/inprocess.py: the app and uvicorn of `hybrid
 serve`) with the engine's defaults, sends one streamed chat completion to warm every path,
@@ -54,7 +54,9 @@ class Recorder:
         rows = {}
         for name, ran in sorted(files.items()):
             total = len((ROOT / name).read_text().splitlines())
-            rows[name] = {"file_lines": total, "function_lines": len(ran)}
+            rows[name] = {"file_lines": total, "function_lines": len(ran),
+                          "functions": sorted(c.co_qualname for c in self.codes
+                                              if c.co_filename == str(ROOT / name))}
         return rows
 
 
@@ -64,6 +66,8 @@ def main() -> int:
     ap.add_argument("--optimize-rules", default=None, help="default: the bundled rules")
     ap.add_argument("--tokens", type=int, default=4, help="tokens the recorded request makes")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--functions", action="store_true",
+                    help="also name each file's functions that ran")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     import httpx
@@ -110,6 +114,8 @@ def main() -> int:
                                                "sse_chunks": len(chunks)}, indent=2))
     for name, row in rows.items():
         print(f"{row['file_lines']:6} {row['function_lines']:6}  {name}")
+        if args.functions:
+            print("               " + ", ".join(row["functions"]))
     print("\n| part | files | their lines | lines of the functions that ran |\n|---|---|---|---|")
     for top, (n, lines, ran) in sorted(by_package.items()):
         print(f"| {top} | {n} | {lines} | {ran} |")

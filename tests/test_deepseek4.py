@@ -25,10 +25,11 @@ _rng = np.random.default_rng(0)
 PROMPT = [1, *map(int, _rng.integers(3, 1000, size=199))]
 
 
-@pytest.mark.parametrize("quant,bar", [("f32", 1e-5), ("mxfp4_moe", 5e-2)])
+@pytest.mark.parametrize("quant,bar", [("f32", 1e-5), ("mxfp4_moe", 5e-2), ("q4_k_m", 5e-2)])
 def test_logits_match_llama_cpp(models, quant: str, bar: float) -> None:
     """f32 measured 2.8e-7; the mxfp4_moe mix (MXFP4 experts, Q8_0 and BF16 elsewhere) 0.025,
-    llama.cpp's 8-bit activations."""
+    llama.cpp's 8-bit activations; q4_k_m 0.018 (the tiny rows take Q5_0 and Q8_0 where the
+    K-quants need 256 columns)."""
     pytest.importorskip("llama_cpp")
     path = str(models.path("tiny-v4", quant))
     loaded = load_model(path)
@@ -159,16 +160,11 @@ def test_rules_run_v4_experts_on_the_cpu_kernels(models, tmp_path, quant, mode, 
     assert rel_l2(ours, ref) <= bar
 
 
-def test_the_engine_and_explain_refuse_v4_with_rules(models, tmp_path) -> None:
+def test_the_engine_refuses_v4_with_rules(models, tmp_path) -> None:
+    """(`rules explain` plans it: tests/test_v4_cache.py.)"""
     from hybrid.engine.llm import LLM
-    from hybrid.rules.explain import explain
-    from hybrid.rules.planner import plan_model
 
     rules = tmp_path / "v4-cpu-experts.yaml"
     rules.write_text(V4_CPU_EXPERTS.replace("MODE", "exact"))
-    path = str(models.path("tiny-v4", "f32"))
     with pytest.raises(HybridError, match="cannot run V4 yet"):
-        LLM(path, str(rules))
-    planned = plan_model(path, str(rules), announce=False)
-    with pytest.raises(HybridError, match="does not count its window and compressed caches"):
-        explain(planned.plan, planned.spec, 4096, 24 << 30, None)
+        LLM(str(models.path("tiny-v4", "f32")), str(rules))

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybrid.errors import HybridError
+from hybrid.model import v4_cache
 from hybrid.model.kv_budget import DEFAULT_CACHE_LENS, auto_cache_lens
 from hybrid.model.spec import ModelSpec
 from hybrid.model.spec_v4 import V4Spec
@@ -21,6 +22,7 @@ from hybrid.rules.plan import Plan
 
 GPU_RESERVE_BYTES = int(1.5 * 2**30)  # activations at 512-token steps, CUDA graphs, context
 _KV_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
+V4_FLOAT = 4  # V4 runs transformers' own attention modules, in f32, and their caches
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(i?)B?\s*$", re.IGNORECASE)
 
 
@@ -83,6 +85,9 @@ class Explanation:
     # per GPU: the KV cache tokens `hybrid serve` sizes without --cache-lens on this budget
     # (model/kv_budget.py, from what the weights and the reserve leave)
     serve_cache_lens: dict[str, int] = field(default_factory=dict)
+    # DeepSeek-V4: kv_cache is one request's window and compressed caches at cache_lens tokens,
+    # kv_bytes_per_token what each further token adds (model/v4_cache.py)
+    v4: bool = False
 
     @property
     def fits(self) -> bool:
@@ -96,7 +101,7 @@ class Explanation:
                                "activations": d.activations, "prefill_chunk": d.prefill_chunk,
                                "total": d.total, "budget": d.budget, "fits": d.fits}
                         for name, d in self.devices.items()},
-            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "kv_bytes_per_token": self.kv_bytes_per_token, "v4_caches": self.v4,
             "serve_cache_lens": self.serve_cache_lens,
             "groups": [{"group": g.pattern, "operator": g.operator, "device": g.device,
                         "modules": len(g.modules), "bytes": g.nbytes, "types": dict(g.types)}
@@ -111,9 +116,6 @@ def explain(plan: Plan, spec: ModelSpec, cache_lens: int, gpu_memory: int,
             cpu_memory: int | None, gpu_reserve: int = GPU_RESERVE_BYTES) -> Explanation:
     if cache_lens < 0:
         raise HybridError(f"--cache-lens must be >= 0, got {cache_lens}")
-    if isinstance(spec, V4Spec):  # its caches (window, compressed, indexer) are not MLA's
-        raise HybridError(f"{spec.name} is DeepSeek-V4: `rules explain` does not count its "
-                          f"window and compressed caches yet")
     groups: dict[tuple[str, str, str], Group] = {}
     devices: dict[str, DeviceTotal] = {}
     packed_from = packed_bytes = 0
@@ -130,25 +132,35 @@ def explain(plan: Plan, spec: ModelSpec, cache_lens: int, gpu_memory: int,
         if packed is not None:  # RAM holds the packed copy; the GGUF pages are released
             packed_from, packed_bytes, held = packed_from + w.nbytes, packed_bytes + packed, packed
         devices.setdefault(w.device, DeviceTotal()).weights += held
-    kv_per_token: dict[str, int] = {}
+    attention: dict[str, list] = {}  # device -> its attention placements
     for place in plan.placements.values():
         if place.class_name.endswith("Attention"):
-            dev = place.generate_device
-            kv_per_token[dev] = kv_per_token.get(dev, 0) + _kv_bytes_per_layer(place, spec)
-    for dev, per_token in kv_per_token.items():
-        devices.setdefault(dev, DeviceTotal()).kv_cache = per_token * cache_lens
+            attention.setdefault(place.generate_device, []).append(place)
+    kv_per_token: dict[str, int] = {}
+    for dev, places in attention.items():
+        if isinstance(spec, V4Spec):  # a window and compressed rows (model/v4_cache.py)
+            layers = [int(p.path.split(".")[2]) for p in places]
+            kv_per_token[dev] = round(v4_cache.compressed_bytes_per_token(spec, V4_FLOAT, layers))
+            kv = v4_cache.request_bytes(spec, cache_lens, V4_FLOAT, layers)
+        else:
+            kv_per_token[dev] = sum(_kv_bytes_per_layer(p, spec) for p in places)
+            kv = kv_per_token[dev] * cache_lens
+        devices.setdefault(dev, DeviceTotal()).kv_cache = kv
     for name, d in devices.items():
         if name == "cpu":
             d.budget = cpu_memory
         else:
             d.reserve, d.budget = gpu_reserve, gpu_memory
-    _count_prefill_activations(plan, spec, cache_lens, devices)
+    served = not isinstance(spec, V4Spec)  # what the engine would choose, where it serves
+    if served:
+        _count_prefill_activations(plan, spec, cache_lens, devices)
     ordered = sorted(groups.values(), key=lambda g: (g.device, -g.nbytes))
     serve = {dev: auto_cache_lens(spec.context_length, per_token,
                                   max(0, gpu_memory - devices[dev].weights - gpu_reserve), 64)
-             for dev, per_token in kv_per_token.items() if dev != "cpu" and gpu_memory}
+             for dev, per_token in kv_per_token.items()
+             if dev != "cpu" and gpu_memory and served}
     exp = Explanation(ordered, dict(sorted(devices.items())), cache_lens, kv_per_token,
-                      list(plan.warnings), [], packed_from, packed_bytes, serve)
+                      list(plan.warnings), [], packed_from, packed_bytes, serve, not served)
     exp.advice = _advice(exp)
     return exp
 
@@ -239,6 +251,12 @@ def render_table(exp: Explanation, header: str) -> str:
                      f"{gib(d.total):>12} {budget:>12}  {'fits' if d.fits else 'DOES NOT FIT'}")
     lines.append("")
     for dev, per_token in exp.kv_bytes_per_token.items():
+        if exp.v4:
+            lines.append(f"KV cache on {dev}: {gib(exp.devices[dev].kv_cache)} for one request "
+                         f"of {exp.cache_lens:,} tokens: its compressed rows, {per_token:,} bytes "
+                         f"per token, beside its sliding windows and the compressors' open "
+                         f"windows (f32, as transformers' V4 attention keeps them)")
+            continue
         lines.append(f"KV cache: {per_token:,} bytes per token on {dev}, {exp.cache_lens:,} tokens")
         if dev in exp.serve_cache_lens:
             lines.append(f"  hybrid serve without --cache-lens: {exp.serve_cache_lens[dev]:,} "

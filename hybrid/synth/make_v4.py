@@ -9,6 +9,9 @@ ratios), exactly the tensors it loads (tensor_map_v4.py) and the converter's typ
     mxfp4_moe  what the converter writes from DeepSeek's release: routed experts MXFP4, the
                FP8 weights (attention, shared experts, the indexer's query) Q8_0, the BF16
                ones (embeddings, output, router, compressors) BF16, the rest F32
+    q4_k_m     a community requantization as llama-quantize's Q4_K_M recipe makes it (the
+               deepseek2 one, recipe.py): 2-D weights Q4_K, Q6_K for the output and for
+               ffn_down in the layers `use_more_bits` picks; the same F32 ones
 
 Weights are random, drawn per tensor from (seed, name, chunk) as make_model.py's are.
 """
@@ -27,11 +30,11 @@ from hybrid.errors import HybridError
 from hybrid.gguf.quant_types import Q
 from hybrid.model.spec_v4 import GATING_SQRT_SOFTPLUS, V4Spec
 from hybrid.model.tensor_map_v4 import expected_v4_shapes
-from hybrid.synth.recipe import with_fallback
+from hybrid.synth.recipe import tensor_type, with_fallback
 from hybrid.synth.streaming import add_tokenizer, random_matrix_chunks, tensor_rng, write_model
 from hybrid.synth.vocab import Vocab
 
-V4_QUANTS = {"f32": 0, "bf16": 32, "q8_0": 7, "mxfp4_moe": 38}  # -> general.file_type
+V4_QUANTS = {"f32": 0, "bf16": 32, "q8_0": 7, "mxfp4_moe": 38, "q4_k_m": 15}  # file_type
 # tensors the converter keeps F32 whatever the mix (1-D ones aside)
 _F32_ALWAYS = ("hc_", "_ape.", "attn_sinks")
 # tensors DeepSeek's release holds in BF16 (the rest of its 2-D weights are FP8 -> Q8_0)
@@ -39,8 +42,9 @@ _BF16_IN_RELEASE = ("token_embd.", "output.", "ffn_gate_inp.", "compressor_kv.",
                     "compressor_gate.", "indexer.proj.")
 
 
-def v4_tensor_type(name: str, shape: tuple[int, ...], quant: str) -> int:
-    """The GGML type of V4 tensor `name` (numpy-order `shape`) in a `quant` file."""
+def v4_tensor_type(name: str, shape: tuple[int, ...], quant: str, num_layers: int = 1) -> int:
+    """The GGML type of V4 tensor `name` (numpy-order `shape`) in a `quant` file of
+    `num_layers` layers."""
     if quant not in V4_QUANTS:
         raise HybridError(f"--quant {quant!r} has no DeepSeek-V4 recipe; choose one of "
                           f"{', '.join(V4_QUANTS)}")
@@ -52,6 +56,8 @@ def v4_tensor_type(name: str, shape: tuple[int, ...], quant: str) -> int:
         return Q.BF16
     if quant == "q8_0":
         return with_fallback(Q.Q8_0, shape[-1])
+    if quant == "q4_k_m":
+        return tensor_type(name, shape, num_layers, quant)
     if "_exps." in name:
         return with_fallback(Q.MXFP4, shape[-1])
     if any(k in name for k in _BF16_IN_RELEASE):
@@ -158,7 +164,7 @@ def make_v4(preset: V4Spec, quant: str, seed: int, vocab: Vocab, out: Path,
     """Write the deepseek4 model to `out` (one .gguf). Returns the files."""
     spec = dataclasses.replace(preset, vocab_size=len(vocab))
     shapes = expected_v4_shapes(spec)
-    types = {name: v4_tensor_type(name, shape, quant) for name, shape in shapes.items()}
+    types = {name: v4_tensor_type(name, shape, quant, spec.num_layers) for name, shape in shapes.items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     writer = GGUFWriter(out, "deepseek4")
     _add_metadata(writer, spec, quant, seed)

@@ -1,0 +1,124 @@
+"""DeepSeek-V4's caches as `rules explain` counts them (hybrid/model/v4_cache.py): equal to what
+transformers' V4 cache layers hold after prompts and decode steps, and the plan of a full-size
+V4 Q4_K_M file against the file's own tensors."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from hybrid.model import v4_cache
+from hybrid.synth.presets_v4 import TINY_V4, V4
+
+V4_RULES = """\
+- match: {name: "^model\\\\.layers\\\\.\\\\d+\\\\.mlp\\\\.experts$", class: DeepseekV4Experts}
+  replace: {class: experts, kwargs: {generate_device: cpu, backend: cpu, mode: MODE}}
+  recursive: false
+- match: {name: ""}
+  replace: {class: default, kwargs: {generate_device: DEVICE}}
+"""
+
+
+def _held_floats(cache) -> list[int]:
+    """Floats each layer of a transformers DeepseekV4 cache holds: the window's keys (its plain
+    window layers keep the same rows again as values: not counted) and every compressor
+    state."""
+    out = []
+    for layer in cache.layers:
+        n = layer.keys.numel() if getattr(layer, "keys", None) is not None else 0
+        for states in ("buffer_kv", "buffer_gate", "compressed_kv", "overlap_kv",
+                       "overlap_gate"):
+            n += sum(t.numel() for t in getattr(layer, states, {}).values() if t is not None)
+        out.append(n)
+    return out
+
+
+@pytest.mark.parametrize("prompt,steps", [(1, 0), (5, 0), (37, 3), (130, 0), (129, 2),
+                                          (300, 5)])
+def test_rows_equal_transformers_caches(prompt: int, steps: int) -> None:
+    """A prompt then decode steps: before and past the window (16), a CSA window (4), an HCA
+    window (128), with open windows left over."""
+    from transformers import DeepseekV4ForCausalLM
+
+    torch.manual_seed(0)
+    config = TINY_V4.to_hf_config()
+    model = DeepseekV4ForCausalLM(config).eval()
+    with torch.inference_mode():
+        cache = model(input_ids=torch.randint(0, config.vocab_size, (1, prompt)),
+                      use_cache=True).past_key_values
+        for _ in range(steps):
+            model(input_ids=torch.randint(0, config.vocab_size, (1, 1)), cache=cache,
+                  use_cache=True)
+    tokens = prompt + steps
+    assert _held_floats(cache) == [v4_cache.layer_rows(TINY_V4, i, tokens)
+                                   for i in range(TINY_V4.num_layers)]
+    assert v4_cache.request_bytes(TINY_V4, tokens, 4) == 4 * sum(_held_floats(cache))
+
+
+def test_a_long_context_costs_its_compressed_rows() -> None:
+    # V4-Flash: 20 CSA layers of (512 + 128) / 4 floats a token, 23 HCA layers of 512 / 128
+    ratios = V4.compress_ratios
+    assert (ratios.count(4), ratios.count(128), ratios.count(0)) == (20, 23, 0)
+    per_token = v4_cache.compressed_bytes_per_token(V4, 4)
+    assert per_token == 4 * (20 * 640 / 4 + 23 * 4)
+    grown = v4_cache.request_bytes(V4, 131072 + 1024, 4) - v4_cache.request_bytes(V4, 131072, 4)
+    assert grown == 1024 * per_token  # whole windows of both ratios: exactly the rows
+
+
+def _plan(path: str, tmp_path: Path, device: str, mode: str = "exact"):
+    from hybrid.rules.planner import plan_model
+
+    rules = tmp_path / f"v4-{device}.yaml"
+    rules.write_text(V4_RULES.replace("MODE", mode).replace("DEVICE", device))
+    return plan_model(path, str(rules), announce=False, check_devices=False)
+
+
+def test_explain_counts_the_v4_caches_of_one_request(models, tmp_path) -> None:
+    from hybrid.rules.explain import explain, render_table
+
+    planned = _plan(str(models.path("tiny-v4", "f32")), tmp_path, "cpu")
+    exp = explain(planned.plan, planned.spec, 4096, 24 << 30, None)
+    assert exp.v4 and exp.devices["cpu"].kv_cache == v4_cache.request_bytes(TINY_V4, 4096, 4)
+    assert exp.kv_bytes_per_token == {"cpu": round(v4_cache.compressed_bytes_per_token(
+        TINY_V4, 4))}
+    assert exp.serve_cache_lens == {} and exp.fits
+    assert "for one request of 4,096 tokens: its compressed rows" in render_table(exp, "V4")
+
+
+@pytest.fixture(scope="module")
+def v4_sparse(tmp_path_factory) -> Path:
+    """A full-size header-only DeepSeek-V4-Flash Q4_K_M (sparse: no weight bytes)."""
+    from hybrid.synth.make_v4 import make_v4
+    from hybrid.synth.vocab import get_vocab
+
+    out = tmp_path_factory.mktemp("v4") / "DeepSeek-V4-Flash-Q4_K_M.gguf"
+    return make_v4(V4, "q4_k_m", 0, get_vocab("deepseek", V4.vocab_size), out,
+                   header_only=True)[0]
+
+
+@pytest.mark.parametrize("cache_lens", [32768, 131072])
+def test_full_v4_q4_k_m_with_transformers_attention_on_24_gib(v4_sparse: Path, tmp_path,
+                                                              cache_lens: int) -> None:
+    """Routed experts on the CPU kernels, the rest transformers' own modules on the GPU: those
+    hold f32 (4 bytes a parameter, whatever the file's type), 27.2 GiB, so the plan does not fit
+    24 GiB and explain says what to move. The caches: one request's window and compressed
+    rows, in f32."""
+    from hybrid.gguf.reader import GGUFModelFile
+    from hybrid.rules.explain import explain
+
+    assert v4_sparse.stat().st_blocks * 512 < 64 * 2**20  # headers only on disk
+    infos = {n: e[0] for n, e in GGUFModelFile(str(v4_sparse)).tensor_infos.items()}
+    planned = _plan(str(v4_sparse), tmp_path, "cuda", "exact")
+    exp = explain(planned.plan, planned.spec, cache_lens, 24 << 30, 512 << 30)
+    gpu, cpu = exp.devices["cuda:0"], exp.devices["cpu"]
+    experts = {n for n in infos if "_exps." in n}
+    on_gpu = {n for n in infos if n not in experts and "tid2eid" not in n}
+    assert cpu.weights == sum(infos[n].nbytes for n in experts)  # exact: the file's blocks
+    assert gpu.weights == 4 * sum(math.prod(infos[n].shape) for n in on_gpu)
+    assert 27 * 2**30 < gpu.weights < 27.5 * 2**30
+    assert gpu.kv_cache == v4_cache.request_bytes(V4, cache_lens, 4)
+    assert not gpu.fits and not exp.fits
+    assert any("self_attn.q_b_proj" in a for a in exp.advice)
