@@ -109,11 +109,17 @@ def test_spec_reads_the_keys_and_names_what_is_wrong() -> None:
         read_v4_spec("f.gguf", _keys(hash_layer_count=...), 1024, "tiny")
 
 
-def test_serving_refuses_v4_in_one_line(models) -> None:
+def test_v4_defaults_to_its_bundled_cpu_rules(models) -> None:
+    """Every module transformers' own but the routed experts, on the CPU kernels (serving:
+    tests/test_v4_serving.py)."""
     from hybrid.rules.planner import plan_model
 
-    with pytest.raises(HybridError, match="cannot run V4 yet"):
-        plan_model(str(models.path("tiny-v4", "f32")), None, announce=False)
+    planned = plan_model(str(models.path("tiny-v4", "f32")), None, announce=False)
+    assert planned.rules_path.name == "DeepSeek-V4.yaml" and planned.plan.warnings == []
+    ops = {p.path: (p.operator, p.generate_device) for p in planned.plan.placements.values()}
+    experts = [k for k, v in ops.items() if v[0] == "experts"]
+    assert experts == [f"model.layers.{i}.mlp.experts" for i in range(TINY_V4.num_layers)]
+    assert {v for k, v in ops.items() if k not in experts} == {("default", "cpu")}
 
 
 def test_presets_keep_a_csa_layer_and_the_flash_shapes() -> None:
@@ -160,11 +166,4 @@ def test_rules_run_v4_experts_on_the_cpu_kernels(models, tmp_path, quant, mode, 
     assert rel_l2(ours, ref) <= bar
 
 
-def test_the_engine_refuses_v4_with_rules(models, tmp_path) -> None:
-    """(`rules explain` plans it: tests/test_v4_cache.py.)"""
-    from hybrid.engine.llm import LLM
 
-    rules = tmp_path / "v4-cpu-experts.yaml"
-    rules.write_text(V4_CPU_EXPERTS.replace("MODE", "exact"))
-    with pytest.raises(HybridError, match="cannot run V4 yet"):
-        LLM(str(models.path("tiny-v4", "f32")), str(rules))

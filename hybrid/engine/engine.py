@@ -18,12 +18,14 @@ import torch
 
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.runner.model_runner import ModelRunner
+from hybrid.engine.runner.transformers_runner import TransformersRunner
 from hybrid.engine.sampling.grammar import GrammarVocab, Matcher, mask_logits
 from hybrid.engine.sampling.sampler import Sampled, make_generator, sample_batch
 from hybrid.engine.sampling.stop_checker import StopChecker
 from hybrid.engine.scheduling.request import Request, RequestStatus, TokenOutput
 from hybrid.engine.scheduling.scheduler import ScheduledBatch, Scheduler
 from hybrid.errors import HybridError, RequestRejected
+from hybrid.model.spec_v4 import V4Spec
 from hybrid.tokenizer.detokenizer import IncrementalDetokenizer
 
 log = logging.getLogger("hybrid.engine")
@@ -51,7 +53,8 @@ class Engine:
                  progress: Callable[[str], None] | None = None) -> None:
         """loaded: a `hybrid.model.loader.LoadedModel` built with optimize rules; `progress`
         hears what start-up is doing (kernel warm-up, CUDA graph capture)."""
-        config = _with_cache_lens(config, loaded)
+        v4 = isinstance(loaded.spec, V4Spec)  # transformers' attention: TransformersRunner
+        config = _for_transformers_runner(config) if v4 else _with_cache_lens(config, loaded)
         self.config = config  # cache_lens chosen
         self.spec = loaded.spec
         self.tokenizer = loaded.tokenizer
@@ -61,8 +64,12 @@ class Engine:
         # the runner's start-up compiles the GPU's kernels while the background compile of the
         # CPU experts' ones (started while loading) runs on, and waits for it before its first
         # step that runs them (the kernels are then read from numba's cache)
-        self.runner = ModelRunner(loaded.model, config, self.scheduler.max_request_tokens,
-                                  progress, _waiter(loaded.compiling, progress))
+        if v4:
+            _waiter(loaded.compiling, progress)()  # its first step runs the CPU experts
+            self.runner = TransformersRunner(loaded.model, config)
+        else:
+            self.runner = ModelRunner(loaded.model, config, self.scheduler.max_request_tokens,
+                                      progress, _waiter(loaded.compiling, progress))
         # chosen at start-up where the config leaves them open
         self.scheduler.chunk_size = self.runner.chunk_size
         self.scheduler.decode_chunk_size = self.runner.decode_chunk_size
@@ -184,6 +191,22 @@ class Engine:
                             r.num_cached_tokens)
         status = RequestStatus.RUNNING if finished is None else RequestStatus(finished)
         return StepOutput(r, token, status)
+
+
+def _for_transformers_runner(config: EngineConfig) -> EngineConfig:
+    """`config` as TransformersRunner runs it: no prefix cache (each request's cache is its
+    own), cache_lens (the tokens admitted at once) DEFAULT_CACHE_LENS where left open."""
+    from hybrid.model.kv_budget import DEFAULT_CACHE_LENS
+
+    if config.record_routing:
+        raise HybridError("--record-routing counts the routing of hybrid's own MoE step; "
+                          "this model runs through transformers' forward (DeepSeek-V4), "
+                          "which it does not hook yet")
+    if config.prefix_cache:
+        log.info("prefix cache off: this model runs through transformers' forward, each "
+                 "request on a cache of its own")
+    return replace(config, prefix_cache=False,
+                   cache_lens=config.cache_lens or DEFAULT_CACHE_LENS)
 
 
 def _with_cache_lens(config: EngineConfig, loaded) -> EngineConfig:

@@ -11,7 +11,7 @@ from hybrid.model.packed_cache import PackedCache
 from hybrid.ops.compile_ahead import compile_ahead
 from hybrid.rules.explain import refuse_if_over_budget
 from hybrid.rules.inject import inject
-from hybrid.rules.planner import check_servable, plan_model
+from hybrid.rules.planner import plan_model
 from hybrid.tokenizer.gguf_tokenizer import GGUFTokenizer
 
 
@@ -22,7 +22,6 @@ def load_with_rules(path: str, rules: str | None, device_map: dict[str, str] | N
     it, then build it: operators on their devices. `packed_cache`: fast mode's packed experts
     persist on disk (hybrid.model.packed_cache) and later starts map them."""
     planned = plan_model(path, rules, device_map)
-    check_servable(planned.spec, path)  # the engine's layers are deepseek2's and deepseek32's
     refuse_if_over_budget(planned.plan, planned.spec, cache_lens)
     cache = None
     if packed_cache:

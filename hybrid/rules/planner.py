@@ -10,7 +10,6 @@ from pathlib import Path
 
 from torch import nn
 
-from hybrid.errors import HybridError
 from hybrid.gguf.reader import GGUFModelFile
 from hybrid.model.loader import build_meta_model, open_model
 from hybrid.model.spec import ModelSpec
@@ -18,6 +17,8 @@ from hybrid.model.spec_v4 import V4Spec
 from hybrid.rules.devices import check_available
 from hybrid.rules.plan import Plan, build_plan
 from hybrid.rules.schema import RuleError, load_rules
+
+V4_RULES = "DeepSeek-V4.yaml"  # transformers' V4 modules, the routed experts on the CPU kernels
 
 
 def bundled_rules() -> dict[str, Path]:
@@ -40,25 +41,13 @@ def find_rules(name: str) -> Path:
                     f"({', '.join(sorted(bundled))})")
 
 
-def check_servable(spec: ModelSpec | V4Spec, path: str) -> None:
-    """HybridError for a file the engine cannot run yet: DeepSeek-V4, whose attention (a window
-    with compressed keys), residual streams and routing have no operators yet. Its files load
-    into transformers' model (hybrid.model.loader.load_model), and rules given explicitly may
-    put its routed experts on hybrid's experts operator (the rest `default`)."""
-    if isinstance(spec, V4Spec):
-        raise HybridError(
-            f"{path} is DeepSeek-V4 (deepseek4): hybrid reads it and runs it through "
-            f"transformers' DeepseekV4 model (python: hybrid.model.loader.load_model, or "
-            f"with its routed experts on the CPU kernels by a rule file of your own: "
-            f"docs/model-files.md), but there are no bundled V4 rules, and `hybrid serve` and "
-            f"`generate` cannot run V4 yet (its attention has no operators); serve a deepseek2 "
-            f"or deepseek32 file meanwhile")
-
-
 def default_rules_name(spec: ModelSpec) -> str:
-    """The bundled rules for this machine: the 24 GB GPU layout with a GPU, else cpu.yaml."""
+    """The bundled rules for this machine: the 24 GB GPU layout with a GPU, else cpu.yaml;
+    DeepSeek-V4's CPU layout on any machine."""
     import torch
 
+    if isinstance(spec, V4Spec):  # transformers' modules but the experts: the CPU layout
+        return V4_RULES
     if not torch.cuda.is_available():
         return "cpu.yaml"
     return family_gpu_rules_name(spec)
@@ -69,8 +58,9 @@ def family_gpu_rules_name(spec: ModelSpec) -> str:
 
     DeepSeek-V3.2 (an indexer) gets its own file: DeepSeek-V3.yaml names V3's classes, so on a
     V3.2 tree it would match nothing but the names and leave attention and the routed experts
-    to `default` (fp32 on the GPU)."""
-    check_servable(spec, spec.name)
+    to `default` (fp32 on the GPU). DeepSeek-V4 has none: its own CPU layout."""
+    if isinstance(spec, V4Spec):
+        return V4_RULES
     if spec.has_indexer:
         return "DeepSeek-V3.2.yaml"
     return "DeepSeek-V3.yaml" if spec.is_v3 else "DeepSeek-V2-Lite.yaml"
@@ -133,7 +123,6 @@ def plan_model(gguf_path: str, rules: str | None, device_map: Mapping[str, str] 
                check_devices: bool = True, announce: bool = True) -> PlannedModel:
     gguf, spec = open_model(gguf_path)
     if rules is None:
-        check_servable(spec, gguf_path)
         rules = default_rules_name(spec)
         if announce:
             print(f"using optimize rules {rules} (the default for this machine)", file=sys.stderr)

@@ -1,0 +1,95 @@
+"""A step as transformers' own model runs it, for a model whose attention has no operator of
+ours yet (DeepSeek-V4: its sliding window with compressed keys, docs/model-files.md).
+
+Each request keeps transformers' own cache (a DynamicCache of the model's config: for V4 the
+window and compressed rows of hybrid/model/v4_cache.py), and each step runs its chunks one
+after another through the whole model, each on its request's cache, a batch of one; the
+routed experts still run on hybrid's CPU kernels where the rules put them. The scheduler's
+pages only bound the tokens in flight (admission); there is no prefix cache, no CUDA graph,
+no layered prefill.
+
+Invariant: a request's cache holds exactly its first `length` tokens. A chunk that starts
+elsewhere (after a failed step left a cache part-way through a chunk, or with no cache yet)
+rebuilds the cache from the request's own tokens first, so a step that failed never leaves a
+later one computing on a wrong cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from hybrid.engine.config import EngineConfig
+from hybrid.engine.scheduling.scheduler import ScheduledBatch
+from hybrid.engine.step.step_result import StepResult
+from hybrid.model.activations import CPU_CHUNK
+
+
+@dataclass
+class _RequestCache:
+    cache: object  # transformers' Cache of this request's tokens
+    length: int  # tokens it holds
+
+
+class TransformersRunner:
+    def __init__(self, model: nn.Module, config: EngineConfig) -> None:
+        """model: transformers' CausalLM with its experts on our operator (rules applied)."""
+        self.model = model.eval()
+        self.device = next(model.parameters()).device
+        self.chunk_size = config.chunk_size or CPU_CHUNK
+        self.decode_chunk_size = config.decode_chunk_size or self.chunk_size
+        self.in_flight_chunk_size = self.decode_chunk_size
+        self.recorder = None  # routing counts hook our operators' steps: not recorded here
+        self.job = None  # no chunk ever passes the layers over several steps
+        self._moe_layers = sum(1 for m in model.modules() if type(m).__name__ == "ExpertsOp")
+        self._caches: dict[int, _RequestCache] = {}  # id(request) -> its cache
+
+    def on_stream(self):
+        """The context of a step's device work: nothing to set (no stream of our own)."""
+        return contextlib.nullcontext()
+
+    def drop_job(self, request=None) -> None:
+        """Forget `request`'s cache (it ended, or was cancelled); with none, after a failed
+        step, every cache is kept: a chunk that finds its cache elsewhere rebuilds it."""
+        if request is not None:
+            self._caches.pop(id(request), None)
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> StepResult:
+        """Every chunk of the batch through the model on its request's cache -> one logits
+        row per sampling chunk, in order."""
+        rows = []
+        for chunk in batch.chunks:
+            logits = self._advance(chunk.request, chunk.start, chunk.token_ids)  # [V]
+            if chunk.samples:
+                rows.append(logits)
+        vocab = self.model.config.vocab_size
+        logits = torch.stack(rows) if rows else torch.empty(0, vocab, device=self.device)
+        return StepResult(logits.float(), list(batch.chunks), None, 0,
+                          self._moe_layers * len(batch.chunks))
+
+    def _advance(self, request, start: int, token_ids: list[int]) -> torch.Tensor:
+        """The request's cache grown by `token_ids` at position `start` -> the last token's
+        logits [V]."""
+        from transformers import DynamicCache
+
+        held = self._caches.get(id(request))
+        if held is None or held.length != start:  # rebuild from the request's own tokens
+            held = self._caches[id(request)] = _RequestCache(
+                DynamicCache(config=self.model.config), 0)
+            before = request.token_ids(0, start)
+            for at in range(0, start, self.chunk_size):
+                self._forward(held, before[at:at + self.chunk_size])
+        return self._forward(held, token_ids)
+
+    def _forward(self, held: _RequestCache, token_ids: list[int]) -> torch.Tensor:
+        n = len(token_ids)
+        ids = torch.tensor([token_ids], device=self.device)  # [1, n]
+        positions = torch.arange(held.length, held.length + n, device=self.device)[None]
+        out = self.model(input_ids=ids, position_ids=positions, cache=held.cache,
+                         use_cache=True, logits_to_keep=1)
+        held.length += n
+        return out.logits[0, -1]

@@ -1,0 +1,109 @@
+"""DeepSeek-V4 served (hybrid/engine/runner/transformers_runner.py): the bundled DeepSeek-V4.yaml
+by default, five prompts at once in chunks, their greedy tokens and log-probabilities against
+transformers' own model recomputing every token from scratch; a request whose cache is lost
+rebuilds it from its tokens; and a chat completion through the HTTP server."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hybrid.engine.config import EngineConfig
+from hybrid.engine.sampling.sampling_params import SamplingParams
+
+_rng = np.random.default_rng(4)
+# past the 16-token window, the 4-token CSA windows and (the last two) the 128-token HCA one
+PROMPTS = [[int(t) for t in _rng.integers(3, 1000, size=n)] for n in (3, 17, 70, 150, 260)]
+NEW = 24
+
+
+@pytest.fixture(scope="module")
+def v4(models):
+    from hybrid.engine.llm import LLM
+
+    path = str(models.path("tiny-v4", "f32"))
+    return path, LLM(path, None, engine_config=EngineConfig(chunk_size=64, max_batch_size=4))
+
+
+def _reference(path: str, prompt: list[int]) -> tuple[list[int], list[float]]:
+    """transformers' DeepseekV4 on the same weights: greedy, every token from the whole
+    sequence again (no cache) -> (tokens, their log-probabilities)."""
+    from hybrid.model.loader import load_model
+
+    model = _reference.models.setdefault(path, load_model(path).model)
+    ids, logprobs = list(prompt), []
+    with torch.inference_mode():
+        for _ in range(NEW):
+            row = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, -1].double(),
+                                    -1)
+            ids.append(int(row.argmax()))
+            logprobs.append(float(row[ids[-1]]))
+    return ids[len(prompt):], logprobs
+
+
+_reference.models = {}
+
+
+def test_five_prompts_at_once_equal_transformers(v4) -> None:
+    path, llm = v4
+    assert llm.loaded.spec.arch == "deepseek4"
+    params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True, logprobs=0)
+    outs = llm.generate(prompt_token_ids=PROMPTS, sampling_params=params)  # 4 run, 1 queues
+    worst = 0.0
+    for prompt, out in zip(PROMPTS, outs):
+        tokens, logprobs = _reference(path, prompt)
+        assert out.outputs[0].token_ids == tokens
+        worst = max(worst, max(abs(a - b) for a, b in zip(out.outputs[0].logprobs, logprobs)))
+    assert worst <= 1e-3  # measured 3.0e-6
+
+
+def test_a_lost_cache_is_rebuilt_from_the_requests_tokens(v4) -> None:
+    """A step that failed may leave a cache part-way through a chunk; the runner then finds a
+    cache of the wrong length, or none, and replays the request's own tokens."""
+    path, llm = v4
+    runner = llm.engine.runner
+    params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
+    got = []
+    for i, event in enumerate(llm.stream(PROMPTS[3], params)):
+        got.append(event.token_id)
+        if i == 5:
+            runner._caches.clear()  # as after a failure: every cache gone
+        if i == 11:
+            held = next(iter(runner._caches.values()))
+            held.length -= 1  # a cache that does not hold what its request has
+    assert got == _reference(path, PROMPTS[3])[0]
+    assert runner._caches == {}  # the finished request's cache went with it
+
+
+def test_cancelling_frees_its_cache(v4) -> None:
+    _, llm = v4
+    params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
+    stream = llm.stream(PROMPTS[1], params)
+    next(stream)
+    assert len(llm.engine.runner._caches) == 1
+    stream.close()  # the reader stops: the request is cancelled
+    assert llm.engine.runner._caches == {}
+
+
+def test_chat_through_the_server(models) -> None:
+    import httpx
+
+    from server.config import ServerConfig
+    from server.inprocess import InProcessServer
+    from server.serve import build_state
+
+    config = ServerConfig.from_flat({"gguf_path": str(models.path("tiny-v4", "f32"))})
+    state = build_state(config, start=False)
+    state.worker.start()
+    server = InProcessServer(state)
+    try:
+        body = {"model": state.model.name, "max_tokens": 8, "temperature": 0,
+                "messages": [{"role": "user", "content": "Hello there"}]}
+        r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert choice["finish_reason"] in ("stop", "length")
+        assert r.json()["usage"]["completion_tokens"] >= 1
+    finally:
+        server.stop()
