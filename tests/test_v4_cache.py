@@ -13,13 +13,7 @@ import torch
 from hybrid.model import v4_cache
 from hybrid.synth.presets_v4 import TINY_V4, V4
 
-V4_RULES = """\
-- match: {name: "^model\\\\.layers\\\\.\\\\d+\\\\.mlp\\\\.experts$", class: DeepseekV4Experts}
-  replace: {class: experts, kwargs: {generate_device: cpu, backend: cpu, mode: MODE}}
-  recursive: false
-- match: {name: ""}
-  replace: {class: default, kwargs: {generate_device: DEVICE}}
-"""
+from .test_deepseek4 import V4_CPU_EXPERTS
 
 
 def _held_floats(cache) -> list[int]:
@@ -71,8 +65,10 @@ def test_a_long_context_costs_its_compressed_rows() -> None:
 def _plan(path: str, tmp_path: Path, device: str, mode: str = "exact"):
     from hybrid.rules.planner import plan_model
 
-    rules = tmp_path / f"v4-{device}.yaml"
-    rules.write_text(V4_RULES.replace("MODE", mode).replace("DEVICE", device))
+    rules = tmp_path / f"v4-{device}.yaml"  # the routed experts on the CPU, the rest on device
+    rules.write_text(V4_CPU_EXPERTS.replace("MODE", mode).replace(
+        "{class: default, kwargs: {generate_device: cpu}}",
+        f"{{class: default, kwargs: {{generate_device: {device}}}}}"))
     return plan_model(path, str(rules), announce=False, check_devices=False)
 
 
