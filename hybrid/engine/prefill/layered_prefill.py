@@ -23,8 +23,7 @@ layers (at the chunk's token count, by the start-up cost model) as fit in `share
 (EngineConfig.prompt_share) times a one-token decode step (as start-up timed its graphs; where
 it timed none, its CPU experts by the cost model), so the step stays within that bound even
 where the layers run after the decodes rather than beside them; one layer a step where nothing
-was measured. Fewer layers a step would only stretch the prompt: the steps beside
-it cost about the same, and the expert copies run on between steps.
+was measured.
 """
 
 from __future__ import annotations

@@ -53,9 +53,10 @@ def choose_in_flight_chunk_size(placement: ExpertPlacement, decode_chunk_size: i
     """Prompt tokens a decoding step takes from other requests while a layered chunk is in
     flight (at most `decode_chunk_size`). Such tokens run on the CPU experts (one streamed
     chunk at a time), inside the decode step, whose every stream waits for them. So: the most
-    tokens whose CPU experts over all layers cost at most `share` x a one-token decode
-    step's (the layered chunk's share beside them allows the same) (0 where nothing was measured: those prompts wait for the chunk). Where no
-    chunk can stream there is never one in flight, and this is `decode_chunk_size`."""
+    tokens whose CPU experts over all layers cost at most `share` x a one-token decode step's,
+    the share the layered chunk may add too (0 where nothing was measured: those prompts wait
+    for the chunk). Where no chunk can stream there is never one in flight, and this is
+    `decode_chunk_size`."""
     if not placement.layer_nbytes or placement.mode == "cpu":
         return decode_chunk_size
     costs = placement.costs

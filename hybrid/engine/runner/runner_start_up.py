@@ -96,12 +96,12 @@ def start_up(runner, config: EngineConfig, attention: list[MLAAttentionOp],
     cpu_kernels_ready()  # before serving, wherever no warm-up step ran the CPU experts
     runner.placement = prefill_setup.placement(runner.stream, runner.program.moe_layers, config,
                                              hf.hidden_size, progress, runner.chunk_size)
+    layers = len(runner.program.moe_layers)
     runner.decode_chunk_size = config.decode_chunk_size or choose_decode_chunk_size(
-        runner.placement, runner.chunk_size, len(runner.program.moe_layers), config.prompt_share)
+        runner.placement, runner.chunk_size, layers, config.prompt_share)
     if config.decode_chunk_size is None and progress is not None:
         progress(f"beside decoding requests, prompt steps of up to "
                  f"{runner.decode_chunk_size} tokens (--decode-chunk-size sets it)")
-    layers = len(runner.program.moe_layers)
     if progress is not None and layered_prefill.candidate_tokens(
             runner.placement, runner.decode_chunk_size, layers):
         per_step = layered_prefill.layers_per_step(runner.placement, runner.decode_chunk_size,
@@ -111,8 +111,7 @@ def start_up(runner, config: EngineConfig, attention: list[MLAAttentionOp],
                  f"beside decodes, {per_step} MoE layers a step (--decode-gap "
                  f"{config.decode_gap:g})")
     runner.in_flight_chunk_size = choose_in_flight_chunk_size(
-        runner.placement, runner.decode_chunk_size, len(runner.program.moe_layers),
-        config.prompt_share)
+        runner.placement, runner.decode_chunk_size, layers, config.prompt_share)
     if runner.in_flight_chunk_size < runner.decode_chunk_size and progress is not None:
         progress(f"while a long prompt passes the layers beside decodes, other prompts "
                  f"take up to {runner.in_flight_chunk_size} tokens a step")

@@ -3,10 +3,11 @@
 Per MoE layer and step, exactly one device-to-host copy (the normalized hidden rows, the chosen
 expert ids and their weights, into pinned buffers) and one host-to-device transfer (the
 experts' weighted sum), both on the model's stream, and one host wait (an event recorded right
-after the first copy). The transfer back of a few rows (a decode step's) is a kernel reading the
-pinned buffer (gpu_kernels/handshake.py's fetch), not a copy: a copy would queue behind a long
-prompt's expert uploads on the host-to-device copy engine. Between them the GPU runs the layer's shared expert while the CPU pool runs
-the routed ones. Layers run one after another, so every layer shares one set of buffers.
+after the first copy). Between them the GPU runs the layer's shared expert while the CPU pool
+runs the routed ones. Layers run one after another, so every layer shares one set of buffers.
+The transfer back of a few rows (a decode step's) is a kernel reading the pinned buffer
+(gpu_kernels/handshake.py's fetch), not a copy: a copy would queue behind a long prompt's
+expert uploads on the host-to-device copy engine.
 
     send(h, ids, w)   GPU work: the three copies into pinned memory     (in a captured piece)
     mark()            host: record the event after them
