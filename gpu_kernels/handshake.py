@@ -16,8 +16,8 @@ they never need resetting and a flag left from an earlier step never passes for 
 - fetch(src, dst): dst = src (pinned host memory), read by a kernel over PCIe, and
   set_seq(seq, value): seq[0] = value, the value a launch argument. Neither is a copy: a copy
   from the host queues on a host-to-device copy engine behind whatever that engine carries
-  (a long prompt's expert uploads, ~8 ms each), and a decode step's graph would wait there at
-  every MoE layer.
+  (a long prompt's expert uploads, a layer's experts each), and a decode step's graph would
+  wait there at every MoE layer (docs/long-prompts.md, "The copy engine").
 """
 
 from __future__ import annotations

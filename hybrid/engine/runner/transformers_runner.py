@@ -26,6 +26,7 @@ from hybrid.engine.config import EngineConfig
 from hybrid.engine.scheduling.scheduler import ScheduledBatch
 from hybrid.engine.step.step_result import StepResult
 from hybrid.model.activations import CPU_CHUNK
+from hybrid.ops.experts import ExpertsOp
 
 
 @dataclass
@@ -44,7 +45,7 @@ class TransformersRunner:
         self.in_flight_chunk_size = self.decode_chunk_size
         self.recorder = None  # routing counts hook our operators' steps: not recorded here
         self.job = None  # no chunk ever passes the layers over several steps
-        self._moe_layers = sum(1 for m in model.modules() if type(m).__name__ == "ExpertsOp")
+        self._moe_layers = sum(1 for m in model.modules() if isinstance(m, ExpertsOp))
         self._caches: dict[int, _RequestCache] = {}  # id(request) -> its cache
 
     def on_stream(self):
