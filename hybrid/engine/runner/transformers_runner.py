@@ -69,8 +69,9 @@ class TransformersRunner:
                 rows.append(logits)
         vocab = self.model.config.vocab_size
         logits = torch.stack(rows) if rows else torch.empty(0, vocab, device=self.device)
+        # MoE layer-steps, as ModelRunner counts them: a step's layers once, whatever its chunks
         return StepResult(logits.float(), list(batch.chunks), None, 0,
-                          self._moe_layers * len(batch.chunks))
+                          self._moe_layers if batch.chunks else 0)
 
     def _advance(self, request, start: int, token_ids: list[int]) -> torch.Tensor:
         """The request's cache grown by `token_ids` at position `start` -> the last token's
