@@ -4,15 +4,24 @@ and the pauses a benchmark attributes to its steps."""
 from __future__ import annotations
 
 import gc
+import sys
 
 from hybrid.engine.heap import CollectorPauses, freeze_start_up_heap
 
 
 def test_freezing_moves_start_up_objects_out_of_collections() -> None:
     kept = [[i] for i in range(1000)]  # tracked containers alive at "start-up"
+    # no other thread runs between the freeze and the count: an object it freed would leave
+    # the frozen generation (threads earlier tests left in this process, idle or not)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(60.0)
     try:
         frozen = freeze_start_up_heap()
-        assert frozen >= len(kept) and gc.get_freeze_count() == frozen
+        count = gc.get_freeze_count()
+    finally:
+        sys.setswitchinterval(interval)
+    try:
+        assert frozen >= len(kept) and count == frozen
         assert not any(gc.is_tracked(x) and x in gc.get_objects(2) for x in kept[:3])
     finally:
         gc.unfreeze()  # this test process builds engines again and again: give them back
