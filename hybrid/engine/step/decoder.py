@@ -67,6 +67,13 @@ class StepState:
     streamed: frozenset[int] = frozenset()
     routed: torch.Tensor | None = None
     held_out: torch.Tensor | None = None  # the current layer's GPU-held experts' output [N, H]
+    # start-up only: every bridged layer's routed experts left out (their output zeros), so the
+    # step compiles its device kernels while the CPU experts' kernels still compile elsewhere
+    routed_off: bool = False
+
+    def on_host(self, i: int) -> bool:
+        """Whether MoE layer i's routed experts run on the host this step."""
+        return not self.routed_off and i not in self.streamed
 
 
 @dataclass(frozen=True)
@@ -183,6 +190,10 @@ class DecoderProgram:
         _, weights, ids = layer.mlp.gate.route(st.normed.to(layer.mlp.gate.device))
         if self.recorder is not None:
             self.recorder.add(layer.mlp.gate.layer_index, ids, st.fb)
+        if st.routed_off:
+            st.routed = torch.zeros(st.normed.shape, dtype=torch.float32,
+                                    device=st.normed.device)  # [N, H] as receive gives it
+            return
         if i in st.streamed:  # the experts come to the rows: nothing crosses to the host
             st.routed = self.stream.run(i, st.normed, ids, weights)
             return
@@ -200,7 +211,7 @@ class DecoderProgram:
             st.pending = [shared(st.normed) if st.normed_q is None else shared(st.normed, st.normed_q)]
 
     def _receive(self, i: int, st: StepState) -> None:
-        routed = st.routed if i in st.streamed else self.bridge.receive(st.residual.shape[0])
+        routed = self.bridge.receive(st.residual.shape[0]) if st.on_host(i) else st.routed
         st.pending.append(routed)
         if st.held_out is not None:
             st.pending.append(st.held_out)
@@ -221,11 +232,11 @@ class DecoderProgram:
     # -- host work --------------------------------------------------------------------------
 
     def _mark(self, i: int, st: StepState) -> None:
-        if i not in st.streamed:
+        if st.on_host(i):
             self.bridge.mark()
 
     def _experts(self, experts: ExpertsOp, i: int, st: StepState) -> None:
-        if i not in st.streamed:
+        if st.on_host(i):
             self.bridge.compute(experts, st.num_real)
 
 
