@@ -30,7 +30,7 @@ class Ledger:
         self.numba_depth: dict[int, int] = defaultdict(int)
         self.numba_start: dict[int, float] = {}
         self.kernels: dict[str, float] = defaultdict(float)  # Triton kernel -> compile s
-        self.events: list[str] = []  # the background compile processes' ends
+        self.events: list[str] = []  # the plan, the background compile processes
         self.begin("process start")
 
     def begin(self, line: str) -> None:
@@ -111,23 +111,39 @@ def install(ledger: Ledger) -> None:
 
 
 def watch_background_compiles(ledger: Ledger) -> None:
-    """When each of cpu_kernels' background compile processes starts and exits."""
-    from cpu_kernels.runtime.precompile import BackgroundCompile
+    """When each of cpu_kernels' background compile processes starts and exits, and when the
+    plan is made."""
+    from cpu_kernels.runtime.precompile import BackgroundCompile, BackgroundPackers
 
-    started = BackgroundCompile.__init__
+    def watched(cls) -> None:
+        started = cls.__init__
 
-    def init(self, *args, **kwargs) -> None:
-        started(self, *args, **kwargs)
-        for p in self.procs:
-            what = " ".join(p.args[3:])
-            ledger.event(f"background compile started: {what}")
+        def init(self, *args, **kwargs) -> None:
+            started(self, *args, **kwargs)
+            for p in self.procs:
+                what = " ".join(p.args[3:])
+                ledger.event(f"background compile started: {what}")
 
-            def watch(p=p, what=what) -> None:
-                p.wait()
-                ledger.event(f"background compile exited {p.returncode}: {what}")
-            threading.Thread(target=watch, daemon=True).start()
+                def watch(p=p, what=what) -> None:
+                    p.wait()
+                    ledger.event(f"background compile exited {p.returncode}: {what}")
+                threading.Thread(target=watch, daemon=True).start()
 
-    BackgroundCompile.__init__ = init
+        cls.__init__ = init
+
+    watched(BackgroundCompile)
+    watched(BackgroundPackers)
+    from hybrid.rules import load
+
+    planned = load.plan_model
+
+    def plan_model(*args, **kwargs):
+        ledger.event("making the plan")
+        out = planned(*args, **kwargs)
+        ledger.event("plan made")
+        return out
+
+    load.plan_model = plan_model  # load_with_rules calls it by this module's name
 
 
 def main() -> None:

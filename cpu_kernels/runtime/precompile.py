@@ -13,9 +13,14 @@ them from there. The 1-token process then compiles the decode step's one-call dr
 A process that fails or is stopped costs nothing but its time: the warm-up compiles whatever
 is missing itself.
 
+The load-time packers (pack_kernels.py) compile the same way, one process a type, started
+before the plan is made (BackgroundPackers): the loader's first pack of a layer would otherwise
+compile them in the loading process, before anything else loads.
+
     python -m cpu_kernels.runtime.precompile GATE UP DOWN TOKENS DRIVE_LAYERS TILES...
     (ggml type ids; TOKENS 1 or MIN_TOKENS; DRIVE_LAYERS 0 for none; TILES the tile set's
     types, holding GATE UP DOWN)
+    python -m cpu_kernels.runtime.precompile pack TYPE
 """
 
 from __future__ import annotations
@@ -88,6 +93,64 @@ class BackgroundCompile:
         return codes
 
 
+class BackgroundPackers:
+    """The processes compiling the load-time packers of some types, one each; `wait` before
+    the first pack. Processes inherit the environment (NUMBA_CACHE_DIR)."""
+
+    def __init__(self, types: tuple[int, ...]) -> None:
+        self.types = types
+        self.started = time.perf_counter()
+        self.procs = [subprocess.Popen(
+            [sys.executable, "-m", "cpu_kernels.runtime.precompile", "pack", str(t)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for t in types]
+
+    @classmethod
+    def start(cls, types: set[int] | tuple[int, ...], cores: int | None = None
+              ) -> BackgroundPackers | None:
+        """Processes for the packable ones of `types`, or None where there are none or the
+        machine has fewer than MIN_CORES cores."""
+        from cpu_kernels.fast.packed import can_pack
+
+        cores = (os.cpu_count() or 1) if cores is None else cores
+        packable = tuple(sorted(t for t in set(types) if can_pack(t)))
+        return cls(packable) if packable and cores >= MIN_CORES else None
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+    def wait(self, timeout: float = 120.0) -> list[int | None]:
+        """Wait for every process (stopping any still running `timeout` s after the start: the
+        loader then compiles what is missing itself); their exit codes, None for one stopped."""
+        codes: list[int | None] = []
+        for p in self.procs:
+            try:
+                codes.append(p.wait(max(0.0, timeout - (time.perf_counter() - self.started))))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                codes.append(None)
+        return codes
+
+
+def compile_packer(qtype: int) -> None:
+    """One pack of 8 rows of one expert of `qtype`, with the argument types the loader passes
+    (packed.PackedMatrix.of: the GGUF's blocks a read-only C-contiguous uint8 [E, rows, row
+    bytes] map, Python ints, a fresh C-contiguous output)."""
+    from cpu_kernels.fast.pack_kernels import pack_blocks
+    from cpu_kernels.fast.packed import PACKED_GEOMETRY, ROWS, packed_shape
+    from cpu_kernels.formats import qtypes as qt
+
+    block_cols, packed_bytes = PACKED_GEOMETRY[qtype]
+    blocks = np.zeros((1, ROWS, qt.row_nbytes(qtype, block_cols)), np.uint8)  # [E, rows, bytes]
+    blocks.flags.writeable = False
+    out = np.empty(packed_shape(qtype, 1, ROWS, block_cols), np.uint8)
+    pack_blocks(qtype, blocks, 0, ROWS, qt.row_nbytes(qtype, 0), qt.BLOCK_GEOMETRY[qtype][1],
+                packed_bytes, out)
+
+
 def _tiny_packed(types: tuple[int, int, int]):
     """(experts, their packed copy) of 2 random experts of `types`, H = I = 256, the packed
     arrays read-only as the packed cache maps them."""
@@ -134,6 +197,9 @@ def compile_driver(types: tuple[int, int, int], tiles: tuple[int, ...], num_laye
 
 
 if __name__ == "__main__":
+    if sys.argv[1] == "pack":
+        compile_packer(int(sys.argv[2]))
+        sys.exit(0)
     gate, up, down, n, drive, *tile_types = (int(a) for a in sys.argv[1:])
     compile_kernels((gate, up, down), n, tuple(tile_types))
     if drive:

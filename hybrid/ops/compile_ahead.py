@@ -1,5 +1,6 @@
 """Which fast-mode CPU expert kernels a plan will run, started compiling in background
-processes before its weights load (cpu_kernels/runtime/precompile.py has the processes)."""
+processes before its weights load, and the load-time packers of a file's expert types before
+the plan is made (cpu_kernels/runtime/precompile.py has the processes)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from hybrid.model.spec import ModelSpec
 from hybrid.ops.experts import expert_tensors
 
 if TYPE_CHECKING:
-    from cpu_kernels.runtime.precompile import BackgroundCompile
+    from cpu_kernels.runtime.precompile import BackgroundCompile, BackgroundPackers
     from hybrid.rules.plan import Plan
 
 
@@ -46,3 +47,19 @@ def compile_ahead(plan: Plan, gguf: GGUFModelFile, spec: ModelSpec) -> list[Back
     chosen = next((types for types in layers if runs_on_amx(*types)), layers[0])
     job = BackgroundCompile.start(chosen, tiles, len(layers) if len(layers) == moe_layers else 0)
     return [] if job is None else [job]
+
+
+def packers_ahead(gguf: GGUFModelFile) -> BackgroundPackers | None:
+    """The load-time packers of every routed-expert type in the file, started compiling (the
+    plan, which says whether fast mode packs them, takes seconds to make: `packs_any` after it
+    tells whether to keep them), or None where nothing starts."""
+    from cpu_kernels.runtime.precompile import BackgroundPackers
+
+    return BackgroundPackers.start({int(info[0].qtype) for name, info in gguf.tensor_infos.items()
+                                    if "_exps." in name})
+
+
+def packs_any(plan: Plan) -> bool:
+    """Whether some MoE layer of the plan runs fast mode on the CPU (its experts are packed)."""
+    return any(p.operator == "experts" and p.options.get("backend") == "cpu"
+               and p.options.get("mode") == "fast" for p in plan.placements.values())

@@ -13,6 +13,7 @@ from hybrid.model.spec import ModelSpec
 from hybrid.ops.weights import Weight
 
 if TYPE_CHECKING:
+    from cpu_kernels.runtime.precompile import BackgroundPackers
     from hybrid.model.packed_cache import PackedCache
 
 
@@ -24,6 +25,7 @@ class BuildContext:
     options: dict[str, Any]  # the placement's resolved kwargs
     module: nn.Module  # the transformers module being replaced (on the meta device)
     packed_cache: PackedCache | None = None  # where fast mode's packed experts persist
+    packers: BackgroundPackers | None = None  # fast mode's packers compiling (wait to pack)
 
     @property
     def device(self) -> torch.device:

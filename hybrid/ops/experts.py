@@ -228,6 +228,8 @@ def _pack(ctx: BuildContext, layer: int, experts) -> None:
     cache = ctx.packed_cache
     found = cache.load(layer, experts) if cache is not None else None
     if found is None:
+        if ctx.packers is not None:  # their compile started before the plan: read it from cache
+            ctx.packers.wait()
         found = PackedExperts.of(experts)
         if cache is not None:
             found = cache.store(layer, found)

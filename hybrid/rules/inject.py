@@ -17,6 +17,7 @@ from hybrid.ops.context import BuildContext
 from hybrid.rules.planner import PlannedModel
 
 if TYPE_CHECKING:
+    from cpu_kernels.runtime.precompile import BackgroundPackers
     from hybrid.model.packed_cache import PackedCache
 
 
@@ -33,9 +34,11 @@ def _builders() -> dict[str, Callable[[BuildContext], nn.Module]]:
 
 
 def inject(planned: PlannedModel, progress: Callable[[int, int], None] | None = None,
-           packed_cache: PackedCache | None = None) -> nn.Module:
+           packed_cache: PackedCache | None = None,
+           packers: BackgroundPackers | None = None) -> nn.Module:
     """Build every operator of the plan; `progress` hears (bytes done, bytes in all) of the
-    weights the plan counts, after each operator (fast mode's packing included)."""
+    weights the plan counts, after each operator (fast mode's packing included); `packers`:
+    fast mode's packers compiling in the background, waited for before the first pack."""
     model, plan = planned.model, planned.plan
     builders = _builders()
     ops = [p for p in plan.placements.values() if p.operator != "default"]
@@ -49,7 +52,7 @@ def inject(planned: PlannedModel, progress: Callable[[int, int], None] | None = 
             continue
         module = model.get_submodule(place.path)
         ctx = BuildContext(planned.gguf, planned.spec, place.path, place.options, module,
-                           packed_cache)
+                           packed_cache, packers)
         _set_submodule(model, place.path, builders[place.operator](ctx))
         replaced.append(place.path)
         done += sum(w.nbytes for w in plan.weights

@@ -120,8 +120,10 @@ class PlannedModel:
 
 
 def plan_model(gguf_path: str, rules: str | None, device_map: Mapping[str, str] | None = None,
-               check_devices: bool = True, announce: bool = True) -> PlannedModel:
-    gguf, spec = open_model(gguf_path)
+               check_devices: bool = True, announce: bool = True,
+               opened: tuple[GGUFModelFile, ModelSpec | V4Spec] | None = None) -> PlannedModel:
+    """`opened`: open_model(gguf_path) where the caller has it already."""
+    gguf, spec = opened or open_model(gguf_path)
     if rules is None:
         rules = default_rules_name(spec)
         if announce:

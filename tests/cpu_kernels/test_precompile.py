@@ -1,6 +1,7 @@
 """The background compile of a first start (cpu_kernels/runtime/precompile.py): it compiles the very
 signature the engine's experts call (else the engine compiles again after waiting), and the
-loader starts it for the plan's fast-mode CPU expert types only."""
+loader starts it for the plan's fast-mode CPU expert types only; the same for the load-time
+packers, started before the plan."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ import numpy as np
 import pytest
 
 from cpu_kernels.formats import qtypes as qt
-from cpu_kernels.runtime.precompile import BackgroundCompile, compile_kernels, token_counts
+from cpu_kernels.runtime.precompile import (
+    BackgroundCompile,
+    BackgroundPackers,
+    compile_kernels,
+    compile_packer,
+    token_counts,
+)
 from hybrid.engine.llm import LLM
 from hybrid.engine.sampling.sampling_params import SamplingParams
 from hybrid.ops.compile_ahead import compile_ahead
@@ -91,3 +98,54 @@ def test_a_failed_background_compile_is_logged_and_start_up_goes_on(caplog) -> N
     assert "background compile" in caplog.text and "exited [1]" in caplog.text
     wait()
     assert len(said) == 1
+
+
+def test_the_background_packer_types_as_the_loader_calls(models) -> None:
+    """After the loader packed a fast-mode file's experts, the packer process's call adds no
+    compiled signature to either type's packer."""
+    from cpu_kernels.fast.pack_kernels import _kernel
+
+    LLM(str(models.path("tiny-v3", "q4_k_m", "legacy")), "DeepSeek-V3.yaml",
+        device_map={"cuda": "cpu"})
+    for t in (qt.Q4_K, qt.Q6_K):
+        loader = set(_kernel(t).signatures)
+        assert loader
+        compile_packer(t)
+        assert set(_kernel(t).signatures) == loader
+
+
+def test_the_loader_starts_the_packers_before_the_plan_and_keeps_them_for_fast_mode(
+        models, monkeypatch) -> None:
+    """Started for the file's packable expert types, waited for by the first pack; stopped
+    where the plan packs nothing (exact mode)."""
+    from hybrid.rules.load import load_with_rules
+
+    events: list = []
+
+    class Recorder:
+        def __init__(self, types) -> None:
+            events.append(("start", tuple(sorted(types))))
+
+        def wait(self) -> None:
+            events.append("wait")
+
+        def stop(self) -> None:
+            events.append("stop")
+
+    monkeypatch.setattr(BackgroundPackers, "start", classmethod(lambda cls, types: Recorder(types)))
+    path = str(models.path("tiny-v3", "q4_k_m", "legacy"))
+    load_with_rules(path, "DeepSeek-V3.yaml", device_map={"cuda": "cpu"})
+    assert events[0] == ("start", (qt.Q4_K, qt.Q6_K)) and "wait" in events
+    assert "stop" not in events
+    events.clear()
+    load_with_rules(path, "cpu.yaml")
+    assert events == [("start", (qt.Q4_K, qt.Q6_K)), "stop"]
+
+
+def test_a_background_packer_compiles_and_exits(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    assert BackgroundPackers.start({qt.Q4_K, qt.Q5_K}, cores=2) is None  # too few cores
+    job = BackgroundPackers.start({qt.Q8_0, qt.Q5_K}, cores=8)  # Q5_K: no packed layout
+    assert job is not None and job.types == (qt.Q8_0,)
+    assert job.wait() == [0]
+    assert any(p.suffix == ".nbc" for p in tmp_path.rglob("*"))
