@@ -113,10 +113,16 @@ def chat_message(m: ChatMessage, where: str, fmt: ToolFormat) -> dict[str, Any]:
     if m.tool_calls is not None and role != "assistant":
         raise bad_request(f"{where}.tool_calls: only assistant messages make tool calls",
                           f"{where}.tool_calls")
+    if m.reasoning_content is not None and role != "assistant":
+        raise bad_request(f"{where}.reasoning_content: only assistant messages carry "
+                          "reasoning", f"{where}.reasoning_content")
+    reasoning = {} if m.reasoning_content is None else {"reasoning_content": m.reasoning_content}
     if role == "assistant" and m.tool_calls:
         text = _content_text(m.content, where) if m.content is not None else ""
-        return calling_turn(text, history_tool_calls(m.tool_calls, where, fmt), fmt)
-    message = {"role": CHAT_ROLES.get(role, role), "content": _content_text(m.content, where)}
+        return {**calling_turn(text, history_tool_calls(m.tool_calls, where, fmt), fmt),
+                **reasoning}
+    message = {"role": CHAT_ROLES.get(role, role), "content": _content_text(m.content, where),
+               **reasoning}
     if role == "tool":
         message["tool_call_id"] = m.tool_call_id or ""
         if m.name:

@@ -34,6 +34,9 @@ class ChatMessage(StrictModel):
     name: str | None = None
     tool_calls: list[Any] | None = None
     tool_call_id: str | None = None
+    # an earlier assistant turn's reasoning, as DeepSeek's API returns it and asks back within
+    # a tool loop; the templates that write it (V3.2's, in thinking mode) read it
+    reasoning_content: str | None = None
 
 
 StopField = str | Annotated[list[str], Field(max_length=MAX_STOP)] | None

@@ -154,7 +154,9 @@ def _add_metadata(w: GGUFWriter, p: Preset, opts: MakeModelOptions, vocab: Vocab
         w.add_uint32(f"{k}.attention.indexer.head_count", p.index_n_heads)
         w.add_uint32(f"{k}.attention.indexer.key_length", p.index_head_dim)
         w.add_uint32(f"{k}.attention.indexer.top_k", p.index_topk)
-    add_tokenizer(w, vocab, opts.chat_template)
+    # DeepSeek-V3.2 ships no chat template (a Python encoder instead): its conversions carry none
+    add_tokenizer(w, vocab, opts.chat_template,
+                  write_template=p.arch != ARCH_V32 or opts.chat_template is not None)
 
 
 def make_model(opts: MakeModelOptions, vocab: Vocab, out: Path,

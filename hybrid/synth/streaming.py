@@ -82,9 +82,11 @@ def add_tensor_infos(writer: GGUFWriter, shapes: dict[str, tuple[int, ...]],
             writer.add_tensor_info(name, shape, np.dtype(np_dtype), nbytes)
 
 
-def add_tokenizer(w: GGUFWriter, vocab: Vocab, chat_template: str | None) -> None:
-    """The tokenizer keys (gpt2 BPE, as the converters write DeepSeek's), and the vocabulary's
-    chat template or `chat_template` (a bundled name or a .jinja file)."""
+def add_tokenizer(w: GGUFWriter, vocab: Vocab, chat_template: str | None,
+                  write_template: bool = True) -> None:
+    """The tokenizer keys (gpt2 BPE, as the converters write DeepSeek's), and, with
+    `write_template`, the vocabulary's chat template or `chat_template` (a bundled name or a
+    .jinja file)."""
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(vocab.pre)
     w.add_token_list(vocab.tokens)
@@ -95,8 +97,9 @@ def add_tokenizer(w: GGUFWriter, vocab: Vocab, chat_template: str | None) -> Non
     w.add_pad_token_id(vocab.pad_token_id)
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
-    w.add_chat_template(vocab.chat_template if chat_template is None
-                        else load_template(chat_template))
+    if write_template:
+        w.add_chat_template(vocab.chat_template if chat_template is None
+                            else load_template(chat_template))
 
 
 def write_model(writer: GGUFWriter, out: Path, shapes: dict[str, tuple[int, ...]],

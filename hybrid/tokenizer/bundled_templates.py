@@ -10,10 +10,14 @@ for the tests that render and parse each family's tool calls:
   deepseek-v3.1      DeepSeek-V3.1: thinking and non-thinking modes, calls without a fence
   kimi-k2            Kimi-K2-Instruct (first release): tools declared, calls not rendered
   kimi-k2-thinking   Kimi-K2-Thinking: tools declared, calls and their returns rendered
+  deepseek-v3.2      DeepSeek-V3.2: tools declared, DSML calls, thinking and chat modes
 
 Sources: the model repositories' tokenizer_config.json as copied into public projects
 (llama.cpp's models/templates for deepseek-v3.1, kimi-k2, kimi-k2-thinking; two independent
-copies agreeing for deepseek-r1; a provider's model list for deepseek-v3).
+copies agreeing for deepseek-r1; a provider's model list for deepseek-v3). DeepSeek-V3.2 ships
+no template but a Python encoder (encoding/encoding_dsv32.py): deepseek-v3.2 is ours, written
+to render what that encoder does (tests/test_tool_calls_dsml.py), and the template of
+`deepseek32` files that carry none.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from pathlib import Path
 from hybrid.errors import HybridError
 
 BUNDLED_TEMPLATES = ("deepseek-v3", "deepseek-r1", "deepseek-v3.1", "kimi-k2",
-                     "kimi-k2-thinking")
+                     "kimi-k2-thinking", "deepseek-v3.2")
 
 
 def bundled_template(name: str) -> str:

@@ -44,7 +44,7 @@ class GGUFTokenizer:
         self.add_bos: bool = bool(metadata.get("tokenizer.ggml.add_bos_token", True))
         self._tok = _build(self.tokens, merges, self.token_types, self.pre)
         self.chat_template = ChatTemplate(
-            metadata.get("tokenizer.chat_template"),
+            metadata.get("tokenizer.chat_template") or _family_template(metadata),
             bos_token=self.id_to_token(self.bos_token_id),
             eos_token=self.id_to_token(self.eos_token_id),
         )
@@ -170,3 +170,13 @@ def _build(tokens: list[str], merges: list[str], types: list[int], pre: str | No
     if user:
         tok.add_tokens(user)
     return tok
+
+
+def _family_template(metadata) -> str | None:
+    """For a file without a chat template: DeepSeek-V3.2's (its model ships none, so its
+    conversions carry none) for a `deepseek32` file; None (DeepSeek-V3's format) otherwise."""
+    if metadata.get("general.architecture") == "deepseek32":
+        from hybrid.tokenizer.bundled_templates import bundled_template
+
+        return bundled_template("deepseek-v3.2")
+    return None

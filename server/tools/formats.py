@@ -9,6 +9,10 @@
   kimi-k2:
       <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:INDEX
       <|tool_call_argument_begin|>ARGS<|tool_call_end|>...<|tool_calls_section_end|>
+  deepseek-v3.2 (DSML, XML-like; its arguments are parameters, not JSON: server/tools/dsml.py):
+      <｜DSML｜function_calls>\n<｜DSML｜invoke name="NAME">\n<｜DSML｜parameter name="KEY"
+      string="true|false">VALUE</｜DSML｜parameter>...\n</｜DSML｜invoke>...
+      \n</｜DSML｜function_calls>
 
 The format is read off the template's text (the markers it writes); a template that writes
 none (ours, an older conversion) gets the one whose markers the vocabulary holds.
@@ -39,11 +43,16 @@ class ToolFormat:
     # an assistant turn that only calls tools: None for DeepSeek's templates (which write the
     # calls only then), "" for Kimi-K2's (which iterate a content that is not a string)
     call_only_content: str | None = None
+    # the template reads an earlier call's arguments as an object (DSML writes each as a
+    # parameter), not as JSON text
+    object_arguments: bool = False
 
     @property
     def markers(self) -> tuple[str, ...]:
-        return (self.section_begin, self.section_end, self.call_begin, self.call_end,
-                self.header_end)
+        """The texts a reply's calls are marked with (DSML: its token, which the others hold)."""
+        marks = (self.section_begin, self.section_end, self.call_begin, self.call_end,
+                 self.header_end)
+        return (DSML_TOKEN, *marks) if self.name == "deepseek-v3.2" else marks
 
     def name_of(self, header: str) -> str | None:
         """The function name in a call's header; None if the header is not one."""
@@ -88,6 +97,10 @@ class ToolFormat:
 
     def render(self, calls: list[tuple[str, str]]) -> str:
         """The text of a reply making `calls` ((name, JSON arguments) pairs)."""
+        if self.name == "deepseek-v3.2":
+            from server.tools.dsml import render_calls
+
+            return render_calls([(name, json.loads(args)) for name, args in calls])
         parts = []
         for i, (name, arguments) in enumerate(calls):
             args = f"\n{arguments}\n```" if self.fenced else arguments
@@ -114,11 +127,18 @@ KIMI_K2 = ToolFormat(
     "kimi-k2", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
     "<|tool_call_begin|>", "<|tool_call_end|>", "<|tool_call_argument_begin|>", fenced=False,
     call_separator="", id_in_header=True, call_only_content="")
-FORMATS = {f.name: f for f in (DEEPSEEK_V3, DEEPSEEK_V31, KIMI_K2)}
+DSML_TOKEN = "｜DSML｜"
+DEEPSEEK_V32 = ToolFormat(
+    "deepseek-v3.2", f"<{DSML_TOKEN}function_calls>", f"</{DSML_TOKEN}function_calls>",
+    f'<{DSML_TOKEN}invoke name="', f"</{DSML_TOKEN}invoke>", '">', fenced=False,
+    call_separator="\n", object_arguments=True)
+FORMATS = {f.name: f for f in (DEEPSEEK_V3, DEEPSEEK_V31, KIMI_K2, DEEPSEEK_V32)}
 
 
 def detect_format(template_source: str, vocabulary: frozenset[str] | set[str]) -> ToolFormat:
     """The family's format: from the markers the template writes, else from the vocabulary."""
+    if DSML_TOKEN in template_source:
+        return DEEPSEEK_V32
     if KIMI_K2.call_begin in template_source or "tool_declare" in template_source:
         return KIMI_K2
     if DEEPSEEK_V3.call_begin in template_source:

@@ -31,6 +31,9 @@ def tool_call_grammar(fmt: ToolFormat, functions: dict[str, dict[str, Any]],
         i = token_of(text)
         return f"<[{i}]>" if i is not None else json.dumps(text)
 
+    if fmt.name == "deepseek-v3.2":
+        calls = _dsml_calls(functions, lit, parallel, lenient)
+        return _compiled(_head(lit, think_end, reasoning_tokens) + calls)
     rules = []
     for k, (name, schema) in enumerate(functions.items()):
         schema = schema or {"type": "object"}
@@ -41,13 +44,63 @@ def tool_call_grammar(fmt: ToolFormat, functions: dict[str, dict[str, Any]],
     alts = " | ".join(f"fn_{k}" for k in range(len(functions)))
     sep = f"{json.dumps(fmt.call_separator)} " if fmt.call_separator else ""
     more = f" ({sep}call){{0,{MAX_PARALLEL_CALLS - 1}}}" if parallel else ""
-    head = "start: calls"
-    if think_end is not None:
-        head = f"start: reasoning {lit(think_end)} /\\n{{0,2}}/ calls\n" \
-               f"reasoning[max_tokens={max(reasoning_tokens, 1)}]: /(.|\\n)*/"
-    lines = [head, f"calls: {lit(fmt.section_begin)} call{more} {lit(fmt.section_end)}",
+    lines = [f"calls: {lit(fmt.section_begin)} call{more} {lit(fmt.section_end)}",
              f"call: {lit(fmt.call_begin)} ({alts})", *rules]
-    return _compiled("\n".join(lines) + "\n")
+    return _compiled(_head(lit, think_end, reasoning_tokens) + "\n".join(lines) + "\n")
+
+
+def _head(lit, think_end: str | None, reasoning_tokens: int) -> str:
+    """The start rule: the calls, after reasoning where the reply opens inside a think block."""
+    if think_end is None:
+        return "start: calls\n"
+    return (f"start: reasoning {lit(think_end)} /\\n{{0,2}}/ calls\n"
+            f"reasoning[max_tokens={max(reasoning_tokens, 1)}]: /(.|\\n)*/\n")
+
+
+def _dsml_calls(functions: dict[str, dict[str, Any]], lit, parallel: bool,
+                lenient: bool) -> str:
+    """DeepSeek-V3.2's block (server/tools/dsml.py): each call's required parameters in the
+    schema's order, then any of its others; a string parameter's value is text without "<"
+    (an enum's: one of its values), any other's JSON of its schema."""
+    from server.tools.formats import DSML_TOKEN
+
+    dsml = lit(DSML_TOKEN)
+
+    def tag(text: str, closing: bool = False) -> str:
+        """<｜DSML｜text> (</｜DSML｜text> closing), the DSML token as the vocabulary has it."""
+        return f'{json.dumps("</" if closing else "<")} {dsml} {json.dumps(text)}'
+
+    rules = []
+    for k, (name, schema) in enumerate(functions.items()):
+        props = (schema or {}).get("properties") or {}
+        required = [p for p in (schema or {}).get("required", []) if p in props]
+        params = []
+        for j, (key, prop) in enumerate(props.items()):
+            params.append(f"p_{k}_{j}")
+            rules.append(f"p_{k}_{j}: {tag(f'parameter name={json.dumps(key)} ')} "
+                         f"{_dsml_value(prop if isinstance(prop, dict) else {}, lenient)} "
+                         f"{tag('parameter>', True)} \"\\n\"")
+        needed = " ".join(params[list(props).index(p)] for p in required)
+        others = [params[j] for j, key in enumerate(props) if key not in required]
+        rest = f" ({' | '.join(others)}){{0,{len(others)}}}" if others else ""
+        rules.append(f"fn_{k}: {tag(f'invoke name={json.dumps(name)}>')} \"\\n\" "
+                     f"{needed}{rest} {tag('invoke>', True)}")
+    alts = " | ".join(f"fn_{k}" for k in range(len(functions)))
+    more = f' ("\\n" call){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else ""
+    calls = f'calls: {tag("function_calls>")} "\\n" call{more} "\\n" {tag("function_calls>", True)}'
+    lines = [calls, f"call: {alts}", *rules]
+    return "\n".join(lines) + "\n"
+
+
+def _dsml_value(prop: dict[str, Any], lenient: bool) -> str:
+    enum = prop.get("enum")
+    if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
+        values = " | ".join(json.dumps(v) for v in enum)
+        return f'"string=\\"true\\">" ({values})'
+    if prop.get("type") == "string" and not enum:
+        return '"string=\\"true\\">" /[^<]*/'
+    schema = {**(prop if lenient else closed_objects(prop)), "x-guidance": JSON_OPTIONS}
+    return f'"string=\\"false\\">" %json {json.dumps(schema)}'
 
 
 def _fence_open(fmt: ToolFormat) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 from hybrid.errors import RequestRejected
 from server.errors import bad_request
 from server.reasoning import THINK_END
+from server.tools.dsml import DsmlCallParser
 from server.tools.formats import (
     ToolFormat,
     detect_format,
@@ -42,8 +43,8 @@ class ToolSetup:
     parallel: bool
     marker_text: dict[int, str] = field(default_factory=dict)  # control token id -> its text
 
-    def parser(self) -> ToolCallParser:
-        return ToolCallParser(self.fmt)
+    def parser(self) -> ToolCallParser | DsmlCallParser:
+        return call_parser(self.fmt)
 
     @property
     def forced(self) -> bool:
@@ -66,6 +67,11 @@ class ToolSetup:
                                      lenient)
         except RequestRejected as e:
             raise bad_request(str(e), "tools") from None
+
+
+def call_parser(fmt: ToolFormat) -> ToolCallParser | DsmlCallParser:
+    """A reply's parser for `fmt`: DSML's parameters, or the others' JSON arguments."""
+    return DsmlCallParser() if fmt.name == "deepseek-v3.2" else ToolCallParser(fmt)
 
 
 def model_format(tokenizer: Any) -> ToolFormat:
@@ -121,7 +127,8 @@ def add_tools_to_messages(messages: list[dict[str, Any]], tools: list[dict[str, 
 
 def history_tool_calls(calls: list[Any], where: str, fmt: ToolFormat) -> list[dict[str, Any]]:
     """An assistant message's `tool_calls` as the templates read them: arguments as JSON text
-    (Ollama sends an object), and an id where the client sent none (Ollama's)."""
+    (Ollama sends an object), an object for formats whose template writes each argument
+    (DSML), and an id where the client sent none (Ollama's)."""
     out = []
     for j, call in enumerate(calls):
         at = f"{where}.tool_calls.{j}"
@@ -130,7 +137,9 @@ def history_tool_calls(calls: list[Any], where: str, fmt: ToolFormat) -> list[di
             raise bad_request(f"{at}: a tool call is {{'id': str, 'type': 'function', "
                               "'function': {'name': str, 'arguments': str}}", at)
         args = fn.get("arguments", "{}")
-        if not isinstance(args, str):
+        if fmt.object_arguments:
+            args = _arguments_object(args, f"{at}.function.arguments")
+        elif not isinstance(args, str):
             args = json.dumps(args, ensure_ascii=False)
         call_id = call.get("id") or fmt.history_call_id(fn["name"], j)
         if not isinstance(call_id, str):
@@ -138,6 +147,18 @@ def history_tool_calls(calls: list[Any], where: str, fmt: ToolFormat) -> list[di
         out.append({"id": call_id, "type": "function",
                     "function": {"name": fn["name"], "arguments": args}})
     return out
+
+
+def _arguments_object(args: Any, at: str) -> dict[str, Any]:
+    if isinstance(args, str):
+        try:
+            args = json.loads(args or "{}")
+        except ValueError:
+            raise bad_request(f"{at} is not JSON; this model's template writes each argument "
+                              "of an earlier call, so they must be a JSON object", at) from None
+    if not isinstance(args, dict):
+        raise bad_request(f"{at} must be a JSON object", at)
+    return args
 
 
 def _functions(tools: list[Any]) -> dict[str, dict[str, Any]]:

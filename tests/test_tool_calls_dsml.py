@@ -1,0 +1,182 @@
+"""DeepSeek-V3.2's tool calls (DSML): the bundled template renders what V3.2's encoding does
+(restated plainly below as the reference), a `deepseek32` file without a template gets it, and
+a required call over the official `openai` client on a tiny V3.2 model comes back as OpenAI's
+calls, streaming and not, with an earlier turn's calls written back as parameters."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+
+from hybrid.tokenizer.bundled_templates import bundled_template
+from hybrid.tokenizer.chat_template import ChatTemplate
+from server.tools.dsml import render_calls
+from tests.test_server_support import API_KEY, LiveServer
+from tests.test_tool_calls import SCHEMAS, TOOLS
+
+BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
+D = "｜DSML｜"
+
+
+def _tools_text(tools: list[dict]) -> str:
+    """The encoding's tools section (its TOOLS_SYSTEM_TEMPLATE), the functions as JSON lines."""
+    functions = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools)
+    return (
+        "## Tools\n\nYou have access to a set of tools you can use to answer the user's "
+        f'question.\nYou can invoke functions by writing a "<{D}function_calls>" block like the '
+        f"following as part of your reply to the user:\n<{D}function_calls>\n"
+        f'<{D}invoke name="$FUNCTION_NAME">\n<{D}parameter name="$PARAMETER_NAME" '
+        f'string="true|false">$PARAMETER_VALUE</{D}parameter>\n...\n</{D}invoke>\n'
+        f'<{D}invoke name="$FUNCTION_NAME2">\n...\n</{D}invoke>\n</{D}function_calls>\n\n'
+        "String and scalar parameters should be specified as is without any escaping or "
+        "quotes, while lists and objects should use JSON format. The \"string\" attribute "
+        "should be set to \"true\" for string type parameters and \"false\" for other types "
+        "(numbers, booleans, arrays, objects).\n\nIf the thinking_mode is enabled, then after "
+        "function results you should strongly consider outputting a thinking block. Here is "
+        f"an example:\n\n<{D}function_calls>\n...\n</{D}function_calls>\n\n<function_results>"
+        "\n...\n</function_results>\n\n<think>...thinking about results</think>\n\nHere are "
+        f"the functions available in JSONSchema format:\n<functions>\n{functions}\n"
+        "</functions>\n")
+
+
+def reference_prompt(messages: list[dict], tools: list[dict] | None, thinking: bool) -> str:
+    """V3.2's encoding (encode_messages, reasoning of earlier turns dropped), message by
+    message: the tools after the first system message (or where one would be); a user turn
+    opens the reply with <think> in thinking mode if it is the last, else closes it; a call's
+    results in one function_results block, after which the reply opens or closes a think
+    block as after the last user turn; an assistant turn after the last user turn writes its
+    reasoning and </think> in thinking mode."""
+    out = BOS
+    last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
+    if tools and (not messages or messages[0]["role"] != "system"):
+        out += "\n\n" + _tools_text(tools)
+    assistant = -1
+    for i, m in enumerate(messages):
+        if m["role"] == "system":
+            out += m["content"] + ("\n\n" + _tools_text(tools) if i == 0 and tools else "")
+        elif m["role"] == "user":
+            out += f"<｜User｜>{m['content']}<｜Assistant｜>"
+            out += "<think>" if thinking and i == last_user else "</think>"
+        elif m["role"] == "tool":
+            order, calls = i - assistant, len(messages[assistant]["tool_calls"])
+            out += ("\n\n<function_results>" if order == 1 else "") + \
+                f"\n<result>{m['content']}</result>"
+            if order == calls:
+                out += "\n</function_results>\n\n"
+                out += "<think>" if thinking and i >= last_user else "</think>"
+        else:
+            assistant = i
+            if thinking and i > last_user:
+                out += m.get("reasoning_content", "") + "</think>"
+            out += m.get("content") or ""
+            if m.get("tool_calls"):
+                out += "\n\n" + render_calls([(c["function"]["name"], c["function"]["arguments"])
+                                              for c in m["tool_calls"]])
+            out += EOS
+    return out
+
+
+def _conversation() -> list[dict]:
+    calls = [{"id": "call_1", "type": "function",
+              "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}},
+             {"id": "call_2", "type": "function",
+              "function": {"name": "get_time", "arguments": {"zone": "CET", "when": [1, "x"]}}}]
+    return [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": "Sunny."},
+            {"role": "user", "content": "Weather and time in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": calls,
+             "reasoning_content": "two tools"},
+            {"role": "tool", "tool_call_id": "call_1", "content": "22C <sunny> & dry"},
+            {"role": "tool", "tool_call_id": "call_2", "content": "noon"}]
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+@pytest.mark.parametrize("shape", ["whole", "no system", "no tools", "ends with user"])
+def test_template_renders_as_the_encoding(thinking: bool, shape: str) -> None:
+    messages, tools = _conversation(), TOOLS
+    if shape == "no system":
+        messages = messages[1:]
+    elif shape == "no tools":
+        tools = None
+    elif shape == "ends with user":
+        messages = messages[:4]
+    ours = ChatTemplate(bundled_template("deepseek-v3.2"), BOS, EOS).render(
+        messages, tools=tools, thinking=thinking)
+    assert ours == reference_prompt(messages, tools, thinking)
+    assert ours.endswith("<think>" if thinking else "</think>")
+
+
+def test_a_deepseek32_file_without_a_template_gets_v32s(models) -> None:
+    from hybrid.gguf.reader import GGUFModelFile
+    from hybrid.tokenizer.gguf_tokenizer import GGUFTokenizer
+
+    meta = GGUFModelFile(models.path("tiny-v32", "q4_k_m", "mla")).metadata
+    assert "tokenizer.chat_template" not in meta  # as V3.2's conversions are
+    assert GGUFTokenizer(meta).chat_template.source == bundled_template("deepseek-v3.2")
+
+
+@pytest.fixture(scope="module")
+def served(models):
+    from server.config import ServerConfig
+    from server.serve import build_state
+
+    config = ServerConfig.from_flat({
+        "gguf_path": str(models.path("tiny-v32", "q4_k_m", "mla")), "optimize_rules": "cpu.yaml",
+        "max_new_tokens": 800, "api_key": API_KEY})
+    server = LiveServer(build_state(config, warmup=False))
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0,
+                           timeout=120)
+    try:
+        yield client, server.state.model.name
+    finally:
+        server.close()
+
+
+def test_required_call_comes_back_as_openai_calls(served) -> None:
+    client, model = served
+    history = _conversation()[:4]
+    for seed in range(2):
+        args = {"model": model, "messages": history, "tools": TOOLS, "tool_choice": "required",
+                "max_tokens": 300, "seed": seed, "temperature": 0.8,
+                "parallel_tool_calls": False}
+        r = client.chat.completions.create(**args)
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls", choice.message
+        (call,) = choice.message.tool_calls
+        assert call.id.startswith("call_") and call.function.name in SCHEMAS
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+        pieces: dict[int, dict] = {}
+        for chunk in client.chat.completions.create(**args, stream=True):
+            for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                entry = pieces.setdefault(d.index, {"name": d.function.name, "arguments": ""})
+                entry["arguments"] += d.function.arguments or ""
+        assert list(pieces.values()) == [{"name": call.function.name,
+                                          "arguments": call.function.arguments}]
+    # thinking mode: the reply opens inside a think block, reasons, then calls
+    r = client.chat.completions.create(**{**args, "reasoning_effort": "high", "max_tokens": 800})
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert r.choices[0].message.reasoning_content is not None
+    jsonschema.validate(json.loads(r.choices[0].message.tool_calls[0].function.arguments),
+                        SCHEMAS[r.choices[0].message.tool_calls[0].function.name])
+
+
+def test_history_calls_are_written_back_and_bad_arguments_refused(served) -> None:
+    client, model = served
+    history = [{**m, "tool_calls": [{**c, "function": {**c["function"], "arguments": json.dumps(
+        c["function"]["arguments"])}} for c in m["tool_calls"]]} if m.get("tool_calls") else m
+        for m in _conversation()]
+    r = client.chat.completions.create(
+        model=model, messages=history, tools=TOOLS, max_tokens=300, seed=1,
+        tool_choice={"type": "function", "function": {"name": "get_time"}})
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name == "get_time"
+    with pytest.raises(openai.BadRequestError, match="only assistant messages carry"):
+        client.chat.completions.create(model=model, max_tokens=4, messages=[
+            {"role": "user", "content": "hi", "reasoning_content": "no"}])
+    history[4]["tool_calls"][0]["function"]["arguments"] = "{not json"
+    with pytest.raises(openai.BadRequestError, match="arguments is not JSON"):
+        client.chat.completions.create(model=model, messages=history, tools=TOOLS, max_tokens=4)
