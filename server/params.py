@@ -140,9 +140,10 @@ def encode_chat(messages: list[dict[str, Any]], state: ServerState, param: str,
                 think: bool | None = None) -> ChatPrompt:
     """Checked messages -> the prompt, ending with "<think>\n" under --force-think. `think`
     (from reasoning_effort) switches a thinking model's reasoning on or off for this request:
-    the template's `thinking` variable (DeepSeek V3.1) and --force-think's prefix follow it."""
+    the template's `thinking` variable (DeepSeek V3.1's, our V3.2's), or `enable_thinking`
+    (the name other V3.2 templates read), and --force-think's prefix follow it."""
     tokenizer = state.model.tokenizer
-    extra = {} if think is None else {"thinking": think}
+    extra = {} if think is None else {"thinking": think, "enable_thinking": think}
     try:
         text = tokenizer.apply_chat_template(messages, tools=tools, **extra)
     except HybridError as e:
