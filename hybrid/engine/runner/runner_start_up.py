@@ -201,7 +201,7 @@ def warm_up(runner, progress: Callable[[str], None] | None = None,
         runner.program.run(StepState(fb, num_real=b, **state))
 
     on_cpu = [n for n in counts if not streams(n)]
-    steps = len(counts) + (1 if decode else 0)
+    steps = len(counts)
     for i, n in enumerate(n for n in counts if streams(n)):
         if progress is not None:
             progress(f"compiling kernels: a step of {n} tokens ({i + 1}/{steps})")
