@@ -113,7 +113,7 @@ def install(ledger: Ledger) -> None:
 def watch_background_compiles(ledger: Ledger) -> None:
     """When each of cpu_kernels' background compile processes starts and exits, and when the
     plan is made."""
-    from cpu_kernels.runtime.precompile import BackgroundCompile, BackgroundPackers
+    from cpu_kernels.runtime.precompile import BackgroundProcesses
 
     def watched(cls) -> None:
         started = cls.__init__
@@ -131,8 +131,7 @@ def watch_background_compiles(ledger: Ledger) -> None:
 
         cls.__init__ = init
 
-    watched(BackgroundCompile)
-    watched(BackgroundPackers)
+    watched(BackgroundProcesses)  # the MoE kernels' and the packers' processes
     from hybrid.rules import load
 
     planned = load.plan_model

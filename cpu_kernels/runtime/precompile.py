@@ -44,18 +44,49 @@ def token_counts(types: tuple[int, int, int]) -> list[int]:
     return [1, MIN_TOKENS] if runs_on_amx(*types) else [1]
 
 
-class BackgroundCompile:
-    """The processes compiling one set of kernels; `wait` before the kernels are first
-    called. Processes inherit the environment (NUMBA_CACHE_DIR and the thread settings)."""
+class BackgroundProcesses:
+    """Compile processes (this module run with `argvs`) started now; `wait` before their
+    kernels are first called, `stop` where a load fails. They inherit the environment
+    (NUMBA_CACHE_DIR and the thread settings)."""
+
+    def __init__(self, argvs: list[list[str]], timeout: float) -> None:
+        self.started = time.perf_counter()
+        self.timeout = timeout
+        self.procs = [subprocess.Popen(
+            [sys.executable, "-m", "cpu_kernels.runtime.precompile", *argv],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for argv in argvs]
+
+    def stop(self) -> None:
+        """Stop the processes still running (a load that failed or was interrupted)."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+    def wait(self, timeout: float | None = None) -> list[int | None]:
+        """Wait for every process, stopping any still running `timeout` s (default: the
+        processes' own) after the start (whoever calls the kernels then compiles what is
+        missing); their exit codes, None for one stopped."""
+        limit = self.timeout if timeout is None else timeout
+        codes: list[int | None] = []
+        for p in self.procs:
+            try:
+                codes.append(p.wait(max(0.0, limit - (time.perf_counter() - self.started))))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                codes.append(None)
+        return codes
+
+
+class BackgroundCompile(BackgroundProcesses):
+    """The processes compiling one set of MoE kernels, one a token count (token_counts)."""
 
     def __init__(self, types: tuple[int, int, int], tiles: tuple[int, ...],
                  drive_layers: int) -> None:
         self.types, self.tiles = types, tiles
-        self.started = time.perf_counter()
-        self.procs = [subprocess.Popen(
-            [sys.executable, "-m", "cpu_kernels.runtime.precompile", *map(str, types), str(n),
-             str(drive_layers if n == 1 else 0), *map(str, tiles)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for n in token_counts(types)]
+        super().__init__([[*map(str, types), str(n), str(drive_layers if n == 1 else 0),
+                           *map(str, tiles)] for n in token_counts(types)], timeout=600.0)
 
     @classmethod
     def start(cls, types: tuple[int, int, int], tiles: tuple[int, ...] | None = None,
@@ -72,37 +103,13 @@ class BackgroundCompile:
             return None
         return cls(types, tiles, drive_layers)
 
-    def stop(self) -> None:
-        """Stop the processes still running (a load that failed or was interrupted)."""
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
 
-    def wait(self, timeout: float = 600.0) -> list[int | None]:
-        """Wait for every process (stopping any still running after `timeout` s); their exit
-        codes, None for one stopped."""
-        codes: list[int | None] = []
-        for p in self.procs:
-            try:
-                codes.append(p.wait(max(0.0, timeout - (time.perf_counter() - self.started))))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-                codes.append(None)
-        return codes
-
-
-class BackgroundPackers:
-    """The processes compiling the load-time packers of some types, one each; `wait` before
-    the first pack. Processes inherit the environment (NUMBA_CACHE_DIR)."""
+class BackgroundPackers(BackgroundProcesses):
+    """The processes compiling the load-time packers of some types, one a type."""
 
     def __init__(self, types: tuple[int, ...]) -> None:
         self.types = types
-        self.started = time.perf_counter()
-        self.procs = [subprocess.Popen(
-            [sys.executable, "-m", "cpu_kernels.runtime.precompile", "pack", str(t)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for t in types]
+        super().__init__([["pack", str(t)] for t in types], timeout=120.0)
 
     @classmethod
     def start(cls, types: set[int] | tuple[int, ...], cores: int | None = None
@@ -114,25 +121,6 @@ class BackgroundPackers:
         cores = (os.cpu_count() or 1) if cores is None else cores
         packable = tuple(sorted(t for t in set(types) if can_pack(t)))
         return cls(packable) if packable and cores >= MIN_CORES else None
-
-    def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-
-    def wait(self, timeout: float = 120.0) -> list[int | None]:
-        """Wait for every process (stopping any still running `timeout` s after the start: the
-        loader then compiles what is missing itself); their exit codes, None for one stopped."""
-        codes: list[int | None] = []
-        for p in self.procs:
-            try:
-                codes.append(p.wait(max(0.0, timeout - (time.perf_counter() - self.started))))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-                codes.append(None)
-        return codes
 
 
 def compile_packer(qtype: int) -> None:
