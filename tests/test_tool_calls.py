@@ -55,7 +55,7 @@ def test_real_templates_render_as_transformers_renders_them(name: str) -> None:
 
     source = bundled_template(name)
     messages = _history("" if name.startswith("kimi") else None)
-    if name == "deepseek-v3.2":  # its template reads an earlier call's arguments as an object
+    if name in ("deepseek-v3.2", "deepseek-v4"):  # they read earlier calls' arguments as objects
         for call in messages[2]["tool_calls"]:
             call["function"]["arguments"] = json.loads(call["function"]["arguments"])
     for tools in (None, TOOLS):
@@ -69,7 +69,8 @@ def test_real_templates_render_as_transformers_renders_them(name: str) -> None:
     fmt = detect_format(source, set())
     assert fmt.name == {"deepseek-v3": "deepseek-v3", "deepseek-r1": "deepseek-v3",
                         "deepseek-v3.1": "deepseek-v3.1",
-                        "deepseek-v3.2": "deepseek-v3.2"}.get(name, "kimi-k2")
+                        "deepseek-v3.2": "deepseek-v3.2",
+                        "deepseek-v4": "deepseek-v4"}.get(name, "kimi-k2")
     if name != "kimi-k2":  # Kimi-K2's first template does not write earlier calls back
         assert fmt.render([("get_time", '{"zone": "CET"}')]).split(fmt.call_begin)[0] in ours
 
@@ -128,7 +129,7 @@ def test_malformed_calls_degrade_to_text(fmt) -> None:
     cut = good[:good.index('"days"')]
     content, calls, _ = _parse_in_pieces(fmt, cut, rng)
     assert content == "" and calls[0]["name"] == "get_weather"
-    if fmt.name == "deepseek-v3.2":  # the parameters it closed
+    if fmt.dsml:  # the parameters it closed
         assert calls[0]["arguments"] == '{"city": "Paris ``` x"}'
     else:
         assert calls[0]["arguments"] == '{"city": "Paris ``` x", '  # as written

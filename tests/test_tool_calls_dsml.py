@@ -1,7 +1,8 @@
-"""DeepSeek-V3.2's tool calls (DSML): the bundled template renders what V3.2's encoding does
-(restated plainly below as the reference), a `deepseek32` file without a template gets it, and
-a required call over the official `openai` client on a tiny V3.2 model comes back as OpenAI's
-calls, streaming and not, with an earlier turn's calls written back as parameters."""
+"""DeepSeek-V3.2's and V4's tool calls (DSML): the bundled templates render what their encodings
+do (restated plainly below as the references), `deepseek32` and `deepseek4` files without a
+template get them, and a required call over the official `openai` client on a tiny V3.2 model
+comes back as OpenAI's calls, streaming and not, with an earlier turn's calls written back as
+parameters."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from hybrid.tokenizer.bundled_templates import bundled_template
 from hybrid.tokenizer.chat_template import ChatTemplate
 from server.tools.dsml import render_calls
+from server.tools.formats import DEEPSEEK_V4
 from tests.test_server_support import API_KEY, LiveServer
 from tests.test_tool_calls import SCHEMAS, TOOLS
 
@@ -110,13 +112,106 @@ def test_template_renders_as_the_encoding(thinking: bool, shape: str) -> None:
     assert ours.endswith("<think>" if thinking else "</think>")
 
 
-def test_a_deepseek32_file_without_a_template_gets_v32s(models) -> None:
+def _tools_text_v4(tools: list[dict]) -> str:
+    """V4's encoding's tools section (its TOOLS_TEMPLATE)."""
+    functions = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools)
+    return (
+        "## Tools\n\nYou have access to a set of tools to help answer the user's question. You "
+        f'can invoke tools by writing a "<{D}tool_calls>" block like the following:\n\n'
+        f'<{D}tool_calls>\n<{D}invoke name="$TOOL_NAME">\n<{D}parameter name="$PARAMETER_NAME" '
+        f'string="true|false">$PARAMETER_VALUE</{D}parameter>\n...\n</{D}invoke>\n'
+        f'<{D}invoke name="$TOOL_NAME2">\n...\n</{D}invoke>\n</{D}tool_calls>\n\n'
+        'String parameters should be specified as is and set `string="true"`. For all other '
+        "types (numbers, booleans, arrays, objects), pass the value in JSON format and set "
+        '`string="false"`.\n\nIf thinking_mode is enabled (triggered by <think>), you MUST '
+        "output your complete reasoning inside <think>...</think> BEFORE any tool calls or "
+        "final response.\n\nOtherwise, output directly after </think> with tool calls or "
+        f"final response.\n\n### Available Tool Schemas\n\n{functions}\n\nYou MUST strictly "
+        "follow the above defined tool name and parameter schemas to invoke tool calls.\n")
+
+
+def reference_prompt_v4(messages: list[dict], tools: list[dict] | None, thinking: bool) -> str:
+    """V4's encoding (encode_messages): tool messages merged into user turns (a run of user and
+    tool messages is one turn, its parts apart by a blank line, tool results as <tool_result>
+    blocks sorted by the order of the calls before them); a user turn followed by an assistant
+    turn, or ending the prompt, opens the reply with <think> in thinking mode where it is the
+    last user turn or where tools are given (no reasoning is dropped then); an assistant turn
+    writes its reasoning in thinking mode after the last user turn (or always, with tools)."""
+    merged: list[dict] = []
+    for m in messages:
+        if m["role"] in ("user", "tool"):
+            if merged and merged[-1]["role"] == "user":
+                merged[-1]["parts"].append(m)
+            else:
+                merged.append({"role": "user", "parts": [m]})
+        else:
+            merged.append(m)
+    order: dict[str, int] = {}
+    for m in merged:
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            order = {c["id"]: k for k, c in enumerate(m["tool_calls"])}
+        elif m["role"] == "user":
+            results = iter(sorted((p for p in m["parts"] if p["role"] == "tool"),
+                                  key=lambda p: order.get(p["tool_call_id"], 0)))
+            m["parts"] = [next(results) if p["role"] == "tool" else p for p in m["parts"]]
+    keep = bool(tools)
+    last_user = max((i for i, m in enumerate(merged) if m["role"] == "user"), default=-1)
+    out = BOS
+    if tools and (not messages or messages[0]["role"] != "system"):
+        out += "\n\n" + _tools_text_v4(tools)
+    for i, m in enumerate(merged):
+        if m["role"] == "system":
+            out += m["content"] + ("\n\n" + _tools_text_v4(tools) if i == 0 and tools else "")
+        elif m["role"] == "user":
+            out += "<｜User｜>" + "\n\n".join(
+                p["content"] if p["role"] == "user" else f"<tool_result>{p['content']}</tool_result>"
+                for p in m["parts"])
+            if i + 1 == len(merged) or merged[i + 1]["role"] == "assistant":
+                out += "<｜Assistant｜>"
+                out += "<think>" if thinking and (keep or i >= last_user) else "</think>"
+        else:
+            if thinking and (keep or i > last_user):
+                out += m.get("reasoning_content", "") + "</think>"
+            out += m.get("content") or ""
+            if m.get("tool_calls"):
+                out += "\n\n" + render_calls([(c["function"]["name"], c["function"]["arguments"])
+                                              for c in m["tool_calls"]], DEEPSEEK_V4)
+            out += EOS
+    return out
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+@pytest.mark.parametrize("shape", ["whole", "no system", "no tools", "ends with user",
+                                   "results then text"])
+def test_v4_template_renders_as_the_encoding(thinking: bool, shape: str) -> None:
+    messages, tools = _conversation(), TOOLS
+    messages = messages[:5] + [messages[6], messages[5]]  # results out of the calls' order
+    if shape == "no system":
+        messages = messages[1:]
+    elif shape == "no tools":
+        tools = None
+    elif shape == "ends with user":
+        messages = messages[:4]
+    elif shape == "results then text":
+        messages = [*messages, {"role": "user", "content": "and?"},
+                    {"role": "assistant", "content": "Done.", "reasoning_content": "r"},
+                    {"role": "user", "content": "bye"}]
+    ours = ChatTemplate(bundled_template("deepseek-v4"), BOS, EOS).render(
+        messages, tools=tools, thinking=thinking)
+    assert ours == reference_prompt_v4(messages, tools, thinking)
+    assert "<tool_result>22C" in ours or shape == "ends with user"
+
+
+@pytest.mark.parametrize("preset,layout,name", [("tiny-v32", "mla", "deepseek-v3.2"),
+                                               ("tiny-v4", "legacy", "deepseek-v4")])
+def test_files_without_a_template_get_their_familys(models, preset, layout, name) -> None:
     from hybrid.gguf.reader import GGUFModelFile
     from hybrid.tokenizer.gguf_tokenizer import GGUFTokenizer
 
-    meta = GGUFModelFile(models.path("tiny-v32", "q4_k_m", "mla")).metadata
-    assert "tokenizer.chat_template" not in meta  # as V3.2's conversions are
-    assert GGUFTokenizer(meta).chat_template.source == bundled_template("deepseek-v3.2")
+    meta = GGUFModelFile(models.path(preset, "f32" if preset == "tiny-v4" else "q4_k_m",
+                                     layout)).metadata
+    assert "tokenizer.chat_template" not in meta  # as V3.2's and V4's conversions are
+    assert GGUFTokenizer(meta).chat_template.source == bundled_template(name)
 
 
 @pytest.fixture(scope="module")

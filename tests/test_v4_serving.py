@@ -5,6 +5,8 @@ rebuilds it from its tokens; and a chat completion through the HTTP server."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -105,5 +107,20 @@ def test_chat_through_the_server(models) -> None:
         choice = r.json()["choices"][0]
         assert choice["finish_reason"] in ("stop", "length")
         assert r.json()["usage"]["completion_tokens"] >= 1
+        # V4's own format (the file carries no template: ours of V4's encoding), a required call
+        # in its DSML block read back as OpenAI's
+        from tests.test_tool_calls import SCHEMAS, TOOLS
+
+        assert "tool_calls>" in state.model.tokenizer.chat_template.source
+        body = {**body, "max_tokens": 400, "tools": TOOLS, "parallel_tool_calls": False,
+                "tool_choice": {"type": "function", "function": {"name": "get_time"}}}
+        r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=300)
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert choice["finish_reason"] == "tool_calls", choice
+        (call,) = choice["message"]["tool_calls"]
+        assert call["function"]["name"] == "get_time"
+        assert json.loads(call["function"]["arguments"])["zone"] in \
+            SCHEMAS["get_time"]["properties"]["zone"]["enum"]
     finally:
         server.stop()

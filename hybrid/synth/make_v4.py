@@ -168,7 +168,8 @@ def make_v4(preset: V4Spec, quant: str, seed: int, vocab: Vocab, out: Path,
     out.parent.mkdir(parents=True, exist_ok=True)
     writer = GGUFWriter(out, "deepseek4")
     _add_metadata(writer, spec, quant, seed)
-    add_tokenizer(writer, vocab, chat_template)
+    # V4 ships no chat template (a Python encoder instead): its conversions carry none
+    add_tokenizer(writer, vocab, chat_template, write_template=chat_template is not None)
     return write_model(writer, out, shapes, types,
                        lambda name, shape, qtype: _chunks(name, shape, qtype, spec, seed),
                        header_only, progress)

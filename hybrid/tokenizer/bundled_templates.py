@@ -11,13 +11,15 @@ for the tests that render and parse each family's tool calls:
   kimi-k2            Kimi-K2-Instruct (first release): tools declared, calls not rendered
   kimi-k2-thinking   Kimi-K2-Thinking: tools declared, calls and their returns rendered
   deepseek-v3.2      DeepSeek-V3.2: tools declared, DSML calls, thinking and chat modes
+  deepseek-v4        DeepSeek-V4: as V3.2's, tool results inside user turns
 
 Sources: the model repositories' tokenizer_config.json as copied into public projects
 (llama.cpp's models/templates for deepseek-v3.1, kimi-k2, kimi-k2-thinking; two independent
-copies agreeing for deepseek-r1; a provider's model list for deepseek-v3). DeepSeek-V3.2 ships
-no template but a Python encoder (encoding/encoding_dsv32.py): deepseek-v3.2 is ours, written
-to render what that encoder does (tests/test_tool_calls_dsml.py), and the template of
-`deepseek32` files that carry none.
+copies agreeing for deepseek-r1; a provider's model list for deepseek-v3). DeepSeek-V3.2 and V4
+ship no template but a Python encoder (encoding/encoding_dsv32.py, encoding_dsv4.py):
+deepseek-v3.2 and deepseek-v4 are ours, written to render what those encoders do
+(tests/test_tool_calls_dsml.py), and the templates of `deepseek32` and `deepseek4` files that
+carry none.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pathlib import Path
 from hybrid.errors import HybridError
 
 BUNDLED_TEMPLATES = ("deepseek-v3", "deepseek-r1", "deepseek-v3.1", "kimi-k2",
-                     "kimi-k2-thinking", "deepseek-v3.2")
+                     "kimi-k2-thinking", "deepseek-v3.2", "deepseek-v4")
 
 
 def bundled_template(name: str) -> str:

@@ -173,10 +173,13 @@ def _build(tokens: list[str], merges: list[str], types: list[int], pre: str | No
 
 
 def _family_template(metadata) -> str | None:
-    """For a file without a chat template: DeepSeek-V3.2's (its model ships none, so its
-    conversions carry none) for a `deepseek32` file; None (DeepSeek-V3's format) otherwise."""
-    if metadata.get("general.architecture") == "deepseek32":
-        from hybrid.tokenizer.bundled_templates import bundled_template
+    """For a file without a chat template: DeepSeek-V3.2's or V4's (their models ship none, so
+    their conversions carry none) for a `deepseek32` or `deepseek4` file; None (DeepSeek-V3's
+    format) otherwise."""
+    name = {"deepseek32": "deepseek-v3.2", "deepseek4": "deepseek-v4"}.get(
+        metadata.get("general.architecture"))
+    if name is None:
+        return None
+    from hybrid.tokenizer.bundled_templates import bundled_template
 
-        return bundled_template("deepseek-v3.2")
-    return None
+    return bundled_template(name)

@@ -1,5 +1,6 @@
-"""DeepSeek-V3.2's tool calls (DSML): written as its encoding writes them, and read back from a
-streamed reply into OpenAI's calls.
+"""DeepSeek-V3.2's and V4's tool calls (DSML): written as their encodings write them, and read
+back from a streamed reply into OpenAI's calls. V4 names the block `tool_calls` where V3.2
+names it `function_calls`; the rest is the same.
 
     <｜DSML｜function_calls>
     <｜DSML｜invoke name="get_weather">
@@ -28,26 +29,25 @@ import uuid
 from typing import Any
 
 from server.reasoning import partial_suffix
-from server.tools.formats import DEEPSEEK_V32, DSML_TOKEN
+from server.tools.formats import DEEPSEEK_V32, DSML_TOKEN, ToolFormat
 from server.tools.parser import MAX_HEADER_CHARS, ToolCall, ToolCallDelta
 
-BEGIN, END = DEEPSEEK_V32.section_begin, DEEPSEEK_V32.section_end
-INVOKE_END = DEEPSEEK_V32.call_end
-PARAM_END = f"</{DSML_TOKEN}parameter>"
+INVOKE_BEGIN, INVOKE_END = DEEPSEEK_V32.call_begin, DEEPSEEK_V32.call_end
+PARAM_BEGIN, PARAM_END = f"<{DSML_TOKEN}parameter name=", f"</{DSML_TOKEN}parameter>"
 _INVOKE = re.compile(rf'\s*<{DSML_TOKEN}invoke name="([A-Za-z0-9_.\-]{{1,64}})">\n?')
 _PARAM = re.compile(rf'\s*<{DSML_TOKEN}parameter name="([^"<>]{{1,256}})" '
                     rf'string="(true|false)">')
 _TEXT, _BLOCK, _CALL, _PLAIN = "text", "block", "call", "plain"
 
 
-def render_calls(calls: list[tuple[str, dict[str, Any]]]) -> str:
-    """The block of a reply making `calls` ((name, arguments object) pairs), as V3.2's
-    encoding writes an assistant turn's calls (after its content and a blank line)."""
+def render_calls(calls: list[tuple[str, dict[str, Any]]], fmt: ToolFormat = DEEPSEEK_V32) -> str:
+    """The block of a reply making `calls` ((name, arguments object) pairs), as the encodings
+    write an assistant turn's calls (after its content and a blank line)."""
     invokes = []
     for name, arguments in calls:
         params = "\n".join(render_parameter(k, v) for k, v in arguments.items())
-        invokes.append(f'<{DSML_TOKEN}invoke name="{name}">\n{params}\n{INVOKE_END}')
-    return f"{BEGIN}\n" + "\n".join(invokes) + f"\n{END}"
+        invokes.append(f'{INVOKE_BEGIN}{name}">\n{params}\n{INVOKE_END}')
+    return f"{fmt.section_begin}\n" + "\n".join(invokes) + f"\n{fmt.section_end}"
 
 
 def render_parameter(key: str, value: Any) -> str:
@@ -67,9 +67,11 @@ def parameter_value(text: str, is_string: bool) -> Any:
 
 
 class DsmlCallParser:
-    """Feed text deltas; get back (answer text, call deltas), as ToolCallParser does."""
+    """Feed text deltas; get back (answer text, call deltas), as ToolCallParser does; `fmt`
+    names the block (DEEPSEEK_V32 or DEEPSEEK_V4)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fmt: ToolFormat = DEEPSEEK_V32) -> None:
+        self.begin, self.end = fmt.section_begin, fmt.section_end
         self.calls: list[ToolCall] = []
         self._state = _TEXT
         self._held = ""  # text that may still be (the blank line before) the block's marker
@@ -84,16 +86,16 @@ class DsmlCallParser:
             return text, deltas
         if self._state == _TEXT:
             buf, self._held = self._held + text, ""
-            i = buf.find(BEGIN)
+            i = buf.find(self.begin)
             if i < 0:
-                keep = partial_suffix(buf, BEGIN)
+                keep = partial_suffix(buf, self.begin)
                 keep = len(buf) - len(buf[:len(buf) - keep].rstrip())  # and the blank line
                 out.append(buf[:len(buf) - keep])
                 self._held = buf[len(buf) - keep:]
                 return "".join(out), deltas
             out.append(buf[:i].rstrip())
-            self._raw = buf[len(buf[:i].rstrip()):i + len(BEGIN)]
-            self._state, text = _BLOCK, buf[i + len(BEGIN):]
+            self._raw = buf[len(buf[:i].rstrip()):i + len(self.begin)]
+            self._state, text = _BLOCK, buf[i + len(self.begin):]
         self._block += text
         if not self.calls:
             self._raw += text
@@ -118,14 +120,14 @@ class DsmlCallParser:
             buf = self._block
             if self._state == _BLOCK:
                 stripped = buf.lstrip()
-                if stripped.startswith(END):
+                if stripped.startswith(self.end):
                     self._block, self._state = "", _PLAIN
-                    out.append(stripped[len(END):])
+                    out.append(stripped[len(self.end):])
                     return
                 m = _INVOKE.match(buf)
                 if m is None:
-                    if _may_begin(stripped, (END, DEEPSEEK_V32.call_begin)) or \
-                            (stripped.startswith(DEEPSEEK_V32.call_begin)
+                    if _may_begin(stripped, (self.end, INVOKE_BEGIN)) or \
+                            (stripped.startswith(INVOKE_BEGIN)
                              and len(stripped) <= MAX_HEADER_CHARS and '">' not in stripped):
                         return  # whitespace, or a marker or header not yet whole
                     self._broken(out)
@@ -142,8 +144,8 @@ class DsmlCallParser:
                 continue
             m = _PARAM.match(buf)
             if m is None:
-                if _may_begin(stripped, (INVOKE_END, f"<{DSML_TOKEN}parameter name=")) or \
-                        (stripped.startswith(f"<{DSML_TOKEN}parameter name=")
+                if _may_begin(stripped, (INVOKE_END, PARAM_BEGIN)) or \
+                        (stripped.startswith(PARAM_BEGIN)
                          and len(stripped) <= MAX_HEADER_CHARS and '">' not in stripped):
                     return
                 deltas.append(self._close_call())

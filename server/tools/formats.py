@@ -13,6 +13,7 @@
       <｜DSML｜function_calls>\n<｜DSML｜invoke name="NAME">\n<｜DSML｜parameter name="KEY"
       string="true|false">VALUE</｜DSML｜parameter>...\n</｜DSML｜invoke>...
       \n</｜DSML｜function_calls>
+  deepseek-v4: the same, the block named <｜DSML｜tool_calls>
 
 The format is read off the template's text (the markers it writes); a template that writes
 none (ours, an older conversion) gets the one whose markers the vocabulary holds.
@@ -52,7 +53,12 @@ class ToolFormat:
         """The texts a reply's calls are marked with (DSML: its token, which the others hold)."""
         marks = (self.section_begin, self.section_end, self.call_begin, self.call_end,
                  self.header_end)
-        return (DSML_TOKEN, *marks) if self.name == "deepseek-v3.2" else marks
+        return (DSML_TOKEN, *marks) if self.dsml else marks
+
+    @property
+    def dsml(self) -> bool:
+        """DeepSeek-V3.2's or V4's DSML calls (server/tools/dsml.py reads and writes them)."""
+        return self.name in ("deepseek-v3.2", "deepseek-v4")
 
     def name_of(self, header: str) -> str | None:
         """The function name in a call's header; None if the header is not one."""
@@ -97,10 +103,10 @@ class ToolFormat:
 
     def render(self, calls: list[tuple[str, str]]) -> str:
         """The text of a reply making `calls` ((name, JSON arguments) pairs)."""
-        if self.name == "deepseek-v3.2":
+        if self.dsml:
             from server.tools.dsml import render_calls
 
-            return render_calls([(name, json.loads(args)) for name, args in calls])
+            return render_calls([(name, json.loads(args)) for name, args in calls], self)
         parts = []
         for i, (name, arguments) in enumerate(calls):
             args = f"\n{arguments}\n```" if self.fenced else arguments
@@ -132,13 +138,17 @@ DEEPSEEK_V32 = ToolFormat(
     "deepseek-v3.2", f"<{DSML_TOKEN}function_calls>", f"</{DSML_TOKEN}function_calls>",
     f'<{DSML_TOKEN}invoke name="', f"</{DSML_TOKEN}invoke>", '">', fenced=False,
     call_separator="\n", object_arguments=True)
-FORMATS = {f.name: f for f in (DEEPSEEK_V3, DEEPSEEK_V31, KIMI_K2, DEEPSEEK_V32)}
+DEEPSEEK_V4 = ToolFormat(
+    "deepseek-v4", f"<{DSML_TOKEN}tool_calls>", f"</{DSML_TOKEN}tool_calls>",
+    f'<{DSML_TOKEN}invoke name="', f"</{DSML_TOKEN}invoke>", '">', fenced=False,
+    call_separator="\n", object_arguments=True)
+FORMATS = {f.name: f for f in (DEEPSEEK_V3, DEEPSEEK_V31, KIMI_K2, DEEPSEEK_V32, DEEPSEEK_V4)}
 
 
 def detect_format(template_source: str, vocabulary: frozenset[str] | set[str]) -> ToolFormat:
     """The family's format: from the markers the template writes, else from the vocabulary."""
-    if DSML_TOKEN in template_source:
-        return DEEPSEEK_V32
+    if DSML_TOKEN in template_source:  # V3.2 names the block function_calls, V4 tool_calls
+        return DEEPSEEK_V32 if "function_calls" in template_source else DEEPSEEK_V4
     if KIMI_K2.call_begin in template_source or "tool_declare" in template_source:
         return KIMI_K2
     if DEEPSEEK_V3.call_begin in template_source:

@@ -31,8 +31,8 @@ def tool_call_grammar(fmt: ToolFormat, functions: dict[str, dict[str, Any]],
         i = token_of(text)
         return f"<[{i}]>" if i is not None else json.dumps(text)
 
-    if fmt.name == "deepseek-v3.2":
-        calls = _dsml_calls(functions, lit, parallel, lenient)
+    if fmt.dsml:
+        calls = _dsml_calls(fmt, functions, lit, parallel, lenient)
         return _compiled(_head(lit, think_end, reasoning_tokens) + calls)
     rules = []
     for k, (name, schema) in enumerate(functions.items()):
@@ -57,9 +57,9 @@ def _head(lit, think_end: str | None, reasoning_tokens: int) -> str:
             f"reasoning[max_tokens={max(reasoning_tokens, 1)}]: /(.|\\n)*/\n")
 
 
-def _dsml_calls(functions: dict[str, dict[str, Any]], lit, parallel: bool,
+def _dsml_calls(fmt: ToolFormat, functions: dict[str, dict[str, Any]], lit, parallel: bool,
                 lenient: bool) -> str:
-    """DeepSeek-V3.2's block (server/tools/dsml.py): each call's required parameters in the
+    """DeepSeek-V3.2's or V4's block (server/tools/dsml.py): each call's required parameters in the
     schema's order, then any of its others; a string parameter's value is text without "<"
     (an enum's: one of its values), any other's JSON of its schema."""
     from server.tools.formats import DSML_TOKEN
@@ -87,7 +87,8 @@ def _dsml_calls(functions: dict[str, dict[str, Any]], lit, parallel: bool,
                      f"{needed}{rest} {tag('invoke>', True)}")
     alts = " | ".join(f"fn_{k}" for k in range(len(functions)))
     more = f' ("\\n" call){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else ""
-    calls = f'calls: {tag("function_calls>")} "\\n" call{more} "\\n" {tag("function_calls>", True)}'
+    block = fmt.section_end.split(DSML_TOKEN)[1]  # "function_calls>" or "tool_calls>"
+    calls = f'calls: {tag(block)} "\\n" call{more} "\\n" {tag(block, True)}'
     lines = [calls, f"call: {alts}", *rules]
     return "\n".join(lines) + "\n"
 

@@ -71,7 +71,7 @@ class ToolSetup:
 
 def call_parser(fmt: ToolFormat) -> ToolCallParser | DsmlCallParser:
     """A reply's parser for `fmt`: DSML's parameters, or the others' JSON arguments."""
-    return DsmlCallParser() if fmt.name == "deepseek-v3.2" else ToolCallParser(fmt)
+    return DsmlCallParser(fmt) if fmt.dsml else ToolCallParser(fmt)
 
 
 def model_format(tokenizer: Any) -> ToolFormat:
