@@ -1,5 +1,6 @@
 """The grammar that makes a reply a well-formed tool call (tool_choice "required" or a named
-function), in the family's own format, for llguidance's Lark syntax.
+function), in the family's own format, for llguidance's Lark syntax (DeepSeek-V3.2's and V4's
+DSML calls write each argument as a parameter: `_dsml_calls`).
 
 Markers that the vocabulary holds as one special token are matched as that token (`<[id]>`),
 so the model writes the calls as it was trained to; a marker it spells in text is matched as
@@ -59,9 +60,9 @@ def _head(lit, think_end: str | None, reasoning_tokens: int) -> str:
 
 def _dsml_calls(fmt: ToolFormat, functions: dict[str, dict[str, Any]], lit, parallel: bool,
                 lenient: bool) -> str:
-    """DeepSeek-V3.2's or V4's block (server/tools/dsml.py): each call's required parameters in the
-    schema's order, then any of its others; a string parameter's value is text without "<"
-    (an enum's: one of its values), any other's JSON of its schema."""
+    """DeepSeek-V3.2's or V4's block (server/tools/dsml.py): each call's required parameters
+    in the schema's order, then any of its others; a string parameter's value is text without
+    "<" (an enum's: one of its values), any other's JSON of its schema."""
     from server.tools.formats import DSML_TOKEN
 
     dsml = lit(DSML_TOKEN)
@@ -77,13 +78,16 @@ def _dsml_calls(fmt: ToolFormat, functions: dict[str, dict[str, Any]], lit, para
         params = []
         for j, (key, prop) in enumerate(props.items()):
             params.append(f"p_{k}_{j}")
-            rules.append(f"p_{k}_{j}: {tag(f'parameter name={json.dumps(key)} ')} "
+            # the key as the templates write it: raw between the quotes (tag escapes for Lark)
+            opening = tag('parameter name="' + key + '" ')
+            rules.append(f"p_{k}_{j}: {opening} "
                          f"{_dsml_value(prop if isinstance(prop, dict) else {}, lenient)} "
                          f"{tag('parameter>', True)} \"\\n\"")
         needed = " ".join(params[list(props).index(p)] for p in required)
         others = [params[j] for j, key in enumerate(props) if key not in required]
         rest = f" ({' | '.join(others)}){{0,{len(others)}}}" if others else ""
-        rules.append(f"fn_{k}: {tag(f'invoke name={json.dumps(name)}>')} \"\\n\" "
+        invoke = tag('invoke name="' + name + '">')
+        rules.append(f"fn_{k}: {invoke} \"\\n\" "
                      f"{needed}{rest} {tag('invoke>', True)}")
     alts = " | ".join(f"fn_{k}" for k in range(len(functions)))
     more = f' ("\\n" call){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else ""
