@@ -14,8 +14,7 @@ import pytest
 
 from hybrid.tokenizer.bundled_templates import bundled_template
 from hybrid.tokenizer.chat_template import ChatTemplate
-from server.tools.dsml import render_calls
-from server.tools.formats import DEEPSEEK_V4
+from server.tools.formats import DEEPSEEK_V4, render_dsml
 from tests.test_server_support import API_KEY, LiveServer
 from tests.test_tool_calls import SCHEMAS, TOOLS
 
@@ -94,7 +93,7 @@ def reference_prompt(messages: list[dict], tools: list[dict] | None, thinking: b
                 out += m.get("reasoning_content", "") + "</think>"
             out += m.get("content") or ""
             if m.get("tool_calls"):
-                out += "\n\n" + render_calls([(c["function"]["name"], c["function"]["arguments"])
+                out += "\n\n" + render_dsml([(c["function"]["name"], c["function"]["arguments"])
                                               for c in m["tool_calls"]])
             out += EOS
     return out
@@ -159,7 +158,7 @@ def reference_prompt_v4(messages: list[dict], tools: list[dict] | None, thinking
                 out += m.get("reasoning_content", "") + "</think>"
             out += m.get("content") or ""
             if m.get("tool_calls"):
-                out += "\n\n" + render_calls([(c["function"]["name"], c["function"]["arguments"])
+                out += "\n\n" + render_dsml([(c["function"]["name"], c["function"]["arguments"])
                                               for c in m["tool_calls"]], DEEPSEEK_V4)
             out += EOS
     return out

@@ -1,6 +1,6 @@
-"""DeepSeek-V3.2's and V4's tool calls (DSML): written as their encodings write them, and read
-back from a streamed reply into OpenAI's calls. V4 names the block `tool_calls` where V3.2
-names it `function_calls`; the rest is the same.
+"""DeepSeek-V3.2's and V4's tool calls (DSML), read back from a streamed reply into OpenAI's
+calls (formats.render_dsml writes them as their encodings do). V4 names the block `tool_calls`
+where V3.2 names it `function_calls`; the rest is the same.
 
     <｜DSML｜function_calls>
     <｜DSML｜invoke name="get_weather">
@@ -29,31 +29,15 @@ import uuid
 from typing import Any
 
 from server.reasoning import partial_suffix
-from server.tools.formats import DEEPSEEK_V32, DSML_TOKEN, ToolFormat
+from server.tools.formats import DEEPSEEK_V32, DSML_PARAM_END, DSML_TOKEN, ToolFormat
 from server.tools.parser import MAX_HEADER_CHARS, ToolCall, ToolCallDelta
 
 INVOKE_BEGIN, INVOKE_END = DEEPSEEK_V32.call_begin, DEEPSEEK_V32.call_end
-PARAM_BEGIN, PARAM_END = f"<{DSML_TOKEN}parameter name=", f"</{DSML_TOKEN}parameter>"
+PARAM_BEGIN, PARAM_END = f"<{DSML_TOKEN}parameter name=", DSML_PARAM_END
 _INVOKE = re.compile(rf'\s*<{DSML_TOKEN}invoke name="([A-Za-z0-9_.\-]{{1,64}})">\n?')
 _PARAM = re.compile(rf'\s*<{DSML_TOKEN}parameter name="([^"<>]{{1,256}})" '
                     rf'string="(true|false)">')
 _TEXT, _BLOCK, _CALL, _PLAIN = "text", "block", "call", "plain"
-
-
-def render_calls(calls: list[tuple[str, dict[str, Any]]], fmt: ToolFormat = DEEPSEEK_V32) -> str:
-    """The block of a reply making `calls` ((name, arguments object) pairs), as the encodings
-    write an assistant turn's calls (after its content and a blank line)."""
-    invokes = []
-    for name, arguments in calls:
-        params = "\n".join(render_parameter(k, v) for k, v in arguments.items())
-        invokes.append(f'{INVOKE_BEGIN}{name}">\n{params}\n{INVOKE_END}')
-    return f"{fmt.section_begin}\n" + "\n".join(invokes) + f"\n{fmt.section_end}"
-
-
-def render_parameter(key: str, value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    kind = "true" if isinstance(value, str) else "false"
-    return f'<{DSML_TOKEN}parameter name="{key}" string="{kind}">{text}{PARAM_END}'
 
 
 def parameter_value(text: str, is_string: bool) -> Any:

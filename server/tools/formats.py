@@ -104,9 +104,7 @@ class ToolFormat:
     def render(self, calls: list[tuple[str, str]]) -> str:
         """The text of a reply making `calls` ((name, JSON arguments) pairs)."""
         if self.dsml:
-            from server.tools.dsml import render_calls
-
-            return render_calls([(name, json.loads(args)) for name, args in calls], self)
+            return render_dsml([(name, json.loads(args)) for name, args in calls], self)
         parts = []
         for i, (name, arguments) in enumerate(calls):
             args = f"\n{arguments}\n```" if self.fenced else arguments
@@ -143,6 +141,21 @@ DEEPSEEK_V4 = ToolFormat(
     f'<{DSML_TOKEN}invoke name="', f"</{DSML_TOKEN}invoke>", '">', fenced=False,
     call_separator="\n", object_arguments=True)
 FORMATS = {f.name: f for f in (DEEPSEEK_V3, DEEPSEEK_V31, KIMI_K2, DEEPSEEK_V32, DEEPSEEK_V4)}
+DSML_PARAM_END = f"</{DSML_TOKEN}parameter>"
+
+
+def render_dsml(calls: list[tuple[str, dict[str, Any]]], fmt: ToolFormat = DEEPSEEK_V32) -> str:
+    """The DSML block of a reply making `calls` ((name, arguments object) pairs), as V3.2's and
+    V4's encodings write an assistant turn's calls (after its content and a blank line): each
+    argument a parameter, a string as is (string="true"), anything else as JSON."""
+    invokes = []
+    for name, arguments in calls:
+        params = "\n".join(
+            f'<{DSML_TOKEN}parameter name="{key}" string="{str(isinstance(value, str)).lower()}">'
+            f"{value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)}"
+            f"{DSML_PARAM_END}" for key, value in arguments.items())
+        invokes.append(f'{fmt.call_begin}{name}">\n{params}\n{fmt.call_end}')
+    return f"{fmt.section_begin}\n" + "\n".join(invokes) + f"\n{fmt.section_end}"
 
 
 def detect_format(template_source: str, vocabulary: frozenset[str] | set[str]) -> ToolFormat:
