@@ -135,8 +135,7 @@ def compile_packer(qtype: int) -> None:
     blocks = np.zeros((1, ROWS, qt.row_nbytes(qtype, block_cols)), np.uint8)  # [E, rows, bytes]
     blocks.flags.writeable = False
     out = np.empty(packed_shape(qtype, 1, ROWS, block_cols), np.uint8)
-    pack_blocks(qtype, blocks, 0, ROWS, qt.row_nbytes(qtype, 0), qt.BLOCK_GEOMETRY[qtype][1],
-                packed_bytes, out)
+    pack_blocks(qtype, blocks, 0, ROWS, 0, qt.BLOCK_GEOMETRY[qtype][1], packed_bytes, out)
 
 
 def _tiny_packed(types: tuple[int, int, int]):

@@ -29,11 +29,10 @@ def compile_ahead(plan: Plan, gguf: GGUFModelFile, spec: ModelSpec) -> list[Back
     layers: list[tuple[int, int, int]] = []
     moe_layers = 0
     for placement in plan.placements.values():
-        o = placement.options
         if placement.operator != "experts":
             continue
         moe_layers += 1
-        if o.get("backend") != "cpu" or o.get("mode") != "fast":
+        if not _fast_on_cpu(placement):
             continue
         names = expert_tensors(spec, f"blk.{placement.path.split('.')[2]}.")
         types = [int(gguf.tensor_infos[n][0].qtype) for n in names]
@@ -61,5 +60,11 @@ def packers_ahead(gguf: GGUFModelFile) -> BackgroundPackers | None:
 
 def packs_any(plan: Plan) -> bool:
     """Whether some MoE layer of the plan runs fast mode on the CPU (its experts are packed)."""
-    return any(p.operator == "experts" and p.options.get("backend") == "cpu"
-               and p.options.get("mode") == "fast" for p in plan.placements.values())
+    return any(_fast_on_cpu(p) for p in plan.placements.values())
+
+
+def _fast_on_cpu(placement) -> bool:
+    """A placement of the experts operator in fast mode on the CPU."""
+    o = placement.options
+    return placement.operator == "experts" and o.get("backend") == "cpu" \
+        and o.get("mode") == "fast"
