@@ -7,6 +7,10 @@ Python (wait, dispatch, checks) on caches the kernel just flushed by streaming i
 costs ~40 us a layer, a tenth of a decode step of V2-Lite. Here the only work between kernels is
 a spin on the flag.
 
+Where numba's threading layer allows, the whole step runs in one parallel region
+(region_driver.py: no region started per kernel phase, 7-9% of a V2-Lite decode layer);
+elsewhere this module's loop calls packed_moe_kernel a layer.
+
 Protocol per step, `seq` growing by one each step (flags are never reset):
     other side: x/ids/weights rows for layer l written, then ready[l] = seq (release)
     here:       wait ready[l] == seq, out = MoE(x[:n], ids[:n], weights[:n]), done[l] = seq
@@ -16,14 +20,19 @@ All layers share the buffers (layers run one after another). The layers are give
 
 from __future__ import annotations
 
+import functools
+from typing import NamedTuple
+
 import numba
 import numpy as np
 from numba import njit
 
 from cpu_kernels.fast.packed_moe import packed_moe_kernel
-from cpu_kernels.fast.tile_set import tile_set
+from cpu_kernels.fast.q8_activations import Q8Activations
+from cpu_kernels.fast.tile_set import TileSet, tile_set
 from cpu_kernels.runtime.handshake import store_release, wait_equal
 from cpu_kernels.runtime.placement import PlacedExperts
+from cpu_kernels.runtime.region_driver import drive_in_one_region, layer_table
 
 
 def is_packed(p: PlacedExperts) -> bool:
@@ -31,11 +40,17 @@ def is_packed(p: PlacedExperts) -> bool:
     return len(p.slices) == 1 and p.slices[0].packed is not None
 
 
-def packed_layers(layers: list[PlacedExperts]) -> tuple:
-    """The layers argument of drive_layers: (the tile set of all their types, per layer
-    (gate_type, gate, up_type, up, down_type, down, swiglu limit)), made once; needs every
-    layer `is_packed`.
-    The set is the pool's (MoEPool.tiles) when these are all the layers placed there: prompt
+class PackedLayers(NamedTuple):
+    """drive_layers' layers argument (packed_layers makes it)."""
+
+    tiles: TileSet  # every layer's types
+    per_layer: tuple  # (gate_type, gate, up_type, up, down_type, down, swiglu limit) a layer
+    table: tuple | None  # region_driver.layer_table(per_layer); None: layers' shapes differ
+
+
+def packed_layers(layers: list[PlacedExperts]) -> PackedLayers:
+    """drive_layers' view of these layers, made once; needs every layer `is_packed`.
+    The tile set is the pool's (MoEPool.tiles) when these are all the layers placed there: prompt
     steps and decode steps then run one compiled kernel."""
     out = []
     for p in layers:
@@ -44,7 +59,24 @@ def packed_layers(layers: list[PlacedExperts]) -> tuple:
         pk = p.slices[0].packed
         out.append((pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data, pk.down.qtype,
                     pk.down.data, float(p.experts.swiglu_limit)))
-    return tile_set(t for g in out for t in g[0:6:2]), tuple(out)
+    return of_tuples(tuple(out))
+
+
+def of_tuples(per_layer: tuple) -> PackedLayers:
+    """PackedLayers of per-layer tuples as packed_layers makes them."""
+    shapes = {(g[1].shape[1:2], g[5].shape[1:2]) for g in per_layer}
+    contiguous = all(g[i].flags.c_contiguous for g in per_layer for i in (1, 3, 5))
+    table = layer_table(per_layer) if len(shapes) == 1 and contiguous else None
+    return PackedLayers(tile_set(t for g in per_layer for t in g[0:6:2]), per_layer, table)
+
+
+@functools.cache
+def one_region_safe() -> bool:
+    """Whether drive_in_one_region may run: its spin barriers need every prange iteration of
+    the region running at once, which the omp layer gives (tbb may run two on one thread, and
+    deadlock; workqueue is not relied on)."""
+    Q8Activations.of(np.zeros((1, 32), np.float32))  # a parallel kernel: starts numba's layer
+    return numba.threading_layer() == "omp"
 
 
 @njit(nogil=True, cache=True)
@@ -62,15 +94,23 @@ def _drive(tiles, ready, done, seq, n, x, ids, weights, out, layers, threads, ti
 
 
 def drive_layers(ready: np.ndarray, done: np.ndarray, seq: int, n: int, x: np.ndarray,
-                 ids: np.ndarray, weights: np.ndarray, out: np.ndarray, layers: tuple,
-                 timeout_cycles: int, stamps: np.ndarray | None = None) -> int:
+                 ids: np.ndarray, weights: np.ndarray, out: np.ndarray, layers: PackedLayers,
+                 timeout_cycles: int, stamps: np.ndarray | None = None,
+                 one_region: bool | None = None) -> int:
     """Run every layer of `layers` (packed_layers) as the protocol above, on numba's current
     thread count. ready/done: [L] int64 flags  x: [T, H] f32  ids: [T, K] int64
     weights: [T, K] f32  out: [T, H] f32, rows :n used. stamps: [L, 2] int64 kernel cycle
-    stamps (optional). -> layers completed: len(layers), or the layer whose inputs did not
-    come within timeout_cycles (its done flag and the later ones are not set)."""
-    tiles, per_layer = layers
+    stamps (optional). one_region: run region_driver.drive_in_one_region (default: where the
+    layers' shapes agree and one_region_safe), else packed_moe_kernel a layer.
+    -> layers completed: len(layers), or the layer whose inputs did not come within
+    timeout_cycles (its done flag and the later ones are not set)."""
     if stamps is None:
-        stamps = np.empty((len(per_layer), 2), np.int64)
-    return _drive(tiles, ready, done, seq, n, x, ids, weights, out, per_layer,
+        stamps = np.empty((len(layers.per_layer), 2), np.int64)
+    if one_region is None:
+        one_region = layers.table is not None and one_region_safe()
+    if one_region:
+        return drive_in_one_region(layers.tiles, ready, done, seq, n, x, ids, weights, out,
+                                   *layers.table, numba.get_num_threads(), timeout_cycles,
+                                   stamps)
+    return _drive(layers.tiles, ready, done, seq, n, x, ids, weights, out, layers.per_layer,
                   numba.get_num_threads(), timeout_cycles, stamps)

@@ -171,7 +171,7 @@ def compile_driver(types: tuple[int, int, int], tiles: tuple[int, ...], num_laye
     argument types the engine's HostExperts passes (flags and buffers as numpy views of its
     pinned tensors: C-contiguous int64 / float32)."""
     from cpu_kernels.fast.tile_set import tile_set
-    from cpu_kernels.runtime.layer_driver import drive_layers
+    from cpu_kernels.runtime.layer_driver import drive_layers, of_tuples
 
     _, pk = _tiny_packed(types)
     layer = (pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data, pk.down.qtype, pk.down.data,
@@ -179,8 +179,9 @@ def compile_driver(types: tuple[int, int, int], tiles: tuple[int, ...], num_laye
     ready, done = np.zeros(num_layers, np.int64), np.zeros(num_layers, np.int64)  # seq 0: pass
     x, out = np.zeros((1, 256), np.float32), np.zeros((1, 256), np.float32)  # [T, H]
     ids, weights = np.zeros((1, 1), np.int64), np.ones((1, 1), np.float32)  # [T, K]
-    drive_layers(ready, done, 0, 1, x, ids, weights, out, (tile_set(tiles), (layer,) * num_layers),
-                 10**12)
+    layers = of_tuples((layer,) * num_layers)
+    drive_layers(ready, done, 0, 1, x, ids, weights, out,
+                 layers._replace(tiles=tile_set(tiles)), 10**12)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """drive_layers against moe_forward, with a second thread in the GPU's place: it writes each
 layer's inputs, raises the ready flag and waits for the done flag before the next layer, as the
-decode step's CUDA graph does through mapped pinned memory; one layer's SwiGLU clamped."""
+decode step's CUDA graph does through mapped pinned memory; one layer's SwiGLU clamped. Both
+drivers: one parallel region a step (region_driver.py, where numba's layer allows it) and
+packed_moe_kernel a layer; each equals moe_forward bit for bit."""
 
 from __future__ import annotations
 
@@ -16,10 +18,16 @@ from cpu_kernels.formats import qtypes as qt
 from cpu_kernels.formats.random_blocks import random_experts
 from cpu_kernels.moe import moe_forward
 from cpu_kernels.runtime.handshake import set_flag, wait_equal
-from cpu_kernels.runtime.layer_driver import drive_layers, packed_layers
+from cpu_kernels.runtime.layer_driver import (
+    drive_layers,
+    of_tuples,
+    one_region_safe,
+    packed_layers,
+)
 from cpu_kernels.runtime.pool import MoEPool
 
 SECOND = 3_000_000_000  # TSC cycles: ample on any machine
+DRIVERS = [False, True] if one_region_safe() else [False]  # one_region
 
 
 @pytest.fixture(scope="module")
@@ -35,15 +43,18 @@ def layers():
     # compile the driver first, every flag already up (as the engine's start-up does): a cold
     # compile inside a test step would outlast the other thread's wait
     t, h = 1, 256
-    drive_layers(np.ones(3, np.int64), np.zeros(3, np.int64), 1, t, np.zeros((t, h), np.float32),
-                 np.zeros((t, 2), np.int64), np.zeros((t, 2), np.float32),
-                 np.zeros((t, h), np.float32), packed_layers(placed), 10 * SECOND)
+    for one_region in DRIVERS:
+        drive_layers(np.ones(3, np.int64), np.zeros(3, np.int64), 1, t,
+                     np.zeros((t, h), np.float32), np.zeros((t, 2), np.int64),
+                     np.zeros((t, 2), np.float32), np.zeros((t, h), np.float32),
+                     packed_layers(placed), 10 * SECOND, one_region=one_region)
     yield experts, placed
     pool.close()
 
 
+@pytest.mark.parametrize("one_region", DRIVERS)
 @pytest.mark.parametrize("n", [1, 3, 8])
-def test_two_steps_match_moe_forward(layers, n):
+def test_two_steps_match_moe_forward(layers, n, one_region):
     experts, placed = layers
     rng = np.random.default_rng(n)
     t, h, k = 8, 256, 2
@@ -68,7 +79,7 @@ def test_two_steps_match_moe_forward(layers, n):
         thread = threading.Thread(target=gpu)
         thread.start()
         assert drive_layers(ready, done, seq, n, x, ids, w, out, packed_layers(placed),
-                            10 * SECOND) == 3
+                            10 * SECOND, one_region=one_region) == 3
         thread.join()
         assert not errors
         for e, (xi, ii, wi), g in zip(experts, inputs, got):
@@ -77,13 +88,28 @@ def test_two_steps_match_moe_forward(layers, n):
             np.testing.assert_array_equal(g, want)
 
 
-def test_timeout_reports_the_waiting_layer(layers):
+@pytest.mark.parametrize("one_region", DRIVERS)
+def test_timeout_reports_the_waiting_layer(layers, one_region):
     _, placed = layers
     x, out = np.zeros((1, 256), np.float32), np.zeros((1, 256), np.float32)
     ids, w = np.zeros((1, 2), np.int64), np.ones((1, 2), np.float32)
     ready, done = np.array([5, 0, 0], np.int64), np.zeros(3, np.int64)
-    assert drive_layers(ready, done, 5, 1, x, ids, w, out, packed_layers(placed), 1000) == 1
+    assert drive_layers(ready, done, 5, 1, x, ids, w, out, packed_layers(placed), 1000,
+                        one_region=one_region) == 1
     assert done.tolist() == [5, 0, 0]
+
+
+def test_layers_of_other_widths_take_the_layer_loop():
+    """One parallel region's buffers are sized once for the step: layers whose widths differ
+    have no table and run packed_moe_kernel a layer."""
+    rng = np.random.default_rng(4)
+    tuples = []
+    for inter in (256, 512):
+        pk = pack(random_experts(rng, 4, 256, inter, qt.Q8_0, qt.Q8_0, qt.Q8_0)).packed
+        tuples.append((pk.gate.qtype, pk.gate.data, pk.up.qtype, pk.up.data, pk.down.qtype,
+                       pk.down.data, math.inf))
+    assert of_tuples(tuple(tuples)).table is None
+    assert of_tuples(tuple(tuples[:1]) * 2).table is not None
 
 
 def test_needs_packed_layers(layers):
@@ -109,10 +135,14 @@ def test_python_entries_take_numba_fast_dispatch(layers, monkeypatch):
 
     def typed_again(*args, **kwargs):
         raise AssertionError("a Python entry typed its kernel again")
-    for entry in (layer_driver._drive, packed_moe.packed_moe_kernel):
+    for entry in (layer_driver._drive, layer_driver.drive_in_one_region,
+                  packed_moe.packed_moe_kernel):
         monkeypatch.setattr(entry, "_compile_for_args", typed_again)
     ready, done = np.ones(3, np.int64), np.zeros(3, np.int64)
-    assert drive_layers(ready, done, 1, 1, x, ids, w, out, packed_layers(placed), SECOND) == 3
+    for one_region in DRIVERS:
+        ready, done = np.ones(3, np.int64), np.zeros(3, np.int64)
+        assert drive_layers(ready, done, 1, 1, x, ids, w, out, packed_layers(placed), SECOND,
+                            one_region=one_region) == 3
     moe_forward(x, ids, w, experts[0], out, mode="fast")
 
 

@@ -1,0 +1,196 @@
+"""Every MoE layer of one step inside ONE parallel region: layer_driver's protocol without a
+parallel region started per kernel phase.
+
+Why: packed_moe_kernel opens four parallel regions a layer (x's quantization, phase 1, h's
+quantization, phase 2); each start and join wakes and waits for every worker, and between two
+layers the workers idle for the GPU's attention (~0.1-0.2 ms) long enough to go to sleep. Here
+the workers never leave the region: they spin on the layer's ready flag with the driving thread,
+and the phases are separated by spin barriers (a few hundred ns each).
+
+Per layer, every one of the `threads` workers (one prange iteration each; all must run at once,
+which the omp and workqueue layers give and tbb does not: drive_layers checks):
+    worker 0 waits ready[l] == seq (with the timeout) and publishes go[l] = GO (or ABORT);
+    all: route (each its own copy: n*K ids), quantize their share of x's 32-groups;  barrier
+    phase 1: (expert, 16 rows) tasks claimed one at a time, h = w * swiglu;          barrier
+    all: quantize their share of h's 32-groups;                                      barrier
+    phase 2: H's 16-row blocks claimed one at a time, each summed over experts into out;
+    the last worker to finish raises done[l] = seq.
+Tasks are claimed singly (packed_moe claims 4): at decode sizes a phase is ~9 tasks a worker, and
+the phase ends when its slowest worker does.
+The math, and each element's order of operations, is packed_moe_kernel's: out is bit-identical.
+Every layer must have the same H and I (DeepSeek's do; drive_layers checks).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import carray, njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from cpu_kernels.exact.routing import route
+from cpu_kernels.fast.packed_moe import down_group, gate_up_group
+from cpu_kernels.fast.packed_tiles import prefetch_start
+from cpu_kernels.fast.q8_activations import quantize_row
+from cpu_kernels.runtime.handshake import load_acquire, spin_pause, store_release, wait_equal
+from cpu_kernels.simd.clock import cycles
+from cpu_kernels.simd.task_queue import claim
+
+f32 = np.float32
+GO, ABORT = 1, 2  # worker 0's word per layer (0: not yet decided)
+
+
+@njit(nogil=True, cache=True)
+def barrier(bar: np.ndarray, threads: int) -> None:
+    """Wait until all `threads` workers called it. bar: [2] int64 (arrivals, generation), zeros
+    before the region. The generation is read before arriving: it cannot move until this worker
+    has arrived, so a worker never mistakes the previous barrier's release for this one's."""
+    generation = load_acquire(bar, 1)
+    if claim(bar) == threads - 1:
+        store_release(bar, 0, 0)
+        store_release(bar, 1, generation + 1)
+    else:
+        while load_acquire(bar, 1) == generation:
+            spin_pause()
+
+
+@njit(nogil=True, cache=True)
+def quantize_groups(x: np.ndarray, lo_off: int, xq: np.ndarray, dx: np.ndarray,
+                    xqsum: np.ndarray, xsum16: np.ndarray, worker: int, threads: int) -> None:
+    """This worker's share (every threads-th) of the 32-groups of x [N, C]: quantize_row on
+    one group at a time into xq [P*Nmax, C] (lo plane, if lo_off, lo_off elements on), dx, xqsum
+    [Nmax, C/32], xsum16 [Nmax, C/16]."""
+    rows, cols = x.shape
+    groups = cols // 32
+    lo_rows = lo_off // cols
+    for j in range(worker, rows * groups, threads):
+        t, g = j // groups, j % groups
+        c0 = 32 * g
+        lo = xq[lo_rows + t, c0:c0 + 32] if lo_off else xq[t, :0]
+        quantize_row(x[t, c0:c0 + 32], xq[t, c0:c0 + 32], lo, dx[t, g:g + 1],
+                     xqsum[t, g:g + 1], xsum16[t, 2 * g:2 * g + 2])
+
+
+@intrinsic
+def _pointer(typingctx, address):
+    """An int64 address as a void pointer (for numba.carray)."""
+    if not isinstance(address, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], cgutils.voidptr_t)
+    return types.voidptr(address), codegen
+
+
+@njit(inline="always", cache=True)
+def _matrix(table, layer, which):
+    """Matrix `which` (0 gate, 1 up, 2 down) of `layer`: [E, rows/8, bytes] uint8 at its address."""
+    d = table[layer, which]
+    return carray(_pointer(d[0]), (d[1], d[2], d[3]), dtype=np.uint8)
+
+
+def layer_table(per_layer: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """drive_in_one_region's view of layer_driver's per-layer tuples (a parallel region takes
+    arrays, not tuples of arrays): table [L, 3, 4] int64 (address, E, rows/8, bytes) of gate,
+    up, down; qtypes [L, 3] int64; limits [L] f32. The caller keeps `per_layer` alive."""
+    table = np.zeros((len(per_layer), 3, 4), np.int64)
+    qtypes = np.zeros((len(per_layer), 3), np.int64)
+    limits = np.zeros(len(per_layer), f32)
+    for layer, g in enumerate(per_layer):
+        for which in range(3):
+            data = g[2 * which + 1]
+            if not data.flags.c_contiguous:
+                raise ValueError("packed expert matrices must be C-contiguous")
+            table[layer, which] = (data.ctypes.data, *data.shape)
+            qtypes[layer, which] = g[2 * which]
+        limits[layer] = g[6]
+    return table, qtypes, limits
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def drive_in_one_region(tiles, ready, done, seq, n, x, ids, weights, out, table, qtypes, limits,
+                        threads, timeout_cycles, stamps):
+    # x: [T, H] f32  ids: [T, K] int64  weights: [T, K] f32  out: [T, H] f32 (rows :n used)
+    # table, qtypes, limits: layer_table's  stamps: [L, 2] int64
+    # -> layers completed (as layer_driver._drive)
+    num_layers = table.shape[0]
+    hidden = x.shape[1]
+    inter = 8 * table[0, 0, 2]
+    slots = n * ids.shape[1]
+    xq = np.empty((n, hidden), np.int8)
+    dx = np.empty((n, hidden // 32), f32)
+    xqsum = np.empty((n, hidden // 32), f32)
+    xsum16 = np.empty((n, hidden // 16), np.int32)
+    h = np.empty((slots, inter), f32)  # [N, I] in slot order
+    hq = np.empty((2 * slots, inter), np.int8)  # hi plane rows :slots, lo plane after
+    hd = np.empty((slots, inter // 32), f32)
+    hqsum = np.empty((slots, inter // 32), f32)
+    hsum16 = np.empty((slots, inter // 16), np.int32)
+    go = np.zeros(num_layers, np.int64)  # GO / ABORT, worker 0's decision
+    claims = np.zeros((num_layers, 2), np.int64)  # next task of phase 1, of phase 2
+    finished = np.zeros(num_layers, np.int64)
+    bar = np.zeros(2, np.int64)
+    reached = np.full(threads, num_layers, np.int64)
+    for worker in prange(threads):
+        for layer in range(num_layers):
+            if worker == 0:
+                ok = wait_equal(ready, layer, seq, timeout_cycles)
+                stamps[layer, 0] = cycles()
+                store_release(go, layer, GO if ok else ABORT)
+            while load_acquire(go, layer) == 0:
+                spin_pause()
+            if load_acquire(go, layer) != GO:
+                reached[worker] = layer
+                break
+            gate_pk, up_pk, down_pk = (_matrix(table, layer, 0), _matrix(table, layer, 1),
+                                       _matrix(table, layer, 2))
+            gate_type, up_type, down_type = qtypes[layer, 0], qtypes[layer, 1], qtypes[layer, 2]
+            expert_ids, offsets, token_ids, slot_w = route(ids[:n], weights[:n],
+                                                           gate_pk.shape[0])
+            num_used = expert_ids.shape[0]
+            used_slots = token_ids.shape[0]
+            quantize_groups(x[:n], 0, xq, dx, xqsum, xsum16, worker, threads)
+            barrier(bar, threads)
+            groups_i = gate_pk.shape[1]
+            pairs_i = (groups_i + 1) // 2
+            num_tasks = num_used * pairs_i
+            flat16 = xsum16.reshape(-1)
+            task = claim(claims[layer, 0:])
+            while task < num_tasks:
+                u = task // pairs_i
+                e = expert_ids[u]
+                ga = 2 * (task % pairs_i)
+                gb = min(ga + 1, groups_i - 1)
+                gate_up_group(tiles, gate_type, gate_pk[e, ga], gate_pk[e, gb], up_type,
+                              up_pk[e, ga], up_pk[e, gb], xq, dx, xqsum, flat16, token_ids,
+                              slot_w, offsets[u], offsets[u + 1], h, 8 * ga, inter,
+                              limits[layer])
+                task = claim(claims[layer, 0:])
+            barrier(bar, threads)
+            quantize_groups(h[:used_slots], slots * inter, hq, hd, hqsum, hsum16, worker,
+                            threads)
+            barrier(bar, threads)
+            groups_h = down_pk.shape[1]
+            pairs_h = (groups_h + 1) // 2
+            pair = claim(claims[layer, 1:])
+            while pair < pairs_h:
+                ga = 2 * pair
+                gb = min(ga + 1, groups_h - 1)
+                r0 = 8 * ga
+                lanes = min(8 * (gb - ga + 1), hidden - r0)
+                for t in range(n):
+                    for lane in range(lanes):
+                        out[t, r0 + lane] = 0.0
+                for u in range(num_used):
+                    if u + 1 < num_used:
+                        prefetch_start(down_pk[expert_ids[u + 1], ga],
+                                       down_pk[expert_ids[u + 1], gb])
+                    e = expert_ids[u]
+                    down_group(tiles, down_type, down_pk[e, ga], down_pk[e, gb], hq,
+                               slots * inter, hd, hqsum, hsum16.reshape(-1), token_ids,
+                               offsets[u], offsets[u + 1], out, r0, lanes)
+                pair = claim(claims[layer, 1:])
+            if claim(finished[layer:]) == threads - 1:
+                stamps[layer, 1] = cycles()
+                store_release(done, layer, seq)
+    return reached.min()
