@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from hybrid.engine.graphs.capture import captured
 from hybrid.engine.step.decoder import DecoderProgram, StepState
 
 
@@ -21,7 +22,7 @@ class PiecewiseGraphs:
                 graphs.append(None)
                 continue
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
+            with captured(g, pool):
                 piece.run(state)
             graphs.append(g)
         return graphs

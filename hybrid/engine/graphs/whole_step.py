@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from hybrid.engine.graphs.capture import captured
 from hybrid.engine.step.decoder import DecoderProgram, StepState
 from hybrid.engine.step.host_experts import HostExperts
 from hybrid.errors import DeviceLost
@@ -40,7 +41,7 @@ class WholeStepGraphs:
         self.program.run_on_device(state)
         torch.cuda.synchronize(self.device)
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool):
+        with captured(g, pool):
             self.program.run_on_device(state)
         return g
 
