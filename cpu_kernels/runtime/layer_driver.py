@@ -33,6 +33,9 @@ from cpu_kernels.fast.tile_set import TileSet, tile_set
 from cpu_kernels.runtime.handshake import store_release, wait_equal
 from cpu_kernels.runtime.placement import PlacedExperts
 from cpu_kernels.runtime.region_driver import drive_in_one_region, layer_table
+from cpu_kernels.simd.clock import cycles_per_us
+
+MEET_S = 0.5  # how long one region's workers may take to all start (microseconds when healthy)
 
 
 def is_packed(p: PlacedExperts) -> bool:
@@ -71,6 +74,11 @@ def of_tuples(per_layer: tuple) -> PackedLayers:
 
 
 @functools.cache
+def _meet_cycles() -> int:
+    return int(MEET_S * 1e6 * cycles_per_us())  # measured once: cycles_per_us takes 20 ms
+
+
+@functools.cache
 def one_region_safe() -> bool:
     """Whether drive_in_one_region may run: its spin barriers need every prange iteration of
     the region running at once, which the omp layer gives (tbb may run two on one thread, and
@@ -103,7 +111,9 @@ def drive_layers(ready: np.ndarray, done: np.ndarray, seq: int, n: int, x: np.nd
     stamps (optional). one_region: run region_driver.drive_in_one_region (default: where the
     layers' shapes agree and one_region_safe), else packed_moe_kernel a layer.
     -> layers completed: len(layers), or the layer whose inputs did not come within
-    timeout_cycles (its done flag and the later ones are not set)."""
+    timeout_cycles (its done flag and the later ones are not set), or NOT_TOGETHER: the one
+    region's workers did not all run at once, no flag was touched (call again with
+    one_region=False)."""
     if stamps is None:
         stamps = np.empty((len(layers.per_layer), 2), np.int64)
     if one_region is None:
@@ -111,6 +121,6 @@ def drive_layers(ready: np.ndarray, done: np.ndarray, seq: int, n: int, x: np.nd
     if one_region:
         return drive_in_one_region(layers.tiles, ready, done, seq, n, x, ids, weights, out,
                                    *layers.table, numba.get_num_threads(), timeout_cycles,
-                                   stamps)
+                                   stamps, _meet_cycles())
     return _drive(layers.tiles, ready, done, seq, n, x, ids, weights, out, layers.per_layer,
                   numba.get_num_threads(), timeout_cycles, stamps)

@@ -19,6 +19,13 @@ Tasks are claimed singly (packed_moe claims 4): at decode sizes a phase is ~9 ta
 the phase ends when its slowest worker does.
 The math, and each element's order of operations, is packed_moe_kernel's: out is bit-identical.
 Every layer must have the same H and I (DeepSeek's do; drive_layers checks).
+
+Before the first layer the workers meet: worker 0 waits (up to `meet_cycles`) for all of them
+and publishes whether they came. Where the layer gave the region fewer threads than iterations
+(OMP_DYNAMIC, a thread limit), some iterations would queue behind others on one thread and the
+first barrier would never open; instead every worker returns NOT_TOGETHER before touching a
+flag, and the caller runs the layer loop. Worker 0 always runs at once (it starts the first
+thread's share), so a worker waiting for its word never waits on a queued one.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from cpu_kernels.simd.task_queue import claim
 
 f32 = np.float32
 GO, ABORT = 1, 2  # worker 0's word per layer (0: not yet decided)
+NOT_TOGETHER = -1  # drive_in_one_region's answer when its workers did not all run at once
 
 
 @njit(nogil=True, cache=True)
@@ -109,10 +117,10 @@ def layer_table(per_layer: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 @njit(parallel=True, nogil=True, cache=True)
 def drive_in_one_region(tiles, ready, done, seq, n, x, ids, weights, out, table, qtypes, limits,
-                        threads, timeout_cycles, stamps):
+                        threads, timeout_cycles, stamps, meet_cycles):
     # x: [T, H] f32  ids: [T, K] int64  weights: [T, K] f32  out: [T, H] f32 (rows :n used)
     # table, qtypes, limits: layer_table's  stamps: [L, 2] int64
-    # -> layers completed (as layer_driver._drive)
+    # -> layers completed (as layer_driver._drive), or NOT_TOGETHER (no flag touched)
     num_layers = table.shape[0]
     hidden = x.shape[1]
     inter = 8 * table[0, 0, 2]
@@ -131,7 +139,19 @@ def drive_in_one_region(tiles, ready, done, seq, n, x, ids, weights, out, table,
     finished = np.zeros(num_layers, np.int64)
     bar = np.zeros(2, np.int64)
     reached = np.full(threads, num_layers, np.int64)
+    meet = np.zeros(2, np.int64)  # workers arrived, worker 0's word (GO / ABORT)
     for worker in prange(threads):
+        claim(meet)
+        if worker == 0:
+            start = cycles()
+            while load_acquire(meet, 0) < threads and cycles() - start < meet_cycles:
+                spin_pause()
+            store_release(meet, 1, GO if load_acquire(meet, 0) == threads else ABORT)
+        while load_acquire(meet, 1) == 0:
+            spin_pause()
+        if load_acquire(meet, 1) != GO:
+            reached[worker] = NOT_TOGETHER
+            continue
         for layer in range(num_layers):
             if worker == 0:
                 ok = wait_equal(ready, layer, seq, timeout_cycles)

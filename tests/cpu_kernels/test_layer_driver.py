@@ -171,3 +171,23 @@ def test_each_tile_family_runs_its_own_tiles_on_read_only_experts():
                    math.inf, out, np.zeros(2, np.int64), 2)
         want = moe_forward_ref(x, ids, w, experts)
         assert rel_error(out, want) <= 1e-2, types  # test_moe's FAST_TOL
+
+
+@pytest.mark.skipif(not one_region_safe(), reason="the one-region driver needs numba's omp layer")
+def test_a_region_short_of_threads_answers_not_together(layers):
+    """More workers than numba's team: some would queue behind others on one thread and the
+    first barrier would never open. The driver answers NOT_TOGETHER before touching a flag."""
+    import numba
+
+    from cpu_kernels.runtime.region_driver import NOT_TOGETHER, drive_in_one_region
+
+    _, placed = layers
+    packed = packed_layers(placed)
+    x, out = np.zeros((1, 256), np.float32), np.zeros((1, 256), np.float32)
+    ids, w = np.zeros((1, 2), np.int64), np.ones((1, 2), np.float32)
+    ready, done = np.ones(3, np.int64), np.zeros(3, np.int64)
+    got = drive_in_one_region(packed.tiles, ready, done, 1, 1, x, ids, w, out, *packed.table,
+                              numba.get_num_threads() + 1, SECOND, np.zeros((3, 2), np.int64),
+                              SECOND // 100)
+    assert got == NOT_TOGETHER
+    assert done.tolist() == [0, 0, 0] and not out.any()

@@ -13,16 +13,20 @@ remaining done flag before it propagates, so the graph runs out instead of spinn
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from cpu_kernels.runtime.handshake import set_flag, wait_equal
 from cpu_kernels.runtime.layer_driver import drive_layers, is_packed, packed_layers
+from cpu_kernels.runtime.region_driver import NOT_TOGETHER
 from cpu_kernels.simd.clock import cycles_per_us
 from hybrid.engine.step.experts_bridge import ExpertsBridge
 from hybrid.errors import DeviceLost
 from hybrid.ops.experts import ExpertsOp
 
 TIMEOUT_S = 60.0  # the GPU reaches the next layer's flag in microseconds; this is a lost GPU
+log = logging.getLogger("hybrid.engine")
 
 
 class HostExperts:
@@ -38,6 +42,7 @@ class HostExperts:
             self._packed = packed_layers([op.placed for op in layers])
         # [L, 2] cycle stamps of each layer's kernel in the last step (one numba call only)
         self.stamps = np.zeros((len(layers), 2), np.int64)
+        self._one_region: bool | None = None  # drive_layers' choice until it answers NOT_TOGETHER
 
     def warm_up(self) -> None:
         """Compile the driver (numba; seconds for the one-call driver, which compiles the MoE
@@ -48,7 +53,7 @@ class HostExperts:
         set_flag(done, 0, 0)
         if self._packed is not None:
             x, ids, w, out = (np.zeros_like(a[:1]) for a in self.bridge.host_arrays)
-            drive_layers(ready, done, 0, 1, x, ids, w, out, self._packed, self._timeout)
+            self._drive(ready, done, 0, 1, x, ids, w, out)
 
     @property
     def one_call(self) -> bool:
@@ -61,8 +66,7 @@ class HostExperts:
             if self._packed is not None:
                 self._pool.use_inline_threads()
                 x, ids, w, out = self.bridge.host_arrays
-                reached = drive_layers(self._ready, self._done, seq, n, x, ids, w, out,
-                                       self._packed, self._timeout, self.stamps)
+                reached = self._drive(self._ready, self._done, seq, n, x, ids, w, out)
             else:
                 reached = self._loop(seq, n)
         except BaseException:
@@ -73,6 +77,19 @@ class HostExperts:
             raise DeviceLost(f"the GPU did not hand over MoE layer {reached}'s rows within "
                               f"{TIMEOUT_S:.0f} s; the CUDA device may have failed (see the "
                               f"log), restart the server")
+
+    def _drive(self, ready, done, seq, n, x, ids, w, out) -> int:
+        """drive_layers over the packed layers; where its one parallel region's workers did
+        not all run at once (numba's layer gave fewer threads), the layer loop from then on."""
+        reached = drive_layers(ready, done, seq, n, x, ids, w, out, self._packed, self._timeout,
+                               self.stamps, one_region=self._one_region)
+        if reached == NOT_TOGETHER:
+            log.warning("the CPU experts' workers did not all start together (OMP_DYNAMIC or a "
+                        "thread limit?): each MoE layer runs its own parallel kernel from now on")
+            self._one_region = False
+            reached = drive_layers(ready, done, seq, n, x, ids, w, out, self._packed,
+                                   self._timeout, self.stamps, one_region=False)
+        return reached
 
     def _loop(self, seq: int, n: int) -> int:
         x, ids, w, out = self.bridge.host_arrays
