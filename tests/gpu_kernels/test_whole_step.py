@@ -2,7 +2,8 @@
 on gpu_kernels in Triton's interpreter, the hand-over flags included) in this thread while
 HostExperts answers the flags from another, as it does beside a replaying CUDA graph. Its
 logits equal the step run piece by piece (DecoderProgram.run), for the one-call numba driver
-(fast experts) and the Python loop (exact experts)."""
+(fast experts: one parallel region a step, and the layer loop it falls back to when numba's
+team is short of its workers) and the Python loop (exact experts)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import threading
 import pytest
 import torch
 
+from cpu_kernels.runtime.layer_driver import one_region_safe
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.llm import LLM
 from hybrid.engine.step.decoder import StepState
@@ -22,8 +24,9 @@ pytestmark = pytest.mark.usefixtures("wide_tiles")  # see conftest.WIDE_TILES
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="scripts/device_rules_check.py on GPUs")
-@pytest.mark.parametrize("mode,one_call", [("fast", True), ("exact", False)])
-def test_whole_step_equals_pieces(models, mode, one_call, tmp_path, monkeypatch):
+@pytest.mark.parametrize("mode,one_call,short", [("fast", True, False), ("fast", True, True),
+                                                  ("exact", False, False)])
+def test_whole_step_equals_pieces(models, mode, one_call, short, tmp_path, monkeypatch):
     monkeypatch.setenv("HYBRID_GPU_KERNELS_ON_CPU", "1")
     path = str(models.path("tiny-v3", "q4_k_m", "legacy"))
     rules = str(with_experts_mode("DeepSeek-V3", mode, tmp_path))
@@ -39,6 +42,12 @@ def test_whole_step_equals_pieces(models, mode, one_call, tmp_path, monkeypatch)
     want = program.run(StepState(_batch(runner, decodes), num_real=2)).clone()
 
     bridge.use_flags(len(program.moe_layers))
+    if short:  # one worker more than numba's team runs: the region's workers cannot all meet
+        import numba
+
+        from cpu_kernels.runtime import layer_driver
+        team = numba.get_num_threads()
+        monkeypatch.setattr(layer_driver.numba, "get_num_threads", lambda: team + 1)
     host = HostExperts(program.moe_layers, bridge)
     assert host.one_call == one_call
     host.warm_up()  # flags of its own: the bridge's stay as they were
@@ -54,6 +63,8 @@ def test_whole_step_equals_pieces(models, mode, one_call, tmp_path, monkeypatch)
         compile_driver((pk.gate.qtype, pk.up.qtype, pk.down.qtype), op.pool.tiles.qtypes,
                        len(program.moe_layers))
         assert signatures() == compiled
+    if short and one_region_safe():
+        assert host._one_region is False  # the warm-up found the team short
     assert bridge.ready.tolist() == bridge.done.tolist() == [0] * len(program.moe_layers)
     for _ in range(2):  # a second step: flags left from the first never pass for it
         seq = bridge.next_seq()
