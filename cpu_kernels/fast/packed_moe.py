@@ -147,24 +147,33 @@ def down_phase(tiles, h, down_type, down_pk, expert_ids, offsets, token_ids, out
 
     Groups of 8 H rows are split across threads, each summing over all experts into its own rows
     of out (no two threads write the same element)."""
-    num_tokens, hidden = out.shape
-    num_used = expert_ids.shape[0]
     hq, h_lo, hd, hqsum, hsum_flat = quantize_h(h)
+    for pair in prange((down_pk.shape[1] + 1) // 2):
+        down_pair(tiles, down_type, down_pk, pair, hq, h_lo, hd, hqsum, hsum_flat, expert_ids,
+                  offsets, token_ids, out)
+
+
+@njit(cache=True)
+def down_pair(tiles, down_type, down_pk, pair, hq, h_lo, hd, hqsum, hsum_flat, expert_ids,
+              offsets, token_ids, out) -> None:
+    """out[:, 16 pair : 16 pair + 16] = the sum over every used expert of its down rows there
+    times its slots' h (quantized: hq, lo plane at h_lo; hd, hqsum, hsum_flat); the rows of
+    down_pk's row groups 2 pair and 2 pair + 1 (an odd last group alone)."""
+    num_used = expert_ids.shape[0]
     groups_h = down_pk.shape[1]
-    for pair in prange((groups_h + 1) // 2):
-        ga = 2 * pair
-        gb = min(ga + 1, groups_h - 1)
-        r0 = 8 * ga
-        lanes = min(8 * (gb - ga + 1), hidden - r0)
-        for t in range(num_tokens):
-            for lane in range(lanes):
-                out[t, r0 + lane] = 0.0
-        for u in range(num_used):
-            if u + 1 < num_used:
-                prefetch_start(down_pk[expert_ids[u + 1], ga], down_pk[expert_ids[u + 1], gb])
-            e = expert_ids[u]
-            down_group(tiles, down_type, down_pk[e, ga], down_pk[e, gb], hq, h_lo, hd, hqsum,
-                       hsum_flat, token_ids, offsets[u], offsets[u + 1], out, r0, lanes)
+    ga = 2 * pair
+    gb = min(ga + 1, groups_h - 1)
+    r0 = 8 * ga
+    lanes = min(8 * (gb - ga + 1), out.shape[1] - r0)
+    for t in range(out.shape[0]):
+        for lane in range(lanes):
+            out[t, r0 + lane] = 0.0
+    for u in range(num_used):
+        if u + 1 < num_used:
+            prefetch_start(down_pk[expert_ids[u + 1], ga], down_pk[expert_ids[u + 1], gb])
+        e = expert_ids[u]
+        down_group(tiles, down_type, down_pk[e, ga], down_pk[e, gb], hq, h_lo, hd, hqsum,
+                   hsum_flat, token_ids, offsets[u], offsets[u + 1], out, r0, lanes)
 
 
 def packed_moe(gate_type: int, gate_pk: np.ndarray, up_type: int, up_pk: np.ndarray,

@@ -36,8 +36,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from cpu_kernels.exact.routing import route
-from cpu_kernels.fast.packed_moe import down_group, gate_up_group
-from cpu_kernels.fast.packed_tiles import prefetch_start
+from cpu_kernels.fast.packed_moe import down_pair, gate_up_group
 from cpu_kernels.fast.q8_activations import quantize_row
 from cpu_kernels.runtime.handshake import load_acquire, spin_pause, store_release, wait_equal
 from cpu_kernels.simd.clock import cycles
@@ -190,25 +189,11 @@ def drive_in_one_region(tiles, ready, done, seq, n, x, ids, weights, out, table,
             quantize_groups(h[:used_slots], slots * inter, hq, hd, hqsum, hsum16, worker,
                             threads)
             barrier(bar, threads)
-            groups_h = down_pk.shape[1]
-            pairs_h = (groups_h + 1) // 2
+            pairs_h = (down_pk.shape[1] + 1) // 2
             pair = claim(claims[layer, 1:])
             while pair < pairs_h:
-                ga = 2 * pair
-                gb = min(ga + 1, groups_h - 1)
-                r0 = 8 * ga
-                lanes = min(8 * (gb - ga + 1), hidden - r0)
-                for t in range(n):
-                    for lane in range(lanes):
-                        out[t, r0 + lane] = 0.0
-                for u in range(num_used):
-                    if u + 1 < num_used:
-                        prefetch_start(down_pk[expert_ids[u + 1], ga],
-                                       down_pk[expert_ids[u + 1], gb])
-                    e = expert_ids[u]
-                    down_group(tiles, down_type, down_pk[e, ga], down_pk[e, gb], hq,
-                               slots * inter, hd, hqsum, hsum16.reshape(-1), token_ids,
-                               offsets[u], offsets[u + 1], out, r0, lanes)
+                down_pair(tiles, down_type, down_pk, pair, hq, slots * inter, hd, hqsum,
+                          hsum16.reshape(-1), expert_ids, offsets, token_ids, out[:n])
                 pair = claim(claims[layer, 1:])
             if claim(finished[layer:]) == threads - 1:
                 stamps[layer, 1] = cycles()
