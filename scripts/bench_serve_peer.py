@@ -1,7 +1,7 @@
 """hybrid against llama.cpp's llama-server on the same GGUF, through HTTP, with the same client.
 
     python scripts/bench_serve_peer.py --gguf-path FILE [--llama-server PATH [--peer-args ...]]
-        [--peer-url URL] [--only hybrid|peer] [--peer-json FILE] [--ttft 512,2048,8192,32768] [--streams 4,8,16,32] [--gen-len 64]
+        [--peer-url URL] [--only hybrid|peer] [--peer-json FILE] [--ttft 512,2048,8192,32768] [--streams 4,8,16,32] [--gen-len 64] [--repeats 3]
         [--rates 0.5,1] [--requests 32] [--itl-bound-ms 200] [--ttft-bound-s 5] [--json OUT]
 
 Both servers start as a user starts them: `hybrid serve --gguf-path FILE` with its defaults, and
@@ -10,9 +10,10 @@ llama-server with the experts on the CPU (`-ngl 99 -ot exps=CPU`, slots for the 
 peer, and without either only hybrid is measured. One workload, one client (the official `openai`
 package, streaming `/v1/completions` with token-id prompts, `ignore_eos`), each server alone on
 the machine in turn:
-- decode: one stream, tokens/s after the first token;
+- decode: one stream, tokens/s after the first token (median of `--repeats` streams);
 - TTFT at each `--ttft` prompt length (prompts new to either prefix cache);
-- aggregate: `--streams` concurrent streams, generated tokens/s over the wall time;
+- aggregate: `--streams` concurrent streams, generated tokens/s over the wall time (median of
+  `--repeats` runs);
 - mixed: `--requests` requests with prompt and output lengths from a fixed-seed ShareGPT-like
   distribution (log-normal: prompts median 256 tokens up to 4096, outputs median 128 up to 512),
   arriving as a Poisson process at each `--rates` (requests/s): TTFT and inter-token gaps p50/p99,
@@ -30,6 +31,7 @@ import json
 import math
 import os
 import random
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -106,21 +108,30 @@ class Workload:
         a = self.args
         async with self.connect(url) as (client, model):
             rows["model"] = model
-            t = await _stream(client, model, self.prompt(32), a.gen_len)
-            rows["decode_tok_s"] = (len(t.stamps) - 1) / (t.stamps[-1] - t.stamps[0])
+            rows["decode_samples"] = []
+            for _ in range(a.repeats):
+                t = await _stream(client, model, self.prompt(32), a.gen_len)
+                rows["decode_samples"].append((len(t.stamps) - 1) / (t.stamps[-1] - t.stamps[0]))
+            rows["decode_tok_s"] = statistics.median(rows["decode_samples"])
+            print(f"  decode: {rows['decode_tok_s']:.1f} tok/s (median of "
+                  f"{', '.join(f'{v:.1f}' for v in rows['decode_samples'])})", file=sys.stderr,
+                  flush=True)
             rows["ttft_s"] = {}
             saved()
             for n in a.ttft:
                 rows["ttft_s"][n] = (await _stream(client, model, self.prompt(n), 1)).ttft
                 print(f"  TTFT {n}: {rows['ttft_s'][n]:.3f} s", file=sys.stderr, flush=True)
                 saved()
-            rows["aggregate_tok_s"] = {}
+            rows["aggregate_tok_s"], rows["aggregate_samples"] = {}, {}
             for s in a.streams:
-                start = time.perf_counter()
-                done = await asyncio.gather(*(_stream(client, model, self.prompt(32), a.gen_len)
-                                              for _ in range(s)))
-                wall = time.perf_counter() - start
-                rows["aggregate_tok_s"][s] = sum(len(d.stamps) for d in done) / wall
+                samples = rows["aggregate_samples"][s] = []
+                for _ in range(a.repeats):
+                    start = time.perf_counter()
+                    done = await asyncio.gather(*(_stream(client, model, self.prompt(32),
+                                                          a.gen_len) for _ in range(s)))
+                    wall = time.perf_counter() - start
+                    samples.append(sum(len(d.stamps) for d in done) / wall)
+                rows["aggregate_tok_s"][s] = statistics.median(samples)
                 print(f"  {s} streams: {rows['aggregate_tok_s'][s]:.1f} tok/s", file=sys.stderr,
                       flush=True)
                 saved()
@@ -257,6 +268,9 @@ def main() -> int:
     ap.add_argument("--ttft", default="512,2048,8192,32768")
     ap.add_argument("--streams", default="4,8,16,32")
     ap.add_argument("--gen-len", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="decode streams and runs of each --streams count; rows are medians "
+                         "(one stream's rate moved 56-68 tok/s between runs on the GPU host)")
     ap.add_argument("--rates", default="0.5,1")
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--itl-bound-ms", type=float, default=200.0)

@@ -241,5 +241,8 @@ def test_bench_serve_peer_measures_hybrid_as_users_start_it(tmp_path, models) ->
     ours = rows["hybrid"]
     assert rows["peer"] is None and ours["startup_s"] > 0 and ours["decode_tok_s"] > 0
     assert ours["ttft_s"]["40"] > 0 and ours["aggregate_tok_s"]["2"] > 0
+    # the rows are medians of --repeats (3) samples, kept beside them
+    assert len(ours["decode_samples"]) == len(ours["aggregate_samples"]["2"]) == 3
+    assert ours["decode_tok_s"] == sorted(ours["decode_samples"])[1]
     mixed = ours["mixed"]["4.0"]
     assert mixed["requests"] == 3 and 0 <= mixed["goodput_req_s"] and mixed["ttft_p99_s"] > 0
