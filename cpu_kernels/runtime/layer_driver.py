@@ -8,8 +8,8 @@ costs ~40 us a layer, a tenth of a decode step of V2-Lite. Here the only work be
 a spin on the flag.
 
 Where numba's threading layer allows, the whole step runs in one parallel region
-(region_driver.py: no region started per kernel phase, 7-9% of a V2-Lite decode layer);
-elsewhere this module's loop calls packed_moe_kernel a layer.
+(region_driver.py: no region started per kernel phase; docs/serving.md has the two side by
+side); elsewhere this module's loop calls packed_moe_kernel a layer.
 
 Protocol per step, `seq` growing by one each step (flags are never reset):
     other side: x/ids/weights rows for layer l written, then ready[l] = seq (release)
@@ -119,6 +119,8 @@ def drive_layers(ready: np.ndarray, done: np.ndarray, seq: int, n: int, x: np.nd
     if one_region is None:
         one_region = layers.table is not None and one_region_safe()
     if one_region:
+        if layers.table is None:
+            raise ValueError("one_region needs layers of one H and I (PackedLayers.table)")
         return drive_in_one_region(layers.tiles, ready, done, seq, n, x, ids, weights, out,
                                    *layers.table, numba.get_num_threads(), timeout_cycles,
                                    stamps, _meet_cycles())

@@ -8,7 +8,8 @@ the workers never leave the region: they spin on the layer's ready flag with the
 and the phases are separated by spin barriers (a few hundred ns each).
 
 Per layer, every one of the `threads` workers (one prange iteration each; all must run at once,
-which the omp and workqueue layers give and tbb does not: drive_layers checks):
+which numba's omp layer gives: layer_driver.one_region_safe; the meeting below catches a team
+that came short):
     worker 0 waits ready[l] == seq (with the timeout) and publishes go[l] = GO (or ABORT);
     all: route (each its own copy: n*K ids), quantize their share of x's 32-groups;  barrier
     phase 1: (expert, 16 rows) tasks claimed one at a time, h = w * swiglu;          barrier
@@ -18,7 +19,8 @@ which the omp and workqueue layers give and tbb does not: drive_layers checks):
 Tasks are claimed singly (packed_moe claims 4): at decode sizes a phase is ~9 tasks a worker, and
 the phase ends when its slowest worker does.
 The math, and each element's order of operations, is packed_moe_kernel's: out is bit-identical.
-Every layer must have the same H and I (DeepSeek's do; drive_layers checks).
+Every layer must have the same H and I (DeepSeek's do; layer_driver.of_tuples checks).
+stamps[l] = (worker 0 saw ready[l], the last worker raised done[l]), cycle counter.
 
 Before the first layer the workers meet: worker 0 waits (up to `meet_cycles`) for all of them
 and publishes whether they came. Where the layer gave the region fewer threads than iterations
