@@ -14,7 +14,9 @@ in one process. Columns: the two kinds. Rows, per decode step of --batch streams
 - device pieces back to back: every captured piece replayed without the host pieces between
   (the GPU's work plus its launch gaps when the GPU is kept busy);
 - each kind of piece alone (attention .. router and copies / shared expert / head);
-- kernels: the GPU time of each kernel in eager steps (torch.profiler), per step.
+- kernels: the GPU time of each kernel in eager steps (torch.profiler), per step;
+- whole steps' timeline: per MoE layer, the CPU's wait for the layer's rows (the GPU's work
+  since the last layer's answer) and its CPU experts' time (HostExperts.timeline).
 """
 
 from __future__ import annotations
@@ -118,6 +120,18 @@ def skip_experts(graphs) -> Callable[[], None]:
     return undo
 
 
+def timeline(llm: LLM, host, steps: int) -> list[list[float]]:
+    """Per MoE layer, the medians over `steps` whole steps of (us waited for the layer's
+    ready flag since the last layer's done flag: the GPU's work between them and the
+    hand-overs; us of its CPU experts), from the driver's cycle stamps (HostExperts.timeline)."""
+    lines = []
+    for _ in range(steps):
+        llm.worker.step()
+        lines.append(host.timeline())
+    return [[statistics.median(step[i][k] for step in lines) for k in (0, 1)]
+            for i in range(len(lines[0]))]
+
+
 def profile(llm: LLM, graphs, batch: int, steps: int) -> dict:
     runner = llm.engine.runner
     runner.graphs = graphs
@@ -133,6 +147,7 @@ def profile(llm: LLM, graphs, batch: int, steps: int) -> dict:
     finally:
         undo()
     if graphs.whole_step:
+        r["timeline_us"] = timeline(llm, graphs.form.host, steps)
         return r
     device = [g for g in graphs.captured(batch) if g is not None]
     r["device_chain_us"] = time_graphs(device, steps) * 1e6
@@ -208,6 +223,14 @@ def print_table(r: dict) -> None:
     print(f"experts call / kernel us (layers): {lay.get('experts_call_us', 0):.0f} / "
           f"{lay.get('experts_kernel_us', 0):.0f}; kernel (step): "
           f"{r['step'].get('experts_kernel_us', 0):.0f}")
+    tl = r["step"].get("timeline_us")
+    if tl:
+        print("\nwhole steps, per MoE layer (medians, us): the CPU waiting for the layer's rows "
+              "(the GPU between two layers, hand-overs included), then its CPU experts")
+        print("| MoE layer | waited | CPU experts |\n|---|---|---|")
+        for i, (waited, busy) in enumerate(tl):
+            print(f"| {i} | {waited:.1f} | {busy:.1f} |")
+        print(f"| all | {sum(w for w, _ in tl):.0f} | {sum(b for _, b in tl):.0f} |")
     print("\n| kernel (eager steps) | us per step | launches |")
     print("|---|---|---|")
     for name, us, n in r["kernels"][:18]:

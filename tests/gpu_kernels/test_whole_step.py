@@ -81,6 +81,10 @@ def test_whole_step_equals_pieces(models, mode, one_call, short, tmp_path, monke
         thread.join()
         assert not errors and int(bridge.error[0]) == 0
         assert bridge.done.tolist() == [seq] * len(program.moe_layers)
+        if one_call:  # each layer's experts after its flag, each layer after the last
+            timeline = host.timeline()
+            assert len(timeline) == len(program.moe_layers)
+            assert timeline[0][0] == 0 and all(w >= 0 and b > 0 for w, b in timeline)
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 

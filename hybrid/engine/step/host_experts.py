@@ -33,7 +33,8 @@ class HostExperts:
     def __init__(self, layers: list[ExpertsOp], bridge: ExpertsBridge) -> None:
         self.layers, self.bridge = layers, bridge
         self._ready, self._done = bridge.ready.numpy(), bridge.done.numpy()
-        self._timeout = int(TIMEOUT_S * 1e6 * cycles_per_us())
+        self._cycles_per_us = cycles_per_us()
+        self._timeout = int(TIMEOUT_S * 1e6 * self._cycles_per_us)
         pools = {id(op.pool): op.pool for op in layers}
         self._pool = next(iter(pools.values())) if len(pools) == 1 else None
         self._packed = None
@@ -77,6 +78,16 @@ class HostExperts:
             raise DeviceLost(f"the GPU did not hand over MoE layer {reached}'s rows within "
                               f"{TIMEOUT_S:.0f} s; the CUDA device may have failed (see the "
                               f"log), restart the server")
+
+    def timeline(self) -> list[tuple[float, float]]:
+        """The last step's per-layer timeline (one-call driver only), microseconds:
+        [(waited, busy)] a MoE layer, where `busy` runs from the layer's ready flag seen to its
+        done flag raised (the CPU experts) and `waited` from the previous layer's done flag to
+        this ready flag (the GPU's work between the two layers and both hand-overs; 0 for the
+        first layer, whose wait includes the step's launch)."""
+        s = self.stamps.astype(np.float64) / self._cycles_per_us  # [L, 2]
+        waited = np.concatenate([[0.0], s[1:, 0] - s[:-1, 1]])
+        return list(zip(waited.tolist(), (s[:, 1] - s[:, 0]).tolist(), strict=True))
 
     def _drive(self, ready, done, seq, n, x, ids, w, out) -> int:
         """drive_layers over the packed layers; where its one parallel region's workers did
