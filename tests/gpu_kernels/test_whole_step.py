@@ -65,6 +65,9 @@ def test_whole_step_equals_pieces(models, mode, one_call, short, tmp_path, monke
         assert signatures() == compiled
     if short and one_region_safe():
         assert host._one_region is False  # the warm-up found the team short
+        assert "a parallel kernel a layer" in host.describe()
+    elif one_call and one_region_safe():
+        assert "one parallel region" in host.describe()
     assert bridge.ready.tolist() == bridge.done.tolist() == [0] * len(program.moe_layers)
     for _ in range(2):  # a second step: flags left from the first never pass for it
         seq = bridge.next_seq()

@@ -34,6 +34,8 @@ class WholeStepGraphs:
         if progress is not None:
             progress("compiling the CPU experts' step driver")
         self.host.warm_up()
+        if progress is not None:
+            progress(f"the CPU experts of a decode step: {self.host.describe()}")
 
     def capture(self, state: StepState, pool) -> torch.cuda.CUDAGraph:
         # flags and seq are all 0: the waits pass at once (this compiles the hand-over kernels

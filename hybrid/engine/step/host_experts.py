@@ -15,10 +15,16 @@ from __future__ import annotations
 
 import logging
 
+import numba
 import numpy as np
 
 from cpu_kernels.runtime.handshake import set_flag, wait_equal
-from cpu_kernels.runtime.layer_driver import drive_layers, is_packed, packed_layers
+from cpu_kernels.runtime.layer_driver import (
+    drive_layers,
+    is_packed,
+    one_region_safe,
+    packed_layers,
+)
 from cpu_kernels.runtime.region_driver import NOT_TOGETHER
 from cpu_kernels.simd.clock import cycles_per_us
 from hybrid.engine.step.experts_bridge import ExpertsBridge
@@ -53,8 +59,18 @@ class HostExperts:
         wait_equal(ready, 0, 0, self._timeout)
         set_flag(done, 0, 0)
         if self._packed is not None:
+            self._pool.use_inline_threads()  # the thread count run() drives with
             x, ids, w, out = (np.zeros_like(a[:1]) for a in self.bridge.host_arrays)
             self._drive(ready, done, 0, 1, x, ids, w, out)
+
+    def describe(self) -> str:
+        """How a step's CPU experts run (after warm_up, which may have fallen back), for the
+        start-up's progress line."""
+        if self._packed is None:
+            return "a Python loop over the layers' experts (exact mode or NUMA worker groups)"
+        if self._one_region is False or self._packed.table is None or not one_region_safe():
+            return f"one numba call, a parallel kernel a layer, {numba.get_num_threads()} threads"
+        return f"one numba call in one parallel region, {numba.get_num_threads()} threads"
 
     @property
     def one_call(self) -> bool:
