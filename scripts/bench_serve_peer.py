@@ -270,7 +270,7 @@ def main() -> int:
     ap.add_argument("--gen-len", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3,
                     help="decode streams and runs of each --streams count; rows are medians "
-                         "(one stream's rate moved 56-68 tok/s between runs on the GPU host)")
+                         "(docs/serving.md: one stream is too noisy on a shared host)")
     ap.add_argument("--rates", default="0.5,1")
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--itl-bound-ms", type=float, default=200.0)

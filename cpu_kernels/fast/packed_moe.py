@@ -49,9 +49,7 @@ def packed_moe_kernel(tiles: TileSet, gate_type: int, gate_pk: np.ndarray, up_ty
     num_slots = token_ids.shape[0]
     xq, dx, xqsum, xsum16 = quantize_x(x)
     h = np.empty((num_slots, inter), f32)  # [N, I]
-    groups_i = gate_pk.shape[1]
-    pairs_i = (groups_i + 1) // 2
-    num_tasks = num_used * pairs_i
+    num_tasks = num_used * ((gate_pk.shape[1] + 1) // 2)  # gate_up_task's: 16 rows each
     lim = f32(limit)
     counter = np.zeros(1, np.int64)
     # tasks cost what their expert's tokens cost: claimed CHUNK at a time (task_queue.py)
@@ -59,18 +57,29 @@ def packed_moe_kernel(tiles: TileSet, gate_type: int, gate_pk: np.ndarray, up_ty
         c = claim(counter)
         while c * CHUNK < num_tasks:
             for task in range(c * CHUNK, min(num_tasks, (c + 1) * CHUNK)):
-                u = task // pairs_i
-                e = expert_ids[u]
-                ga = 2 * (task % pairs_i)
-                gb = min(ga + 1, groups_i - 1)  # an odd last group pairs with itself
-                gate_up_group(tiles, gate_type, gate_pk[e, ga], gate_pk[e, gb], up_type,
-                              up_pk[e, ga], up_pk[e, gb], xq, dx, xqsum, xsum16, token_ids,
-                              weights, offsets[u], offsets[u + 1], h, 8 * ga, inter, lim)
+                gate_up_task(tiles, gate_type, gate_pk, up_type, up_pk, task, xq, dx, xqsum,
+                             xsum16, expert_ids, offsets, token_ids, weights, h, lim)
             c = claim(counter)
     if stamps.shape[0] > 2:
         stamps[2] = cycles()
     down_phase(tiles, h, down_type, down_pk, expert_ids, offsets, token_ids, out)
     stamps[1] = cycles()
+
+
+@njit(cache=True)
+def gate_up_task(tiles, gate_type, gate_pk, up_type, up_pk, task, xq, dx, xqsum, xsum16,
+                 expert_ids, offsets, token_ids, weights, h, limit) -> None:
+    """Phase-1 task `task`: used expert task // pairs, rows 16 (task % pairs) .. +16 of h
+    (gate_up_group), pairs = the row-group pairs of I; slots in route's order."""
+    groups_i = gate_pk.shape[1]
+    pairs_i = (groups_i + 1) // 2
+    u = task // pairs_i
+    e = expert_ids[u]
+    ga = 2 * (task % pairs_i)
+    gb = min(ga + 1, groups_i - 1)  # an odd last group pairs with itself
+    gate_up_group(tiles, gate_type, gate_pk[e, ga], gate_pk[e, gb], up_type, up_pk[e, ga],
+                  up_pk[e, gb], xq, dx, xqsum, xsum16, token_ids, weights, offsets[u],
+                  offsets[u + 1], h, 8 * ga, 8 * groups_i, limit)
 
 
 @njit(cache=True)

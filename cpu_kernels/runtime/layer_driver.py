@@ -48,7 +48,7 @@ class PackedLayers(NamedTuple):
 
     tiles: TileSet  # every layer's types
     per_layer: tuple  # (gate_type, gate, up_type, up, down_type, down, swiglu limit) a layer
-    table: tuple | None  # region_driver.layer_table(per_layer); None: layers' shapes differ
+    table: tuple | None  # region_driver.layer_table(per_layer)
 
 
 def packed_layers(layers: list[PlacedExperts]) -> PackedLayers:
@@ -67,10 +67,14 @@ def packed_layers(layers: list[PlacedExperts]) -> PackedLayers:
 
 def of_tuples(per_layer: tuple) -> PackedLayers:
     """PackedLayers of per-layer tuples as packed_layers makes them."""
-    shapes = {(g[1].shape[1:2], g[5].shape[1:2]) for g in per_layer}
-    contiguous = all(g[i].flags.c_contiguous for g in per_layer for i in (1, 3, 5))
-    table = layer_table(per_layer) if len(shapes) == 1 and contiguous else None
-    return PackedLayers(tile_set(t for g in per_layer for t in g[0:6:2]), per_layer, table)
+    return PackedLayers(tile_set(t for g in per_layer for t in g[0:6:2]), per_layer,
+                        layer_table(per_layer))
+
+
+def runs_one_region(layers: PackedLayers) -> bool:
+    """drive_layers' default: one parallel region a step where the layers allow it and
+    one_region_safe."""
+    return layers.table is not None and one_region_safe()
 
 
 @functools.cache
@@ -108,8 +112,8 @@ def drive_layers(ready: np.ndarray, done: np.ndarray, seq: int, n: int, x: np.nd
     """Run every layer of `layers` (packed_layers) as the protocol above, on numba's current
     thread count. ready/done: [L] int64 flags  x: [T, H] f32  ids: [T, K] int64
     weights: [T, K] f32  out: [T, H] f32, rows :n used. stamps: [L, 2] int64 kernel cycle
-    stamps (optional). one_region: run region_driver.drive_in_one_region (default: where the
-    layers' shapes agree and one_region_safe), else packed_moe_kernel a layer.
+    stamps (optional). one_region: run region_driver.drive_in_one_region (default:
+    runs_one_region), else packed_moe_kernel a layer.
     -> layers completed: len(layers), or the layer whose inputs did not come within
     timeout_cycles (its done flag and the later ones are not set), or NOT_TOGETHER: the one
     region's workers did not all run at once, no flag was touched (call again with
@@ -117,7 +121,7 @@ def drive_layers(ready: np.ndarray, done: np.ndarray, seq: int, n: int, x: np.nd
     if stamps is None:
         stamps = np.empty((len(layers.per_layer), 2), np.int64)
     if one_region is None:
-        one_region = layers.table is not None and one_region_safe()
+        one_region = runs_one_region(layers)
     if one_region:
         if layers.table is None:
             raise ValueError("one_region needs layers of one H and I (PackedLayers.table)")

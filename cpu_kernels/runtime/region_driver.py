@@ -3,9 +3,9 @@ parallel region started per kernel phase.
 
 Why: packed_moe_kernel opens four parallel regions a layer (x's quantization, phase 1, h's
 quantization, phase 2); each start and join wakes and waits for every worker, and between two
-layers the workers idle for the GPU's attention (~0.1-0.2 ms) long enough to go to sleep. Here
+layers the workers idle through the GPU's attention, long enough to go to sleep. Here
 the workers never leave the region: they spin on the layer's ready flag with the driving thread,
-and the phases are separated by spin barriers (a few hundred ns each).
+and the phases are separated by spin barriers.
 
 Per layer, every one of the `threads` workers (one prange iteration each; all must run at once,
 which numba's omp layer gives: layer_driver.one_region_safe; the meeting below catches a team
@@ -19,7 +19,7 @@ that came short):
 Tasks are claimed singly (packed_moe claims 4): at decode sizes a phase is ~9 tasks a worker, and
 the phase ends when its slowest worker does.
 The math, and each element's order of operations, is packed_moe_kernel's: out is bit-identical.
-Every layer must have the same H and I (DeepSeek's do; layer_driver.of_tuples checks).
+Every layer must have the same H and I (DeepSeek's do; layer_table checks).
 stamps[l] = (worker 0 saw ready[l], the last worker raised done[l]), cycle counter.
 
 Before the first layer the workers meet: worker 0 waits (up to `meet_cycles`) for all of them
@@ -38,7 +38,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from cpu_kernels.exact.routing import route
-from cpu_kernels.fast.packed_moe import down_pair, gate_up_group
+from cpu_kernels.fast.packed_moe import down_pair, gate_up_task
 from cpu_kernels.fast.q8_activations import quantize_row
 from cpu_kernels.runtime.handshake import load_acquire, spin_pause, store_release, wait_equal
 from cpu_kernels.simd.clock import cycles
@@ -98,18 +98,21 @@ def _matrix(table, layer, which):
     return carray(_pointer(d[0]), (d[1], d[2], d[3]), dtype=np.uint8)
 
 
-def layer_table(per_layer: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def layer_table(per_layer: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """drive_in_one_region's view of layer_driver's per-layer tuples (a parallel region takes
     arrays, not tuples of arrays): table [L, 3, 4] int64 (address, E, rows/8, bytes) of gate,
-    up, down; qtypes [L, 3] int64; limits [L] f32. The caller keeps `per_layer` alive."""
+    up, down; qtypes [L, 3] int64; limits [L] f32. The caller keeps `per_layer` alive.
+    None where the region cannot run them: layers of other widths (its buffers are sized once)
+    or a matrix that is not C-contiguous (addressed as one block)."""
+    if len({(g[1].shape[1], g[5].shape[1]) for g in per_layer}) != 1 or not all(
+            g[i].flags.c_contiguous for g in per_layer for i in (1, 3, 5)):
+        return None
     table = np.zeros((len(per_layer), 3, 4), np.int64)
     qtypes = np.zeros((len(per_layer), 3), np.int64)
     limits = np.zeros(len(per_layer), f32)
     for layer, g in enumerate(per_layer):
         for which in range(3):
             data = g[2 * which + 1]
-            if not data.flags.c_contiguous:
-                raise ValueError("packed expert matrices must be C-contiguous")
             table[layer, which] = (data.ctypes.data, *data.shape)
             qtypes[layer, which] = g[2 * which]
         limits[layer] = g[6]
@@ -172,20 +175,13 @@ def drive_in_one_region(tiles, ready, done, seq, n, x, ids, weights, out, table,
             used_slots = token_ids.shape[0]
             quantize_groups(x[:n], 0, xq, dx, xqsum, xsum16, worker, threads)
             barrier(bar, threads)
-            groups_i = gate_pk.shape[1]
-            pairs_i = (groups_i + 1) // 2
-            num_tasks = num_used * pairs_i
+            num_tasks = num_used * ((gate_pk.shape[1] + 1) // 2)
             flat16 = xsum16.reshape(-1)
             task = claim(claims[layer, 0:])
             while task < num_tasks:
-                u = task // pairs_i
-                e = expert_ids[u]
-                ga = 2 * (task % pairs_i)
-                gb = min(ga + 1, groups_i - 1)
-                gate_up_group(tiles, gate_type, gate_pk[e, ga], gate_pk[e, gb], up_type,
-                              up_pk[e, ga], up_pk[e, gb], xq, dx, xqsum, flat16, token_ids,
-                              slot_w, offsets[u], offsets[u + 1], h, 8 * ga, inter,
-                              limits[layer])
+                gate_up_task(tiles, gate_type, gate_pk, up_type, up_pk, task, xq, dx, xqsum,
+                             flat16, expert_ids, offsets, token_ids, slot_w, h,
+                             f32(limits[layer]))
                 task = claim(claims[layer, 0:])
             barrier(bar, threads)
             quantize_groups(h[:used_slots], slots * inter, hq, hd, hqsum, hsum16, worker,

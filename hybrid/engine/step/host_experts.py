@@ -22,8 +22,8 @@ from cpu_kernels.runtime.handshake import set_flag, wait_equal
 from cpu_kernels.runtime.layer_driver import (
     drive_layers,
     is_packed,
-    one_region_safe,
     packed_layers,
+    runs_one_region,
 )
 from cpu_kernels.runtime.region_driver import NOT_TOGETHER
 from cpu_kernels.simd.clock import cycles_per_us
@@ -68,7 +68,7 @@ class HostExperts:
         start-up's progress line."""
         if self._packed is None:
             return "a Python loop over the layers' experts (exact mode or NUMA worker groups)"
-        if self._one_region is False or self._packed.table is None or not one_region_safe():
+        if self._one_region is False or not runs_one_region(self._packed):
             return f"one numba call, a parallel kernel a layer, {numba.get_num_threads()} threads"
         return f"one numba call in one parallel region, {numba.get_num_threads()} threads"
 
