@@ -14,8 +14,10 @@ side); elsewhere this module's loop calls packed_moe_kernel a layer.
 Protocol per step, `seq` growing by one each step (flags are never reset):
     other side: x/ids/weights rows for layer l written, then ready[l] = seq (release)
     here:       wait ready[l] == seq, out = MoE(x[:n], ids[:n], weights[:n]), done[l] = seq
-All layers share the buffers (layers run one after another). The layers are given as packed
-(fast mode) weights: a tuple of (gate_type, gate, up_type, up, down_type, down) per layer.
+All layers share the buffers (layers run one after another). With expert deferral
+(deferral.py) a layer's deferred experts run after its done flag, on copies of its inputs.
+The layers are given as packed (fast mode) weights: a tuple of (gate_type, gate, up_type, up,
+down_type, down) per layer.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from numba import njit
 from cpu_kernels.fast.packed_moe import packed_moe_kernel
 from cpu_kernels.fast.q8_activations import Q8Activations
 from cpu_kernels.fast.tile_set import TileSet, tile_set
+from cpu_kernels.runtime.deferral import split_deferred
 from cpu_kernels.runtime.handshake import store_release, wait_equal
 from cpu_kernels.runtime.placement import PlacedExperts
 from cpu_kernels.runtime.region_driver import drive_in_one_region, layer_table
@@ -92,41 +95,70 @@ def one_region_safe() -> bool:
 
 
 @njit(nogil=True, cache=True)
-def _drive(tiles, ready, done, seq, n, x, ids, weights, out, layers, threads, timeout_cycles,
-           stamps):
-    # tiles: packed_moe_kernel's TileSet, one for all layers
+def _drive(tiles, ready, done, seq, n, x, ids, weights, out, layers, deferred, rows, threads,
+           timeout_cycles, stamps):
+    # tiles: packed_moe_kernel's TileSet, one for all layers; deferred [L] int64: experts a
+    # decode row (rows :rows) defers per layer (deferral.py's protocol)
+    hidden, top_k = x.shape[1], ids.shape[1]
+    carry = np.empty((n, hidden), np.float32)  # [n, H] the last layer's deferred sum
+    x_later, w_later = np.empty((n, hidden), np.float32), np.empty((n, top_k), np.float32)
+    now, later = np.empty((n, top_k), np.int64), np.empty((n, top_k), np.int64)
+    spare = np.empty(2, np.int64)  # the deferred kernels' stamps (not reported)
+    held = False
     for layer in range(len(layers)):
         if not wait_equal(ready, layer, seq, timeout_cycles):
             return layer
         g = layers[layer]
-        packed_moe_kernel(tiles, g[0], g[1], g[2], g[3], g[4], g[5], x[:n], ids[:n],
-                          weights[:n], g[6], out[:n], stamps[layer], threads)
+        defer = deferred[layer] > 0 and rows > 0
+        if defer:
+            split_deferred(ids[:n], weights[:n], deferred[layer], rows, now, later)
+            x_later[:, :] = x[:n]  # kept: once done is raised the GPU may write the next layer's
+            w_later[:, :] = weights[:n]
+            packed_moe_kernel(tiles, g[0], g[1], g[2], g[3], g[4], g[5], x[:n], now,
+                              weights[:n], g[6], out[:n], stamps[layer], threads)
+        else:
+            packed_moe_kernel(tiles, g[0], g[1], g[2], g[3], g[4], g[5], x[:n], ids[:n],
+                              weights[:n], g[6], out[:n], stamps[layer], threads)
+        if held:
+            out[:n] += carry
+        held = False
         store_release(done, layer, seq)
+        if defer:
+            packed_moe_kernel(tiles, g[0], g[1], g[2], g[3], g[4], g[5], x_later, later,
+                              w_later, g[6], carry, spare, threads)
+            held = True
     return len(layers)
 
 
 def drive_layers(ready: np.ndarray, done: np.ndarray, seq: int, n: int, x: np.ndarray,
                  ids: np.ndarray, weights: np.ndarray, out: np.ndarray, layers: PackedLayers,
                  timeout_cycles: int, stamps: np.ndarray | None = None,
-                 one_region: bool | None = None) -> int:
+                 one_region: bool | None = None, deferred: np.ndarray | None = None,
+                 rows: int = 0) -> int:
     """Run every layer of `layers` (packed_layers) as the protocol above, on numba's current
     thread count. ready/done: [L] int64 flags  x: [T, H] f32  ids: [T, K] int64
     weights: [T, K] f32  out: [T, H] f32, rows :n used. stamps: [L, 2] int64 kernel cycle
     stamps (optional). one_region: run region_driver.drive_in_one_region (default:
-    runs_one_region), else packed_moe_kernel a layer.
+    runs_one_region), else packed_moe_kernel a layer. deferred: [L] int64 experts a row of
+    rows :rows defers at each layer (deferral.py; its last entry must be 0), default none.
     -> layers completed: len(layers), or the layer whose inputs did not come within
     timeout_cycles (its done flag and the later ones are not set), or NOT_TOGETHER: the one
     region's workers did not all run at once, no flag was touched (call again with
     one_region=False)."""
+    num_layers = len(layers.per_layer)
     if stamps is None:
-        stamps = np.empty((len(layers.per_layer), 2), np.int64)
+        stamps = np.empty((num_layers, 2), np.int64)
+    if deferred is None:
+        deferred = np.zeros(num_layers, np.int64)
+    elif deferred.shape != (num_layers,) or (num_layers and deferred[-1] != 0):
+        raise ValueError("deferred: one count a layer, the last 0 (deferral.deferred_ks)")
     if one_region is None:
         one_region = runs_one_region(layers)
     if one_region:
         if layers.table is None:
             raise ValueError("one_region needs layers of one H and I (PackedLayers.table)")
         return drive_in_one_region(layers.tiles, ready, done, seq, n, x, ids, weights, out,
-                                   *layers.table, numba.get_num_threads(), timeout_cycles,
-                                   stamps, _meet_cycles())
+                                   *layers.table, deferred, rows, numba.get_num_threads(),
+                                   timeout_cycles, stamps, _meet_cycles())
     return _drive(layers.tiles, ready, done, seq, n, x, ids, weights, out, layers.per_layer,
-                  numba.get_num_threads(), timeout_cycles, stamps)
+                  deferred, rows, numba.get_num_threads(), timeout_cycles, stamps)

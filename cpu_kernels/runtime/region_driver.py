@@ -14,8 +14,12 @@ that came short):
     all: route (each its own copy: n*K ids), quantize their share of x's 32-groups;  barrier
     phase 1: (expert, 16 rows) tasks claimed one at a time, h = w * swiglu;          barrier
     all: quantize their share of h's 32-groups;                                      barrier
-    phase 2: H's 16-row blocks claimed one at a time, each summed over experts into out;
-    the last worker to finish raises done[l] = seq.
+    phase 2: H's 16-row blocks claimed one at a time, each summed over experts into out
+             (and the previous layer's deferred sum added, with deferral);
+    the last worker to finish raises done[l] = seq;
+    with deferral (deferral.py): the same phases again on the layer's deferred slots, into the
+    carry, while the GPU runs the next layer (worker 0 split the slots and kept copies of the
+    layer's inputs before its GO: once done is raised the GPU may overwrite them).
 Tasks are claimed singly (packed_moe claims 4): at decode sizes a phase is ~9 tasks a worker, and
 the phase ends when its slowest worker does.
 The math, and each element's order of operations, is packed_moe_kernel's: out is bit-identical.
@@ -40,6 +44,7 @@ from numba.extending import intrinsic
 from cpu_kernels.exact.routing import route
 from cpu_kernels.fast.packed_moe import down_pair, gate_up_task
 from cpu_kernels.fast.q8_activations import quantize_row
+from cpu_kernels.runtime.deferral import split_deferred
 from cpu_kernels.runtime.handshake import load_acquire, spin_pause, store_release, wait_equal
 from cpu_kernels.simd.clock import cycles
 from cpu_kernels.simd.task_queue import claim
@@ -119,16 +124,56 @@ def layer_table(per_layer: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray] |
     return table, qtypes, limits
 
 
+@njit(inline="always", cache=True)
+def _experts(tiles, table, qtypes, limits, layer, x, ids, weights, out, add, carry, xq, dx, xqsum,
+             xsum16, h, hq, hd, hqsum, hsum16, claims, bar, worker, threads):
+    """Every worker's share of one layer's experts: out [n, H] = MoE(x [n, H], ids, weights
+    [n, K]), plus carry [n, H] where `add`; claims: [2] int64 task counters (zeros), phase 1
+    and phase 2. Returns once this worker has no phase-2 task left (others may still run)."""
+    n, hidden = x.shape
+    inter = h.shape[1]
+    slots = h.shape[0]
+    gate_pk, up_pk, down_pk = (_matrix(table, layer, 0), _matrix(table, layer, 1),
+                               _matrix(table, layer, 2))
+    gate_type, up_type, down_type = qtypes[layer, 0], qtypes[layer, 1], qtypes[layer, 2]
+    expert_ids, offsets, token_ids, slot_w = route(ids, weights, gate_pk.shape[0])
+    num_used = expert_ids.shape[0]
+    used_slots = token_ids.shape[0]
+    quantize_groups(x, 0, xq, dx, xqsum, xsum16, worker, threads)
+    barrier(bar, threads)
+    num_tasks = num_used * ((gate_pk.shape[1] + 1) // 2)
+    flat16 = xsum16.reshape(-1)
+    task = claim(claims[0:])
+    while task < num_tasks:
+        gate_up_task(tiles, gate_type, gate_pk, up_type, up_pk, task, xq, dx, xqsum,
+                     flat16, expert_ids, offsets, token_ids, slot_w, h, f32(limits[layer]))
+        task = claim(claims[0:])
+    barrier(bar, threads)
+    quantize_groups(h[:used_slots], slots * inter, hq, hd, hqsum, hsum16, worker, threads)
+    barrier(bar, threads)
+    pairs_h = (down_pk.shape[1] + 1) // 2
+    pair = claim(claims[1:])
+    while pair < pairs_h:
+        down_pair(tiles, down_type, down_pk, pair, hq, slots * inter, hd, hqsum,
+                  hsum16.reshape(-1), expert_ids, offsets, token_ids, out)
+        if add:  # the block is final: the previous layer's deferred sum joins it
+            r0 = 16 * pair
+            for t in range(n):
+                for r in range(r0, min(r0 + 16, hidden)):
+                    out[t, r] += carry[t, r]
+        pair = claim(claims[1:])
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def drive_in_one_region(tiles, ready, done, seq, n, x, ids, weights, out, table, qtypes, limits,
-                        threads, timeout_cycles, stamps, meet_cycles):
+                        deferred, rows, threads, timeout_cycles, stamps, meet_cycles):
     # x: [T, H] f32  ids: [T, K] int64  weights: [T, K] f32  out: [T, H] f32 (rows :n used)
-    # table, qtypes, limits: layer_table's  stamps: [L, 2] int64
+    # table, qtypes, limits: layer_table's  deferred: [L] int64 (deferral.py)  stamps: [L, 2]
     # -> layers completed (as layer_driver._drive), or NOT_TOGETHER (no flag touched)
     num_layers = table.shape[0]
-    hidden = x.shape[1]
+    hidden, top_k = x.shape[1], ids.shape[1]
     inter = 8 * table[0, 0, 2]
-    slots = n * ids.shape[1]
+    slots = n * top_k
     xq = np.empty((n, hidden), np.int8)
     dx = np.empty((n, hidden // 32), f32)
     xqsum = np.empty((n, hidden // 32), f32)
@@ -138,8 +183,12 @@ def drive_in_one_region(tiles, ready, done, seq, n, x, ids, weights, out, table,
     hd = np.empty((slots, inter // 32), f32)
     hqsum = np.empty((slots, inter // 32), f32)
     hsum16 = np.empty((slots, inter // 16), np.int32)
+    # deferral: worker 0 splits a layer's slots and keeps its inputs before the GO
+    carry = np.empty((n, hidden), f32)  # [n, H] the last layer's deferred sum
+    x_later, w_later = np.empty((n, hidden), f32), np.empty((n, top_k), f32)
+    now, later = np.empty((n, top_k), np.int64), np.empty((n, top_k), np.int64)
     go = np.zeros(num_layers, np.int64)  # GO / ABORT, worker 0's decision
-    claims = np.zeros((num_layers, 2), np.int64)  # next task of phase 1, of phase 2
+    claims = np.zeros((num_layers, 4), np.int64)  # next task: phases 1, 2; deferred 1, 2
     finished = np.zeros(num_layers, np.int64)
     bar = np.zeros(2, np.int64)
     reached = np.full(threads, num_layers, np.int64)
@@ -157,43 +206,34 @@ def drive_in_one_region(tiles, ready, done, seq, n, x, ids, weights, out, table,
             reached[worker] = NOT_TOGETHER
             continue
         for layer in range(num_layers):
+            defer = deferred[layer] > 0 and rows > 0
+            held = layer > 0 and deferred[layer - 1] > 0 and rows > 0
             if worker == 0:
                 ok = wait_equal(ready, layer, seq, timeout_cycles)
                 stamps[layer, 0] = cycles()
+                if ok and defer:  # once done is raised the GPU may write the next layer's
+                    split_deferred(ids[:n], weights[:n], deferred[layer], rows, now, later)
+                    x_later[:, :] = x[:n]
+                    w_later[:, :] = weights[:n]
                 store_release(go, layer, GO if ok else ABORT)
             while load_acquire(go, layer) == 0:
                 spin_pause()
             if load_acquire(go, layer) != GO:
                 reached[worker] = layer
                 break
-            gate_pk, up_pk, down_pk = (_matrix(table, layer, 0), _matrix(table, layer, 1),
-                                       _matrix(table, layer, 2))
-            gate_type, up_type, down_type = qtypes[layer, 0], qtypes[layer, 1], qtypes[layer, 2]
-            expert_ids, offsets, token_ids, slot_w = route(ids[:n], weights[:n],
-                                                           gate_pk.shape[0])
-            num_used = expert_ids.shape[0]
-            used_slots = token_ids.shape[0]
-            quantize_groups(x[:n], 0, xq, dx, xqsum, xsum16, worker, threads)
-            barrier(bar, threads)
-            num_tasks = num_used * ((gate_pk.shape[1] + 1) // 2)
-            flat16 = xsum16.reshape(-1)
-            task = claim(claims[layer, 0:])
-            while task < num_tasks:
-                gate_up_task(tiles, gate_type, gate_pk, up_type, up_pk, task, xq, dx, xqsum,
-                             flat16, expert_ids, offsets, token_ids, slot_w, h,
-                             f32(limits[layer]))
-                task = claim(claims[layer, 0:])
-            barrier(bar, threads)
-            quantize_groups(h[:used_slots], slots * inter, hq, hd, hqsum, hsum16, worker,
-                            threads)
-            barrier(bar, threads)
-            pairs_h = (down_pk.shape[1] + 1) // 2
-            pair = claim(claims[layer, 1:])
-            while pair < pairs_h:
-                down_pair(tiles, down_type, down_pk, pair, hq, slots * inter, hd, hqsum,
-                          hsum16.reshape(-1), expert_ids, offsets, token_ids, out[:n])
-                pair = claim(claims[layer, 1:])
+            if defer:
+                _experts(tiles, table, qtypes, limits, layer, x[:n], now, weights[:n], out[:n],
+                         held, carry, xq, dx, xqsum, xsum16, h, hq, hd, hqsum, hsum16,
+                         claims[layer, 0:2], bar, worker, threads)
+            else:
+                _experts(tiles, table, qtypes, limits, layer, x[:n], ids[:n], weights[:n],
+                         out[:n], held, carry, xq, dx, xqsum, xsum16, h, hq, hd, hqsum, hsum16,
+                         claims[layer, 0:2], bar, worker, threads)
             if claim(finished[layer:]) == threads - 1:
                 stamps[layer, 1] = cycles()
                 store_release(done, layer, seq)
+            if defer:  # while the GPU runs the next layer's attention
+                _experts(tiles, table, qtypes, limits, layer, x_later, later, w_later, carry,
+                         False, carry, xq, dx, xqsum, xsum16, h, hq, hd, hqsum, hsum16,
+                         claims[layer, 2:4], bar, worker, threads)
     return reached.min()

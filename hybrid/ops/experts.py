@@ -108,6 +108,9 @@ class ExpertsOp(nn.Module):
         if limit is not None and gpu_ids:
             raise HybridError(f"{ctx.path}: experts with a clamped SwiGLU (limit {limit}) run on "
                               f"the CPU only so far: drop `gpu_experts` from the rule")
+        # expert deferral (cpu_kernels/runtime/deferral.py): run by the CPU experts' drivers
+        self.defer_experts = int(opts.get("defer_experts", 0))
+        _check_deferral(ctx.path, self.defer_experts, self.top_k, self.backend, gpu_ids)
         mask = torch.zeros(spec.num_experts, dtype=torch.bool)
         mask[gpu_ids] = True
         self.gpu_held = mask  # [E] bool: the experts held on the GPU (`gpu_experts`)
@@ -214,6 +217,20 @@ class ExpertsOp(nn.Module):
         res = _torch_experts(hidden.to(self.device), ids.to(self.device), weights.to(self.device),
                              self.gate_up, self.down, self.swiglu_limit).to(hidden.device)
         return lambda: res
+
+
+def _check_deferral(path: str, k: int, top_k: int, backend: str, gpu_ids: list[int]) -> None:
+    if k == 0:
+        return
+    if not 0 < k < top_k:
+        raise HybridError(f"{path}: defer_experts is {k}; it must be between 0 and "
+                          f"{top_k - 1} (the model routes {top_k} experts a token)")
+    if backend != "cpu":
+        raise HybridError(f"{path}: defer_experts needs the experts on the CPU kernels "
+                          f"(backend cpu; this layer's run in torch): drop defer_experts here")
+    if gpu_ids:
+        raise HybridError(f"{path}: defer_experts and gpu_experts do not combine yet: drop "
+                          f"one of them from the rule")
 
 
 def _pack(ctx: BuildContext, layer: int, experts) -> None:

@@ -102,6 +102,10 @@ _SPECS = [
                      "mode": Option(str, "exact", ("exact", "fast"), "cpu kernel precision"),
                      "gpu_experts": Option(list, [], help="expert ids kept on gpu_device"),
                      "gpu_device": Option(str, "cuda:0", help="where gpu_experts live"),
+                     "defer_experts": Option(int, 0, help="expert deferral: a decoding token's "
+                                             "k lowest-weighted experts join the next MoE "
+                                             "layer's output, computed while the GPU runs its "
+                                             "attention (faster, approximate; CPU experts only)"),
                  }),
 ]
 OPERATORS: dict[str, OperatorSpec] = {s.name: s for s in _SPECS}

@@ -88,6 +88,8 @@ class Explanation:
     # DeepSeek-V4: kv_cache is one request's window and compressed caches at cache_lens tokens,
     # kv_bytes_per_token what each further token adds (model/v4_cache.py)
     v4: bool = False
+    # expert deferral (the experts' defer_experts): k -> the MoE layers that defer k experts
+    deferred: dict[int, int] = field(default_factory=dict)
 
     @property
     def fits(self) -> bool:
@@ -107,6 +109,7 @@ class Explanation:
                         "modules": len(g.modules), "bytes": g.nbytes, "types": dict(g.types)}
                        for g in self.groups],
             "packed_experts": {"gguf_bytes": self.packed_from, "packed_bytes": self.packed_bytes},
+            "deferred_experts": {str(k): n for k, n in self.deferred.items()},
             "warnings": self.warnings,
             "advice": self.advice,
         }
@@ -161,6 +164,10 @@ def explain(plan: Plan, spec: ModelSpec, cache_lens: int, gpu_memory: int,
              if dev != "cpu" and gpu_memory and served}
     exp = Explanation(ordered, dict(sorted(devices.items())), cache_lens, kv_per_token,
                       list(plan.warnings), [], packed_from, packed_bytes, serve, not served)
+    for place in plan.placements.values():
+        k = place.options.get("defer_experts", 0) if place.operator == "experts" else 0
+        if k:
+            exp.deferred[k] = exp.deferred.get(k, 0) + 1
     exp.advice = _advice(exp)
     return exp
 
@@ -276,6 +283,10 @@ def render_table(exp: Explanation, header: str) -> str:
                      "GGUF blocks) is what RAM holds for them (counted above; the blocks' pages "
                      "are released), and the same bytes on disk as the packed cache "
                      "(--no-packed-cache: none)")
+    for k, n in sorted(exp.deferred.items()):
+        lines.append(f"expert deferral: {n} MoE layers defer the {k} lowest-weighted routed "
+                     f"experts of each decoding token to the next MoE layer (the step's last "
+                     f"one defers none): faster decode, not exact (docs/serving.md)")
     lines.extend(f"warning: {w}" for w in exp.warnings)
     lines.extend(f"advice: {a}" for a in exp.advice)
     lines.append(f"verdict: {'fits' if exp.fits else 'does not fit'}")

@@ -75,6 +75,17 @@ def with_experts_mode(rules: str, mode: str, folder: Path) -> Path:
     return _rewritten(rules, folder, mode, edit)
 
 
+def with_deferral(rules: str, k: int, folder: Path) -> Path:
+    """A copy of rule file `rules` whose CPU experts rules defer `k` experts of a decoding
+    token (the experts' `defer_experts`; 0 removes it)."""
+    def edit(cls: str, kwargs: dict) -> None:
+        if cls == "experts" and kwargs.get("backend", "cpu") == "cpu":
+            kwargs.pop("defer_experts", None)
+            if k:
+                kwargs["defer_experts"] = k
+    return _rewritten(rules, folder, f"defer{k}", edit)
+
+
 def with_kv_cache_dtype(rules: str, dtype: str, folder: Path) -> Path:
     """A copy of rule file `rules` whose mla_attention rules keep the KV cache in `dtype`
     ("f32" for comparisons with the CPU rules, whose cache is f32)."""

@@ -187,7 +187,7 @@ def test_a_region_short_of_threads_answers_not_together(layers):
     ids, w = np.zeros((1, 2), np.int64), np.ones((1, 2), np.float32)
     ready, done = np.ones(3, np.int64), np.zeros(3, np.int64)
     got = drive_in_one_region(packed.tiles, ready, done, 1, 1, x, ids, w, out, *packed.table,
-                              numba.get_num_threads() + 1, SECOND, np.zeros((3, 2), np.int64),
-                              SECOND // 100)
+                              np.zeros(3, np.int64), 0, numba.get_num_threads() + 1, SECOND,
+                              np.zeros((3, 2), np.int64), SECOND // 100)
     assert got == NOT_TOGETHER
     assert done.tolist() == [0, 0, 0] and not out.any()

@@ -3,7 +3,8 @@ on gpu_kernels in Triton's interpreter, the hand-over flags included) in this th
 HostExperts answers the flags from another, as it does beside a replaying CUDA graph. Its
 logits equal the step run piece by piece (DecoderProgram.run), for the one-call numba driver
 (fast experts: one parallel region a step, and the layer loop it falls back to when numba's
-team is short of its workers) and the Python loop (exact experts)."""
+team is short of its workers) and the Python loop (exact experts), with expert deferral too
+(the host computes a layer's deferred experts while the device runs on)."""
 
 from __future__ import annotations
 
@@ -18,18 +19,20 @@ from hybrid.engine.llm import LLM
 from hybrid.engine.step.decoder import StepState
 from hybrid.engine.step.forward_batch import ForwardBatch
 from hybrid.engine.step.host_experts import HostExperts
-from hybrid.rules.planner import with_experts_mode
+from hybrid.rules.planner import with_deferral, with_experts_mode
 
 pytestmark = pytest.mark.usefixtures("wide_tiles")  # see conftest.WIDE_TILES
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="scripts/device_rules_check.py on GPUs")
-@pytest.mark.parametrize("mode,one_call,short", [("fast", True, False), ("fast", True, True),
-                                                  ("exact", False, False)])
-def test_whole_step_equals_pieces(models, mode, one_call, short, tmp_path, monkeypatch):
+@pytest.mark.parametrize("mode,one_call,short,defer", [
+    ("fast", True, False, 0), ("fast", True, True, 0), ("exact", False, False, 0),
+    ("fast", True, False, 1), ("fast", True, True, 2), ("exact", False, False, 1)])
+def test_whole_step_equals_pieces(models, mode, one_call, short, defer, tmp_path, monkeypatch):
     monkeypatch.setenv("HYBRID_GPU_KERNELS_ON_CPU", "1")
     path = str(models.path("tiny-v3", "q4_k_m", "legacy"))
-    rules = str(with_experts_mode("DeepSeek-V3", mode, tmp_path))
+    rules = str(with_deferral(str(with_experts_mode("DeepSeek-V3", mode, tmp_path)), defer,
+                              tmp_path))
     llm = LLM(path, rules, device_map={"cuda": "cpu"},
               engine_config=EngineConfig(max_batch_size=2, cache_lens=256, page_size=16))
     runner = llm.engine.runner

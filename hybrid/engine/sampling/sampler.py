@@ -43,11 +43,14 @@ def make_generator(params: SamplingParams) -> torch.Generator:
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator,
            prompt_ids: Sequence[int] = (), output_ids: Sequence[int] = ()) -> Sampled:
     """logits: [V] (any float dtype); prompt_ids and output_ids: the request's history so far.
-    Greedy ties break toward the lowest id, as argmax does."""
+    Greedy ties break toward the lowest id, as argmax does. While params.forced_ids lasts, its
+    next token is the pick (reported with the model's log-probability)."""
     logits = logits.float()
     logprobs = torch.log_softmax(logits, dim=-1)  # [V], reported as-is
     scores = apply_penalties(logits, params, prompt_ids, output_ids)  # [V]
-    if params.is_greedy:
+    if len(output_ids) < len(params.forced_ids):
+        token = params.forced_ids[len(output_ids)]
+    elif params.is_greedy:
         token = int(torch.argmax(scores))
     else:
         probs = sampling_probs(scores, params)
@@ -66,7 +69,8 @@ def sample_batch(logits: torch.Tensor, rows: Sequence[tuple[SamplingParams, torc
     per row. Greedy rows without penalties are decided on the device in one batch (argmax,
     the chosen log-probability and the top log-probabilities), and only those few numbers
     cross to the host; the other rows are sampled on the host by `sample`."""
-    fast = [i for i, (p, *_) in enumerate(rows) if p.is_greedy and not p.has_penalties]
+    fast = [i for i, (p, _, _, done) in enumerate(rows)
+            if p.is_greedy and not p.has_penalties and len(done) >= len(p.forced_ids)]
     out: list[Sampled | None] = [None] * len(rows)
     if fast:
         every = len(fast) == logits.shape[0]  # usually: no index copy to the device

@@ -41,6 +41,10 @@ class SamplingParams:
     # structured output: llguidance grammar text (hybrid.engine.sampling.grammar.json_grammar) the
     # output must follow; None: free text
     grammar: str | None = None
+    # evaluation (not in the HTTP API): the output is these tokens in order, each decoded as a
+    # sampled one would be, with the model's log-probabilities of them (teacher forcing on the
+    # decode path); past them sampling goes on as set
+    forced_ids: tuple[int, ...] = ()
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -48,6 +52,7 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        object.__setattr__(self, "forced_ids", tuple(int(t) for t in self.forced_ids))
         # NOTE: written as `not (ok)` so that NaN fails every check.
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
             raise HybridError(f"temperature must be >= 0, got {self.temperature}")
@@ -65,6 +70,8 @@ class SamplingParams:
             raise HybridError(f"max_tokens must be at least 1, got {self.max_tokens}")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise HybridError(f"logprobs must be between 0 and 20, got {self.logprobs}")
+        if any(t < 0 for t in self.forced_ids):
+            raise HybridError("forced_ids must be token ids (>= 0)")
         if any(not s for s in self.stop):
             raise HybridError("stop strings must not be empty")
 

@@ -21,6 +21,11 @@ A long prompt's step may stream some bridged layers' experts to the device inste
 (`StepState.streamed`, expert_stream.py): their rows never leave the device and their host
 pieces do nothing.
 
+With expert deferral (the experts' `defer_experts`) a decode row's lowest-weighted experts of a
+bridged layer join the next bridged layer's routed output (cpu_kernels/runtime/deferral.py):
+the host pieces carry that sum, and in a whole-step graph the host computes it while the GPU
+runs the next layer. A step that streams experts defers nothing.
+
 A layer whose CPU experts share it with GPU-held "hot" experts (`gpu_experts`) is bridged too:
 the held experts' slots go to the host as -1 (never read there) and the held experts run on
 the GPU meanwhile, their output added with the host's; no host sync, so it stays capturable.
@@ -236,8 +241,13 @@ class DecoderProgram:
             self.bridge.mark()
 
     def _experts(self, experts: ExpertsOp, i: int, st: StepState) -> None:
-        if st.on_host(i):
-            self.bridge.compute(experts, st.num_real)
+        if not st.on_host(i):
+            return
+        # expert deferral carries a sum from one bridged layer to the next: not in a step that
+        # streams some layers' experts (a long prompt's), nor from the last layer
+        defers = not st.streamed and i + 1 < len(self.moe_layers)
+        self.bridge.compute(experts, st.num_real, experts.defer_experts if defers else 0,
+                            st.fb.num_decodes, first=i == 0 or bool(st.streamed))
 
 
 def _device(steps: list[Callable[[StepState], None]]) -> Piece:

@@ -12,6 +12,7 @@ expert uploads on the host-to-device copy engine.
     send(h, ids, w)   GPU work: the three copies into pinned memory     (in a captured piece)
     mark()            host: record the event after them
     compute(op, n)    host: wait for the event, run the first n rows' experts on the CPU
+                      (and, with expert deferral, the deferred ones after them)
     receive(n)        GPU work: the experts' sum back to the device      (in a captured piece)
 
 On a CPU placement the buffers are plain host tensors and the event is skipped.
@@ -25,6 +26,8 @@ on the GPU before `receive`. Flags carry the step's sequence number (`next_seq`)
 from __future__ import annotations
 
 import torch
+
+from cpu_kernels.runtime.deferral import Deferral
 
 FETCH_ROWS = 64  # up to this many rows come back by a kernel's reads; more by a copy
 
@@ -48,6 +51,8 @@ class ExpertsBridge:
             fetch(self.out[:1], self.routed[:1])
         self.event = torch.cuda.Event() if on_gpu else None
         self._np = (self.x.numpy(), self.ids.numpy(), self.weights.numpy(), self.out.numpy())
+        # expert deferral: a decode row's deferred experts' sum between layers (host arrays)
+        self.deferral = Deferral(hidden, top_k)
         self.ready = self.done = self.error = self.seq = None
         self._seq_host = self._seq_np = self._error_np = None
         self.step_seq = 0
@@ -123,12 +128,18 @@ class ExpertsBridge:
         if self.event is not None:
             self.event.record()
 
-    def compute(self, experts, n: int) -> None:
-        """experts: the layer's ExpertsOp (runs_on_host)."""
+    def compute(self, experts, n: int, defer: int = 0, rows: int = 0, first: bool = True) -> None:
+        """experts: the layer's ExpertsOp (runs_on_host). With expert deferral
+        (cpu_kernels/runtime/deferral.py): `defer` experts of each of the rows :rows deferred to
+        the next call (the step's next MoE layer); the previous call's deferred sum is added
+        unless `first` (the step's first MoE layer)."""
         if self.event is not None:
             self.event.synchronize()
         x, ids, w, out = self._np
-        experts.run_host(x[:n], ids[:n], w[:n], out[:n])
+        if first:
+            self.deferral.begin_step()
+        self.deferral.now(experts.run_host, x[:n], ids[:n], w[:n], out[:n], defer, rows)
+        self.deferral.later(experts.run_host)
 
     def receive(self, n: int) -> torch.Tensor:
         """-> [n, H] f32 on the device: the routed experts' output for this step's rows."""

@@ -7,6 +7,9 @@ drive (one unpinned worker group), all layers run from one numba call
 (cpu_kernels/runtime/layer_driver.py): no Python between two layers' kernels. Otherwise a Python loop
 does the same per layer through ExpertsOp.run_host (exact mode, or NUMA worker groups).
 
+A step's decode rows may defer experts to the next layer (expert deferral, the experts'
+`defer_experts`: cpu_kernels/runtime/deferral.py); every driver here follows that protocol.
+
 A failure (an exception, or the GPU not raising a flag within the timeout) raises every
 remaining done flag before it propagates, so the graph runs out instead of spinning.
 """
@@ -18,6 +21,7 @@ import logging
 import numba
 import numpy as np
 
+from cpu_kernels.runtime.deferral import deferred_ks
 from cpu_kernels.runtime.handshake import set_flag, wait_equal
 from cpu_kernels.runtime.layer_driver import (
     drive_layers,
@@ -50,6 +54,8 @@ class HostExperts:
         # [L, 2] cycle stamps of each layer's kernel in the last step (one numba call only)
         self.stamps = np.zeros((len(layers), 2), np.int64)
         self._one_region: bool | None = None  # drive_layers' choice until it answers NOT_TOGETHER
+        # expert deferral (cpu_kernels/runtime/deferral.py): per layer, experts a row defers
+        self.deferred = deferred_ks([op.defer_experts for op in layers])
 
     def warm_up(self) -> None:
         """Compile the driver (numba; seconds for the one-call driver, which compiles the MoE
@@ -67,10 +73,16 @@ class HostExperts:
         """How a step's CPU experts run (after warm_up, which may have fallen back), for the
         start-up's progress line."""
         if self._packed is None:
-            return "a Python loop over the layers' experts (exact mode or NUMA worker groups)"
-        if self._one_region is False or not runs_one_region(self._packed):
-            return f"one numba call, a parallel kernel a layer, {numba.get_num_threads()} threads"
-        return f"one numba call in one parallel region, {numba.get_num_threads()} threads"
+            how = "a Python loop over the layers' experts (exact mode or NUMA worker groups)"
+        elif self._one_region is False or not runs_one_region(self._packed):
+            how = f"one numba call, a parallel kernel a layer, {numba.get_num_threads()} threads"
+        else:
+            how = f"one numba call in one parallel region, {numba.get_num_threads()} threads"
+        deferring = [int(k) for k in self.deferred if k]
+        if deferring:
+            how += (f"; expert deferral on {len(deferring)} layers ({max(deferring)} of "
+                    f"{self.layers[0].top_k} experts a decoding token at most: not exact)")
+        return how
 
     @property
     def one_call(self) -> bool:
@@ -109,22 +121,27 @@ class HostExperts:
         """drive_layers over the packed layers; where its one parallel region's workers did
         not all run at once (numba's layer gave fewer threads), the layer loop from then on."""
         reached = drive_layers(ready, done, seq, n, x, ids, w, out, self._packed, self._timeout,
-                               self.stamps, one_region=self._one_region)
+                               self.stamps, one_region=self._one_region,
+                               deferred=self.deferred, rows=n)
         if reached == NOT_TOGETHER:
             log.warning("the CPU experts' workers did not all start together (OMP_DYNAMIC or a "
                         "thread limit?): each MoE layer runs its own parallel kernel from now on")
             self._one_region = False
             reached = drive_layers(ready, done, seq, n, x, ids, w, out, self._packed,
-                                   self._timeout, self.stamps, one_region=False)
+                                   self._timeout, self.stamps, one_region=False,
+                                   deferred=self.deferred, rows=n)
         return reached
 
     def _loop(self, seq: int, n: int) -> int:
         x, ids, w, out = self.bridge.host_arrays
+        deferral = self.bridge.deferral
+        deferral.begin_step()
         for layer, op in enumerate(self.layers):
             if not wait_equal(self._ready, layer, seq, self._timeout):
                 return layer
-            op.run_host(x[:n], ids[:n], w[:n], out[:n])
+            deferral.now(op.run_host, x[:n], ids[:n], w[:n], out[:n], int(self.deferred[layer]), n)
             set_flag(self._done, layer, seq)
+            deferral.later(op.run_host)  # while the GPU runs the next layer
         return len(self.layers)
 
     def _release(self, seq: int) -> None:

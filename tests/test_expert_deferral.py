@@ -1,0 +1,88 @@
+"""Expert deferral through the engine (the experts' `defer_experts`, on the CPU): decode rows
+defer, prompt rows do not; a row's result does not depend on its batch; bad settings fail at
+build naming the fix; `rules explain` says it is on. The drivers' protocol itself is checked in
+tests/cpu_kernels/test_deferral.py, and a whole-step graph against the pieces in
+tests/gpu_kernels/test_whole_step.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from cli.main import main
+from hybrid.engine.config import EngineConfig
+from hybrid.engine.llm import LLM
+from hybrid.engine.sampling.sampling_params import SamplingParams
+from hybrid.errors import HybridError
+from hybrid.rules.planner import with_deferral
+
+PROMPT = [3, 14, 15, 92, 65, 35, 89, 79]
+CONTINUATION = [32, 38, 46, 26, 43, 38, 32, 79]
+
+
+@pytest.fixture(scope="module")
+def tiny(models):
+    return str(models.path("tiny-v3", "q4_k_m", "legacy"))
+
+
+def _llm(path, k, tmp_path, batch=2):
+    return LLM(path, str(with_deferral("cpu", k, tmp_path)),
+               engine_config=EngineConfig(max_batch_size=batch, cache_lens=512, page_size=16,
+                                          chunk_size=16))
+
+
+def _scored(llm, prompts):
+    params = SamplingParams(temperature=0, max_tokens=len(CONTINUATION), logprobs=0,
+                            forced_ids=tuple(CONTINUATION))
+    outs = llm.generate(prompt_token_ids=prompts, sampling_params=params)
+    for o in outs:
+        assert o.outputs[0].token_ids == CONTINUATION  # forced
+    return [o.outputs[0].logprobs for o in outs]
+
+
+def test_decode_rows_defer_and_prompt_rows_do_not(tiny, tmp_path):
+    exact = _scored(_llm(tiny, 0, tmp_path), [PROMPT])[0]
+    deferred = _scored(_llm(tiny, 1, tmp_path), [PROMPT])[0]
+    # the first token comes from the prompt's last row: exact either way
+    assert deferred[0] == exact[0]
+    # then every token is decoded: deferral changes each one's distribution a little
+    diffs = [abs(a - b) for a, b in zip(exact[1:], deferred[1:])]
+    assert all(d > 0 for d in diffs) and max(diffs) < 5.0
+
+
+def test_a_rows_result_does_not_depend_on_its_batch(tiny, tmp_path):
+    llm = _llm(tiny, 2, tmp_path)
+    alone = _scored(llm, [PROMPT])[0]
+    # beside a longer prompt, whose chunks share steps with this request's decodes
+    long_prompt = [(7 * i) % 200 + 3 for i in range(60)]
+    beside = _scored(llm, [PROMPT, long_prompt])[0]
+    assert beside == pytest.approx(alone, abs=1e-4)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"defer_experts": 4}, "between 0 and 3"),
+    ({"defer_experts": -1}, "between 0 and 3"),
+    ({"defer_experts": 1, "gpu_experts": [0], "gpu_device": "cpu"}, "do not combine"),
+])
+def test_bad_settings_fail_naming_the_fix(tiny, tmp_path, kwargs, match):
+    rules = yaml.safe_load(open(with_deferral("cpu", 0, tmp_path)))
+    for rule in rules:
+        if rule["replace"]["class"] == "experts":
+            rule["replace"]["kwargs"].update(kwargs)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(rules))
+    with pytest.raises(HybridError, match=match):
+        LLM(tiny, str(path), engine_config=EngineConfig(max_batch_size=1, cache_lens=128))
+
+
+def test_explain_says_deferral_is_on(tiny, tmp_path, capsys):
+    rules = str(with_deferral("cpu", 2, tmp_path))
+    assert main(["rules", "explain", "--gguf-path", tiny, "--optimize-rules", rules,
+                 "--cpu-memory", "8GiB", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["deferred_experts"] == {"2": 3}  # tiny-v3's three MoE layers
+    main(["rules", "explain", "--gguf-path", tiny, "--optimize-rules", rules,
+          "--cpu-memory", "8GiB"])
+    assert "expert deferral: 3 MoE layers defer the 2 lowest-weighted" in capsys.readouterr().out
