@@ -67,7 +67,7 @@ def test_a_rows_result_does_not_depend_on_its_batch(tiny, tmp_path):
     ({"defer_experts": 1, "gpu_experts": [0], "gpu_device": "cpu"}, "do not combine"),
 ])
 def test_bad_settings_fail_naming_the_fix(tiny, tmp_path, kwargs, match):
-    rules = yaml.safe_load(open(with_deferral("cpu", 0, tmp_path)))
+    rules = yaml.safe_load(with_deferral("cpu", 0, tmp_path).read_text())
     for rule in rules:
         if rule["replace"]["class"] == "experts":
             rule["replace"]["kwargs"].update(kwargs)

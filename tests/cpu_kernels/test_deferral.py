@@ -130,7 +130,7 @@ def test_every_driver_follows_the_protocol(layers, driver, ks, n, rows):
             deferral.begin_step()
             for layer, (p, k) in enumerate(zip(placed, deferred_ks(ks))):
                 assert wait_equal(ready, layer, seq, 10 * SECOND)
-                run = lambda xi, ii, wi, oi, p=p: pool.run_inline(xi, ii, wi, p, oi)  # noqa: E731
+                run = lambda xi, ii, wi, oi, p=p: pool.run_inline(xi, ii, wi, p, oi)
                 deferral.now(run, x[:n], ids[:n], w[:n], out[:n], int(k), rows)
                 set_flag(done, layer, seq)
                 deferral.later(run)
