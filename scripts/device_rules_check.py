@@ -175,9 +175,10 @@ def main() -> None:
         rows.append(check_equal(build(preset, quant, layout), rules,
                                 kv_f32=get_preset(preset).arch == "deepseek32"))
         print(rows[-1], flush=True)
-    # DEFER=k (default 2; 0: skip): expert deferral on the tiny V2-Lite (top 6) and V3 (top 4)
+    # DEFER=k (default 2; 0: skip): expert deferral on the tiny V2-Lite (top 2: k 1) and V3 (top 4)
     defer = int(os.environ.get("DEFER", "2"))
-    deferral = [check_deferral(build(preset, "q4_k_m", layout), rules, defer)
+    deferral = [check_deferral(build(preset, "q4_k_m", layout), rules,
+                               min(defer, get_preset(preset).num_experts_per_tok - 1))
                 for preset, layout, rules in (("tiny-v2-lite", "mla", "DeepSeek-V2-Lite"),
                                               ("tiny-v3", "legacy", "DeepSeek-V3"))
                 if defer and not only_flashinfer] if os.environ.get("ONLY") != "rules" else []
