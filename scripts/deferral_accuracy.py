@@ -1,7 +1,8 @@
-"""Expert deferral's cost and gain (issue 39): for k = 0 (exact) and each --defer k, one engine
-over the same file and corpus, side by side:
+"""Expert deferral's cost and gain (issue 39): for k = 0 (exact) and each --defer k, in one
+engine (ops.experts.set_deferral switches k between runs) over the same file and corpus:
 
-- decode tok/s of one stream (median of --repeats sampled generations of --tokens tokens);
+- decode tok/s of one stream: median of --repeats rounds, each a sampled generation of
+  --tokens tokens at every k in turn;
 - greedy agreement: of k=0's greedy tokens, the share k's own greedy run reproduces position
   by position (--tokens a prompt), and the mean position of the first difference;
 - teacher forced on the decode path (SamplingParams.forced_ids: each token decoded as a
@@ -20,7 +21,6 @@ seed from the vocabulary's middle (synthetic models have no text).
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import statistics
 import sys
@@ -35,7 +35,7 @@ import numpy as np
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.llm import LLM
 from hybrid.engine.sampling.sampling_params import SamplingParams
-from hybrid.rules.planner import with_deferral
+from hybrid.ops.experts import set_deferral
 
 
 def corpus(vocab: int, prompts: int, seed: int = 0) -> list[list[int]]:
@@ -72,35 +72,36 @@ def decode_rate(llm: LLM, prompt: list[int], tokens: int, repeats: int) -> float
     return statistics.median(rates)
 
 
-def measure(path: str, rules: str, k: int, prompts: list[list[int]], args,
-            reference: dict | None) -> dict:
-    config = EngineConfig(max_batch_size=max(len(prompts), 1), prefix_cache=False,
-                          cache_lens=len(prompts) * (32 + args.tokens + 16))
-    t = time.perf_counter()
-    llm = LLM(path, str(with_deferral(rules, k, Path(tempfile.mkdtemp()))), engine_config=config)
-    row: dict = {"k": k, "start_s": time.perf_counter() - t}
-    try:
-        row["decode_tok_s"] = decode_rate(llm, prompts[0], args.tokens, args.repeats)
-        tokens, logprobs = greedy(llm, prompts, args.tokens)
-        if reference is None:
-            row.update(tokens=tokens, logprobs=logprobs, agreement=1.0,
-                       first_difference=float(args.tokens),
-                       nll=float(np.mean([-x for lp in logprobs for x in lp[1:]])),
-                       mean_dlogprob=0.0, max_dlogprob=0.0)
-            return row
-        same = [[a == b for a, b in zip(t0, t1)] for t0, t1 in zip(reference["tokens"], tokens)]
-        row["agreement"] = float(np.mean([s for row_ in same for s in row_]))
-        row["first_difference"] = float(np.mean([s.index(False) if False in s else len(s)
-                                                 for s in same]))
-        scored = forced(llm, prompts, reference["tokens"])
-        d = [abs(a - b) for lp0, lp1 in zip(reference["logprobs"], scored)
-             for a, b in zip(lp0[1:], lp1[1:])]
-        row["mean_dlogprob"], row["max_dlogprob"] = float(np.mean(d)), float(np.max(d))
-        row["nll"] = float(np.mean([-x for lp in scored for x in lp[1:]]))
-        return row
-    finally:
-        del llm
-        gc.collect()
+def measure(llm: LLM, k: int, prompts: list[list[int]], args, reference: dict | None) -> dict:
+    set_deferral(llm.engine.runner.model, k)
+    tokens, logprobs = greedy(llm, prompts, args.tokens)
+    if reference is None:
+        return {"k": k, "tokens": tokens, "logprobs": logprobs, "agreement": 1.0,
+                "first_difference": float(args.tokens),
+                "nll": float(np.mean([-x for lp in logprobs for x in lp[1:]])),
+                "mean_dlogprob": 0.0, "max_dlogprob": 0.0}
+    row: dict = {"k": k}
+    same = [[a == b for a, b in zip(t0, t1)] for t0, t1 in zip(reference["tokens"], tokens)]
+    row["agreement"] = float(np.mean([s for row_ in same for s in row_]))
+    row["first_difference"] = float(np.mean([s.index(False) if False in s else len(s)
+                                             for s in same]))
+    scored = forced(llm, prompts, reference["tokens"])
+    d = [abs(a - b) for lp0, lp1 in zip(reference["logprobs"], scored)
+         for a, b in zip(lp0[1:], lp1[1:])]
+    row["mean_dlogprob"], row["max_dlogprob"] = float(np.mean(d)), float(np.max(d))
+    row["nll"] = float(np.mean([-x for lp in scored for x in lp[1:]]))
+    return row
+
+
+def speeds(llm: LLM, ks: list[int], prompt: list[int], args) -> dict[int, float]:
+    """Median decode tok/s per k, the ks interleaved round by round (--repeats rounds) in this
+    one engine: the shared host's drift falls on every k alike."""
+    rates: dict[int, list[float]] = {k: [] for k in ks}
+    for _ in range(args.repeats):
+        for k in ks:
+            set_deferral(llm.engine.runner.model, k)
+            rates[k].append(decode_rate(llm, prompt, args.tokens, 1))
+    return {k: statistics.median(v) for k, v in rates.items()}
 
 
 def main() -> int:
@@ -119,10 +120,15 @@ def main() -> int:
 
     vocab = open_model(path)[1].vocab_size
     prompts = corpus(vocab, args.prompts)
-    rows = [measure(path, args.optimize_rules, 0, prompts, args, None)]
-    for k in (int(v) for v in args.defer.split(",") if v):
-        rows.append(measure(path, args.optimize_rules, k, prompts, args, rows[0]))
-    summary = [{key: v for key, v in r.items() if key not in ("tokens", "logprobs")}
+    ks = [0] + [int(v) for v in args.defer.split(",") if v]
+    config = EngineConfig(max_batch_size=max(len(prompts), 1), prefix_cache=False,
+                          cache_lens=len(prompts) * (32 + args.tokens + 16))
+    llm = LLM(path, args.optimize_rules, engine_config=config)
+    rows = [measure(llm, 0, prompts, args, None)]
+    rows += [measure(llm, k, prompts, args, rows[0]) for k in ks[1:]]
+    rate = speeds(llm, ks, prompts[0], args)
+    summary = [{"decode_tok_s": rate[r["k"]],
+                **{key: v for key, v in r.items() if key not in ("tokens", "logprobs")}}
                for r in rows]
     if args.json:
         Path(args.json).write_text(json.dumps({"model": Path(path).name,

@@ -14,5 +14,5 @@ fi
 v2_lite_model
 timeout ${COST_TIMEOUT:-480} python3 scripts/deferral_accuracy.py --gguf-path $M \
   --optimize-rules DeepSeek-V2-Lite --defer ${KS:-1,2,3} --prompts ${PROMPTS:-8} \
-  --tokens 64 --json "$OUT/deferral.json" > "$OUT/deferral.log" 2>&1
+  --tokens 64 --repeats ${REPEATS:-5} --json "$OUT/deferral.json" > "$OUT/deferral.log" 2>&1
 grep -v "^\s*$" "$OUT/deferral.log" | tail -8

@@ -219,6 +219,17 @@ class ExpertsOp(nn.Module):
         return lambda: res
 
 
+def set_deferral(model: nn.Module, k: int) -> int:
+    """Give every CPU ExpertsOp of `model` `defer_experts` k (what the rule option does; for
+    A/B measurements within one process: the next step runs with it). -> layers set."""
+    ops = [m for m in model.modules() if isinstance(m, ExpertsOp) and m.runs_on_host]
+    for op in ops:
+        _check_deferral("set_deferral", k, op.top_k, op.backend,
+                        [] if op.gpu_experts is None else [0])
+        op.defer_experts = k
+    return len(ops)
+
+
 def _check_deferral(path: str, k: int, top_k: int, backend: str, gpu_ids: list[int]) -> None:
     if k == 0:
         return

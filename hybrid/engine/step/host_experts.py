@@ -54,8 +54,6 @@ class HostExperts:
         # [L, 2] cycle stamps of each layer's kernel in the last step (one numba call only)
         self.stamps = np.zeros((len(layers), 2), np.int64)
         self._one_region: bool | None = None  # drive_layers' choice until it answers NOT_TOGETHER
-        # expert deferral (cpu_kernels/runtime/deferral.py): per layer, experts a row defers
-        self.deferred = deferred_ks([op.defer_experts for op in layers])
 
     def warm_up(self) -> None:
         """Compile the driver (numba; seconds for the one-call driver, which compiles the MoE
@@ -89,6 +87,12 @@ class HostExperts:
         """All layers run from one numba call (else a Python loop over ExpertsOp.run_host)."""
         return self._packed is not None
 
+    @property
+    def deferred(self) -> np.ndarray:
+        """Per layer, the experts a decode row defers (the ops' `defer_experts`, the last 0:
+        cpu_kernels/runtime/deferral.py); read every step."""
+        return deferred_ks([op.defer_experts for op in self.layers])
+
     def run(self, seq: int, n: int) -> None:
         """Answer step `seq`'s flags for its first n rows, every layer; raises DeviceLost."""
         try:
@@ -120,26 +124,27 @@ class HostExperts:
     def _drive(self, ready, done, seq, n, x, ids, w, out) -> int:
         """drive_layers over the packed layers; where its one parallel region's workers did
         not all run at once (numba's layer gave fewer threads), the layer loop from then on."""
+        deferred = self.deferred
         reached = drive_layers(ready, done, seq, n, x, ids, w, out, self._packed, self._timeout,
                                self.stamps, one_region=self._one_region,
-                               deferred=self.deferred, rows=n)
+                               deferred=deferred, rows=n)
         if reached == NOT_TOGETHER:
             log.warning("the CPU experts' workers did not all start together (OMP_DYNAMIC or a "
                         "thread limit?): each MoE layer runs its own parallel kernel from now on")
             self._one_region = False
             reached = drive_layers(ready, done, seq, n, x, ids, w, out, self._packed,
                                    self._timeout, self.stamps, one_region=False,
-                                   deferred=self.deferred, rows=n)
+                                   deferred=deferred, rows=n)
         return reached
 
     def _loop(self, seq: int, n: int) -> int:
         x, ids, w, out = self.bridge.host_arrays
-        deferral = self.bridge.deferral
+        deferral, deferred = self.bridge.deferral, self.deferred
         deferral.begin_step()
         for layer, op in enumerate(self.layers):
             if not wait_equal(self._ready, layer, seq, self._timeout):
                 return layer
-            deferral.now(op.run_host, x[:n], ids[:n], w[:n], out[:n], int(self.deferred[layer]), n)
+            deferral.now(op.run_host, x[:n], ids[:n], w[:n], out[:n], int(deferred[layer]), n)
             set_flag(self._done, layer, seq)
             deferral.later(op.run_host)  # while the GPU runs the next layer
         return len(self.layers)
