@@ -13,6 +13,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+from cli.cluster import add_cluster_parser
 from cli.progress import progress_bar
 from cli.serve import add_bench_parser, add_serve_parser
 from cli.tune import add_tune_parsers
@@ -287,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--model", default=None,
                            help="the model name (with --url; default: the server's first)")
     add_serve_parser(sub)
+    add_cluster_parser(sub)
     add_bench_parser(sub)
     add_tune_parsers(sub)
     return parser
