@@ -33,8 +33,9 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def url():
-    ray.init(num_cpus=4, include_dashboard=False, namespace=deployment.APP_NAME,
-             log_to_driver=False)
+    # a Ray instance of this process's own, whatever other tests run beside it
+    ray.init(address="local", num_cpus=4, include_dashboard=False,
+             namespace=deployment.APP_NAME, log_to_driver=False)
     config = ServerConfig(engine=EngineConfig(max_batch_size=8, cache_lens=4096),
                           port=_free_port())
     try:

@@ -179,10 +179,12 @@ def build_app(config: ServerConfig, replicas: int, gpus: float, cpus: float,
 
 def start(config: ServerConfig, replicas: int, gpus: float, cpus: float,
           address: str | None = None, max_ongoing: int | None = None) -> str:
-    """Start (or join, with `address`: "auto" or ray://...) a Ray instance, serve the app on
-    config.host:config.port and return its URL once every replica is ready."""
+    """Start a Ray instance of this process's own (or join one, with `address`: "auto" or
+    ray://...), serve the app on config.host:config.port and return its URL once every
+    replica is ready."""
     if not ray.is_initialized():
-        ray.init(address=address, namespace=APP_NAME, log_to_driver=True,
+        # "local": a new instance even where another process's runs on this machine
+        ray.init(address=address or "local", namespace=APP_NAME, log_to_driver=True,
                  include_dashboard=False if address is None else None)
     serve.start(http_options={"host": config.host, "port": config.port})
     serve.run(build_app(config, replicas, gpus, cpus, max_ongoing), name=APP_NAME,
