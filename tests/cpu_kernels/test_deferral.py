@@ -5,8 +5,6 @@ GPU's place that writes the next layer's inputs as soon as a layer's done flag i
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
@@ -22,8 +20,8 @@ from cpu_kernels.runtime.deferral import (
 from cpu_kernels.runtime.handshake import set_flag, wait_equal
 from cpu_kernels.runtime.layer_driver import drive_layers, one_region_safe, packed_layers
 from cpu_kernels.runtime.pool import MoEPool
+from tests.cpu_kernels.fake_gpu import SECOND, FakeGpu
 
-SECOND = 3_000_000_000  # TSC cycles: ample on any machine
 DRIVERS = ["python", "layers"] + (["region"] if one_region_safe() else [])
 H, E, K = 256, 8, 3
 
@@ -108,24 +106,12 @@ def test_every_driver_follows_the_protocol(layers, driver, ks, n, rows):
     ids, w = np.zeros((t, K), np.int64), np.zeros((t, K), np.float32)
     ready, done = np.zeros(3, np.int64), np.zeros(3, np.int64)
     deferral = Deferral(H, K)
+    gpu = FakeGpu((x, ids, w, out), ready, done, poison=True)
     for seq in (1, 2):
         inputs = [(rng.standard_normal((n, H)).astype(np.float32),
                    np.stack([rng.choice(E, K, replace=False) for _ in range(n)]),
                    rng.random((n, K)).astype(np.float32)) for _ in experts]
-        got, errors = [], []
-
-        def gpu(inputs=inputs, seq=seq, got=got, errors=errors):
-            try:
-                for layer, (xi, ii, wi) in enumerate(inputs):
-                    x[:n], ids[:n], w[:n] = xi, ii, wi
-                    set_flag(ready, layer, seq)
-                    assert wait_equal(done, layer, seq, 10 * SECOND)
-                    got.append(out[:n].copy())
-                    x[:n], w[:n] = np.nan, np.nan  # the next layer's rows come at once
-            except BaseException as err:  # noqa: BLE001 - reported below
-                errors.append(err)
-        thread = threading.Thread(target=gpu)
-        thread.start()
+        gpu.start(seq, inputs)
         if driver == "python":
             deferral.begin_step()
             for layer, (p, k) in enumerate(zip(placed, deferred_ks(ks))):
@@ -138,7 +124,6 @@ def test_every_driver_follows_the_protocol(layers, driver, ks, n, rows):
             assert drive_layers(ready, done, seq, n, x, ids, w, out, packed_layers(placed),
                                 10 * SECOND, one_region=driver == "region",
                                 deferred=deferred_ks(ks), rows=rows) == 3
-        thread.join()
-        assert not errors
-        for g, want in zip(got, protocol(experts, inputs, deferred_ks(ks), rows)):
+        got = gpu.join()
+        for g, want in zip(got, protocol(experts, inputs, deferred_ks(ks), rows), strict=True):
             np.testing.assert_array_equal(g, want)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import threading
 
 import numpy as np
 import pytest
@@ -17,7 +16,6 @@ from cpu_kernels.fast.packed import pack
 from cpu_kernels.formats import qtypes as qt
 from cpu_kernels.formats.random_blocks import random_experts
 from cpu_kernels.moe import moe_forward
-from cpu_kernels.runtime.handshake import set_flag, wait_equal
 from cpu_kernels.runtime.layer_driver import (
     drive_layers,
     of_tuples,
@@ -25,8 +23,8 @@ from cpu_kernels.runtime.layer_driver import (
     packed_layers,
 )
 from cpu_kernels.runtime.pool import MoEPool
+from tests.cpu_kernels.fake_gpu import SECOND, FakeGpu
 
-SECOND = 3_000_000_000  # TSC cycles: ample on any machine
 DRIVERS = [False, True] if one_region_safe() else [False]  # one_region
 
 
@@ -65,24 +63,12 @@ def test_two_steps_match_moe_forward(layers, n, one_region):
         inputs = [(rng.standard_normal((n, h)).astype(np.float32),
                    np.stack([rng.choice(8, k, replace=False) for _ in range(n)]),
                    rng.random((n, k)).astype(np.float32)) for _ in experts]
-        got, errors = [], []
-
-        def gpu(inputs=inputs, seq=seq, got=got, errors=errors):
-            try:
-                for layer, (xi, ii, wi) in enumerate(inputs):
-                    x[:n], ids[:n], w[:n] = xi, ii, wi
-                    set_flag(ready, layer, seq)
-                    assert wait_equal(done, layer, seq, 10 * SECOND)
-                    got.append(out[:n].copy())
-            except BaseException as err:  # noqa: BLE001 - reported below
-                errors.append(err)
-        thread = threading.Thread(target=gpu)
-        thread.start()
+        gpu = FakeGpu((x, ids, w, out), ready, done)
+        gpu.start(seq, inputs)
         assert drive_layers(ready, done, seq, n, x, ids, w, out, packed_layers(placed),
                             10 * SECOND, one_region=one_region) == 3
-        thread.join()
-        assert not errors
-        for e, (xi, ii, wi), g in zip(experts, inputs, got):
+        got = gpu.join()
+        for e, (xi, ii, wi), g in zip(experts, inputs, got, strict=True):
             want = np.empty_like(xi)
             moe_forward(xi, ii, wi, e, want, mode="fast")
             np.testing.assert_array_equal(g, want)
