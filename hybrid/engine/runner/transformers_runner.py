@@ -25,6 +25,7 @@ from torch import nn
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.scheduling.scheduler import ScheduledBatch
 from hybrid.engine.step.step_result import StepResult
+from hybrid.errors import HybridError
 from hybrid.model.activations import CPU_CHUNK
 from hybrid.ops.experts import ExpertsOp
 
@@ -45,7 +46,12 @@ class TransformersRunner:
         self.in_flight_chunk_size = self.decode_chunk_size
         self.recorder = None  # routing counts hook our operators' steps: not recorded here
         self.job = None  # no chunk ever passes the layers over several steps
-        self._moe_layers = sum(1 for m in model.modules() if isinstance(m, ExpertsOp))
+        experts = [m for m in model.modules() if isinstance(m, ExpertsOp)]
+        if any(op.defer_experts for op in experts):
+            raise HybridError("defer_experts needs our step program (hybrid/engine/step/); this "
+                              "model runs through transformers' forward (DeepSeek-V4 so far): "
+                              "drop defer_experts from the rules")
+        self._moe_layers = len(experts)
         self._caches: dict[int, _RequestCache] = {}  # id(request) -> its cache
 
     def on_stream(self):
