@@ -164,9 +164,11 @@ def explain(plan: Plan, spec: ModelSpec, cache_lens: int, gpu_memory: int,
              if dev != "cpu" and gpu_memory and served}
     exp = Explanation(ordered, dict(sorted(devices.items())), cache_lens, kv_per_token,
                       list(plan.warnings), [], packed_from, packed_bytes, serve, not served)
-    for place in plan.placements.values():
-        k = place.options.get("defer_experts", 0) if place.operator == "experts" else 0
-        if k:
+    experts = {int(path.split(".")[2]): place for path, place in plan.placements.items()
+               if place.operator == "experts"}
+    for layer, place in experts.items():  # the last MoE layer defers nothing (deferral.py)
+        k = place.options.get("defer_experts", 0)
+        if k and layer != max(experts):
             exp.deferred[k] = exp.deferred.get(k, 0) + 1
     exp.advice = _advice(exp)
     return exp
@@ -285,8 +287,8 @@ def render_table(exp: Explanation, header: str) -> str:
                      "(--no-packed-cache: none)")
     for k, n in sorted(exp.deferred.items()):
         lines.append(f"expert deferral: {n} MoE layers defer the {k} lowest-weighted routed "
-                     f"experts of each decoding token to the next MoE layer (the step's last "
-                     f"one defers none): faster decode, not exact (docs/serving.md)")
+                     f"experts of each decoding token to the next MoE layer (the last MoE "
+                     f"layer defers none): faster decode, not exact (docs/serving.md)")
     lines.extend(f"warning: {w}" for w in exp.warnings)
     lines.extend(f"advice: {a}" for a in exp.advice)
     lines.append(f"verdict: {'fits' if exp.fits else 'does not fit'}")
