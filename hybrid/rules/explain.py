@@ -165,8 +165,8 @@ def explain(plan: Plan, spec: ModelSpec, cache_lens: int, gpu_memory: int,
     exp = Explanation(ordered, dict(sorted(devices.items())), cache_lens, kv_per_token,
                       list(plan.warnings), [], packed_from, packed_bytes, serve, not served)
     experts = {int(path.split(".")[2]): place for path, place in plan.placements.items()
-               if place.operator == "experts"}
-    for layer, place in experts.items():  # the last MoE layer defers nothing (deferral.py)
+               if place.operator == "experts" and place.options.get("backend") == "cpu"}
+    for layer, place in experts.items():  # the last CPU one defers nothing (deferral.py)
         k = place.options.get("defer_experts", 0)
         if k and layer != max(experts):
             exp.deferred[k] = exp.deferred.get(k, 0) + 1
