@@ -160,7 +160,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def cmd_rules_explain(args: argparse.Namespace) -> int:
     import psutil
 
-    from hybrid.rules.explain import explain, parse_size, render_table
+    from hybrid.rules.explain import explain, parse_budgets, parse_size, render_table
     from hybrid.rules.planner import plan_model
 
     gguf_path = args.gguf_path
@@ -171,7 +171,7 @@ def cmd_rules_explain(args: argparse.Namespace) -> int:
     planned = plan_model(gguf_path, args.optimize_rules, check_devices=False,
                          announce=not args.json)
     cpu_memory = parse_size(args.cpu_memory) if args.cpu_memory else psutil.virtual_memory().total
-    exp = explain(planned.plan, planned.spec, args.cache_lens, parse_size(args.gpu_memory),
+    exp = explain(planned.plan, planned.spec, args.cache_lens, parse_budgets(args.gpu_memory),
                   cpu_memory)
     if args.json:
         print(json.dumps({"model": str(planned.gguf.path), "rules": str(planned.rules_path),
@@ -255,7 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a bundled rule file name or a path (default: the machine's default)")
     ex.add_argument("--cache-lens", type=int, default=DEFAULT_CACHE_LENS,
                     help="KV cache tokens to plan for (hybrid serve's at least this many)")
-    ex.add_argument("--gpu-memory", default="24GiB", help="budget per GPU")
+    ex.add_argument("--gpu-memory", default="24GiB",
+                    help="budget per GPU: one size for all, or one each in device order "
+                         "(24GiB,16GiB: cuda:0, cuda:1)")
     ex.add_argument("--cpu-memory", default=None, help="CPU budget (default: this machine's RAM)")
     ex.add_argument("--json", action="store_true", help="print one JSON object")
     ex.set_defaults(func=cmd_rules_explain)

@@ -48,7 +48,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     from hybrid.model.kv_budget import DEFAULT_CACHE_LENS
     from hybrid.rules.devices import parse_device_map
-    from hybrid.rules.explain import parse_size
+    from hybrid.rules.explain import parse_budgets
     from hybrid.tuning.report import summary, to_json
     from hybrid.tuning.tune import TuneOptions, tune
 
@@ -62,7 +62,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         from hybrid.demo import demo_model_path
 
         gguf_path = str(demo_model_path())
-    opts = TuneOptions(gguf_path, args.profile, parse_size(args.gpu_memory), out,
+    opts = TuneOptions(gguf_path, args.profile, parse_budgets(args.gpu_memory), out,
                        args.optimize_rules, args.cache_lens or DEFAULT_CACHE_LENS,
                        args.gpu_device, args.batch, args.phase, fractions, args.measure,
                        args.steps, threads, chunks, args.prefill_tokens, device_map,
@@ -97,7 +97,10 @@ def _add_tune_parser(sub: argparse._SubParsersAction) -> None:
                         "without a GPU)")
     p.add_argument("--profile", required=True, help="from `hybrid profile` or serve "
                                                     "--record-routing")
-    p.add_argument("--gpu-memory", required=True, help="the GPU's budget, e.g. 24GiB")
+    p.add_argument("--gpu-memory", required=True,
+                   help="the GPU's budget, e.g. 24GiB; or one per GPU in device order "
+                        "(24GiB,24GiB: the hot experts spread over cuda:0 and cuda:1, each "
+                        "layer's on its attention's GPU while it has room)")
     p.add_argument("--cache-lens", type=int, default=None,
                    help="KV cache tokens to leave room for (default: serve's)")
     p.add_argument("--gpu-device", default=d["gpu_device"], help="where the hot experts go")

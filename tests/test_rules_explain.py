@@ -323,3 +323,15 @@ def test_a_cpu_share_over_the_machines_ram_is_said_before_loading(v3_sparse: Pat
     with caplog.at_level("WARNING", logger="hybrid.model"):
         refuse_if_over_budget(planned.plan, planned.spec, 4096)  # 377 GiB on a CI box: said
     assert "more than this machine's" in caplog.text and "GiB of RAM" in caplog.text
+
+
+def test_one_budget_per_gpu(capsys, tmp_path) -> None:
+    """--gpu-memory A,B: cuda:0's budget and cuda:1's; a GPU the rules use without one named
+    is refused."""
+    out = explain_json(capsys, "--optimize-rules", "DeepSeek-V3-multi-gpu", "--gpu-memory",
+                       "2GiB,1GiB", "--cpu-memory", "8GiB")
+    assert out["devices"]["cuda:0"]["budget"] == 2 * GIB
+    assert out["devices"]["cuda:1"]["budget"] == GIB
+    assert not out["devices"]["cuda:1"]["fits"] and out["devices"]["cuda:0"]["fits"]
+    assert main(["rules", "explain", "--optimize-rules", "DeepSeek-V3-multi-gpu",
+                 "--gpu-memory", "2GiB,", "--cpu-memory", "8GiB"]) != 0

@@ -322,3 +322,71 @@ def test_a_negative_cost_per_gb_is_flagged_not_printed_as_a_model(skewed) -> Non
                         None, 20.0, model=noise)
     text = summary(result)
     assert "the step times are noise, not a model" in text and "time model:" not in text
+
+
+def test_two_gpus_spread_the_hot_experts_and_keep_the_tokens(skewed, tmp_path, capsys) -> None:
+    """`--gpu-memory A,B` over the two-GPU layout, each GPU with room for 20 experts: a
+    layer's hot experts go to its own GPU (cuda:0 runs every layer of the tiny model) while
+    they fit, else to the other; the rule file serves the same greedy tokens as the one-GPU
+    exact rules (GPUs stood in for by the CPU)."""
+    import yaml
+
+    from cli.main import main
+    from hybrid.engine.llm import LLM
+    from hybrid.engine.sampling.sampling_params import SamplingParams
+    from hybrid.rules.explain import explain
+    from hybrid.rules.planner import plan_model, with_experts_mode
+    from hybrid.tuning.planner import expert_bytes
+
+    path, root, _ = skewed
+    base = with_experts_mode("DeepSeek-V3-multi-gpu", "exact", tmp_path)
+    planned = plan_model(str(path), str(base), check_devices=False, announce=False)
+    devices = explain(planned.plan, planned.spec, 1024, 24 << 30, None).devices
+    sizes = expert_bytes(planned.plan, planned.spec.num_experts).per_layer
+    room = 20 * max(sizes.values())
+    budgets = [devices[d].total - devices[d].activations + room for d in ("cuda:0", "cuda:1")]
+    out = tmp_path / "two.yaml"
+    assert main(["tune", "--gguf-path", str(path), "--optimize-rules", str(base), "--profile",
+                 str(root / "profile.json"), "--gpu-memory", ",".join(map(str, budgets)),
+                 "--cache-lens", "1024", "--cpu-bandwidth", "50", "--no-plots",
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "hot experts by GPU: cuda:0:" in printed and "cuda:1:" in printed
+    rules = [r for r in yaml.safe_load(out.read_text())
+             if r["replace"]["kwargs"].get("gpu_experts")]
+    held = {}
+    for r in rules:
+        kwargs, layer = r["replace"]["kwargs"], int(r["match"]["name"].split("\\.")[2])
+        held[kwargs["gpu_device"]] = held.get(kwargs["gpu_device"], 0) + \
+            sizes[layer] * len(kwargs["gpu_experts"])
+    assert set(held) == {"cuda:0", "cuda:1"} and max(held.values()) <= room
+    assert main(["tune", "--gguf-path", str(path), "--optimize-rules", str(base), "--profile",
+                 str(root / "profile.json"), "--gpu-memory", "24GiB,24GiB", "--measure",
+                 "--out", str(tmp_path / "m.yaml")]) != 0
+    assert "--measure times one GPU" in capsys.readouterr().err
+
+    prompts = [[0, 5, 9, 11, 300], [0, 17, 2, 90]]
+    params = SamplingParams(temperature=0, max_tokens=10, logprobs=0)
+    one = LLM(str(path), str(with_experts_mode("DeepSeek-V3", "exact", tmp_path)),
+              device_map={"cuda": "cpu"}).generate(prompt_token_ids=prompts,
+                                                   sampling_params=params)
+    two = LLM(str(path), str(out), device_map={"cuda": "cpu"}).generate(
+        prompt_token_ids=prompts, sampling_params=params)
+    for a, b in zip(one, two, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert a.outputs[0].logprobs == pytest.approx(b.outputs[0].logprobs, abs=1e-4)
+
+
+def test_spread_keeps_a_layer_on_one_gpu_its_own_first() -> None:
+    from hybrid.tuning.planner import ExpertBytes, spread_hot_experts
+
+    freq = np.array([[0.9, 0.8, 0.7, 0.0], [0.6, 0.5, 0.0, 0.0], [0.4, 0.0, 0.0, 0.0]])
+    sizes = ExpertBytes({1: 10, 2: 10, 3: 10}, (1, 2, 3))
+    home = {1: "cuda:0", 2: "cuda:0", 3: "cuda:1"}
+    # layer 1's three on its own GPU; layer 2's two do not fit there: the other GPU's room
+    got = spread_hot_experts(freq, (1, 2, 3), sizes, {"cuda:0": 40, "cuda:1": 30}, home)
+    assert got == {1: ("cuda:0", [0, 1, 2]), 2: ("cuda:1", [0, 1]), 3: ("cuda:1", [0])}
+    # no room for a whole set anywhere: the most used experts that fit the roomiest GPU
+    got = spread_hot_experts(freq, (1, 2, 3), sizes, {"cuda:0": 20, "cuda:1": 10}, home)
+    assert got == {1: ("cuda:0", [0, 1]), 2: ("cuda:1", [0])}
+    assert sum(10 * len(ids) for _, ids in got.values()) <= 30

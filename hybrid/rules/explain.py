@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,27 @@ def parse_size(text: str) -> int:
     value, unit, binary = float(m.group(1)), m.group(2).upper(), m.group(3)
     power = "KMGT".find(unit) + 1 if unit else 0
     return int(value * ((1024 if binary or not unit else 1000) ** power))
+
+
+def parse_budgets(text: str) -> int | dict[str, int]:
+    """--gpu-memory: one size for every GPU ('24GiB'), or one per GPU in device order
+    ('24GiB,16GiB' -> {'cuda:0': ..., 'cuda:1': ...})."""
+    parts = [t.strip() for t in str(text).split(",")]
+    if len(parts) == 1:
+        return parse_size(parts[0])
+    return {f"cuda:{i}": parse_size(t) for i, t in enumerate(parts)}
+
+
+def gpu_budget(gpu_memory: int | Mapping[str, int], device: str) -> int:
+    """`device`'s budget from explain's gpu_memory (one size, or one per GPU)."""
+    if not isinstance(gpu_memory, Mapping):
+        return gpu_memory
+    name = "cuda:0" if device == "cuda" else device
+    if name not in gpu_memory:
+        raise HybridError(f"--gpu-memory gives budgets for {', '.join(gpu_memory)}, not for "
+                          f"{device}, which the rules place weights on: give one size per GPU "
+                          f"up to it")
+    return gpu_memory[name]
 
 
 def gib(n: int) -> str:
@@ -115,7 +137,7 @@ class Explanation:
         }
 
 
-def explain(plan: Plan, spec: ModelSpec, cache_lens: int, gpu_memory: int,
+def explain(plan: Plan, spec: ModelSpec, cache_lens: int, gpu_memory: int | Mapping[str, int],
             cpu_memory: int | None, gpu_reserve: int = GPU_RESERVE_BYTES) -> Explanation:
     if cache_lens < 0:
         raise HybridError(f"--cache-lens must be >= 0, got {cache_lens}")
@@ -153,15 +175,16 @@ def explain(plan: Plan, spec: ModelSpec, cache_lens: int, gpu_memory: int,
         if name == "cpu":
             d.budget = cpu_memory
         else:
-            d.reserve, d.budget = gpu_reserve, gpu_memory
+            d.reserve, d.budget = gpu_reserve, gpu_budget(gpu_memory, name)
     served = not isinstance(spec, V4Spec)  # what the engine would choose, where it serves
     if served:
         _count_prefill_activations(plan, spec, cache_lens, devices)
     ordered = sorted(groups.values(), key=lambda g: (g.device, -g.nbytes))
     serve = {dev: auto_cache_lens(spec.context_length, per_token,
-                                  max(0, gpu_memory - devices[dev].weights - gpu_reserve), 64)
+                                  max(0, devices[dev].budget - devices[dev].weights
+                                      - gpu_reserve), 64)
              for dev, per_token in kv_per_token.items()
-             if dev != "cpu" and gpu_memory and served}
+             if dev != "cpu" and devices[dev].budget and served}
     exp = Explanation(ordered, dict(sorted(devices.items())), cache_lens, kv_per_token,
                       list(plan.warnings), [], packed_from, packed_bytes, serve, not served)
     experts = {int(path.split(".")[2]): place for path, place in plan.placements.items()

@@ -89,6 +89,54 @@ def hot_experts(freq: np.ndarray, layers: tuple[int, ...], sizes: ExpertBytes, b
     return {layer: sorted(ids) for layer, ids in sorted(chosen.items())}
 
 
+def spread_hot_experts(freq: np.ndarray, layers: tuple[int, ...], sizes: ExpertBytes,
+                       free: dict[str, int], home: dict[int, str], batch: int = 1
+                       ) -> dict[int, tuple[str, list[int]]]:
+    """hot_experts over several GPUs (free: device -> bytes it has left). The experts are
+    those hot_experts picks for all the room together; a layer's live on one GPU (a rule has
+    one gpu_device), so the layers are then placed, largest set first: on the GPU their
+    attention runs on (`home`: layer -> device; the hidden state is there) if the set fits,
+    else on the GPU with the most room left, keeping the set's most used experts that fit
+    there; then what room is left takes the next most used experts, each on its layer's GPU.
+    -> layer -> (device, sorted expert ids)."""
+    chosen = hot_experts(freq, layers, sizes, sum(free.values()), batch)
+    p = step_probability(freq, batch)
+    row = {layer: i for i, layer in enumerate(layers)}
+    left = dict(free)
+    out: dict[int, tuple[str, list[int]]] = {}
+    for layer in sorted(chosen, key=lambda x: (-len(chosen[x]) * sizes.per_layer[x], x)):
+        cost = sizes.per_layer[layer]
+        ids = sorted(chosen[layer], key=lambda e: (-p[row[layer], e], e))  # most used first
+        own = home.get(layer)
+        if own in left and left[own] >= cost * len(ids):
+            device = own
+        else:
+            device = max(left, key=lambda d: (left[d], d == own))
+            ids = ids[:left[device] // cost]
+        if ids:
+            out[layer] = (device, ids)
+            left[device] -= cost * len(ids)
+    # what truncation left: the next most used experts, each where its layer lives (a layer
+    # not placed yet: its own GPU if it has room, else the roomiest)
+    items = sorted(((p[row[layer], e], layer, e) for layer in layers
+                    if layer in sizes.cpu_layers for e in range(freq.shape[1])
+                    if p[row[layer], e] > 0), key=lambda t: (-t[0], t[1], t[2]))
+    for _, layer, e in items:
+        cost = sizes.per_layer[layer]
+        if layer in out:
+            device, ids = out[layer]
+            if e not in ids and left[device] >= cost:
+                ids.append(e)
+                left[device] -= cost
+            continue
+        fits = [d for d in left if left[d] >= cost]
+        if fits:
+            device = home[layer] if home.get(layer) in fits else max(fits, key=lambda d: left[d])
+            out[layer] = (device, [e])
+            left[device] -= cost
+    return {layer: (d, sorted(ids)) for layer, (d, ids) in sorted(out.items())}
+
+
 def whole_layers(layers: tuple[int, ...], sizes: ExpertBytes, budget: int,
                  num_experts: int) -> list[int]:
     """llama.cpp's `--n-cpu-moe` placement: the last layers' experts wholly on the GPU, as many

@@ -23,6 +23,7 @@ def summary(result: TuneResult, batch: int = 1) -> str:
          f"{variants_folder(result.rules)}/)"),
         (f"GPU memory free for experts: {result.free_bytes / 2**30:.2f} GiB; "
         f"{sum(map(len, result.hot.values()))} experts in {len(result.hot)} layers"),
+        *([_by_gpu(result)] if result.devices else []),
         (f"routing skew: the most used quarter of each layer's experts takes {share:.0%} of "
         f"the choices"),
         "",
@@ -58,11 +59,22 @@ def summary(result: TuneResult, batch: int = 1) -> str:
     return "\n".join(lines)
 
 
+def _by_gpu(result: TuneResult) -> str:
+    """Where a several-GPU tune put the hot experts."""
+    parts = []
+    for d in sorted(set(result.devices.values())):
+        layers = [layer for layer, g in result.devices.items() if g == d]
+        parts.append(f"{d}: {sum(len(result.hot[layer]) for layer in layers)} experts in "
+                     f"{len(layers)} layers")
+    return "hot experts by GPU: " + ", ".join(parts)
+
+
 def to_json(result: TuneResult) -> dict[str, Any]:
     return {
         "rules": str(result.rules), "free_bytes": result.free_bytes,
         "cpu_read_gbs": result.read_gbs,
         "hot_experts": {str(k): v for k, v in result.hot.items()},
+        "hot_expert_devices": {str(k): v for k, v in result.devices.items()},
         "placements": [{"name": p.name, "gpu_bytes": p.gpu_bytes, "hit_rate": p.hit_rate,
                         "cpu_bytes_per_step": p.cpu_bytes, "cpu_layers": p.cpu_layers,
                         "calibration": p.calibration, "rules": str(p.rules),

@@ -4,11 +4,13 @@ stays exactly as the base file says, comments included."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from hybrid.errors import HybridError
 from hybrid.rules.plan import Plan
 
 
@@ -17,15 +19,22 @@ def experts_rule(layer: int, kwargs: dict[str, Any]) -> dict[str, Any]:
             "replace": {"class": "experts", "kwargs": kwargs}, "recursive": False}
 
 
-def hot_expert_rules(plan: Plan, hot: dict[int, list[int]], gpu_device: str
-                     ) -> list[dict[str, Any]]:
-    """Per tuned layer, the base placement of its experts plus `gpu_experts` on gpu_device."""
+def hot_expert_rules(plan: Plan, hot: dict[int, list[int]],
+                     gpu_device: str | Mapping[int, str]) -> list[dict[str, Any]]:
+    """Per tuned layer, the base placement of its experts plus `gpu_experts` on gpu_device
+    (one for all layers, or layer -> device)."""
     rules = []
     for layer, ids in hot.items():
         base = plan.placements[f"model.layers.{layer}.mlp.experts"].options
-        kwargs = {k: v for k, v in base.items() if k not in ("gpu_experts", "gpu_device")}
+        if base.get("defer_experts"):
+            raise HybridError(f"layer {layer}'s experts defer experts (defer_experts), which "
+                              f"does not combine with hot experts yet: tune from rules "
+                              f"without it")
+        kwargs = {k: v for k, v in base.items()
+                  if k not in ("gpu_experts", "gpu_device", "defer_experts")}
+        device = gpu_device if isinstance(gpu_device, str) else gpu_device[layer]
         rules.append(experts_rule(layer, {**kwargs, "gpu_experts": list(ids),
-                                          "gpu_device": gpu_device}))
+                                          "gpu_device": device}))
     return rules
 
 

@@ -28,6 +28,7 @@ from hybrid.tuning.planner import (
     free_gpu_bytes,
     hit_rate,
     hot_experts,
+    spread_hot_experts,
     whole_layers,
 )
 from hybrid.tuning.predict import DecodeModel, cpu_bytes_per_step, cpu_layers_per_step
@@ -63,6 +64,7 @@ class TuneResult:
     threads: list[tuple[int, float]] = field(default_factory=list)  # (cpu threads, ms)
     chunks: list[tuple[int, float]] = field(default_factory=list)  # (chunk size, prefill tok/s)
     model: DecodeModel | None = None
+    devices: dict[int, str] = field(default_factory=dict)  # layer -> its hot experts' GPU
 
 
 def variants_folder(out: Path) -> Path:
@@ -75,7 +77,7 @@ def variants_folder(out: Path) -> Path:
 class TuneOptions:
     gguf_path: str
     profile: str
-    gpu_memory: int
+    gpu_memory: int | dict[str, int]  # one budget (gpu_device's), or one per GPU (spread)
     out: Path
     base_rules: str | None = None
     cache_lens: int = DEFAULT_CACHE_LENS
@@ -105,6 +107,8 @@ def tune(opts: TuneOptions, status: Callable[[str], None] = lambda s: None) -> T
     spec, plan = planned.spec, planned.plan
     profile = RoutingProfile.load(opts.profile)
     _check_profile(profile, spec, opts.profile)
+    if isinstance(opts.gpu_memory, dict):
+        return _tune_over_gpus(opts, planned, profile, status)
     device = parse_device(opts.gpu_device)
     exp = explain(plan, spec, opts.cache_lens, opts.gpu_memory, None)
     free = free_gpu_bytes(exp, device)
@@ -175,6 +179,60 @@ def tune(opts: TuneOptions, status: Callable[[str], None] = lambda s: None) -> T
         result.placements.append(c)
     if opts.measure:
         _measure(opts, result, status)
+    return result
+
+
+def _tune_over_gpus(opts: TuneOptions, planned, profile: RoutingProfile,
+                    status: Callable[[str], None]) -> TuneResult:
+    """Several GPUs' budgets: the hot experts spread over what each has left
+    (planner.spread_hot_experts), one rule file; the comparisons and --measure are the one-GPU
+    path's."""
+    from hybrid.rules.explain import explain, gib
+
+    if opts.measure:
+        raise HybridError("--measure times one GPU's placements so far: give --gpu-memory one "
+                          "size (the GPU of --gpu-device), or tune without --measure")
+    spec, plan = planned.spec, planned.plan
+    exp = explain(plan, spec, opts.cache_lens, opts.gpu_memory, None)
+    free = {d: free_gpu_bytes(exp, d) for d in opts.gpu_memory}
+    sizes = expert_bytes(plan, spec.num_experts)
+    if not sizes.cpu_layers:
+        raise HybridError(f"{planned.rules_path.name} runs no routed experts on the CPU: "
+                          "nothing to tune (start from a rule file with CPU experts)")
+    home = {}
+    for layer in sizes.cpu_layers:
+        attention = plan.placements.get(f"model.layers.{layer}.self_attn")
+        device = attention.generate_device if attention is not None else "cpu"
+        home[layer] = "cuda:0" if device == "cuda" else device
+    freq, layers = profile.frequencies(opts.phase), profile.layers
+    spread = spread_hot_experts(freq, layers, sizes, free, home, opts.batch)
+    hot = {layer: ids for layer, (_, ids) in spread.items()}
+    devices = {layer: d for layer, (d, _) in spread.items()}
+    held = {d: sum(sizes.per_layer[layer] * len(hot[layer]) for layer in hot
+                   if devices[layer] == d) for d in free}
+    note = (f"hybrid tune: {profile.model}'s experts most used ({opts.phase} tokens, batch "
+            f"{opts.batch}) over {len(free)} GPUs, {sum(map(len, hot.values()))} experts in "
+            f"{len(hot)} layers:\n" + "\n".join(
+                f"{d}: {gib(held[d])} of experts, {gib(free[d])} free of --gpu-memory "
+                f"{gib(opts.gpu_memory[d])}" for d in free)
+            + f"\nat --cache-lens {opts.cache_lens}")
+    rules = write_rules(planned.rules_path, hot_expert_rules(plan, hot, devices), opts.out,
+                        note)
+    read_gbs = opts.read_gbs
+    if read_gbs is None:
+        from cpu_kernels.runtime.bandwidth import read_bandwidth
+
+        status("measuring the CPU's read bandwidth")
+        read_gbs = read_bandwidth(1 << 30)
+    result = TuneResult(rules, sum(free.values()), layers, freq, hot, sizes, read_gbs,
+                        devices=devices)
+    for name, on_gpu in (("none on the GPUs", {}), (f"hot experts on {len(free)} GPUs", hot)):
+        nbytes = sum(sizes.per_layer[layer] * len(ids) for layer, ids in on_gpu.items())
+        result.placements.append(Placement(
+            name, nbytes, hit_rate(freq, layers, on_gpu),
+            cpu_bytes_per_step(freq, layers, sizes, on_gpu, opts.batch),
+            cpu_layers_per_step(layers, sizes, on_gpu, spec.num_experts),
+            rules=rules if on_gpu else None))
     return result
 
 
