@@ -46,6 +46,12 @@ def test_cluster_command_serves_and_stops(tmp_path):
         r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=120,
                        json={"model": "demo", "prompt": "Hello", "max_tokens": 3})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+        # the proxy may route before the command has printed its line (serve.run returning)
+        line = f"serving on http://127.0.0.1:{port}/v1 with 1 replicas"
+        deadline = time.monotonic() + 120
+        while line not in (tmp_path / "cluster.log").read_text() \
+                and time.monotonic() < deadline:
+            time.sleep(0.5)
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -56,7 +62,7 @@ def test_cluster_command_serves_and_stops(tmp_path):
         log.close()
     out = (tmp_path / "cluster.log").read_text()
     assert proc.returncode == 0, out[-3000:]
-    assert f"serving on http://127.0.0.1:{port}/v1 with 1 replicas" in out
+    assert line in out
 
 
 def test_a_port_in_use_fails_before_loading():
