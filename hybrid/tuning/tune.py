@@ -139,12 +139,7 @@ def tune(opts: TuneOptions, status: Callable[[str], None] = lambda s: None) -> T
             f"{opts.gpu_memory / 2**30:.2f} GiB at --cache-lens {opts.cache_lens}")
     rules_path = write_rules(planned.rules_path, hot_expert_rules(plan, hot, device), opts.out,
                              note)
-    read_gbs = opts.read_gbs
-    if read_gbs is None:
-        from cpu_kernels.runtime.bandwidth import read_bandwidth
-
-        status("measuring the CPU's read bandwidth")
-        read_gbs = read_bandwidth(1 << 30)
+    read_gbs = _read_gbs(opts, status)
     result = TuneResult(rules_path, free, layers, freq, hot, sizes, read_gbs)
     budgets = sorted({0.0, *opts.fractions, 1.0})
     # the other placements' rule files, each one `hybrid serve --optimize-rules` takes as is
@@ -218,12 +213,7 @@ def _tune_over_gpus(opts: TuneOptions, planned, profile: RoutingProfile,
             + f"\nat --cache-lens {opts.cache_lens}")
     rules = write_rules(planned.rules_path, hot_expert_rules(plan, hot, devices), opts.out,
                         note)
-    read_gbs = opts.read_gbs
-    if read_gbs is None:
-        from cpu_kernels.runtime.bandwidth import read_bandwidth
-
-        status("measuring the CPU's read bandwidth")
-        read_gbs = read_bandwidth(1 << 30)
+    read_gbs = _read_gbs(opts, status)
     result = TuneResult(rules, sum(free.values()), layers, freq, hot, sizes, read_gbs,
                         devices=devices)
     for name, on_gpu in (("none on the GPUs", {}), (f"hot experts on {len(free)} GPUs", hot)):
@@ -234,6 +224,16 @@ def _tune_over_gpus(opts: TuneOptions, planned, profile: RoutingProfile,
             cpu_layers_per_step(layers, sizes, on_gpu, spec.num_experts),
             rules=rules if on_gpu else None))
     return result
+
+
+def _read_gbs(opts: TuneOptions, status: Callable[[str], None]) -> float:
+    """The CPU's read bandwidth: --cpu-bandwidth, or measured now."""
+    if opts.read_gbs is not None:
+        return opts.read_gbs
+    from cpu_kernels.runtime.bandwidth import read_bandwidth
+
+    status("measuring the CPU's read bandwidth")
+    return read_bandwidth(1 << 30)
 
 
 def _measure(opts: TuneOptions, result: TuneResult, status: Callable[[str], None]) -> None:
