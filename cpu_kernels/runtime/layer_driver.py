@@ -110,15 +110,13 @@ def _drive(tiles, ready, done, seq, n, x, ids, weights, out, layers, deferred, r
             return layer
         g = layers[layer]
         defer = deferred[layer] > 0 and rows > 0
-        if defer:
-            split_deferred(ids[:n], weights[:n], deferred[layer], rows, now, later)
-            x_later[:, :] = x[:n]  # kept: once done is raised the GPU may write the next layer's
+        # now: ids less the deferred slots (all of them where none defers)
+        split_deferred(ids[:n], weights[:n], deferred[layer] if defer else 0, rows, now, later)
+        if defer:  # kept: once done is raised the GPU may write the next layer's
+            x_later[:, :] = x[:n]
             w_later[:, :] = weights[:n]
-            packed_moe_kernel(tiles, g[0], g[1], g[2], g[3], g[4], g[5], x[:n], now,
-                              weights[:n], g[6], out[:n], stamps[layer], threads)
-        else:
-            packed_moe_kernel(tiles, g[0], g[1], g[2], g[3], g[4], g[5], x[:n], ids[:n],
-                              weights[:n], g[6], out[:n], stamps[layer], threads)
+        packed_moe_kernel(tiles, g[0], g[1], g[2], g[3], g[4], g[5], x[:n], now, weights[:n],
+                          g[6], out[:n], stamps[layer], threads)
         if held:
             out[:n] += carry
         held = False

@@ -211,8 +211,10 @@ def drive_in_one_region(tiles, ready, done, seq, n, x, ids, weights, out, table,
             if worker == 0:
                 ok = wait_equal(ready, layer, seq, timeout_cycles)
                 stamps[layer, 0] = cycles()
+                if ok:  # now: ids less the deferred slots (all of them where none defers)
+                    split_deferred(ids[:n], weights[:n], deferred[layer] if defer else 0, rows,
+                                   now, later)
                 if ok and defer:  # once done is raised the GPU may write the next layer's
-                    split_deferred(ids[:n], weights[:n], deferred[layer], rows, now, later)
                     x_later[:, :] = x[:n]
                     w_later[:, :] = weights[:n]
                 store_release(go, layer, GO if ok else ABORT)
@@ -221,14 +223,9 @@ def drive_in_one_region(tiles, ready, done, seq, n, x, ids, weights, out, table,
             if load_acquire(go, layer) != GO:
                 reached[worker] = layer
                 break
-            if defer:
-                _experts(tiles, table, qtypes, limits, layer, x[:n], now, weights[:n], out[:n],
-                         held, carry, xq, dx, xqsum, xsum16, h, hq, hd, hqsum, hsum16,
-                         claims[layer, 0:2], bar, worker, threads)
-            else:
-                _experts(tiles, table, qtypes, limits, layer, x[:n], ids[:n], weights[:n],
-                         out[:n], held, carry, xq, dx, xqsum, xsum16, h, hq, hd, hqsum, hsum16,
-                         claims[layer, 0:2], bar, worker, threads)
+            _experts(tiles, table, qtypes, limits, layer, x[:n], now, weights[:n], out[:n], held,
+                     carry, xq, dx, xqsum, xsum16, h, hq, hd, hqsum, hsum16, claims[layer, 0:2],
+                     bar, worker, threads)
             if claim(finished[layer:]) == threads - 1:
                 stamps[layer, 1] = cycles()
                 store_release(done, layer, seq)
