@@ -19,6 +19,7 @@ from hybrid.model import v4_cache
 from hybrid.model.kv_budget import DEFAULT_CACHE_LENS, auto_cache_lens
 from hybrid.model.spec import ModelSpec
 from hybrid.model.spec_v4 import V4Spec
+from hybrid.rules.devices import parse_device
 from hybrid.rules.plan import Plan
 
 GPU_RESERVE_BYTES = int(1.5 * 2**30)  # activations at 512-token steps, CUDA graphs, context
@@ -50,7 +51,7 @@ def gpu_budget(gpu_memory: int | Mapping[str, int], device: str) -> int:
     """`device`'s budget from explain's gpu_memory (one size, or one per GPU)."""
     if not isinstance(gpu_memory, Mapping):
         return gpu_memory
-    name = "cuda:0" if device == "cuda" else device
+    name = parse_device(device)
     if name not in gpu_memory:
         raise HybridError(f"--gpu-memory gives budgets for {', '.join(gpu_memory)}, not for "
                           f"{device}, which the rules place weights on: give one size per GPU "

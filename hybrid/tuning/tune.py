@@ -197,8 +197,7 @@ def _tune_over_gpus(opts: TuneOptions, planned, profile: RoutingProfile,
     home = {}
     for layer in sizes.cpu_layers:
         attention = plan.placements.get(f"model.layers.{layer}.self_attn")
-        device = attention.generate_device if attention is not None else "cpu"
-        home[layer] = "cuda:0" if device == "cuda" else device
+        home[layer] = parse_device(attention.generate_device if attention else "cpu")
     freq, layers = profile.frequencies(opts.phase), profile.layers
     spread = spread_hot_experts(freq, layers, sizes, free, home, opts.batch)
     hot = {layer: ids for layer, (_, ids) in spread.items()}
