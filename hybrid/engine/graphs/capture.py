@@ -2,11 +2,10 @@
 
 A collection that runs inside a capture (any allocation may start one) can free tensors held in
 a reference cycle; freeing pinned host memory records a CUDA event on the current stream, which
-is the capturing one, so CUDA invalidates the capture and torch aborts the process ("operation
-failed due to a previous error during capture", seen once at start-up on the GPU machine, from
-a numpy view's deallocation inside a Triton launch). torch.cuda.graph collects once before it
-begins; here nothing is collected until it ends. The collector's switch is the interpreter's:
-it is restored as found, so a caller that had turned it off keeps it off."""
+is the capturing one, so CUDA invalidates the capture and torch aborts the process
+(docs/gpu-path.md has the case). torch.cuda.graph collects once before it begins; here nothing
+is collected until it ends. The collector's switch is the interpreter's: it is restored as
+found, so a caller that had turned it off keeps it off."""
 
 from __future__ import annotations
 
