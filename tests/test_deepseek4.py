@@ -110,16 +110,60 @@ def test_spec_reads_the_keys_and_names_what_is_wrong() -> None:
 
 
 def test_v4_defaults_to_its_bundled_cpu_rules(models) -> None:
-    """Every module transformers' own but the routed experts, on the CPU kernels (serving:
-    tests/test_v4_serving.py)."""
+    """Without a GPU: every module transformers' own but the routed experts, on the CPU
+    kernels (serving: tests/test_v4_serving.py)."""
     from hybrid.rules.planner import plan_model
 
     planned = plan_model(str(models.path("tiny-v4", "f32")), None, announce=False)
-    assert planned.rules_path.name == "DeepSeek-V4.yaml" and planned.plan.warnings == []
+    assert planned.rules_path.name == "DeepSeek-V4-cpu.yaml" and planned.plan.warnings == []
     ops = {p.path: (p.operator, p.generate_device) for p in planned.plan.placements.values()}
     experts = [k for k, v in ops.items() if v[0] == "experts"]
     assert experts == [f"model.layers.{i}.mlp.experts" for i in range(TINY_V4.num_layers)]
     assert {v for k, v in ops.items() if k not in experts} == {("default", "cpu")}
+
+
+def test_v4_gpu_rules_put_every_linear_layer_on_the_gpu(models) -> None:
+    """The bundled DeepSeek-V4.yaml (a GPU's default): the routed experts on the CPU kernels,
+    every linear layer (the grouped output projection too), the embedding and the head on
+    the GPU in the file's blocks, the rest transformers' modules on the GPU."""
+    from hybrid.model.spec import read_spec
+    from hybrid.rules.planner import family_gpu_rules_name, plan_model
+
+    path = str(models.path("tiny-v4", "q4_k_m"))
+    assert family_gpu_rules_name(read_spec(GGUFModelFile(path))) == "DeepSeek-V4.yaml"
+    plan = plan_model(path, "DeepSeek-V4", check_devices=False, announce=False).plan
+    assert plan.warnings == []
+    ops = {p.path: (p.operator, p.generate_device) for p in plan.placements.values()}
+    model = load_model(path).model
+    for name, module in model.named_modules():
+        kind = type(module).__name__
+        if kind == "DeepseekV4GroupedLinear":
+            assert ops[name] == ("grouped_linear", "cuda:0"), name
+        elif kind == "Linear":
+            assert ops[name] == ("lm_head" if name == "lm_head" else "linear", "cuda:0"), name
+    assert ops["model.embed_tokens"] == ("embedding", "cuda:0")
+    assert {v for k, v in ops.items() if k.endswith(".mlp.experts")} == {("experts", "cpu")}
+    assert {v[1] for k, v in ops.items() if not k.endswith(".mlp.experts")} == {"cuda:0"}
+
+
+@pytest.mark.parametrize("quant", ["f32", "q4_k_m", "mxfp4_moe"])
+def test_v4_gpu_rules_equal_transformers(models, tmp_path, quant: str) -> None:
+    """The GPU layout's operators (the GPU moved to the CPU, torch's kernels; gpu_kernels':
+    tests/gpu_kernels/test_deepseek4_gpu_path.py) on the file's blocks, exact experts: the
+    logits of transformers on the dequantized weights."""
+    from hybrid.rules.inject import inject
+    from hybrid.rules.planner import plan_model, with_experts_mode
+
+    path = str(models.path("tiny-v4", quant))
+    rules = with_experts_mode("DeepSeek-V4", "exact", tmp_path)
+    model = inject(plan_model(path, str(rules), device_map={"cuda": "cpu"}, announce=False))
+    assert type(model.get_submodule("model.layers.1.self_attn.o_a_proj")).__name__ \
+        == "GroupedLinearOp"
+    with torch.inference_mode():
+        ids = torch.tensor([PROMPT])
+        ours = model(input_ids=ids).logits[0].numpy()  # [T, V]
+        ref = load_model(path).model(input_ids=ids).logits[0].numpy()
+    assert rel_l2(ours, ref) <= 1e-5
 
 
 def test_presets_keep_a_csa_layer_and_the_flash_shapes() -> None:

@@ -1,4 +1,4 @@
-"""Embedding, RMSNorm, linear layers and the dense/shared-expert MLP.
+"""Embedding, RMSNorm, linear layers (plain and grouped) and the dense/shared-expert MLP.
 
 Each runs on its placement's device: inputs are moved there and results moved back to where
 they came from, so neighbours on another device need no glue. Compute is fp32, in the kernel
@@ -57,6 +57,24 @@ class LinearOp(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.kernels.linear(x.to(self.device), self.weight).to(x.device)
+
+
+class GroupedLinearOp(nn.Module):
+    """DeepSeek-V4's grouped output projection (transformers' DeepseekV4GroupedLinear): x
+    [..., G, in] -> [..., G, out/G], group g through rows g*out/G .. (g+1)*out/G of one [out, in]
+    weight, kept in the file's blocks (on CUDA one grouped quantized product)."""
+
+    def __init__(self, ctx: BuildContext) -> None:
+        super().__init__()
+        self.device = ctx.device
+        self.kernels = kernels_for(self.device)
+        self.groups = ctx.module.n_groups
+        self.weight = ctx.weight("weight")  # [out, in]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.to(self.device).reshape(-1, self.groups, x.shape[-1])  # [N, G, in]
+        out = self.kernels.grouped_linear(flat, self.weight)  # [N, G, out/G]
+        return out.reshape(*x.shape[:-1], -1).to(x.device, x.dtype)
 
 
 class MLPOp(nn.Module):

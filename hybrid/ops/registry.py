@@ -82,6 +82,9 @@ _SPECS = [
                  default_weight_format="f32"),
     OperatorSpec("linear", "a linear layer on dequantized or quantized weights", ("Linear",),
                  {**_devices(), **_weights(), **_product_options()}),
+    OperatorSpec("grouped_linear", "a block-diagonal linear layer, one block of rows a group "
+                 "(DeepSeek-V4's grouped output projection)", ("GroupedLinear",),
+                 {**_devices(), **_weights(), **_product_options()}),
     OperatorSpec("lm_head", "the output projection to the vocabulary", ("Linear",),
                  {**_devices(), **_weights(), **_product_options()}),
     OperatorSpec("mla_attention", "MLA attention, absorbed form over a latent KV cache",

@@ -42,8 +42,9 @@ def parse_device_map(text: str | None) -> dict[str, str] | None:
     return mapping
 
 
-def check_available(device: str, source: str) -> None:
-    """Fail with advice when a rule names a GPU this machine does not have."""
+def check_available(device: str, source: str, cpu_rules: str = "cpu.yaml") -> None:
+    """Fail with advice when a rule names a GPU this machine does not have; `cpu_rules`: the
+    bundled rules that run the model on the CPU alone."""
     if device == "cpu":
         return
     import torch
@@ -54,5 +55,5 @@ def check_available(device: str, source: str) -> None:
         have = f"{count} CUDA device(s)" if count else "no CUDA GPU"
         raise HybridError(
             f"{source} places modules on {device} but this machine has {have}; "
-            "use --optimize-rules cpu.yaml to run everything on the CPU"
+            f"use --optimize-rules {cpu_rules} to run everything on the CPU"
         )

@@ -18,7 +18,9 @@ from hybrid.rules.devices import check_available
 from hybrid.rules.plan import Plan, build_plan
 from hybrid.rules.schema import RuleError, load_rules
 
-V4_RULES = "DeepSeek-V4.yaml"  # transformers' V4 modules, the routed experts on the CPU kernels
+# DeepSeek-V4 through transformers' modules, the routed experts on the CPU kernels: the linear
+# layers on one GPU in the file's blocks, or everything on the CPU
+V4_RULES, V4_CPU_RULES = "DeepSeek-V4.yaml", "DeepSeek-V4-cpu.yaml"
 
 
 def bundled_rules() -> dict[str, Path]:
@@ -42,14 +44,12 @@ def find_rules(name: str) -> Path:
 
 
 def default_rules_name(spec: ModelSpec) -> str:
-    """The bundled rules for this machine: the 24 GB GPU layout with a GPU, else cpu.yaml;
-    DeepSeek-V4's CPU layout on any machine."""
+    """The bundled rules for this machine: the 24 GB GPU layout with a GPU, else cpu.yaml
+    (DeepSeek-V4's own CPU layout for V4)."""
     import torch
 
-    if isinstance(spec, V4Spec):  # transformers' modules but the experts: the CPU layout
-        return V4_RULES
     if not torch.cuda.is_available():
-        return "cpu.yaml"
+        return V4_CPU_RULES if isinstance(spec, V4Spec) else "cpu.yaml"
     return family_gpu_rules_name(spec)
 
 
@@ -58,7 +58,7 @@ def family_gpu_rules_name(spec: ModelSpec) -> str:
 
     DeepSeek-V3.2 (an indexer) gets its own file: DeepSeek-V3.yaml names V3's classes, so on a
     V3.2 tree it would match nothing but the names and leave attention and the routed experts
-    to `default` (fp32 on the GPU). DeepSeek-V4 has none: its own CPU layout."""
+    to `default` (fp32 on the GPU). DeepSeek-V4 has its own too."""
     if isinstance(spec, V4Spec):
         return V4_RULES
     if spec.has_indexer:
@@ -143,12 +143,13 @@ def plan_model(gguf_path: str, rules: str | None, device_map: Mapping[str, str] 
     model = build_meta_model(spec)
     plan = build_plan(model, spec, gguf, load_rules(path), str(path), device_map)
     if check_devices:
+        cpu_rules = V4_CPU_RULES if isinstance(spec, V4Spec) else "cpu.yaml"
         for place in plan.placements.values():
             devices = [place.generate_device, place.prefill_device]
             if place.options.get("gpu_experts"):
                 devices.append(place.options["gpu_device"])
             for device in devices:
-                check_available(device, str(path))
+                check_available(device, str(path), cpu_rules)
     if announce:
         for warning in plan.warnings:
             print(f"warning: {warning}", file=sys.stderr)

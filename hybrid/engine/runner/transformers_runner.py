@@ -40,7 +40,8 @@ class TransformersRunner:
     def __init__(self, model: nn.Module, config: EngineConfig) -> None:
         """model: transformers' CausalLM with its experts on our operator (rules applied)."""
         self.model = model.eval()
-        self.device = next(model.parameters()).device
+        embed = model.get_input_embeddings()  # where the token ids go: the step's device
+        self.device = embed.device if hasattr(embed, "device") else embed.weight.device
         self.chunk_size = config.chunk_size or CPU_CHUNK
         self.decode_chunk_size = config.decode_chunk_size or self.chunk_size
         self.in_flight_chunk_size = self.decode_chunk_size

@@ -34,6 +34,14 @@ class GpuKernels(TorchKernels):
             return qmatmul(x.reshape(-1, q.cols), q, xq=xq).reshape(*x.shape[:-1], q.rows)
         return super().linear(x, weight)
 
+    def grouped_linear(self, x, weight):
+        quant = weight.quant
+        if quant is None or len(quant) != 1 or x.device != weight.device:
+            return super().grouped_linear(x, weight)
+        q = quant[0]
+        rows = q.rows // x.shape[1]  # group g reads rows g * rows + [0, rows)
+        return qmatmul(x.contiguous(), q, out_rows=rows, gstride=rows)
+
     def product(self, x, matrix, xq=None):
         return qmatmul(x, matrix, xq=xq)
 

@@ -44,6 +44,14 @@ class TorchKernels:
         xq: x quantized by its producer for the integer path (ignored where there is none)."""
         return F.linear(x.float(), weight.get().float())
 
+    def grouped_linear(self, x: torch.Tensor, weight) -> torch.Tensor:
+        """x [N, G, in] -> [N, G, out/G] f32: group g times rows g*out/G .. (g+1)*out/G of
+        weight (a Weight [out, in]): a block-diagonal product (DeepSeek-V4's grouped output
+        projection)."""
+        groups = x.shape[1]
+        w = weight.get().float()  # [out, in]
+        return torch.einsum("ngk,grk->ngr", x.float(), w.view(groups, -1, w.shape[-1]))
+
     def product(self, x: torch.Tensor, matrix, xq=None) -> torch.Tensor:
         """x [N, in] @ matrix (a gpu_kernels GpuQuant [out, in], as stack_rows makes)^T ->
         [N, out] f32."""
