@@ -92,6 +92,6 @@ def test_a_model_on_transformers_forward_refuses_it(models, tmp_path):
     """DeepSeek-V4 runs through transformers' forward (TransformersRunner), where no driver
     of ours carries a deferred sum: the rule is refused at start, not ignored."""
     path = str(models.path("tiny-v4", "mxfp4_moe"))  # experts our CPU kernels run
-    rules = with_deferral("DeepSeek-V4", 1, tmp_path)
+    rules = with_deferral("DeepSeek-V4-cpu", 1, tmp_path)
     with pytest.raises(HybridError, match="transformers' forward"):
         LLM(path, str(rules), engine_config=EngineConfig(chunk_size=64, max_batch_size=2))

@@ -236,7 +236,8 @@ def test_bundled_files_exist() -> None:
     assert set(bundled_rules()) == {"cpu.yaml", "DeepSeek-V3.yaml", "DeepSeek-V3.2.yaml",
                                     "DeepSeek-V2-Lite.yaml",
                                     "DeepSeek-V2-Lite-gpu.yaml", "DeepSeek-V3-multi-gpu.yaml",
-                                    "DeepSeek-V3-gpu-experts.yaml", "DeepSeek-V4.yaml"}
+                                    "DeepSeek-V3-gpu-experts.yaml", "DeepSeek-V4.yaml",
+                                    "DeepSeek-V4-cpu.yaml"}
 
 
 def test_cuda_rules_without_a_gpu_suggest_cpu_yaml(models) -> None:

@@ -118,3 +118,30 @@ def test_full_v4_q4_k_m_with_transformers_attention_on_24_gib(v4_sparse: Path, t
     assert gpu.kv_cache == v4_cache.request_bytes(V4, cache_lens, 4)
     assert not gpu.fits and not exp.fits
     assert any("self_attn.q_b_proj" in a for a in exp.advice)
+
+
+@pytest.mark.parametrize("cache_lens", [32768, 131072])
+def test_full_v4_q4_k_m_with_the_bundled_gpu_layout_fits_24_gib(v4_sparse: Path,
+                                                                cache_lens: int) -> None:
+    """The bundled DeepSeek-V4.yaml keeps every linear layer, the embedding and the head in the
+    file's blocks on the GPU; what stays transformers' own (norms, hyper-connections, routers,
+    compressors' small parts) holds f32. With one request's caches it fits a 24 GiB GPU."""
+    from hybrid.gguf.reader import GGUFModelFile
+    from hybrid.rules.explain import explain
+    from hybrid.rules.planner import plan_model
+
+    infos = {n: e[0] for n, e in GGUFModelFile(str(v4_sparse)).tensor_infos.items()}
+    planned = plan_model(str(v4_sparse), "DeepSeek-V4", announce=False, check_devices=False)
+    ops = {p.path: p.operator for p in planned.plan.placements.values()}
+    assert ops["model.layers.2.self_attn.o_a_proj"] == "grouped_linear"
+    exp = explain(planned.plan, planned.spec, cache_lens, 24 << 30, 512 << 30)
+    gpu, cpu = exp.devices["cuda:0"], exp.devices["cpu"]
+    assert cpu.weights > 150 * 2**30  # the routed experts (fast mode's packed copy)
+    blocks = {n for n in infos if n.endswith(".weight") and infos[n].qtype not in (0, 26)
+              and "_exps." not in n}  # quantized: what the operators keep as the file has it
+    floats = {n for n in infos if n not in blocks and "_exps." not in n and "tid2eid" not in n}
+    assert gpu.weights == sum(infos[n].nbytes for n in blocks) + 4 * sum(
+        math.prod(infos[n].shape) for n in floats)
+    assert 4 * 2**30 < gpu.weights < 4.5 * 2**30
+    assert gpu.kv_cache == v4_cache.request_bytes(V4, cache_lens, 4)
+    assert gpu.fits
