@@ -41,7 +41,6 @@ from server.ollama_protocol import (
 from server.openai_format import ChoiceState, Delta
 from server.params import ChatPrompt
 from server.protocol import parse_body
-from server.reasoning import is_thinking_template
 from server.state import ServerState
 
 router = APIRouter(prefix="/api")
@@ -90,7 +89,7 @@ async def show(http_request: HTTPRequest) -> dict:
         raise bad_request("model: Field required", "model")
     check_model(req.model or req.name, state)
     m, template = state.model, state.model.tokenizer.chat_template.source
-    thinking = state.config.force_think or is_thinking_template(template)
+    thinking = state.config.force_think or m.chat.thinking_template
     entry = _model_entry(state)
     return {
         "modelfile": f"FROM {state.config.engine.gguf_path or m.name}\n", "parameters": "",

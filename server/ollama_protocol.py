@@ -25,9 +25,9 @@ from server.params import (
     structured_grammar,
 )
 from server.protocol import StopField, StrictModel
-from server.reasoning import ThinkSetup, is_thinking_template, opens_think
+from server.reasoning import ThinkSetup, opens_think
 from server.state import ServerState
-from server.tools.setup import add_tools_to_messages, history_tool_calls, model_format, tool_request
+from server.tools.setup import add_tools_to_messages, history_tool_calls, tool_request
 
 OLLAMA_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9}
 OLLAMA_ROLES = ("system", "user", "assistant", "tool")
@@ -112,7 +112,7 @@ def chat_prompt(req: OllamaChatRequest, state: ServerState) -> ChatPrompt:
     """The messages (and tools: Ollama's are OpenAI's, always with choice "auto") rendered."""
     _check_common(req)
     tokenizer = state.model.tokenizer
-    fmt = model_format(tokenizer)
+    fmt = state.model.chat.tool_format
     setup, tools = tool_request(req.tools, None, None, tokenizer, fmt)
     messages = []
     for i, m in enumerate(req.messages):
@@ -154,8 +154,8 @@ def generate_prompt(req: OllamaGenerateRequest, state: ServerState) -> ChatPromp
     tokenizer = state.model.tokenizer
     ids = tokenizer.encode(req.prompt)
     check_prompt(ids, state, "prompt")
-    thinking = state.config.force_think or is_thinking_template(tokenizer.chat_template.source)
-    think = ThinkSetup.for_tokenizer(tokenizer, thinking and opens_think(req.prompt))
+    thinking = state.config.force_think or state.model.chat.thinking_template
+    think = ThinkSetup(thinking and opens_think(req.prompt), state.model.chat.think_tags)
     return _think_off(ChatPrompt(ids, think), req)
 
 

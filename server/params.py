@@ -15,14 +15,13 @@ from hybrid.engine.sampling.sampling_params import SamplingParams
 from hybrid.errors import HybridError
 from server.errors import APIError, bad_request, unsupported
 from server.protocol import MAX_CHOICES, ChatCompletionRequest, ChatMessage, CompletionRequest
-from server.reasoning import THINK_PREFIX, ThinkSetup, is_thinking_template, opens_think
+from server.reasoning import THINK_PREFIX, ThinkSetup, opens_think
 from server.state import ServerState
 from server.tools.formats import ToolFormat
 from server.tools.setup import (
     ToolSetup,
     add_tools_to_messages,
     history_tool_calls,
-    model_format,
     openai_tools,
     tool_request,
 )
@@ -88,7 +87,7 @@ def chat_prompt(req: ChatCompletionRequest, state: ServerState) -> ChatPrompt:
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
     tokenizer = state.model.tokenizer
-    fmt = model_format(tokenizer)
+    fmt = state.model.chat.tool_format
     tools, choice = openai_tools(req)
     tools_setup, tools = tool_request(tools, choice, req.parallel_tool_calls, tokenizer, fmt)
     if tools_setup is not None and tools_setup.forced and kind != "text":
@@ -149,13 +148,13 @@ def encode_chat(messages: list[dict[str, Any]], state: ServerState, param: str,
     except HybridError as e:
         raise bad_request(str(e), param) from None
     force = state.config.force_think if think is None else state.config.force_think and think
-    thinking = force or is_thinking_template(tokenizer.chat_template.source)
+    thinking = force or state.model.chat.thinking_template
     if force and not opens_think(text):
         text += THINK_PREFIX
     bos = tokenizer.id_to_token(tokenizer.bos_token_id)  # the template writes its own BOS
     ids = tokenizer.encode(text, add_bos=not (bos and text.startswith(bos)))
     check_prompt(ids, state, param)
-    return ChatPrompt(ids, ThinkSetup.for_tokenizer(tokenizer, thinking and opens_think(text)))
+    return ChatPrompt(ids, ThinkSetup(thinking and opens_think(text), state.model.chat.think_tags))
 
 
 def _content_text(content: str | list[dict[str, Any]] | None, where: str) -> str:

@@ -109,11 +109,16 @@ class ThinkSetup:
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Any, in_think: bool) -> ThinkSetup:
-        tags = {}
-        for tag in (THINK_START, THINK_END):
-            ids = [i for i in tokenizer.special_ids if tokenizer.tokens[i] == tag]
-            tags.update(dict.fromkeys(ids, tag))
-        return cls(in_think, tags)
+        return cls(in_think, think_tags(tokenizer))
 
     def parser(self) -> ReasoningParser:
         return ReasoningParser(self.in_think)
+
+
+def think_tags(tokenizer: Any) -> dict[int, str]:
+    """The tokenizer's <think> and </think> control tokens: id -> text."""
+    tags = {}
+    for tag in (THINK_START, THINK_END):
+        ids = [i for i in tokenizer.special_ids if tokenizer.tokens[i] == tag]
+        tags.update(dict.fromkeys(ids, tag))
+    return tags

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from hybrid.engine.sampling.sampling_params import SamplingParams
 from server.config import ServerConfig
-from server.state import ServedModel, ServerState
+from server.state import ChatTraits, ServedModel, ServerState
 
 log = logging.getLogger(__name__)
 DEMO_MODEL_NAME = "demo"  # what clients call the built-in demo model
@@ -44,7 +44,7 @@ def build_state(config: ServerConfig, progress: Callable[[int, int], None] | Non
         DEMO_MODEL_NAME if engine.gguf_path is None else _model_name(llm.loaded.gguf.path))
     model = ServedModel(name, llm.tokenizer, llm.loaded.spec.vocab_size,
                         llm.loaded.spec.context_length, llm.tokenizer.eos_token_id,
-                        llm.engine.scheduler.max_request_tokens)
+                        llm.engine.scheduler.max_request_tokens, ChatTraits.of(llm.tokenizer))
     _status_line("ready")
     if start:
         llm.worker.start()

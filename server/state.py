@@ -9,6 +9,24 @@ from typing import Any
 
 from hybrid.engine.worker import EngineWorker
 from server.config import ServerConfig
+from server.reasoning import is_thinking_template, think_tags
+from server.tools.formats import ToolFormat
+from server.tools.setup import model_format
+
+
+@dataclass(frozen=True)
+class ChatTraits:
+    """What the model's chat template and vocabulary say about its replies, read once at
+    startup rather than per request."""
+
+    tool_format: ToolFormat  # how it writes tool calls (tools/formats.py)
+    thinking_template: bool  # its template opens a reasoning block (reasoning.py)
+    think_tags: dict[int, str]  # its <think> and </think> control tokens: id -> text
+
+    @classmethod
+    def of(cls, tokenizer: Any) -> ChatTraits:
+        return cls(model_format(tokenizer), is_thinking_template(tokenizer.chat_template.source),
+                   think_tags(tokenizer))
 
 
 @dataclass(frozen=True)
@@ -23,6 +41,7 @@ class ServedModel:
     # The most tokens (prompt + output) one request may hold: the context, or less when the
     # KV cache (--cache-lens) is smaller.
     max_request_tokens: int
+    chat: ChatTraits
     created: int = field(default_factory=lambda: int(time.time()))
 
 
