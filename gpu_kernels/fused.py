@@ -3,7 +3,8 @@
     add_rmsnorm    x += delta (+ delta2), in place; normed = x * rsqrt(mean(x^2) + eps) * w
     rope_cache     RoPE on the queries' rope dims, in place; the latent (RMS-normed) and the
                    rotated shared key written to the paged cache rows of their tokens
-    silu_mul       silu(gate) * up
+    silu_mul       silu(gate) * up; with a `limit` (DeepSeek-V4's clamped SwiGLU) gate clamped
+                   from above and up on both sides first
 
 add_rmsnorm and silu_mul also write their output quantized for the next product's integer
 path when given `xq` (qdot_i8.quantize_x's result, in the same launch).
@@ -14,6 +15,8 @@ torch reference (`*_ref`) computing the same fp32 arithmetic.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -136,13 +139,15 @@ def rope_cache(q: torch.Tensor, kv: torch.Tensor, positions: torch.Tensor,
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, y_ptr, q_ptr, qd_ptr, qs_ptr, I, BI: tl.constexpr,
+def _silu_mul_kernel(gu_ptr, y_ptr, q_ptr, qd_ptr, qs_ptr, I, limit, BI: tl.constexpr,
                      QMAX: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     i = tl.program_id(1) * BI + tl.arange(0, BI)
     m = i < I
     g = tl.load(gu_ptr + t * 2 * I + i, mask=m, other=0.0)
     u = tl.load(gu_ptr + t * 2 * I + I + i, mask=m, other=0.0)
+    g = tl.minimum(g, limit)  # limit inf: unchanged
+    u = tl.minimum(tl.maximum(u, -limit), limit)
     y = g / (1.0 + tl.exp(-g)) * u
     tl.store(y_ptr + t * I + i, y, mask=m)
     if QMAX > 0:
@@ -152,14 +157,14 @@ def _silu_mul_kernel(gu_ptr, y_ptr, q_ptr, qd_ptr, qs_ptr, I, BI: tl.constexpr,
 
 
 def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None,
-             xq: XQ | None = None) -> torch.Tensor:
+             xq: XQ | None = None, limit: float = math.inf) -> torch.Tensor:
     """gate_up: [T, 2I] f32 (gate first) -> [T, I] f32 (also into xq, [T, I] quantized,
-    when given)."""
+    when given). `limit`: the SwiGLU's clamp (inf: none)."""
     t, two_i = gate_up.shape
     i = two_i // 2
     out = out if out is not None else torch.empty(t, i, dtype=torch.float32,
                                                   device=gate_up.device)
     q = xq or (out, out, out)
-    _silu_mul_kernel[(t, triton.cdiv(i, 1024))](gate_up, out, *q, i, BI=1024,
+    _silu_mul_kernel[(t, triton.cdiv(i, 1024))](gate_up, out, *q, i, float(limit), BI=1024,
                                                 QMAX=_qmax(xq, i), num_warps=4)
     return out

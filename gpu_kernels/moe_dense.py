@@ -16,6 +16,8 @@ by expert with moe_grouped.align; nothing synchronizes with the host.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -82,10 +84,10 @@ def grouped_dense(x16: torch.Tensor, w16: torch.Tensor, rows: int, slots: torch.
 
 def moe_experts_dense(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                       gate_up: tuple[GpuQuant, ...], down: GpuQuant,
-                      num_experts: int) -> torch.Tensor:
+                      num_experts: int, limit: float = math.inf) -> torch.Tensor:
     """moe_grouped.moe_experts' contract. Each tensor is decoded into fp16 just before its
     product and dropped after it: one tensor's fp16 rows at a time."""
     def product(a, w, rows, slots, block_expert, x_div, out):
         grouped_dense(a, dense_rows(w), rows, slots, block_expert, x_div, out)
     return grouped_experts(x, ids, weights, gate_up, down, num_experts, TILES[0], product,
-                           torch.float16)
+                           torch.float16, limit)

@@ -3,6 +3,9 @@
     moe_experts(x, ids, weights, (gate, up), down)[t] =
         sum_k weights[t, k] * down_e(silu(gate_e x_t) * up_e x_t),   e = ids[t, k]
 
+(with a `limit`, DeepSeek-V4's clamped SwiGLU: min(gate_e x_t, limit) and up_e x_t clamped to
+[-limit, limit] inside).
+
 An expert tensor is the GGUF's [E, R, K] as one GpuQuant of E * R rows (expert e's row n is
 e * R + n), in the file's blocks: nothing is dequantized outside the kernel. The N * K
 (token, choice) pairs are sorted by expert into blocks of BM pairs (`align`, on the device):
@@ -17,6 +20,8 @@ blocks past the real count exit at once, so the launches can run inside a CUDA g
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -137,26 +142,29 @@ def grouped_matmul(x: torch.Tensor, w: GpuQuant, rows: int, slots: torch.Tensor,
 
 def moe_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                 gate_up: tuple[GpuQuant, ...], down: GpuQuant, num_experts: int,
-                bm: int | None = None, **tiling) -> torch.Tensor:
+                bm: int | None = None, limit: float = math.inf, **tiling) -> torch.Tensor:
     """x [N, H] f32, ids [N, K] (negative: not held here), weights [N, K] -> [N, H] f32.
     gate_up: (gate, up), each [E * I, H] rows, or the fused GGUF layout's one [E * 2I, H]
     tensor (each expert's gate rows, then its up rows); down: [E * H, I].
     `bm` (pairs per block, a qmatmul.TOKEN_CLASSES value) overrides block_rows: a warm-up
-    compiles every variant with one token. `tiling`: grouped_matmul's tiles and fp16."""
+    compiles every variant with one token. `limit`: the SwiGLU's clamp (inf: none).
+    `tiling`: grouped_matmul's tiles and fp16."""
     bm = bm or block_rows(ids.numel(), num_experts)
 
     def product(a, w, rows, slots, block_expert, x_div, out):
         grouped_matmul(a, w, rows, slots, block_expert, bm, x_div, out, **tiling)
-    return grouped_experts(x, ids, weights, gate_up, down, num_experts, bm, product)
+    return grouped_experts(x, ids, weights, gate_up, down, num_experts, bm, product,
+                           limit=limit)
 
 
 def grouped_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                     gate_up: tuple[GpuQuant, ...], down: GpuQuant, num_experts: int, bm: int,
-                    product, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                    product, dtype: torch.dtype = torch.float32,
+                    limit: float = math.inf) -> torch.Tensor:
     """The MoE around a grouped product (moe_experts' arguments; the pairs grouped by expert in
     blocks of `bm`): product(a, w, rows, slots, block_expert, x_div, out) writes
     out[p, :rows] = a[p // x_div] @ W_e^T for every pair p, W_e rows e * rows + [0, rows) of w.
-    The activations it gets (x, then h) are in `dtype`."""
+    The activations it gets (x, then h) are in `dtype`; `limit` clamps the SwiGLU."""
     n, k = ids.shape
     slots, block_expert = align(ids, num_experts, bm)
     xa = x.to(dtype)
@@ -168,14 +176,14 @@ def grouped_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
         col += width
     h = down.rows // num_experts
     y = torch.zeros(n * k, h, dtype=torch.float32, device=x.device)  # left-out pairs: 0
-    product(silu_mul(gu).to(dtype), down, h, slots, block_expert, 1, y)
+    product(silu_mul(gu, limit=limit).to(dtype), down, h, slots, block_expert, 1, y)
     held = torch.where(ids >= 0, weights.float(), 0.0)  # [N, K]
     return torch.einsum("nkh,nk->nh", y.view(n, k, h), held)
 
 
 def moe_experts_ref(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-                    gate: GpuQuant, up: GpuQuant, down: GpuQuant, num_experts: int
-                    ) -> torch.Tensor:
+                    gate: GpuQuant, up: GpuQuant, down: GpuQuant, num_experts: int,
+                    limit: float = math.inf) -> torch.Tensor:
     """Float64 reference, one pair at a time; fp32 out."""
     wg, wu, wd = (dequantize(m).double() for m in (gate, up, down))
     inter, h = gate.rows // num_experts, down.rows // num_experts
@@ -185,5 +193,6 @@ def moe_experts_ref(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
         xt = x[t].double()
         g = wg[e * inter:(e + 1) * inter] @ xt
         u = wu[e * inter:(e + 1) * inter] @ xt
+        g, u = g.clamp(max=limit), u.clamp(min=-limit, max=limit)
         out[t] += float(weights[t, k]) * (wd[e * h:(e + 1) * h] @ (torch.nn.functional.silu(g) * u))
     return out.float()

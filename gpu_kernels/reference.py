@@ -6,6 +6,8 @@ The kernels' tests compare against these; the CPU placements of the same operato
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -41,8 +43,9 @@ def rope_cache_ref(q: torch.Tensor, kv: torch.Tensor, positions: torch.Tensor,
     cache[slots.long()] = torch.cat([lat, k_rope], dim=-1).to(cache.dtype)
 
 
-def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_mul_ref(gate_up: torch.Tensor, limit: float = math.inf) -> torch.Tensor:
     g, u = gate_up.chunk(2, dim=-1)
+    g, u = g.clamp(max=limit), u.clamp(min=-limit, max=limit)
     return torch.nn.functional.silu(g) * u
 
 

@@ -77,8 +77,8 @@ class ExpertsOp(nn.Module):
                                ctx.module)
         self.on_device = None  # backend torch on gpu_kernels: _GpuExperts of every expert
         self.stream_parts = None  # backend cpu: the expert tensors a step may stream
-        # DeepSeek-V4's clamped SwiGLU (transformers' DeepseekV4Experts.limit): the CPU kernels
-        # (cpu_kernels/exact/swiglu.py) and the torch loop clamp; the GPU kernels do not yet
+        # DeepSeek-V4's clamped SwiGLU (transformers' DeepseekV4Experts.limit): every kernel
+        # clamps (cpu_kernels/exact/swiglu.py, gpu_kernels' silu_mul, the torch loops)
         limit = getattr(ctx.module, "limit", None)
         self.swiglu_limit = math.inf if limit is None else float(limit)
         if self.backend == "cpu":
@@ -99,23 +99,21 @@ class ExpertsOp(nn.Module):
                 # fast mode reads a load-time repack (<= 1.1x the GGUF bytes): build it now, not
                 # on the first forward
                 _pack(ctx, layer, self.cpu_weights)
-        elif _gpu_kernels_cover(ctx, p, self.device) and limit is None:
+        elif _gpu_kernels_cover(ctx, p, self.device):
             # every expert's blocks on the device, all tokens in grouped launches
-            self.on_device = _GpuExperts(ctx, p, list(range(spec.num_experts)), self.device)
+            self.on_device = _GpuExperts(ctx, p, list(range(spec.num_experts)), self.device,
+                                         self.swiglu_limit)
         else:
             self.gate_up = ctx.weight("gate_up_proj").get()  # [E, 2I, H]
             self.down = ctx.weight("down_proj").get()  # [E, H, I]
-        if limit is not None and gpu_ids:
-            raise HybridError(f"{ctx.path}: experts with a clamped SwiGLU (limit {limit}) run on "
-                              f"the CPU only so far: drop `gpu_experts` from the rule")
         # expert deferral (cpu_kernels/runtime/deferral.py): run by the CPU experts' drivers
         self.defer_experts = int(opts.get("defer_experts", 0))
         _check_deferral(ctx.path, self.defer_experts, self.top_k, self.backend, gpu_ids)
         mask = torch.zeros(spec.num_experts, dtype=torch.bool)
         mask[gpu_ids] = True
         self.gpu_held = mask  # [E] bool: the experts held on the GPU (`gpu_experts`)
-        self.gpu_experts = _GpuExperts(ctx, p, gpu_ids, torch.device(opts["gpu_device"])) \
-            if gpu_ids else None
+        self.gpu_experts = _GpuExperts(ctx, p, gpu_ids, torch.device(opts["gpu_device"]),
+                                       self.swiglu_limit) if gpu_ids else None
         self._held: dict[torch.device, torch.Tensor] = {}  # gpu_held, on each ids device
         self.pool = None  # a cpu_kernels MoEPool, set by use_pool
         self.placed = None  # cpu_weights as placed on the pool's worker groups
@@ -290,8 +288,9 @@ class _GpuExperts:
     elsewhere each expert dequantized on use, looped in torch."""
 
     def __init__(self, ctx: BuildContext, prefix: str, expert_ids: list[int],
-                 device: torch.device) -> None:
-        self.device = device
+                 device: torch.device, limit: float = math.inf) -> None:
+        """limit: the SwiGLU's clamp (DeepSeek-V4; inf: none)."""
+        self.device, self.limit = device, limit
         self.kernels = _gpu_kernels_cover(ctx, prefix, device)
         self.slot = {e: j for j, e in enumerate(expert_ids)}
         self.local = torch.full((ctx.spec.num_experts,), -1, dtype=torch.long,
@@ -339,7 +338,8 @@ class _GpuExperts:
 
             x, held = x.float().contiguous(), self.local[ids.long()]  # [N, H], [N, K]
             return moe_grouped.moe_experts(x, held, weights, tuple(self.parts[:-1]),
-                                           self.parts[-1], len(self.slot), bm=bm)
+                                           self.parts[-1], len(self.slot), bm=bm,
+                                           limit=self.limit)
         out = torch.zeros(x.shape, dtype=torch.float32, device=self.device)
         for e in self.slot:
             tok, k = torch.where(ids == e)
@@ -347,6 +347,7 @@ class _GpuExperts:
                 continue
             gate_up, down = self.weights(e)
             g, u = F.linear(x[tok].float(), gate_up).chunk(2, dim=-1)
+            g, u = g.clamp(max=self.limit), u.clamp(min=-self.limit, max=self.limit)
             out.index_add_(0, tok, F.linear(F.silu(g) * u, down) * weights[tok, k, None].float())
         return out
 

@@ -72,3 +72,34 @@ def test_gpu_layout_serves_the_cpu_layouts_tokens(models, monkeypatch, device, t
     for i, (g, w) in enumerate(zip(_served(gpu), want)):
         assert g.token_ids == w.token_ids, i
         assert max(abs(a - b) for a, b in zip(g.logprobs, w.logprobs)) <= 1e-4, i
+
+
+EXPERTS_RULE = ("{class: experts, kwargs: {generate_device: cpu, backend: cpu, mode: fast}}")
+
+
+@pytest.mark.parametrize("experts", [
+    "{class: experts, kwargs: {generate_device: cpu, backend: cpu, mode: exact, "
+    "gpu_experts: [0, 3, 5], gpu_device: cuda}}",  # hot experts beside the CPU's
+    "{class: experts, kwargs: {generate_device: cuda, backend: torch}}"],  # all on the GPU
+    ids=["hot", "all"])
+def test_clamped_experts_on_the_gpu_equal_transformers(models, monkeypatch, device, tmp_path,
+                                                       experts: str) -> None:
+    """V4's routed experts (MXFP4, clamped SwiGLU) on gpu_kernels' grouped launches, some
+    (`gpu_experts`, as `hybrid tune` writes them) or all: transformers' logits."""
+    from hybrid.model.loader import load_model
+    from hybrid.rules.inject import inject
+    from hybrid.rules.planner import find_rules, plan_model
+
+    text = find_rules("DeepSeek-V4").read_text()
+    assert EXPERTS_RULE in text
+    rules = tmp_path / "v4-gpu-experts.yaml"
+    rules.write_text(text.replace(EXPERTS_RULE, experts))
+    path = str(models.path("tiny-v4", "mxfp4_moe"))
+    model = inject(plan_model(path, str(rules), announce=False, **_gpu(monkeypatch, device)))
+    op = model.get_submodule("model.layers.1.mlp.experts")
+    assert op.swiglu_limit == 10.0 and (op.gpu_experts or op.on_device).kernels
+    prompt = PROMPTS[1]
+    with torch.inference_mode():
+        ours = model(input_ids=torch.tensor([prompt])).logits[0].cpu().double()
+        ref = load_model(path).model(input_ids=torch.tensor([prompt])).logits[0].double()
+    assert float((ours - ref).norm() / ref.norm()) <= 1e-4

@@ -84,6 +84,15 @@ def test_silu_mul(device) -> None:
     assert rel_err(silu_mul(gu), silu_mul_ref(gu)) < 1e-6
 
 
+@pytest.mark.parametrize("limit", [0.5, 1.0, 7.0])
+def test_silu_mul_clamps_gate_and_up(limit: float, device) -> None:
+    """DeepSeek-V4's clamped SwiGLU: gate clamped from above, up on both sides, before the
+    activation; many entries (x3 scale) pass the limit."""
+    gu = (3 * torch.randn(4, 2 * 1100)).to(device)
+    assert rel_err(silu_mul(gu, limit=limit), silu_mul_ref(gu, limit)) < 1e-6
+    assert rel_err(silu_mul(gu, limit=limit), silu_mul_ref(gu)) > 1e-2  # the clamp acted
+
+
 ROUTERS = [  # experts, top-k, sigmoid, groups, groups kept, normalize
     (64, 6, False, 1, 1, False),  # V2-Lite
     (256, 8, True, 8, 4, True),  # V3

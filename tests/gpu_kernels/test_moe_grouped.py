@@ -70,6 +70,24 @@ def test_matches_reference(gate_type: Q, down_type: Q, n: int, device: torch.dev
     assert rel_err(y, moe_experts_ref(x, ids, w, gate, up, down, experts)) < 2e-5
 
 
+@pytest.mark.parametrize("n", [3, 40])
+def test_clamped_swiglu(n: int, device: torch.device) -> None:
+    """DeepSeek-V4's experts clamp their SwiGLU (gate from above, up on both sides): the tiles
+    and the weights decoded once follow the reference's clamp; the limit is low enough (with
+    x at 4x scale) that it acts on many sums."""
+    experts, k, limit = 4, 2, 0.05
+    gate = stacked(Q.MXFP4, experts, INTER, H, 1, device)
+    up = stacked(Q.MXFP4, experts, INTER, H, 2, device)
+    down = stacked(Q.Q8_0, experts, H, INTER, 3, device)
+    ids, w = routing(n, k, experts, seed=n)
+    x = 4 * torch.randn(n, H, generator=torch.Generator().manual_seed(6))
+    ids, w, x = ids.to(device), w.to(device), x.to(device)
+    ref = moe_experts_ref(x, ids, w, gate, up, down, experts, limit)
+    assert rel_err(ref, moe_experts_ref(x, ids, w, gate, up, down, experts)) > 1e-2
+    assert rel_err(moe_experts(x, ids, w, (gate, up), down, experts, limit=limit), ref) < 2e-5
+    assert rel_err(moe_experts_dense(x, ids, w, (gate, up), down, experts, limit), ref) < 2e-3
+
+
 def test_fused_gate_up_and_left_out_experts(device: torch.device) -> None:
     """Gate and up as one [E * 2I, H] tensor (fused GGUF layout), on the tiles and on weights
     decoded once; pairs with a negative id (experts held elsewhere) add nothing."""

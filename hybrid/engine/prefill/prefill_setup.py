@@ -11,6 +11,7 @@ Calibration (CUDA only; a few hundred ms for V2-Lite shapes, a few seconds for V
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -68,6 +69,8 @@ def _why_not(layers: list[ExpertsOp], device: torch.device, kernels: bool) -> st
             return "the GPU kernels lack a type of the experts"
     if len({p.num_experts for op in layers for p in op.stream_parts}) != 1:
         return "MoE layers have different expert counts"
+    if any(op.swiglu_limit != math.inf for op in layers):
+        return "the experts clamp their SwiGLU (DeepSeek-V4), which the stream does not"
     return None
 
 
