@@ -13,6 +13,7 @@ import torch
 
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.sampling.sampling_params import SamplingParams
+from hybrid.synth.presets_v4 import TINY_V4
 
 _rng = np.random.default_rng(4)
 # past the 16-token window, the 4-token CSA windows and (the last two) the 128-token HCA one
@@ -124,3 +125,44 @@ def test_chat_through_the_server(models) -> None:
             SCHEMAS["get_time"]["properties"]["zone"]["enum"]
     finally:
         server.stop()
+
+
+def test_routing_recorded_tuned_and_the_hot_experts_keep_the_tokens(models, tmp_path) -> None:
+    """`hybrid profile` / `--record-routing` through transformers' forward: every token's
+    choices counted once per layer, prompt and decode apart; `hybrid tune` writes hot experts
+    from it (the GPU mapped onto the CPU); the tuned rules, in exact mode, serve transformers'
+    greedy tokens."""
+    from cli.main import main
+    from hybrid.engine.llm import LLM
+    from hybrid.rules.planner import plan_model, with_experts_mode
+    from hybrid.tuning.profile import RoutingProfile
+
+    path = str(models.path("tiny-v4", "q4_k_m"))
+    profile = tmp_path / "profile.json"
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "the history of Rome"}\n{"prompt": "a poem about the sea"}\n')
+    assert main(["profile", "--gguf-path", path, "--prompts", str(prompts), "--max-tokens", "5",
+                 "--out", str(profile)]) == 0
+    recorded = RoutingProfile.load(profile)
+    k = TINY_V4.num_experts_per_tok
+    assert recorded.decode_tokens == 2 * (5 - 1) and recorded.prefill_tokens > 0
+    assert recorded.layers == (0, 1, 2)
+    assert (recorded.decode.sum(1) == k * recorded.decode_tokens).all()
+    assert (recorded.prefill.sum(1) == k * recorded.prefill_tokens).all()
+    out = tmp_path / "tuned.yaml"
+    assert main(["tune", "--gguf-path", path, "--profile", str(profile), "--gpu-memory",
+                 "2GiB", "--cache-lens", "4096", "--device-map", "cuda=cpu", "--no-plots",
+                 "--out", str(out)]) == 0
+    tuned = plan_model(path, str(out), check_devices=False, announce=False).plan
+    held = [p.options["gpu_experts"] for n, p in tuned.placements.items()
+            if n.endswith("mlp.experts")]
+    assert len(held) == 3 and all(held)
+    exact = with_experts_mode(str(out), "exact", tmp_path)
+    llm = LLM(path, str(exact), device_map={"cuda": "cpu"},
+              engine_config=EngineConfig(chunk_size=64, max_batch_size=2))
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=0)
+    for prompt in PROMPTS[:2]:
+        got = llm.generate(prompt_token_ids=[prompt], sampling_params=params)[0].outputs[0]
+        want, logprobs = _reference(path, prompt)
+        assert got.token_ids == want[:8]
+        assert max(abs(a - b) for a, b in zip(got.logprobs, logprobs)) <= 1e-4

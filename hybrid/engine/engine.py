@@ -198,10 +198,6 @@ def _for_transformers_runner(config: EngineConfig) -> EngineConfig:
     own), cache_lens (the tokens admitted at once) DEFAULT_CACHE_LENS where left open."""
     from hybrid.model.kv_budget import DEFAULT_CACHE_LENS
 
-    if config.record_routing:
-        raise HybridError("--record-routing counts the routing of hybrid's own MoE step; "
-                          "this model runs through transformers' forward (DeepSeek-V4), "
-                          "which it does not hook yet")
     if config.prefix_cache:
         log.info("prefix cache off: this model runs through transformers' forward, each "
                  "request on a cache of its own")

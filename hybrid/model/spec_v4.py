@@ -68,6 +68,11 @@ class V4Spec:
     fused_gate_up_experts: bool = False  # the converter writes ffn_gate_exps and ffn_up_exps
 
     @property
+    def first_k_dense(self) -> int:
+        """Layers before the first MoE layer (ModelSpec's field): every V4 layer is MoE."""
+        return 0
+
+    @property
     def layer_types(self) -> list[str]:
         return [_LAYER_TYPES[r] for r in self.compress_ratios]
 

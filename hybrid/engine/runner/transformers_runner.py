@@ -4,7 +4,9 @@ ours yet (DeepSeek-V4: its sliding window with compressed keys, docs/model-files
 Each request keeps transformers' own cache (a DynamicCache of the model's config: for V4 the
 window and compressed rows of hybrid/model/v4_cache.py), and each step runs its chunks one
 after another through the whole model, each on its request's cache, a batch of one; the
-routed experts still run on hybrid's CPU kernels where the rules put them. The scheduler's
+routed experts still run on hybrid's CPU kernels where the rules put them. With
+`record_routing` a hook on each experts operator counts its layer's choices, prompt and decode
+tokens apart (what `hybrid profile` and `hybrid tune` read). The scheduler's
 pages only bound the tokens in flight (admission); there is no prefix cache, no CUDA graph,
 no layered prefill.
 
@@ -24,6 +26,7 @@ from torch import nn
 
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.scheduling.scheduler import ScheduledBatch
+from hybrid.engine.step.routing_recorder import DECODE, PREFILL, RoutingRecorder
 from hybrid.engine.step.step_result import StepResult
 from hybrid.errors import HybridError
 from hybrid.model.activations import CPU_CHUNK
@@ -45,7 +48,9 @@ class TransformersRunner:
         self.chunk_size = config.chunk_size or CPU_CHUNK
         self.decode_chunk_size = config.decode_chunk_size or self.chunk_size
         self.in_flight_chunk_size = self.decode_chunk_size
-        self.recorder = None  # routing counts hook our operators' steps: not recorded here
+        self.recorder = self._recorder(model) if config.record_routing else None
+        # the phase of the chunk in the model now (for the recorder); None: not counted
+        self._phase: int | None = PREFILL
         self.job = None  # no chunk ever passes the layers over several steps
         experts = [m for m in model.modules() if isinstance(m, ExpertsOp)]
         if any(op.defer_experts for op in experts):
@@ -54,6 +59,18 @@ class TransformersRunner:
                               "drop defer_experts from the rules")
         self._moe_layers = len(experts)
         self._caches: dict[int, _RequestCache] = {}  # id(request) -> its cache
+
+    def _recorder(self, model: nn.Module) -> RoutingRecorder:
+        """A RoutingRecorder fed by a hook on every experts operator: the ids it is called
+        with [N, K] are the layer's routing of the chunk running now."""
+        layers = [(i, layer.mlp.experts) for i, layer in enumerate(model.model.layers)
+                  if isinstance(getattr(layer.mlp, "experts", None), ExpertsOp)]
+        recorder = RoutingRecorder([i for i, _ in layers], model.config.n_routed_experts)
+        for i, op in layers:
+            op.register_forward_pre_hook(
+                lambda _m, args, i=i: self._phase is None
+                or recorder.add_phase(i, args[1], self._phase))
+        return recorder
 
     def on_stream(self):
         """The context of a step's device work: nothing to set (no stream of our own)."""
@@ -71,6 +88,8 @@ class TransformersRunner:
         row per sampling chunk, in order."""
         rows = []
         for chunk in batch.chunks:
+            # a decode feeds back a generated token; a chunk of prompt tokens is prefill
+            self._phase = DECODE if chunk.start >= chunk.request.num_prompt_tokens else PREFILL
             logits = self._advance(chunk.request, chunk.start, chunk.token_ids)  # [V]
             if chunk.samples:
                 rows.append(logits)
@@ -90,8 +109,10 @@ class TransformersRunner:
             held = self._caches[id(request)] = _RequestCache(
                 DynamicCache(config=self.model.config), 0)
             before = request.token_ids(0, start)
+            phase, self._phase = self._phase, None  # counted when they first ran
             for at in range(0, start, self.chunk_size):
                 self._forward(held, before[at:at + self.chunk_size])
+            self._phase = phase
         return self._forward(held, token_ids)
 
     def _forward(self, held: _RequestCache, token_ids: list[int]) -> torch.Tensor:

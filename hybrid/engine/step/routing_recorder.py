@@ -5,7 +5,8 @@ Recording is a few tensor ops per MoE layer on the ids the router already made (
 into a [2, L, E] table), with no host round trip, so it runs inside captured CUDA graphs and is
 cheap enough to leave on (`hybrid serve --record-routing`). Rows are told apart by the step's
 layout: the first `num_decodes` rows are decode tokens (one per running request), the rest are
-prompt tokens; a padded decode row of a graph (sequence length 0) is not counted.
+prompt tokens; a padded decode row of a graph (sequence length 0) is not counted. A runner
+that passes one chunk at a time (transformers_runner.py) tells the phase itself (`add_phase`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,19 @@ class RoutingRecorder:
         counts.view(-1).index_add_(0, flat.reshape(-1), valid.expand_as(ids).reshape(-1))
         if slot == 0:
             tokens.index_add_(0, phase, valid[:, 0])
+
+    def add_phase(self, layer: int, ids: torch.Tensor, phase: int) -> None:
+        """Count the choices `ids` [N, K] of model layer `layer`, every row a token of `phase`
+        (PREFILL or DECODE)."""
+        if layer not in self._slot:
+            return
+        counts, tokens = self._tables(ids.device)
+        slot = self._slot[layer]
+        flat = (phase * len(self.layer_ids) + slot) * self.num_experts + ids.clamp(
+            0, self.num_experts - 1)  # [N, K]
+        counts.view(-1).index_add_(0, flat.reshape(-1), torch.ones_like(flat).reshape(-1))
+        if slot == 0:
+            tokens[phase] += ids.shape[0]
 
     def _rows(self, fb: ForwardBatch, ids: torch.Tensor, fresh: bool
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
