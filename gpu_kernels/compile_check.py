@@ -161,7 +161,8 @@ def variants() -> Iterator[Variant]:
         yield Variant(f"silu_mul{' +int16 x' if qmax else ''}", fused._silu_mul_kernel,
                       {**_sig("gu_ptr y_ptr q_ptr qd_ptr qs_ptr I limit",
                               f"*fp32 *fp32 {qtype} *fp32 *fp32 i32 fp32"),
-                       "BI": "constexpr", "QMAX": "constexpr"}, {"BI": 1024, "QMAX": qmax})
+                       "BI": "constexpr", "QMAX": "constexpr", "CLAMP": "constexpr"},
+                      {"BI": 1024, "QMAX": qmax, "CLAMP": False})
     for e, k, groups in ((64, 6, 1), (256, 8, 8), (384, 8, 1)):
         be = 1 << (e - 1).bit_length()
         yield Variant(f"route E={e}", router._route_kernel,

@@ -140,14 +140,15 @@ def rope_cache(q: torch.Tensor, kv: torch.Tensor, positions: torch.Tensor,
 
 @triton.jit
 def _silu_mul_kernel(gu_ptr, y_ptr, q_ptr, qd_ptr, qs_ptr, I, limit, BI: tl.constexpr,
-                     QMAX: tl.constexpr):
+                     QMAX: tl.constexpr, CLAMP: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     i = tl.program_id(1) * BI + tl.arange(0, BI)
     m = i < I
     g = tl.load(gu_ptr + t * 2 * I + i, mask=m, other=0.0)
     u = tl.load(gu_ptr + t * 2 * I + I + i, mask=m, other=0.0)
-    g = tl.minimum(g, limit)  # limit inf: unchanged
-    u = tl.minimum(tl.maximum(u, -limit), limit)
+    if CLAMP:  # a compiled variant of its own: the unclamped one is unchanged
+        g = tl.minimum(g, limit)
+        u = tl.minimum(tl.maximum(u, -limit), limit)
     y = g / (1.0 + tl.exp(-g)) * u
     tl.store(y_ptr + t * I + i, y, mask=m)
     if QMAX > 0:
@@ -165,6 +166,8 @@ def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None,
     out = out if out is not None else torch.empty(t, i, dtype=torch.float32,
                                                   device=gate_up.device)
     q = xq or (out, out, out)
-    _silu_mul_kernel[(t, triton.cdiv(i, 1024))](gate_up, out, *q, i, float(limit), BI=1024,
+    clamp = limit != math.inf
+    _silu_mul_kernel[(t, triton.cdiv(i, 1024))](gate_up, out, *q, i, float(limit) if clamp
+                                                else 0.0, CLAMP=clamp, BI=1024,
                                                 QMAX=_qmax(xq, i), num_warps=4)
     return out
