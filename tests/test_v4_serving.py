@@ -166,3 +166,21 @@ def test_routing_recorded_tuned_and_the_hot_experts_keep_the_tokens(models, tmp_
         want, logprobs = _reference(path, prompt)
         assert got.token_ids == want[:8]
         assert max(abs(a - b) for a, b in zip(got.logprobs, logprobs)) <= 1e-4
+
+
+def test_a_rebuilt_cache_is_not_counted_again(models) -> None:
+    """With routing recorded, the tokens a lost cache replays were counted when they first
+    ran: the counts stay one per token and phase."""
+    from hybrid.engine.llm import LLM
+
+    path = str(models.path("tiny-v4", "f32"))
+    llm = LLM(path, None, engine_config=EngineConfig(chunk_size=64, max_batch_size=2,
+                                                     record_routing=True))
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    for i, _event in enumerate(llm.stream(PROMPTS[2], params)):
+        if i == 3:
+            llm.engine.runner._caches.clear()  # as after a failure
+    counts, tokens, layers = llm.engine.routing_counts()
+    assert tokens == [len(PROMPTS[2]), 8 - 1] and layers == [0, 1, 2]
+    k = TINY_V4.num_experts_per_tok
+    assert all(sum(row) == k * tokens[phase] for phase in (0, 1) for row in counts[phase])

@@ -66,10 +66,13 @@ class TransformersRunner:
         layers = [(i, layer.mlp.experts) for i, layer in enumerate(model.model.layers)
                   if isinstance(getattr(layer.mlp, "experts", None), ExpertsOp)]
         recorder = RoutingRecorder([i for i, _ in layers], model.config.n_routed_experts)
+
+        def count(layer: int, args: tuple) -> None:  # None: the operator's inputs unchanged
+            if self._phase is not None:
+                recorder.add_phase(layer, args[1], self._phase)
+
         for i, op in layers:
-            op.register_forward_pre_hook(
-                lambda _m, args, i=i: self._phase is None
-                or recorder.add_phase(i, args[1], self._phase))
+            op.register_forward_pre_hook(lambda _m, args, i=i: count(i, args))
         return recorder
 
     def on_stream(self):
