@@ -78,8 +78,8 @@ EXPERTS_RULE = ("{class: experts, kwargs: {generate_device: cpu, backend: cpu, m
 
 
 @pytest.mark.parametrize("experts", [
-    "{class: experts, kwargs: {generate_device: cpu, backend: cpu, mode: exact, "
-    "gpu_experts: [0, 3, 5], gpu_device: cuda}}",  # hot experts beside the CPU's
+    ("{class: experts, kwargs: {generate_device: cpu, backend: cpu, mode: exact, "
+     "gpu_experts: [0, 3, 5], gpu_device: cuda}}"),  # hot experts beside the CPU's
     "{class: experts, kwargs: {generate_device: cuda, backend: torch}}"],  # all on the GPU
     ids=["hot", "all"])
 def test_clamped_experts_on_the_gpu_equal_transformers(models, monkeypatch, device, tmp_path,
