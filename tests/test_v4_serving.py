@@ -184,3 +184,37 @@ def test_a_rebuilt_cache_is_not_counted_again(models) -> None:
     assert tokens == [len(PROMPTS[2]), 8 - 1] and layers == [0, 1, 2]
     k = TINY_V4.num_experts_per_tok
     assert all(sum(row) == k * tokens[phase] for phase in (0, 1) for row in counts[phase])
+
+
+def _streamed(llm, prompt: list[int], new: int) -> tuple[list[int], list[float], int]:
+    """(greedy tokens, their log-probabilities, the cached prompt tokens reported)."""
+    params = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
+    events = list(llm.stream(prompt, params))
+    return [e.token_id for e in events], [e.logprob for e in events], events[0].cached_tokens
+
+
+def test_a_next_turn_continues_from_the_stored_cache(models) -> None:
+    """The prefix cache of a model run through transformers' forward (whole caches,
+    engine/runner/cache_store.py): a prompt that begins with an earlier request's whole
+    sequence, or only with its prompt, computes the rest, reports the shared tokens as cached
+    and gives transformers' tokens; with the prefix cache off nothing is kept."""
+    from hybrid.engine.llm import LLM
+
+    path = str(models.path("tiny-v4", "f32"))
+    config = EngineConfig(chunk_size=64, max_batch_size=2)
+    llm = LLM(path, None, engine_config=config)
+    first = PROMPTS[3]  # 150 tokens: three chunks
+    tokens, _, cached = _streamed(llm, first, 6)
+    assert cached == 0
+    turn = first + tokens[:-1] + [5, 6, 7]  # all it held (its last token was never fed back)
+    other = first + [8, 9]  # its prompt only: the prompt's own entry
+    for prompt, shared in ((turn, len(first) + 5), (other, len(first))):
+        got, logprobs, cached = _streamed(llm, prompt, 8)
+        assert cached == shared
+        want, want_logprobs = _reference(path, prompt)
+        assert got == want[:8]
+        assert max(abs(a - b) for a, b in zip(logprobs, want_logprobs)) <= 1e-4
+    off = LLM(path, None, engine_config=EngineConfig(chunk_size=64, max_batch_size=2,
+                                                     prefix_cache=False))
+    _streamed(off, first, 2)
+    assert off.engine.runner.store is None and _streamed(off, other, 2)[2] == 0

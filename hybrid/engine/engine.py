@@ -54,6 +54,7 @@ class Engine:
         """loaded: a `hybrid.model.loader.LoadedModel` built with optimize rules; `progress`
         hears what start-up is doing (kernel warm-up, CUDA graph capture)."""
         v4 = isinstance(loaded.spec, V4Spec)  # transformers' attention: TransformersRunner
+        reuse_caches = config.prefix_cache  # V4's prefix cache: whole caches, in the runner
         config = _for_transformers_runner(config) if v4 else _with_cache_lens(config, loaded)
         self.config = config  # cache_lens chosen
         self.spec = loaded.spec
@@ -66,7 +67,7 @@ class Engine:
         # step that runs them (the kernels are then read from numba's cache)
         if v4:
             _waiter(loaded.compiling, progress)()  # its first step runs the CPU experts
-            self.runner = TransformersRunner(loaded.model, config)
+            self.runner = TransformersRunner(loaded.model, config, reuse_caches)
         else:
             self.runner = ModelRunner(loaded.model, config, self.scheduler.max_request_tokens,
                                       progress, _waiter(loaded.compiling, progress))
@@ -194,13 +195,11 @@ class Engine:
 
 
 def _for_transformers_runner(config: EngineConfig) -> EngineConfig:
-    """`config` as TransformersRunner runs it: no prefix cache (each request's cache is its
-    own), cache_lens (the tokens admitted at once) DEFAULT_CACHE_LENS where left open."""
+    """`config` as TransformersRunner runs it: no paged prefix cache in the scheduler (the
+    runner keeps whole caches instead), cache_lens (the tokens admitted at once)
+    DEFAULT_CACHE_LENS where left open."""
     from hybrid.model.kv_budget import DEFAULT_CACHE_LENS
 
-    if config.prefix_cache:
-        log.info("prefix cache off: this model runs through transformers' forward, each "
-                 "request on a cache of its own")
     return replace(config, prefix_cache=False,
                    cache_lens=config.cache_lens or DEFAULT_CACHE_LENS)
 

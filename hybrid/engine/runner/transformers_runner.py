@@ -7,24 +7,29 @@ after another through the whole model, each on its request's cache, a batch of o
 routed experts still run on hybrid's CPU kernels where the rules put them. With
 `record_routing` a hook on each experts operator counts its layer's choices, prompt and decode
 tokens apart (what `hybrid profile` and `hybrid tune` read). The scheduler's
-pages only bound the tokens in flight (admission); there is no prefix cache, no CUDA graph,
-no layered prefill.
+pages only bound the tokens in flight (admission); there is no CUDA graph and no layered
+prefill. The prefix cache is a store of whole caches (cache_store.py): one at the end of each
+prompt and one at the end of each request, a later request continuing from a copy of the
+longest whose tokens begin its prompt.
 
-Invariant: a request's cache holds exactly its first `length` tokens. A chunk that starts
-elsewhere (after a failed step left a cache part-way through a chunk, or with no cache yet)
-rebuilds the cache from the request's own tokens first, so a step that failed never leaves a
-later one computing on a wrong cache.
+Invariant: a request's cache holds exactly its first `length` tokens. A chunk that starts past
+it (a failed step left the cache behind, or there is none yet) rebuilds the cache from the
+store or from nothing and the request's own tokens first, so a step that failed never leaves a
+later one computing on a wrong cache; a chunk that starts before it (a prefix from the store)
+computes only its tokens past it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from hybrid.engine.config import EngineConfig
+from hybrid.engine.runner.cache_store import CacheStore
 from hybrid.engine.scheduling.scheduler import ScheduledBatch
 from hybrid.engine.step.routing_recorder import DECODE, PREFILL, RoutingRecorder
 from hybrid.engine.step.step_result import StepResult
@@ -40,8 +45,9 @@ class _RequestCache:
 
 
 class TransformersRunner:
-    def __init__(self, model: nn.Module, config: EngineConfig) -> None:
-        """model: transformers' CausalLM with its experts on our operator (rules applied)."""
+    def __init__(self, model: nn.Module, config: EngineConfig, reuse_caches: bool = True) -> None:
+        """model: transformers' CausalLM with its experts on our operator (rules applied);
+        `reuse_caches`: keep finished prompts' caches for later requests (the prefix cache)."""
         self.model = model.eval()
         embed = model.get_input_embeddings()  # where the token ids go: the step's device
         self.device = embed.device if hasattr(embed, "device") else embed.weight.device
@@ -59,6 +65,10 @@ class TransformersRunner:
                               "drop defer_experts from the rules")
         self._moe_layers = len(experts)
         self._caches: dict[int, _RequestCache] = {}  # id(request) -> its cache
+        # as many tokens as are admitted at once, in a few entries (each holds its layers'
+        # windows whatever its length)
+        self.store = CacheStore(max(8, 2 * config.max_batch_size), config.cache_lens) \
+            if reuse_caches and config.cache_lens else None
 
     def _recorder(self, model: nn.Module) -> RoutingRecorder:
         """A RoutingRecorder fed by a hook on every experts operator: the ids it is called
@@ -80,10 +90,12 @@ class TransformersRunner:
         return contextlib.nullcontext()
 
     def drop_job(self, request=None) -> None:
-        """Forget `request`'s cache (it ended, or was cancelled); with none, after a failed
-        step, every cache is kept: a chunk that finds its cache elsewhere rebuilds it."""
+        """Hand `request`'s cache to the store (it ended, or was cancelled); with none, after a
+        failed step, every cache is kept: a chunk that finds its cache behind rebuilds it."""
         if request is not None:
-            self._caches.pop(id(request), None)
+            held = self._caches.pop(id(request), None)
+            if held is not None and self.store is not None:
+                self.store.put(request.token_ids(0, held.length), held.cache)
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepResult:
@@ -93,7 +105,7 @@ class TransformersRunner:
         for chunk in batch.chunks:
             # a decode feeds back a generated token; a chunk of prompt tokens is prefill
             self._phase = DECODE if chunk.start >= chunk.request.num_prompt_tokens else PREFILL
-            logits = self._advance(chunk.request, chunk.start, chunk.token_ids)  # [V]
+            logits = self._advance(chunk.request, chunk.start, chunk.token_ids)  # [V] or None
             if chunk.samples:
                 rows.append(logits)
         vocab = self.model.config.vocab_size
@@ -102,21 +114,40 @@ class TransformersRunner:
         return StepResult(logits.float(), list(batch.chunks), None, 0,
                           self._moe_layers if batch.chunks else 0)
 
-    def _advance(self, request, start: int, token_ids: list[int]) -> torch.Tensor:
+    def _advance(self, request, start: int, token_ids: list[int]) -> torch.Tensor | None:
         """The request's cache grown by `token_ids` at position `start` -> the last token's
-        logits [V]."""
-        from transformers import DynamicCache
-
+        logits [V]; None where the cache held them all already (a stored prefix: never a
+        sampling chunk's, as a prompt's last token is always computed)."""
         held = self._caches.get(id(request))
-        if held is None or held.length != start:  # rebuild from the request's own tokens
-            held = self._caches[id(request)] = _RequestCache(
-                DynamicCache(config=self.model.config), 0)
-            before = request.token_ids(0, start)
+        if held is None or held.length < start:  # none yet, or lost: rebuild
+            held = self._caches[id(request)] = self._reused(request, start == 0)
+            before = request.token_ids(held.length, start)
             phase, self._phase = self._phase, None  # counted when they first ran
-            for at in range(0, start, self.chunk_size):
+            for at in range(0, len(before), self.chunk_size):
                 self._forward(held, before[at:at + self.chunk_size])
             self._phase = phase
-        return self._forward(held, token_ids)
+        skip = held.length - start  # this chunk's first tokens that the cache holds
+        logits = None if skip >= len(token_ids) else self._forward(held, token_ids[skip:])
+        end = start + len(token_ids)
+        if self.store is not None and end == request.num_prompt_tokens and skip < len(token_ids):
+            # the prompt's state: what a next turn repeats (its reply may be re-rendered)
+            self.store.put(request.prompt_ids, copy.deepcopy(held.cache))
+        return logits
+
+    def _reused(self, request, first: bool) -> _RequestCache:
+        """A cache to start `request` from: a copy of the store's longest prefix of its prompt
+        (all but the last prompt token at most: that one's logits are computed), else empty.
+        `first`: its first chunk (the prefix is reported as its cached tokens)."""
+        from transformers import DynamicCache
+
+        found = None if self.store is None else self.store.take(
+            request.prompt_ids, request.num_prompt_tokens - 1)
+        if found is None:
+            return _RequestCache(DynamicCache(config=self.model.config), 0)
+        cache, length = found
+        if first:
+            request.num_cached_tokens = length
+        return _RequestCache(cache, length)
 
     def _forward(self, held: _RequestCache, token_ids: list[int]) -> torch.Tensor:
         n = len(token_ids)
