@@ -218,3 +218,34 @@ def test_a_next_turn_continues_from_the_stored_cache(models) -> None:
                                                      prefix_cache=False))
     _streamed(off, first, 2)
     assert off.engine.runner.store is None and _streamed(off, other, 2)[2] == 0
+
+
+def test_a_failed_forward_leaves_nothing_to_reuse(models, monkeypatch) -> None:
+    """A forward that fails part-way (here in the second MoE layer) may leave the first
+    layers' caches a chunk ahead: the request fails, its cache is dropped, not stored, and the
+    same prompt then runs from scratch with transformers' tokens."""
+    from hybrid.engine.llm import LLM
+    from hybrid.errors import HybridError
+    from hybrid.ops.experts import ExpertsOp
+
+    path = str(models.path("tiny-v4", "f32"))
+    llm = LLM(path, None, engine_config=EngineConfig(chunk_size=64, max_batch_size=2))
+    op = llm.engine.runner.model.model.layers[1].mlp.experts
+    calls = {"n": 0}
+    real = ExpertsOp.forward
+
+    def flaky(self, *args):
+        if self is op:
+            calls["n"] += 1
+            if calls["n"] == 2:  # the second chunk of the prompt
+                raise RuntimeError("injected")
+        return real(self, *args)
+
+    monkeypatch.setattr(ExpertsOp, "forward", flaky)
+    prompt = PROMPTS[3]
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    with pytest.raises(HybridError, match="injected"):
+        list(llm.stream(prompt, params))
+    assert llm.engine.runner._caches == {} and len(llm.engine.runner.store) == 0
+    got, _, cached = _streamed(llm, prompt, 8)
+    assert cached == 0 and got == _reference(path, prompt)[0][:8]

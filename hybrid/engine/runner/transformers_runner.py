@@ -12,11 +12,11 @@ prefill. The prefix cache is a store of whole caches (cache_store.py): one at th
 prompt and one at the end of each request, a later request continuing from a copy of the
 longest whose tokens begin its prompt.
 
-Invariant: a request's cache holds exactly its first `length` tokens. A chunk that starts past
-it (a failed step left the cache behind, or there is none yet) rebuilds the cache from the
-store or from nothing and the request's own tokens first, so a step that failed never leaves a
-later one computing on a wrong cache; a chunk that starts before it (a prefix from the store)
-computes only its tokens past it.
+Invariant: a request's cache holds exactly its first `length` tokens. A chunk whose forward
+fails drops its request's cache (some layers may hold part of the chunk), so it is neither
+reused nor stored. A chunk that starts past its cache (there is none yet, or it was dropped)
+rebuilds it from the store or from nothing and the request's own tokens first; a chunk that
+starts before its end (a prefix from the store) computes only its tokens past it.
 """
 
 from __future__ import annotations
@@ -105,7 +105,12 @@ class TransformersRunner:
         for chunk in batch.chunks:
             # a decode feeds back a generated token; a chunk of prompt tokens is prefill
             self._phase = DECODE if chunk.start >= chunk.request.num_prompt_tokens else PREFILL
-            logits = self._advance(chunk.request, chunk.start, chunk.token_ids)  # [V] or None
+            try:
+                logits = self._advance(chunk.request, chunk.start, chunk.token_ids)  # [V]/None
+            except BaseException:
+                # some layers may hold part of the chunk: never reused, never stored
+                self._caches.pop(id(chunk.request), None)
+                raise
             if chunk.samples:
                 rows.append(logits)
         vocab = self.model.config.vocab_size
