@@ -49,6 +49,23 @@ def silu_mul_ref(gate_up: torch.Tensor, limit: float = math.inf) -> torch.Tensor
     return torch.nn.functional.silu(g) * u
 
 
+def hc_weights_ref(mix: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, n: int,
+                   iters: int, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DeepSeek-V4's hyper-connection weights (gpu_kernels/hyper_connection.py's contract), as
+    transformers' DeepseekV4HyperConnection computes them: mix [T, (2 + n) n] -> (pre [T, n],
+    post [T, n], comb [T, n, n])."""
+    pre_w, post_w, comb_w = mix.split([n, n, n * n], dim=-1)
+    pre_b, post_b, comb_b = base.split([n, n, n * n])
+    pre = torch.sigmoid(pre_w * scale[0] + pre_b) + eps
+    post = 2 * torch.sigmoid(post_w * scale[1] + post_b)
+    comb = torch.softmax(comb_w.view(-1, n, n) * scale[2] + comb_b.view(n, n), dim=-1) + eps
+    comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    for _ in range(iters - 1):
+        comb = comb / (comb.sum(dim=-1, keepdim=True) + eps)
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    return pre, post, comb
+
+
 def route_ref(logits: torch.Tensor, bias: torch.Tensor | None, top_k: int, sigmoid: bool,
               n_group: int, topk_group: int, norm_topk_prob: bool, scale: float
               ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -85,6 +85,9 @@ _SPECS = [
     OperatorSpec("grouped_linear", "a block-diagonal linear layer, one block of rows a group "
                  "(DeepSeek-V4's grouped output projection)", ("GroupedLinear",),
                  {**_devices(), **_weights(), **_product_options()}),
+    OperatorSpec("hyper_connection", "DeepSeek-V4's hyper-connection: the residual streams' "
+                 "collapse, expansion and Sinkhorn mixing weights", ("HyperConnection",),
+                 _devices(), default_weight_format="f32"),
     OperatorSpec("lm_head", "the output projection to the vocabulary", ("Linear",),
                  {**_devices(), **_weights(), **_product_options()}),
     OperatorSpec("mla_attention", "MLA attention, absorbed form over a latent KV cache",

@@ -24,13 +24,14 @@ if TYPE_CHECKING:
 def _builders() -> dict[str, Callable[[BuildContext], nn.Module]]:
     from hybrid.ops.experts import ExpertsOp
     from hybrid.ops.gate import GateOp
+    from hybrid.ops.hyper_connection import HyperConnectionOp
     from hybrid.ops.layers import EmbeddingOp, GroupedLinearOp, LinearOp, MLPOp, RMSNormOp
     from hybrid.ops.mla_attention import MLAAttentionOp
     from hybrid.ops.rotary import RotaryOp
 
     return {"embedding": EmbeddingOp, "rmsnorm": RMSNormOp, "rotary": RotaryOp,
             "linear": LinearOp, "grouped_linear": GroupedLinearOp, "lm_head": LinearOp,
-            "mlp": MLPOp, "gate": GateOp,
+            "mlp": MLPOp, "gate": GateOp, "hyper_connection": HyperConnectionOp,
             "experts": ExpertsOp, "mla_attention": MLAAttentionOp}
 
 

@@ -9,6 +9,7 @@ import torch
 
 from gpu_kernels.embedding import embedding
 from gpu_kernels.fused import add_rmsnorm, rope_cache, silu_mul
+from gpu_kernels.hyper_connection import hc_weights
 from gpu_kernels.mla_decode import choose_splits
 from gpu_kernels.mla_index import sparse_mla_decode
 from gpu_kernels.mla_prefill_expanded import mla_prefill_expanded
@@ -76,6 +77,9 @@ class GpuKernels(TorchKernels):
                                  spec.scoring_func == "sigmoid", spec.n_group, spec.topk_group,
                                  spec.norm_topk_prob, spec.routed_scaling_factor)
         return logits, weights, ids
+
+    def hc_weights(self, mix, base, scale, n, iters, eps):
+        return hc_weights(mix, base, scale, n, iters, eps)
 
     def router_matrix(self, weight):
         return GpuQuant(F32, weight.shape[0], weight.shape[1], (weight,))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from gpu_kernels.reference import rope_cache_ref, route_ref
+from gpu_kernels.reference import hc_weights_ref, rope_cache_ref, route_ref
 from hybrid.ops.mla_indexer import (
     index_keys,
     index_scores,
@@ -103,6 +103,12 @@ class TorchKernels:
                                  spec.scoring_func == "sigmoid", spec.n_group, spec.topk_group,
                                  spec.norm_topk_prob, spec.routed_scaling_factor)
         return logits, weights, ids
+
+    def hc_weights(self, mix: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, n: int,
+                   iters: int, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """DeepSeek-V4's hyper-connection weights: mix [T, (2 + n) n] f32 -> (pre [T, n],
+        post [T, n], comb [T, n, n]) (gpu_kernels.hyper_connection's contract)."""
+        return hc_weights_ref(mix, base, scale, n, iters, eps)
 
     def router_matrix(self, weight: torch.Tensor) -> object | None:
         """The router's weight as the products read it (None: torch reads it as it is)."""
