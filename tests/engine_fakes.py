@@ -30,6 +30,10 @@ class FakeEngine:
     def has_work(self) -> bool:
         return self.scheduler.has_work
 
+    @property
+    def cached_prompt_tokens(self) -> int:
+        return self.scheduler.num_cached_tokens
+
     def add(self, request: Request) -> None:
         self.scheduler.add(request)
 

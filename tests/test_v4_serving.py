@@ -214,6 +214,7 @@ def test_a_next_turn_continues_from_the_stored_cache(models) -> None:
         want, want_logprobs = _reference(path, prompt)
         assert got == want[:8]
         assert max(abs(a - b) for a, b in zip(logprobs, want_logprobs)) <= 1e-4
+    assert llm.worker.stats().num_cached_prompt_tokens == 2 * len(first) + 5  # /health's count
     off = LLM(path, None, engine_config=EngineConfig(chunk_size=64, max_batch_size=2,
                                                      prefix_cache=False))
     _streamed(off, first, 2)

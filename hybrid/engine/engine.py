@@ -85,6 +85,12 @@ class Engine:
         CPU ("cpu")."""
         return self._expert_layers
 
+    @property
+    def cached_prompt_tokens(self) -> int:
+        """Prompt tokens admitted with their KV already cached: the scheduler's paged prefix
+        cache, or the whole caches a transformers-forward runner reuses (DeepSeek-V4)."""
+        return self.scheduler.num_cached_tokens + getattr(self.runner, "cached_tokens", 0)
+
     def routing_counts(self) -> tuple[list, list[int], list[int]] | None:
         """(counts [phase][layer][expert], tokens [phase], the layers' model indices) of the
         expert choices so far (phase 0: prompt tokens, 1: decode); None unless

@@ -124,7 +124,7 @@ class EngineWorker:
                 c["cancelled_waiting"], c["failed"], c["tokens"], c["steps"], c["max_running"],
                 c["max_batch_requests"], c["prompt_tokens"], s.num_pages_held,
                 s.pages.num_pages, s.pages.page_size,
-                s.cache.num_pages if s.cache is not None else 0, s.num_cached_tokens,
+                s.cache.num_pages if s.cache is not None else 0, self.engine.cached_prompt_tokens,
                 layers["stream"], layers["cpu"])
 
     @property

@@ -65,6 +65,7 @@ class TransformersRunner:
                               "drop defer_experts from the rules")
         self._moe_layers = len(experts)
         self._caches: dict[int, _RequestCache] = {}  # id(request) -> its cache
+        self.cached_tokens = 0  # prompt tokens that requests took from the store
         # as many tokens as are admitted at once, in a few entries (each holds its layers'
         # windows whatever its length)
         self.store = CacheStore(max(8, 2 * config.max_batch_size), config.cache_lens) \
@@ -152,6 +153,7 @@ class TransformersRunner:
         cache, length = found
         if first:
             request.num_cached_tokens = length
+            self.cached_tokens += length
         return _RequestCache(cache, length)
 
     def _forward(self, held: _RequestCache, token_ids: list[int]) -> torch.Tensor:
