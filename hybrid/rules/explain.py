@@ -288,7 +288,9 @@ def render_table(exp: Explanation, header: str) -> str:
             lines.append(f"KV cache on {dev}: {gib(exp.devices[dev].kv_cache)} for one request "
                          f"of {exp.cache_lens:,} tokens: its compressed rows, {per_token:,} bytes "
                          f"per token, beside its sliding windows and the compressors' open "
-                         f"windows (f32, as transformers' V4 attention keeps them)")
+                         f"windows (f32, as transformers' V4 attention keeps them); the prefix "
+                         f"cache may hold about as much again in finished prompts' caches "
+                         f"(--no-prefix-cache: none)")
             continue
         lines.append(f"KV cache: {per_token:,} bytes per token on {dev}, {exp.cache_lens:,} tokens")
         if dev in exp.serve_cache_lens:
