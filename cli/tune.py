@@ -85,7 +85,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def _add_tune_parser(sub: argparse._SubParsersAction) -> None:
     from dataclasses import fields
 
-    from hybrid.tuning.tune import TuneOptions
+    from hybrid.tuning.results import TuneOptions
 
     d = {f.name: f.default for f in fields(TuneOptions)}
     p = sub.add_parser("tune", help="place the experts a routing profile uses most on the GPU, "

@@ -313,7 +313,7 @@ def test_a_budget_that_holds_no_expert_fails_at_once(skewed, capsys) -> None:
 def test_a_negative_cost_per_gb_is_flagged_not_printed_as_a_model(skewed) -> None:
     from hybrid.tuning.predict import DecodeModel
     from hybrid.tuning.report import summary
-    from hybrid.tuning.tune import TuneResult
+    from hybrid.tuning.results import TuneResult
 
     noise = DecodeModel.fit([(0.6e9, 26, 30.0), (0.3e9, 26, 34.0)])
     assert noise.is_noise and not DecodeModel.fit([(0.6e9, 26, 34.0), (0.3e9, 26, 30.0)]).is_noise

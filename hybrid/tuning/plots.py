@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from hybrid.tuning.planner import hit_rate, hot_experts
-from hybrid.tuning.tune import TuneResult
+from hybrid.tuning.results import TuneResult
 
 
 def write_plots(result: TuneResult, out_prefix: Path, batch: int = 1) -> list[Path]:

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from hybrid.tuning.tune import TuneResult, variants_folder
+from hybrid.tuning.results import TuneResult, variants_folder
 
 
 def _tok_s(ms: float | None, batch: int) -> str:
