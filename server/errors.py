@@ -32,11 +32,14 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
                           "code": self.code}}
 
+    def body_for(self, path: str) -> dict:
+        """The body for a request to `path`: Ollama's shape under /api/, else OpenAI's."""
+        return {"error": self.message} if is_ollama_path(path) else self.body()
+
     def response(self, path: str = "") -> JSONResponse:
         """The error for a request to `path` (Ollama's shape under /api/)."""
         headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
-        body = {"error": self.message} if is_ollama_path(path) else self.body()
-        return JSONResponse(body, status_code=self.status, headers=headers)
+        return JSONResponse(self.body_for(path), status_code=self.status, headers=headers)
 
 
 def is_ollama_path(path: str) -> bool:

@@ -50,23 +50,29 @@ class UnexpectedErrorMiddleware:
                 await err.response(scope["path"])(scope, receive, send)
 
 
+def api_key_refusal(given: bytes | None, api_key: str) -> APIError | None:
+    """The 401 for an `Authorization` header value (None: absent) that does not carry
+    `Bearer <api_key>`; None where it does."""
+    if given is None:
+        return APIError(401, "missing API key: send the header 'Authorization: Bearer <key>'",
+                        code="invalid_api_key")
+    if not hmac.compare_digest(given, f"Bearer {api_key}".encode()):  # constant time
+        return APIError(401, "incorrect API key provided", code="invalid_api_key")
+    return None
+
+
 class APIKeyMiddleware:
     """Every route but /health needs `Authorization: Bearer <key>`."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.api_key = api_key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             return await self.app(scope, receive, send)
-        given = dict(scope["headers"]).get(b"authorization")
-        if given is None:
-            err = APIError(401, "missing API key: send the header 'Authorization: Bearer <key>'",
-                           code="invalid_api_key")
-        elif not hmac.compare_digest(given, self.expected):  # constant time: no key guessing
-            err = APIError(401, "incorrect API key provided", code="invalid_api_key")
-        else:
+        err = api_key_refusal(dict(scope["headers"]).get(b"authorization"), self.api_key)
+        if err is None:
             return await self.app(scope, receive, send)
         await err.response(scope["path"])(scope, receive, send)
 

@@ -27,9 +27,11 @@ import ray
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from server.config import ServerConfig
+from server.errors import APIError
+from server.middleware import api_key_refusal
 from server.replicas.asgi_call import HttpCall, ResponseStart, run_asgi
 from server.replicas.metrics_merge import merge
 from server.replicas.router import AffinityRouter
@@ -108,12 +110,11 @@ class Ingress:
 
     async def __call__(self, request: Request) -> Response:
         if request.url.path == "/metrics" and request.method == "GET":
-            if self.api_key and request.headers.get("authorization") != f"Bearer {self.api_key}":
-                return JSONResponse({"error": {"message": "a valid API key is required: send "
-                                               "'Authorization: Bearer KEY'",
-                                               "type": "invalid_request_error", "param": None,
-                                               "code": "invalid_api_key"}},
-                                    status_code=401, headers={"WWW-Authenticate": "Bearer"})
+            given = request.headers.get("authorization")
+            err = self.api_key and api_key_refusal(
+                None if given is None else given.encode("latin-1"), self.api_key)
+            if err:
+                return err.response(request.url.path)
             text = await self.board.merged.remote()
             return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
         call = await HttpCall.of(request)
@@ -139,20 +140,18 @@ class Ingress:
             except Exception as e:  # noqa: BLE001 - the replica died mid-stream
                 log.warning("a replica failed mid-response on %s: %s", call.path, e)
                 if sse:
-                    yield b"data: " + json.dumps(_lost_body(call.path)).encode() + b"\n\n"
+                    yield b"data: " + json.dumps(_LOST.body_for(call.path)).encode() + b"\n\n"
         return StreamingResponse(body(), status_code=start.status, headers=headers)
 
 
-def _lost_body(path: str) -> dict:
-    message = "the replica serving this request stopped; retry it (the others still serve)"
-    if path.startswith("/api/"):
-        return {"error": message}
-    return {"error": {"message": message, "type": "server_error", "param": None,
-                      "code": "replica_lost"}}
+_LOST = APIError(503, "the replica serving this request stopped; retry it (the others still "
+                 "serve)", type="server_error", code="replica_lost")
 
 
-def _replica_lost(path: str) -> JSONResponse:
-    return JSONResponse(_lost_body(path), status_code=503, headers={"Retry-After": "1"})
+def _replica_lost(path: str) -> Response:
+    response = _LOST.response(path)
+    response.headers["Retry-After"] = "1"
+    return response
 
 
 def build_app(config: ServerConfig, replicas: int, gpus: float, cpus: float,
