@@ -44,15 +44,15 @@ def tune(opts: TuneOptions, status: Callable[[str], None] = lambda s: None) -> T
     spec, plan = planned.spec, planned.plan
     profile = RoutingProfile.load(opts.profile)
     _check_profile(profile, spec, opts.profile)
-    if isinstance(opts.gpu_memory, dict):
-        return _tune_over_gpus(opts, planned, profile, status)
-    device = parse_device(opts.gpu_device)
-    exp = explain(plan, spec, opts.cache_lens, opts.gpu_memory, None)
-    free = free_gpu_bytes(exp, device)
     sizes = expert_bytes(plan, spec.num_experts)
     if not sizes.cpu_layers:
         raise HybridError(f"{planned.rules_path.name} runs no routed experts on the CPU: "
                           "nothing to tune (start from a rule file with CPU experts)")
+    if isinstance(opts.gpu_memory, dict):
+        return _tune_over_gpus(opts, planned, profile, sizes, status)
+    device = parse_device(opts.gpu_device)
+    exp = explain(plan, spec, opts.cache_lens, opts.gpu_memory, None)
+    free = free_gpu_bytes(exp, device)
     freq = profile.frequencies(opts.phase)
     layers = profile.layers
     hot = hot_experts(freq, layers, sizes, free, opts.batch)
@@ -65,10 +65,7 @@ def tune(opts: TuneOptions, status: Callable[[str], None] = lambda s: None) -> T
             f"(hybrid rules explain shows the budget)")
 
     def candidate(name: str, on_gpu: dict[int, list[int]]) -> Placement:
-        nbytes = sum(sizes.per_layer[layer] * len(ids) for layer, ids in on_gpu.items())
-        return Placement(name, nbytes, hit_rate(freq, layers, on_gpu),
-                         cpu_bytes_per_step(freq, layers, sizes, on_gpu, opts.batch),
-                         cpu_layers_per_step(layers, sizes, on_gpu, spec.num_experts))
+        return _candidate(name, on_gpu, freq, layers, sizes, opts.batch, spec.num_experts)
 
     note = (f"hybrid tune: {profile.model}'s experts most used ({opts.phase} tokens, batch "
             f"{opts.batch}) on {device}, {sum(map(len, hot.values()))} experts in "
@@ -114,7 +111,16 @@ def tune(opts: TuneOptions, status: Callable[[str], None] = lambda s: None) -> T
     return result
 
 
-def _tune_over_gpus(opts: TuneOptions, planned, profile: RoutingProfile,
+def _candidate(name: str, on_gpu: dict[int, list[int]], freq, layers: tuple[int, ...],
+               sizes, batch: int, num_experts: int) -> Placement:
+    """A placement of `on_gpu` (layer -> expert ids held on a GPU) and what it predicts."""
+    nbytes = sum(sizes.per_layer[layer] * len(ids) for layer, ids in on_gpu.items())
+    return Placement(name, nbytes, hit_rate(freq, layers, on_gpu),
+                     cpu_bytes_per_step(freq, layers, sizes, on_gpu, batch),
+                     cpu_layers_per_step(layers, sizes, on_gpu, num_experts))
+
+
+def _tune_over_gpus(opts: TuneOptions, planned, profile: RoutingProfile, sizes,
                     status: Callable[[str], None]) -> TuneResult:
     """Several GPUs' budgets: the hot experts spread over what each has left
     (planner.spread_hot_experts), one rule file; the comparisons and --measure are the one-GPU
@@ -127,10 +133,6 @@ def _tune_over_gpus(opts: TuneOptions, planned, profile: RoutingProfile,
     spec, plan = planned.spec, planned.plan
     exp = explain(plan, spec, opts.cache_lens, opts.gpu_memory, None)
     free = {d: free_gpu_bytes(exp, d) for d in opts.gpu_memory}
-    sizes = expert_bytes(plan, spec.num_experts)
-    if not sizes.cpu_layers:
-        raise HybridError(f"{planned.rules_path.name} runs no routed experts on the CPU: "
-                          "nothing to tune (start from a rule file with CPU experts)")
     home = {}
     for layer in sizes.cpu_layers:
         attention = plan.placements.get(f"model.layers.{layer}.self_attn")
@@ -153,12 +155,9 @@ def _tune_over_gpus(opts: TuneOptions, planned, profile: RoutingProfile,
     result = TuneResult(rules, sum(free.values()), layers, freq, hot, sizes, read_gbs,
                         devices=devices)
     for name, on_gpu in (("none on the GPUs", {}), (f"hot experts on {len(free)} GPUs", hot)):
-        nbytes = sum(sizes.per_layer[layer] * len(ids) for layer, ids in on_gpu.items())
-        result.placements.append(Placement(
-            name, nbytes, hit_rate(freq, layers, on_gpu),
-            cpu_bytes_per_step(freq, layers, sizes, on_gpu, opts.batch),
-            cpu_layers_per_step(layers, sizes, on_gpu, spec.num_experts),
-            rules=rules if on_gpu else None))
+        c = _candidate(name, on_gpu, freq, layers, sizes, opts.batch, spec.num_experts)
+        c.rules = rules if on_gpu else None
+        result.placements.append(c)
     return result
 
 
