@@ -49,8 +49,13 @@ def default_rules_name(spec: ModelSpec) -> str:
     import torch
 
     if not torch.cuda.is_available():
-        return V4_CPU_RULES if isinstance(spec, V4Spec) else "cpu.yaml"
+        return cpu_rules_name(spec)
     return family_gpu_rules_name(spec)
+
+
+def cpu_rules_name(spec: ModelSpec) -> str:
+    """The bundled rules that run this model on the CPU alone."""
+    return V4_CPU_RULES if isinstance(spec, V4Spec) else "cpu.yaml"
 
 
 def family_gpu_rules_name(spec: ModelSpec) -> str:
@@ -143,7 +148,7 @@ def plan_model(gguf_path: str, rules: str | None, device_map: Mapping[str, str] 
     model = build_meta_model(spec)
     plan = build_plan(model, spec, gguf, load_rules(path), str(path), device_map)
     if check_devices:
-        cpu_rules = V4_CPU_RULES if isinstance(spec, V4Spec) else "cpu.yaml"
+        cpu_rules = cpu_rules_name(spec)
         for place in plan.placements.values():
             devices = [place.generate_device, place.prefill_device]
             if place.options.get("gpu_experts"):
