@@ -8,9 +8,8 @@ iterations):
     comb = softmax_rows(mix[2n:] * scale[2] + base[2n:]) + eps, then columns, then
            (rows, columns) iters - 1 more times normalized to sum 1 (+ eps)   [T, n, n]
 
-In torch these are most of the 149 ops transformers' module dispatches a call (two calls a
-layer), the Sinkhorn loop most of them; here one program per token keeps the n x n matrix in
-registers. `hc_weights_ref`
+In torch the Sinkhorn loop alone is two launches an iteration; here one program per token keeps
+the n x n matrix in registers for the whole loop. `hc_weights_ref`
 (transformers' DeepseekV4HyperConnection arithmetic) defines the result.
 """
 

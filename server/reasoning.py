@@ -107,10 +107,6 @@ class ThinkSetup:
     in_think: bool
     tag_text: dict[int, str] = field(default_factory=dict)  # control tag id -> its text
 
-    @classmethod
-    def for_tokenizer(cls, tokenizer: Any, in_think: bool) -> ThinkSetup:
-        return cls(in_think, think_tags(tokenizer))
-
     def parser(self) -> ReasoningParser:
         return ReasoningParser(self.in_think)
 

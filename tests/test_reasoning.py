@@ -15,6 +15,7 @@ from server.reasoning import (
     is_thinking_template,
     opens_think,
     parse_whole,
+    think_tags,
 )
 
 # (output, starts inside the think block, want reasoning, want answer)
@@ -87,7 +88,7 @@ def _events(texts: list[tuple[int, str]]) -> list[TokenOutput]:
 def test_control_tag_tokens_are_put_back_and_split_whole_and_streamed() -> None:
     # The detokenizer skips control tokens: "</think>" arrives as id 2 with empty text.
     events = _events([(0, "why"), (0, " so"), (2, ""), (3, "\n\nbecause"), (3, ".")])
-    think = ThinkSetup.for_tokenizer(_Tok(), in_think=True)
+    think = ThinkSetup(True, think_tags(_Tok()))
     assert think.tag_text == {1: "<think>", 2: "</think>"}
     fmt = ChatFormat("id", "m", _Tok(), logprobs=False, think=think)
     whole = fmt.new_choice()
@@ -102,7 +103,7 @@ def test_control_tag_tokens_are_put_back_and_split_whole_and_streamed() -> None:
 
 
 def test_no_think_block_means_no_reasoning_field() -> None:
-    fmt = ChatFormat("id", "m", _Tok(), logprobs=False, think=ThinkSetup.for_tokenizer(_Tok(), False))
+    fmt = ChatFormat("id", "m", _Tok(), logprobs=False, think=ThinkSetup(False, think_tags(_Tok())))
     choice = fmt.new_choice()
     for e in _events([(0, "plain"), (3, " answer")]):
         choice.add(e)

@@ -1,9 +1,9 @@
 """DeepSeek-V4's manifold-constrained hyper-connection (transformers'
 DeepseekV4HyperConnection) as an operator, with its contract: the residual's `n` streams
 [..., n, D] -> (post [..., n], comb [..., n, n], the block's input collapsed from the streams
-[..., D]). Its weights are fp32 on its device; the Sinkhorn-normalized weights come from the
-kernel set (gpu_kernels/hyper_connection.py on CUDA). A call dispatches 19 torch ops and that
-launch, where transformers' module dispatches 149 (docs/model-files.md)."""
+[..., D]). Its weights are fp32 on its device; the streams' norm is transformers' own
+(parameter-free) module; the Sinkhorn-normalized weights come from the kernel set
+(gpu_kernels/hyper_connection.py on CUDA: one launch for the whole loop)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class HyperConnectionOp(nn.Module):
         self.kernels = kernels_for(self.device)
         m = ctx.module
         self.n, self.iters, self.eps = m.hc_mult, m.hc_sinkhorn_iters, m.hc_eps
-        self.norm_eps = m.input_norm.eps
+        self.input_norm = m.input_norm  # DeepseekV4UnweightedRMSNorm: no weights
         self.fn = ctx.weight("fn", "f32").get()  # [(2 + n) n, n D]
         self.base = ctx.weight("base", "f32").get()  # [(2 + n) n]
         self.scale = ctx.weight("scale", "f32").get()  # [3]: pre's, post's, comb's
@@ -31,8 +31,7 @@ class HyperConnectionOp(nn.Module):
         x = streams.to(self.device)  # [..., n, D]
         lead, d = x.shape[:-2], x.shape[-1]
         flat = x.reshape(-1, self.n * d).float()  # [T, n D]
-        normed = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + self.norm_eps)
-        mix = F.linear(normed, self.fn)  # [T, (2 + n) n]
+        mix = F.linear(self.input_norm(flat), self.fn)  # [T, (2 + n) n]
         pre, post, comb = self.kernels.hc_weights(mix, self.base, self.scale, self.n,
                                                   self.iters, self.eps)
         collapsed = (pre.unsqueeze(-1) * x.reshape(-1, self.n, d)).sum(1)  # [T, D]
