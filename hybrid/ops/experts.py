@@ -137,6 +137,11 @@ class ExpertsOp(nn.Module):
         return self.backend == "cpu"
 
     @property
+    def held_device(self) -> torch.device | None:
+        """The device of the experts `gpu_experts` holds (None: none held)."""
+        return None if self.gpu_experts is None else self.gpu_experts.device
+
+    @property
     def device_only(self) -> bool:
         """Every expert on one device in gpu_kernels' grouped launches (forward makes no host
         round trip and no data-dependent shape: a CUDA graph can hold it)."""
@@ -158,6 +163,11 @@ class ExpertsOp(nn.Module):
                  ) -> torch.Tensor:
         """The held experts' share of the layer's output [N, H] f32 on hidden's device, from
         hand_off's weights; runs on gpu_device while the host computes the rest."""
+        held = self.gpu_experts.device
+        if held != hidden.device and held.type == "cuda":  # its kernels launch on their GPU
+            with torch.cuda.device(held):
+                out = self.gpu_experts(hidden, ids, held_weights)
+            return out.to(hidden.device, torch.float32)
         return self.gpu_experts(hidden, ids, held_weights).to(hidden.device, torch.float32)
 
     def run_host(self, x: np.ndarray, ids: np.ndarray, weights: np.ndarray,

@@ -40,16 +40,20 @@ class DecodeGraphs:
         self.form = WholeStepGraphs(program, device, progress) if whole_step \
             else PiecewiseGraphs(program)
         self.sizes = bucket_sizes(max_batch_size)
-        pool = torch.cuda.graph_pool_handle()
+        devices = program.devices if program.spans_devices else [device]
+        # a pool per GPU (a model over several captures a graph per piece on each)
+        pools = {d: torch.cuda.graph_pool_handle() for d in devices}
         self._buckets: dict[int, tuple[StaticStep, object]] = {}
         for i, b in enumerate(sorted(self.sizes, reverse=True)):
             if progress is not None:
                 progress(f"capturing decode graphs: batch {b} ({i + 1}/{len(self.sizes)})")
             static = StaticStep(b, page_size, max_pages, cache, device, attention)
             program.run(static.state)  # warm-up: compiles every kernel of this shape
-            torch.cuda.synchronize(device)
-            self._buckets[b] = (static, self.form.capture(static.state, pool))
-            torch.cuda.synchronize(device)
+            _synchronize(devices)
+            captured = self.form.capture(static.state, pools if program.spans_devices
+                                         else pools[device])
+            self._buckets[b] = (static, captured)
+            _synchronize(devices)
 
     @property
     def max_batch(self) -> int:
@@ -73,3 +77,8 @@ class DecodeGraphs:
         static.load(chunks)
         self.form.replay(graphs, static.state, beside)
         return static.state.logits[:b]
+
+
+def _synchronize(devices: list[torch.device]) -> None:
+    for d in devices:
+        torch.cuda.synchronize(d)

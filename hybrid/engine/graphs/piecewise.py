@@ -1,6 +1,11 @@
 """The "layers" form: each device piece of the DecoderProgram (the stretch between two MoE
 layers' hand-overs) is a graph, and each host piece (the CPU experts) runs between two replays,
-on the step's real rows only. Host work is never captured."""
+on the step's real rows only. Host work is never captured.
+
+A model over several GPUs takes this form: each piece is captured on its own GPU (into that
+GPU's pool) and replays on that GPU's current stream; a host piece's `cross` moves the step to
+the next piece's GPU between two replays (it runs at capture too: the next graph reads what it
+wrote)."""
 
 from __future__ import annotations
 
@@ -14,17 +19,23 @@ class PiecewiseGraphs:
     def __init__(self, program: DecoderProgram) -> None:
         self.program = program
 
-    def capture(self, state: StepState, pool) -> list[torch.cuda.CUDAGraph | None]:
-        """-> a graph per device piece, None for host pieces (the kernels already compiled)."""
+    def capture(self, state: StepState, pools) -> list[torch.cuda.CUDAGraph | None]:
+        """pools: the graph memory pool, or one per device (a model over several GPUs) -> a
+        graph per device piece, None for host pieces (the kernels already compiled)."""
         graphs = []
         for piece in self.program.pieces:
             if not piece.on_device:
+                if piece.cross is not None:
+                    piece.cross(state)
                 graphs.append(None)
                 continue
-            g = torch.cuda.CUDAGraph()
-            with captured(g, pool):
-                piece.run(state)
+            pool = pools[piece.device] if isinstance(pools, dict) else pools
+            with torch.cuda.device(piece.device if isinstance(pools, dict) else None):
+                g = torch.cuda.CUDAGraph()
+                with captured(g, pool):
+                    piece.run(state)
             graphs.append(g)
+        state.replaying = True  # from now on its pieces' tensors are the graphs'
         return graphs
 
     def replay(self, graphs: list, state: StepState, beside=None) -> None:

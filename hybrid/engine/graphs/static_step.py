@@ -40,7 +40,7 @@ class StaticStep:
         # buffer never moves), not on every replay
         self._host = self.layout.views(self.staging.numpy())
         self._sample_at = self.layout.fields["sample_rows"][0]
-        self.state = StepState(fb, num_real=size)
+        self.state = StepState(fb, num_real=size, crossings={})
 
     def load(self, chunks: list[SequenceRows]) -> None:
         """Stage a step's decode rows (len(chunks) <= size) into the buffers the graphs read."""

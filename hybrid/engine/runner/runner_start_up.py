@@ -79,14 +79,15 @@ def start_up(runner, config: EngineConfig, attention: list[MLAAttentionOp],
     runner.decode_graph = None  # the form of the decode graphs replayed, once captured
     runner.attention = attention_select.build(config.attention_backend, attention,
                                               runner.page_size, runner.max_pages)
-    runner.stream = prefill_setup.build_stream(runner.program.moe_layers, config, runner.device)
+    runner.stream = prefill_setup.build_stream(runner.program.moe_layers, config, runner.device,
+                                               runner.program.devices)
     runner.program.stream = runner.stream
     if runner.stream is not None:  # its grouped launches first: warm-up steps stream
         prefill_setup.warm_up(runner.stream, runner.program.moe_layers[0], hf.hidden_size)
-    if config.cuda_graphs and runner.device.type == "cuda" and runner.program.can_capture \
-            and _one_device(runner.model, runner.device):
+    form = graph_form(runner, config.decode_graph, progress)
+    if config.cuda_graphs and form is not None:
         warm_up(runner, progress, cpu_kernels_ready=cpu_kernels_ready)
-        runner.decode_graph = config.decode_graph
+        runner.decode_graph = form
         if runner.decode_graph == "auto":
             runner.decode_graph, runner.layered.decode_ms = measure_decode_graphs(runner,
                                                                                   progress)
@@ -227,6 +228,25 @@ def warm_up(runner, progress: Callable[[str], None] | None = None,
         decode_step(1)
     if runner.device.type == "cuda":
         torch.cuda.synchronize(runner.device)
+
+
+def graph_form(runner, decode_graph: str, progress: Callable[[str], None] | None
+               ) -> str | None:
+    """The decode graphs' form that can be captured ("step", "layers", or "auto": time both),
+    or None where decode steps run eagerly. A model over several GPUs takes "layers": a graph
+    per piece on its GPU, which needs every piece on one GPU (graphs/piecewise.py)."""
+    program = runner.program
+    if runner.device.type != "cuda" or not program.can_capture:
+        return None
+    if _one_device(runner.model, runner.device):
+        return decode_graph
+    if not (program.spans_devices and program.pieces_on_one_device
+            and all(d.type == "cuda" for d in program.devices)):
+        return None
+    if progress is not None:
+        progress(f"the layers run on {', '.join(map(str, program.devices))}: decode steps "
+                 f"replay a graph per stretch of layers on its GPU (one graph cannot span GPUs)")
+    return "layers"
 
 
 def _one_device(model: nn.Module, device: torch.device) -> bool:

@@ -75,6 +75,11 @@ class StepState:
     # start-up only: every bridged layer's routed experts left out (their output zeros), so the
     # step compiles its device kernels while the CPU experts' kernels still compile elsewhere
     routed_off: bool = False
+    # a captured step's crossings to another GPU (StaticStep sets {}): per crossing, the tensors
+    # it copies and the ones it copies into, kept so that replays copy between the same memory
+    # (the graphs on both sides read and write those); None: an eager step moves what it holds
+    crossings: dict | None = None
+    replaying: bool = False  # graphs replay: `residual` and `pending` are stale Python names
 
     def on_host(self, i: int) -> bool:
         """Whether MoE layer i's routed experts run on the host this step."""
@@ -86,6 +91,12 @@ class Piece:
     on_device: bool  # device work (capturable) or host work
     run: Callable[[StepState], None]
     twin: Callable[[StepState], None] | None = None  # a host piece's device-side stand-in
+    # device work: the one device all of it runs on (None: several, or not known; such a
+    # piece is not captured per device)
+    device: torch.device | None = None
+    # host work that moves the step to the next piece's GPU first (a model over several GPUs):
+    # a graph capture runs it alone (it is part of `run`, which the capture skips)
+    cross: Callable[[StepState], None] | None = None
 
 
 class DecoderProgram:
@@ -96,9 +107,23 @@ class DecoderProgram:
         self.moe_layers: list[ExpertsOp] = []  # bridged layers' experts, in order
         self.stream = None  # an ExpertStream over moe_layers (set by the model runner)
         self.recorder = None  # a RoutingRecorder (set by the model runner) counts expert choices
+        self.devices: list[torch.device] = []  # the devices of the device work, in step order
         self.pieces = self._plan()
+        for device in self.devices:  # every GPU that receives the CPU experts' output
+            bridge.serve(device)
         self.can_capture = all(not _is_moe(layer.mlp) or _bridged(layer.mlp)
                                or _device_only(layer.mlp) for layer in self.inner.layers)
+
+    @property
+    def spans_devices(self) -> bool:
+        """The model's device work runs on more than one device (layer ranges over GPUs)."""
+        return len(self.devices) > 1
+
+    @property
+    def pieces_on_one_device(self) -> bool:
+        """Every device piece runs on one device, so each can be captured on its own GPU (the
+        moves between GPUs are host pieces' `cross`)."""
+        return all(p.device is not None for p in self.pieces if p.on_device)
 
     def run(self, st: StepState) -> torch.Tensor:
         for piece in self.pieces:
@@ -137,25 +162,46 @@ class DecoderProgram:
         return st.logits
 
     def _plan(self) -> list[Piece]:
-        pieces: list[Piece] = []
-        steps: list[Callable[[StepState], None]] = [self._embed]
+        # the device work between two hand-overs, as (device, step) pairs (a device of None:
+        # the next step's), and each bridged layer's (index, experts' block, its norm's device)
+        stretches: list[list] = [[(_device_of(self.inner.embed_tokens), self._embed)]]
+        bridged = []
         for layer in self.inner.layers:
-            steps.append(partial(self._attention, layer))
+            stretch = stretches[-1]
+            stretch.append((_device_of(layer.self_attn), partial(self._attention, layer)))
+            here = _device_of(layer.post_attention_layernorm) or _device_of(layer.self_attn)
             if _is_moe(layer.mlp) and _bridged(layer.mlp):
                 i = len(self.moe_layers)
-                steps.append(partial(self._route_and_send, layer, i))
+                stretch.append((here, partial(self._route_and_send, layer, i)))
+                held = layer.mlp.experts.held_device
+                if held is not None and held != here:  # held experts on another GPU: mixed
+                    stretch.append((held, _nothing))
                 self.moe_layers.append(layer.mlp.experts)
-                pieces += [_device(steps),
-                           Piece(False, partial(self._mark, i),
-                                 lambda st, i=i: self.bridge.signal(i)),
-                           _device([partial(self._shared, layer.mlp)]),
-                           Piece(False, partial(self._experts, layer.mlp.experts, i),
-                                 lambda st, i=i: self.bridge.wait(i))]
-                steps = [partial(self._receive, i)]
+                bridged.append((i, layer.mlp, here))
+                stretches.append([(None, None)])  # its receive, bound below to its device
             else:
-                steps.append(partial(self._mlp, layer))
-        steps.append(self._head)
-        pieces.append(_device(steps))
+                stretch.append((here, partial(self._mlp, layer)))
+        stretches[-1].append((_device_of(self.model.lm_head), self._head))
+        for i, stretch in enumerate(stretches):
+            _resolve(stretch)
+            if i:  # the receive of bridged layer i - 1, on the device of what follows it
+                stretch[0] = (stretch[0][0], partial(self._receive, i - 1, stretch[0][0]))
+            for d, _ in stretch:
+                if d not in self.devices:
+                    self.devices.append(d)
+        guard = self.spans_devices  # kernels launch on the current device: set it per step
+        pieces = [_device_piece(stretches[0], guard)]
+        for (i, mlp, here), stretch in zip(bridged, stretches[1:]):
+            shared = getattr(mlp, "shared_experts", None)
+            shared_on = (_device_of(shared) or here) if shared is not None else here
+            to = stretch[0][0]  # where the next piece runs (its receive's device)
+            cross = partial(self._cross, i, to) if {here, shared_on} != {to} else None
+            pieces += [Piece(False, partial(self._mark, i, here),
+                             lambda st, i=i: self.bridge.signal(i)),
+                       _device_piece([(shared_on, partial(self._shared, mlp))], guard),
+                       Piece(False, partial(self._experts, mlp.experts, i, cross),
+                             lambda st, i=i: self.bridge.wait(i), cross=cross),
+                       _device_piece(stretch, guard)]
         return pieces
 
     # -- device work ------------------------------------------------------------------------
@@ -169,6 +215,7 @@ class DecoderProgram:
         device = getattr(norm, "device", st.residual.device)
         if st.residual.device != device:  # a layer on another GPU: the residual stream moves once
             st.residual = st.residual.to(device)
+            st.pending = [d.to(device) for d in st.pending]
         bits = _input_bits(consumer, st.residual.shape[0], device)
         if isinstance(norm, RMSNormOp):
             h, hq = norm.add_norm(st.residual, *st.pending, x_bits=bits)
@@ -215,15 +262,16 @@ class DecoderProgram:
         else:
             st.pending = [shared(st.normed) if st.normed_q is None else shared(st.normed, st.normed_q)]
 
-    def _receive(self, i: int, st: StepState) -> None:
-        routed = self.bridge.receive(st.residual.shape[0]) if st.on_host(i) else st.routed
+    def _receive(self, i: int, device: torch.device, st: StepState) -> None:
+        routed = self.bridge.receive(st.residual.shape[0], device) if st.on_host(i) \
+            else st.routed
         st.pending.append(routed)
         if st.held_out is not None:
             st.pending.append(st.held_out)
         st.routed = st.held_out = None
 
     def _head(self, st: StepState) -> None:
-        rows = st.fb.sample_rows.to(st.residual.device)
+        rows = st.fb.on(st.residual.device).sample_rows  # moved once a step and device
         if rows.numel() == 0:  # only mid-prompt chunks this step
             st.logits = st.residual.new_empty(0, self.model.config.vocab_size)
             return
@@ -236,11 +284,13 @@ class DecoderProgram:
 
     # -- host work --------------------------------------------------------------------------
 
-    def _mark(self, i: int, st: StepState) -> None:
+    def _mark(self, i: int, device: torch.device, st: StepState) -> None:
         if st.on_host(i):
-            self.bridge.mark()
+            self.bridge.mark(device)
 
-    def _experts(self, experts: ExpertsOp, i: int, st: StepState) -> None:
+    def _experts(self, experts: ExpertsOp, i: int, cross, st: StepState) -> None:
+        if cross is not None:  # queued first: the GPUs copy while the CPU computes
+            cross(st)
         if not st.on_host(i):
             return
         # expert deferral carries a sum from one bridged layer to the next: not in a step that
@@ -250,11 +300,74 @@ class DecoderProgram:
                             st.fb.num_decodes, first=i == 0 or bool(st.streamed))
 
 
-def _device(steps: list[Callable[[StepState], None]]) -> Piece:
+    def _cross(self, key: int, to: torch.device, st: StepState) -> None:
+        """The residual stream and the outputs pending on it move to `to`, the GPU the next
+        piece runs on, and the step's index tensors with them (ForwardBatch.on). A captured
+        step's crossing copies between the same tensors on every replay: those the graph before
+        it wrote at capture, into those the graph after it read."""
+        if st.crossings is None:  # eager: move what the step holds
+            st.residual = st.residual.to(to, non_blocking=True)
+            st.pending = [d.to(to, non_blocking=True) for d in st.pending]
+            st.fb.on(to)
+            return
+        if not st.replaying:  # a warm-up or a capture: what the graphs now read and write
+            sources = [st.residual, *st.pending]
+            old = st.crossings.get(key)
+            same = old is not None and [t.shape for t in old[1]] == [t.shape for t in sources]
+            targets = old[1] if same else [torch.empty_like(t, device=to) for t in sources]
+            st.crossings[key] = (sources, targets)
+            st.residual, *st.pending = targets
+        for source, target in zip(*st.crossings[key], strict=True):
+            target.copy_(source, non_blocking=True)
+        st.fb.refresh_on(to)
+
+
+def _device_piece(steps: list[tuple[torch.device, Callable[[StepState], None]]],
+                  guard: bool) -> Piece:
+    """Device work; with `guard` (a model over several devices) each step runs with its device
+    current (Triton launches on the current device, whatever its tensors' device)."""
+    devices = {d for d, _ in steps}
+    device = devices.pop() if len(devices) == 1 else None
+    if guard:
+        steps = [(d, partial(_on, d, step) if d.type == "cuda" else step) for d, step in steps]
+    run_steps = [step for _, step in steps]
+
     def run(st: StepState) -> None:
-        for step in steps:
+        for step in run_steps:
             step(st)
-    return Piece(True, run)
+    return Piece(True, run, device=device)
+
+
+def _on(device: torch.device, step: Callable[[StepState], None], st: StepState) -> None:
+    with torch.cuda.device(device):
+        step(st)
+
+
+def _nothing(st: StepState) -> None:
+    pass
+
+
+def _device_of(module: nn.Module | None) -> torch.device | None:
+    """An operator's device, else the device of a module's first parameter (None: none)."""
+    if module is None:
+        return None
+    device = getattr(module, "device", None)
+    if device is not None:
+        return torch.device(device)
+    tensor = next(iter(module.parameters()), None)
+    return tensor.device if tensor is not None else None
+
+
+def _resolve(stretch: list) -> None:
+    """A step of unknown device (None) runs on the next known one's (else the previous')."""
+    known = [d for d, _ in stretch if d is not None]
+    following = known[-1] if known else torch.device("cpu")
+    for k in range(len(stretch) - 1, -1, -1):
+        d, step = stretch[k]
+        if d is None:
+            stretch[k] = (following, step)
+        else:
+            following = d
 
 
 def _input_bits(consumer: nn.Module | None, tokens: int, device: torch.device) -> int:

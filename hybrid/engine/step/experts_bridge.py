@@ -50,12 +50,28 @@ class ExpertsBridge:
 
             fetch(self.out[:1], self.routed[:1])
         self.event = torch.cuda.Event() if on_gpu else None
+        # a model over several GPUs: each GPU's receive buffer and send event (serve())
+        self._routed = {device: self.routed}
+        self._events = {device: self.event}
+        self._marked = self.event  # the event of the last mark, which compute waits for
         self._np = (self.x.numpy(), self.ids.numpy(), self.weights.numpy(), self.out.numpy())
         # expert deferral: a decode row's deferred experts' sum between layers (host arrays)
         self.deferral = Deferral(hidden, top_k)
         self.ready = self.done = self.error = self.seq = None
         self._seq_host = self._seq_np = self._error_np = None
         self.step_seq = 0
+
+    def serve(self, device: torch.device) -> None:
+        """Hand over from and back to `device` as well (a layer range on another GPU): its own
+        receive buffer and event, made now, not in a step (a capture may hold them)."""
+        if device in self._routed or device.type != "cuda" or self.device.type != "cuda":
+            return
+        with torch.cuda.device(device):
+            self._routed[device] = torch.zeros_like(self.routed, device=device)
+            self._events[device] = torch.cuda.Event()
+            from gpu_kernels.handshake import fetch
+
+            fetch(self.out[:1], self._routed[device][:1])  # compiled for this GPU now
 
     def use_flags(self, num_layers: int) -> None:
         """Allocate the hand-over flags of `num_layers` MoE layers (a whole-step graph); once:
@@ -117,37 +133,44 @@ class ExpertsBridge:
         return self.x.shape[0]
 
     def send(self, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> None:
+        """GPU work on h's device (a served one): the copies into the pinned buffers."""
         n = h.shape[0]
-        # a copy from another GPU than the event's is waited for here, not by the event
-        same = h.device == self.device
-        self.x[:n].copy_(h, non_blocking=same)
-        self.ids[:n].copy_(ids, non_blocking=same)
-        self.weights[:n].copy_(weights, non_blocking=same)
+        # a copy from a GPU without an event of its own is waited for here, not by an event
+        ours = h.device in self._events
+        self.x[:n].copy_(h, non_blocking=ours)
+        self.ids[:n].copy_(ids, non_blocking=ours)
+        self.weights[:n].copy_(weights, non_blocking=ours)
 
-    def mark(self) -> None:
-        if self.event is not None:
-            self.event.record()
+    def mark(self, device: torch.device | None = None) -> None:
+        """Host: record the event of `device` (the one send ran on; None: the bridge's) after
+        the copies, on that device's current stream."""
+        device = device if device is not None else self.device
+        event = self._marked = self._events.get(device)
+        if event is not None:
+            event.record(torch.cuda.current_stream(device))
 
     def compute(self, experts, n: int, defer: int = 0, rows: int = 0, first: bool = True) -> None:
         """experts: the layer's ExpertsOp (runs_on_host). With expert deferral
         (cpu_kernels/runtime/deferral.py): `defer` experts of each of the rows :rows deferred to
         the next call (the step's next MoE layer); the previous call's deferred sum is added
         unless `first` (the step's first MoE layer)."""
-        if self.event is not None:
-            self.event.synchronize()
+        if self._marked is not None:
+            self._marked.synchronize()
         x, ids, w, out = self._np
         if first:
             self.deferral.begin_step()
         self.deferral.now(experts.run_host, x[:n], ids[:n], w[:n], out[:n], defer, rows)
         self.deferral.later(experts.run_host)
 
-    def receive(self, n: int) -> torch.Tensor:
-        """-> [n, H] f32 on the device: the routed experts' output for this step's rows."""
-        if self.routed is not self.out:
+    def receive(self, n: int, device: torch.device | None = None) -> torch.Tensor:
+        """-> [n, H] f32 on `device` (a served one; None: the bridge's): the routed experts'
+        output for this step's rows."""
+        routed = self._routed.get(device if device is not None else self.device, self.routed)
+        if routed is not self.out:
             if n <= FETCH_ROWS:
                 from gpu_kernels.handshake import fetch
 
-                fetch(self.out[:n], self.routed[:n])
+                fetch(self.out[:n], routed[:n])
             else:
-                self.routed[:n].copy_(self.out[:n], non_blocking=True)
-        return self.routed[:n]
+                routed[:n].copy_(self.out[:n], non_blocking=True)
+        return routed[:n]

@@ -216,15 +216,16 @@ class ForwardBatch:
         return (self.prefill_meta, self.prefill_slots,
                 max((sp.q_len for sp in self.prefill_spans), default=0))
 
+    _MOVED = ("input_ids", "positions", "slots", "seq_lens", "page_table", "sample_rows",
+              "prefill_meta", "prefill_slots")
+
     def on(self, device: torch.device) -> ForwardBatch:
         """This batch with its index tensors on `device` (moved once per step and device)."""
         if self.positions.device == device:
             return self
         key = str(device)
         if key not in self._moved:
-            names = ("input_ids", "positions", "slots", "seq_lens", "page_table", "sample_rows",
-                     "prefill_meta", "prefill_slots")
-            moved = {k: getattr(self, k).to(device) for k in names
+            moved = {k: getattr(self, k).to(device) for k in self._MOVED
                      if getattr(self, k) is not None}
             spans = [SequenceSpan(s.q_start, s.q_len, s.kv_len, s.kv_slots.to(device))
                      for s in self.prefill_spans]
@@ -235,3 +236,18 @@ class ForwardBatch:
                                             attention_plan=self.attention_plan,
                                             host_decodes=self.host_decodes)
         return self._moved[key]
+
+    def refresh_on(self, device: torch.device) -> ForwardBatch:
+        """on(device), its tensors copied again into the same memory where it was moved before:
+        a captured step's batch, refilled in place for each replay, and the graphs on `device`
+        reading the copies made at capture."""
+        key = str(device)
+        if self.positions.device == device or key not in self._moved:
+            return self.on(device)
+        moved = self._moved[key]
+        for k in self._MOVED:
+            if getattr(self, k) is not None:
+                getattr(moved, k).copy_(getattr(self, k), non_blocking=True)
+        for mine, theirs in zip(self.prefill_spans, moved.prefill_spans, strict=True):
+            theirs.kv_slots.copy_(mine.kv_slots, non_blocking=True)
+        return moved

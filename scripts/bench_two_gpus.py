@@ -1,0 +1,212 @@
+"""Two GPUs against one, on the GPU machine with two GPUs (device kind nvidia-h200-x2):
+
+    python scripts/bench_two_gpus.py [--part check|bench|both] [--preset v3] [--layers 7]
+        [--skew 0.6] [--share 0.25] [--prompts 24] [--folder DIR] [--json out.json]
+
+check: tiny-v3 with the DeepSeek-V3 rules (exact CPU experts) against the same rules split over
+cuda:0 and cuda:1 at layer 2 (hybrid.rules.layer_split): greedy tokens and log-probabilities of
+4 concurrent requests, with decode graphs (a graph per stretch on each GPU) and without.
+
+bench: a V3-shaped file (`make-model --preset v3 --layers N --router-skew S`), its routing
+profile, then `hybrid tune` for one GPU whose budget holds `share` of the routed experts beside
+the fixed parts (`--measure`: decode measured without and with the hot experts, the time model
+fitted), and for two GPUs of that budget each over the split rules (layers halved at a MoE
+boundary). The two-GPU rules' decode (1 and 8 streams) and prefill (2K, 8K) are measured
+beside the one-GPU rules', the prediction of the fitted model beside the measurement, and
+their greedy tokens compared. Prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+WORDS = ["the", "river", "city", "market", "history", "light", "engine", "model", "token",
+         "expert", "memory", "paper", "road", "music", "winter", "garden", "number", "story"]
+PROMPTS = [[0, 42, 574, 81, 2058, 3, 223, 804, 853, 303, 3427, 223], [0, 9, 99, 999],
+           [0, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20], [0, 3000, 17]]
+TWO = ["cuda:0", "cuda:1"]
+
+
+def greedy(path: str, rules: str, graphs: bool, max_tokens: int = 12):
+    """-> (token ids, log-probabilities) of PROMPTS, and whether decode graphs ran."""
+    from hybrid.engine.config import EngineConfig
+    from hybrid.engine.llm import LLM
+    from hybrid.engine.sampling.sampling_params import SamplingParams
+
+    config = EngineConfig(max_batch_size=4, cuda_graphs=graphs, prefix_cache=False,
+                          cache_lens=1024)
+    llm = LLM(path, rules, engine_config=config)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=0, ignore_eos=True)
+    out = llm.generate(prompt_token_ids=PROMPTS, sampling_params=params)
+    captured = llm.engine.runner.graphs is not None
+    if llm.engine.cpu_pool is not None:
+        llm.engine.cpu_pool.close()
+    return [o.outputs[0].token_ids for o in out], [o.outputs[0].logprobs for o in out], captured
+
+
+def compare(one, two) -> dict:
+    tokens = sum(a == b for a, b in zip(one[0], two[0], strict=True))
+    diff = max((abs(x - y) for a, b in zip(one[1], two[1], strict=True)
+                for x, y in zip(a, b)), default=0.0)
+    return {"equal": tokens, "of": len(one[0]), "max_dlogprob": diff, "graphs": two[2]}
+
+
+def check(folder: Path) -> dict:
+    from hybrid.rules.layer_split import write_split
+    from hybrid.rules.planner import with_experts_mode
+    from hybrid.synth.make_model import MakeModelOptions, make_model
+    from hybrid.synth.presets import get_preset
+    from hybrid.synth.vocab import get_vocab
+
+    p = get_preset("tiny-v3")
+    (path,) = make_model(MakeModelOptions(p, "q4_k_m"), get_vocab("small", p.vocab_size),
+                         folder / "tiny-v3.gguf")
+    base = with_experts_mode("DeepSeek-V3", "exact", folder)
+    split = write_split(str(base), [2], TWO, p.num_layers, folder)
+    rows = {}
+    for graphs in (True, False):
+        one, two = greedy(str(path), str(base), graphs), greedy(str(path), str(split), graphs)
+        rows["graphs" if graphs else "eager"] = row = compare(one, two)
+        print(f"check tiny-v3, {'graphs' if graphs else 'eager'}: {row}", flush=True)
+    return rows
+
+
+def bench(args, folder: Path) -> dict:
+    from hybrid.engine.config import EngineConfig
+    from hybrid.engine.llm import LLM
+    from hybrid.rules.explain import GPU_RESERVE_BYTES, explain
+    from hybrid.rules.layer_split import even_boundaries, write_split
+    from hybrid.rules.planner import plan_model, with_experts_mode
+    from hybrid.synth.make_model import MakeModelOptions, make_model
+    from hybrid.synth.presets import get_preset
+    from hybrid.synth.vocab import get_vocab
+    from hybrid.tuning.measure import decode_ms, on_fresh_engine, prefill_tok_s
+    from hybrid.tuning.planner import expert_bytes
+    from hybrid.tuning.report import summary
+    from hybrid.tuning.run_profile import profile_prompts
+    from hybrid.tuning.tune import TuneOptions, tune
+
+    p = get_preset(args.preset, args.layers)
+    t = time.perf_counter()
+    (path,) = make_model(MakeModelOptions(p, "q4_k_m", router_skew=args.skew),
+                         get_vocab("small", p.vocab_size), folder / f"{p.name}-skew.gguf")
+    path = str(path)
+    print(f"make-model {p.name} --layers {p.num_layers}: {time.perf_counter() - t:.0f} s",
+          flush=True)
+    base = str(with_experts_mode("DeepSeek-V3", "exact", folder))
+    split = str(write_split(base, even_boundaries(p.num_layers, p.first_k_dense, 2), TWO,
+                            p.num_layers, folder))
+    rng = random.Random(0)
+    prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(24, 96)))
+               for _ in range(args.prompts)]
+    t = time.perf_counter()
+    llm = LLM(path, base, engine_config=EngineConfig(record_routing=True, prefix_cache=False,
+                                                     cache_lens=args.cache_lens))
+    profile = profile_prompts(llm, prompts, 32)
+    if llm.engine.cpu_pool is not None:
+        llm.engine.cpu_pool.close()
+    del llm
+    profile.save(folder / "profile.json")
+    print(f"profile: {time.perf_counter() - t:.0f} s", flush=True)
+
+    planned = plan_model(path, base, check_devices=False, announce=False)
+    sizes = expert_bytes(planned.plan, p.num_experts)
+    fixed = explain(planned.plan, planned.spec, args.cache_lens, 1 << 50, None).devices["cuda:0"]
+    share = int(sum(sizes.per_layer.values()) * p.num_experts * args.share)
+    budget = fixed.weights + fixed.kv_cache + GPU_RESERVE_BYTES + share
+    one = tune(TuneOptions(path, str(folder / "profile.json"), budget, folder / "one.yaml", base,
+                           args.cache_lens, fractions=(), measure=True, steps=args.steps),
+               status=lambda s: print(s, flush=True))
+    print(summary(one), flush=True)
+    two = tune(TuneOptions(path, str(folder / "profile.json"), {d: budget for d in TWO},
+                           folder / "two.yaml", split, args.cache_lens),
+               status=lambda s: print(s, flush=True))
+    print(summary(two), flush=True)
+    tuned_one = next(c for c in one.placements if c.rules == one.rules)
+    tuned_two = next(c for c in two.placements if c.rules == two.rules)
+    predicted_ms = one.model.ms(tuned_two.cpu_bytes, tuned_two.cpu_layers)
+
+    rows = {"budget_gib": budget / 2**30, "file_gib": Path(path).stat().st_size / 2**30,
+            "one": {"hit_rate": tuned_one.hit_rate, "predicted_ms": tuned_one.predicted_ms},
+            "two": {"hit_rate": tuned_two.hit_rate, "predicted_ms": predicted_ms}}
+    for name, rules in (("one", str(one.rules)), ("two", str(two.rules))):
+        r = rows[name]
+        for batch in (1, 8):
+            r[f"decode_ms_b{batch}"] = decode_ms(path, rules, batch, args.steps)
+            print(f"{name}: decode batch {batch}: {r[f'decode_ms_b{batch}']:.2f} ms a step",
+                  flush=True)
+        config = EngineConfig(max_batch_size=4, prefix_cache=False, cache_lens=9216)
+        for n in (2048, 8192):
+            r[f"prefill_tok_s_{n}"] = on_fresh_engine(path, rules, config,
+                                                      lambda llm, n=n: prefill_tok_s(llm, n))
+            print(f"{name}: prefill {n}: {r[f'prefill_tok_s_{n}']:.0f} tok/s", flush=True)
+    tokens = compare(greedy(path, str(one.rules), True, 16), greedy(path, str(two.rules), True, 16))
+    rows["tokens"] = tokens
+    return rows
+
+
+def table(rows: dict) -> str:
+    lines = []
+    if "check" in rows:
+        lines += ["| tiny-v3, one GPU vs split over two | tokens equal | max dlogprob | graphs |",
+                  "|---|---|---|---|"]
+        for k, r in rows["check"].items():
+            lines.append(f"| {k} | {r['equal']}/{r['of']} | {r['max_dlogprob']:.2e} | "
+                         f"{r['graphs']} |")
+    if "bench" in rows:
+        b = rows["bench"]
+        one, two = b["one"], b["two"]
+        lines += ["", f"V3-shaped file {b['file_gib']:.1f} GiB, {b['budget_gib']:.2f} GiB a GPU",
+                  "| | one GPU | two GPUs | ratio |", "|---|---|---|---|"]
+        for key, label in (("hit_rate", "tuned hit rate"), ("decode_ms_b1", "decode ms, 1"),
+                           ("decode_ms_b8", "decode ms, 8"),
+                           ("prefill_tok_s_2048", "prefill 2K tok/s"),
+                           ("prefill_tok_s_8192", "prefill 8K tok/s")):
+            lines.append(f"| {label} | {one[key]:.3g} | {two[key]:.3g} | "
+                         f"{two[key] / one[key]:.3f} |")
+        predicted = one["decode_ms_b1"] / two["predicted_ms"] if two["predicted_ms"] else 0
+        measured = one["decode_ms_b1"] / two["decode_ms_b1"]
+        lines += [f"decode speed-up at 1 stream: predicted {predicted:.3f}x (two-GPU step "
+                  f"{two['predicted_ms']:.2f} ms), measured {measured:.3f}x; "
+                  f"measured / predicted {measured / predicted:.3f}" if predicted else "",
+                  f"tokens: {b['tokens']}"]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", choices=["check", "bench", "both"], default="both")
+    ap.add_argument("--preset", default="v3")
+    ap.add_argument("--layers", type=int, default=7)
+    ap.add_argument("--skew", type=float, default=0.6)
+    ap.add_argument("--share", type=float, default=0.25,
+                    help="the routed experts' share one GPU's budget holds")
+    ap.add_argument("--prompts", type=int, default=24)
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--cache-lens", type=int, default=4096)
+    ap.add_argument("--folder", default="/tmp/two-gpus")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    folder = Path(args.folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = {}
+    if args.part in ("check", "both"):
+        rows["check"] = check(folder)
+    if args.part in ("bench", "both"):
+        rows["bench"] = bench(args, folder)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2, default=str))
+    print(table(rows))
+    ok = all(r["equal"] == r["of"] for r in rows.get("check", {}).values())
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
