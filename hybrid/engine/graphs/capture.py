@@ -17,12 +17,14 @@ import torch
 
 
 @contextmanager
-def captured(graph: torch.cuda.CUDAGraph, pool=None) -> Iterator[None]:
-    """`with torch.cuda.graph(graph, pool=pool)`, without garbage collection inside."""
+def captured(graph: torch.cuda.CUDAGraph, pool=None, stream=None) -> Iterator[None]:
+    """`with torch.cuda.graph(graph, pool=pool, stream=stream)`, without garbage collection
+    inside. A capture on another GPU than the first one captured needs a `stream` of its own
+    there: torch's default capture stream is made once, on the GPU current then."""
     enabled = gc.isenabled()
     gc.disable()
     try:
-        with torch.cuda.graph(graph, pool=pool):
+        with torch.cuda.graph(graph, pool=pool, stream=stream):
             yield
     finally:
         if enabled:

@@ -18,6 +18,7 @@ from hybrid.engine.step.decoder import DecoderProgram, StepState
 class PiecewiseGraphs:
     def __init__(self, program: DecoderProgram) -> None:
         self.program = program
+        self._streams: dict = {}  # a capture stream per GPU (a model over several)
 
     def capture(self, state: StepState, pools) -> list[torch.cuda.CUDAGraph | None]:
         """pools: the graph memory pool, or one per device (a model over several GPUs) -> a
@@ -29,10 +30,14 @@ class PiecewiseGraphs:
                     piece.cross(state)
                 graphs.append(None)
                 continue
-            pool = pools[piece.device] if isinstance(pools, dict) else pools
-            with torch.cuda.device(piece.device if isinstance(pools, dict) else None):
+            spread = isinstance(pools, dict)
+            pool = pools[piece.device] if spread else pools
+            with torch.cuda.device(piece.device if spread else None):
+                if spread and piece.device not in self._streams:
+                    self._streams[piece.device] = torch.cuda.Stream()
+                stream = self._streams.get(piece.device) if spread else None
                 g = torch.cuda.CUDAGraph()
-                with captured(g, pool):
+                with captured(g, pool, stream):
                     piece.run(state)
             graphs.append(g)
         state.replaying = True  # from now on its pieces' tensors are the graphs'
