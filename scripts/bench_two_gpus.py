@@ -1,6 +1,6 @@
 """Two GPUs against one, on the GPU machine with two GPUs (device kind nvidia-h200-x2):
 
-    python scripts/bench_two_gpus.py [--part check|bench|both] [--preset v3] [--layers 7]
+    python scripts/bench_two_gpus.py [--part check|bench|both] [--preset v3] [--layers 6]
         [--skew 0.6] [--share 0.25] [--prompts 24] [--folder DIR] [--json out.json]
 
 check: tiny-v3 with the DeepSeek-V3 rules (exact CPU experts) against the same rules split over
@@ -34,21 +34,40 @@ PROMPTS = [[0, 42, 574, 81, 2058, 3, 223, 804, 853, 303, 3427, 223], [0, 9, 99, 
 TWO = ["cuda:0", "cuda:1"]
 
 
-def greedy(path: str, rules: str, graphs: bool, max_tokens: int = 12):
-    """-> (token ids, log-probabilities) of PROMPTS, and whether decode graphs ran."""
-    from hybrid.engine.config import EngineConfig
-    from hybrid.engine.llm import LLM
+def greedy(llm, max_tokens: int = 12):
+    """-> (token ids, log-probabilities) of PROMPTS on `llm`, and whether decode graphs ran."""
     from hybrid.engine.sampling.sampling_params import SamplingParams
 
-    config = EngineConfig(max_batch_size=4, cuda_graphs=graphs, prefix_cache=False,
-                          cache_lens=1024)
-    llm = LLM(path, rules, engine_config=config)
     params = SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=0, ignore_eos=True)
     out = llm.generate(prompt_token_ids=PROMPTS, sampling_params=params)
     captured = llm.engine.runner.graphs is not None
-    if llm.engine.cpu_pool is not None:
-        llm.engine.cpu_pool.close()
     return [o.outputs[0].token_ids for o in out], [o.outputs[0].logprobs for o in out], captured
+
+
+def greedy_on(path: str, rules: str, graphs: bool):
+    """greedy() on a fresh engine; graphs of the "layers" form, as two GPUs take."""
+    from hybrid.engine.config import EngineConfig
+    from hybrid.tuning.measure import on_fresh_engine
+
+    config = EngineConfig(max_batch_size=4, cuda_graphs=graphs, decode_graph="layers",
+                          prefix_cache=False, cache_lens=1024)
+    return on_fresh_engine(path, rules, config, greedy)
+
+
+def measure_all(path: str, rules: str, steps: int) -> dict:
+    """On one fresh engine: decode ms a step at 1 and 8 streams, prefill tok/s of 2K and 8K
+    tokens, and greedy() (its default decode graph form)."""
+    from hybrid.engine.config import EngineConfig
+    from hybrid.tuning.measure import on_fresh_engine, prefill_tok_s, step_ms
+
+    def run(llm) -> dict:
+        r = {f"decode_ms_b{b}": step_ms(llm, b, steps) for b in (1, 8)}
+        r.update({f"prefill_tok_s_{n}": prefill_tok_s(llm, n) for n in (2048, 8192)})
+        r["greedy"] = greedy(llm, 16)
+        return r
+
+    config = EngineConfig(max_batch_size=8, prefix_cache=False, cache_lens=9216)
+    return on_fresh_engine(path, rules, config, run)
 
 
 def compare(one, two) -> dict:
@@ -72,7 +91,7 @@ def check(folder: Path) -> dict:
     split = write_split(str(base), [2], TWO, p.num_layers, folder)
     rows = {}
     for graphs in (True, False):
-        one, two = greedy(str(path), str(base), graphs), greedy(str(path), str(split), graphs)
+        one, two = greedy_on(str(path), str(base), graphs), greedy_on(str(path), str(split), graphs)
         rows["graphs" if graphs else "eager"] = row = compare(one, two)
         print(f"check tiny-v3, {'graphs' if graphs else 'eager'}: {row}", flush=True)
     return rows
@@ -87,7 +106,6 @@ def bench(args, folder: Path) -> dict:
     from hybrid.synth.make_model import MakeModelOptions, make_model
     from hybrid.synth.presets import get_preset
     from hybrid.synth.vocab import get_vocab
-    from hybrid.tuning.measure import decode_ms, on_fresh_engine, prefill_tok_s
     from hybrid.tuning.planner import expert_bytes
     from hybrid.tuning.report import summary
     from hybrid.tuning.run_profile import profile_prompts
@@ -137,18 +155,11 @@ def bench(args, folder: Path) -> dict:
             "one": {"hit_rate": tuned_one.hit_rate, "predicted_ms": tuned_one.predicted_ms},
             "two": {"hit_rate": tuned_two.hit_rate, "predicted_ms": predicted_ms}}
     for name, rules in (("one", str(one.rules)), ("two", str(two.rules))):
-        r = rows[name]
-        for batch in (1, 8):
-            r[f"decode_ms_b{batch}"] = decode_ms(path, rules, batch, args.steps)
-            print(f"{name}: decode batch {batch}: {r[f'decode_ms_b{batch}']:.2f} ms a step",
-                  flush=True)
-        config = EngineConfig(max_batch_size=4, prefix_cache=False, cache_lens=9216)
-        for n in (2048, 8192):
-            r[f"prefill_tok_s_{n}"] = on_fresh_engine(path, rules, config,
-                                                      lambda llm, n=n: prefill_tok_s(llm, n))
-            print(f"{name}: prefill {n}: {r[f'prefill_tok_s_{n}']:.0f} tok/s", flush=True)
-    tokens = compare(greedy(path, str(one.rules), True, 16), greedy(path, str(two.rules), True, 16))
-    rows["tokens"] = tokens
+        t = time.perf_counter()
+        rows[name].update(measure_all(path, rules, args.steps))
+        print(f"{name}: {time.perf_counter() - t:.0f} s, " + ", ".join(
+            f"{k} {v:.4g}" for k, v in rows[name].items() if isinstance(v, float)), flush=True)
+    rows["tokens"] = compare(rows["one"].pop("greedy"), rows["two"].pop("greedy"))
     return rows
 
 
@@ -184,7 +195,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", choices=["check", "bench", "both"], default="both")
     ap.add_argument("--preset", default="v3")
-    ap.add_argument("--layers", type=int, default=7)
+    ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--skew", type=float, default=0.6)
     ap.add_argument("--share", type=float, default=0.25,
                     help="the routed experts' share one GPU's budget holds")

