@@ -119,10 +119,12 @@ class ExpertsOp(nn.Module):
         self.placed = None  # cpu_weights as placed on the pool's worker groups
 
     def warm_up(self) -> None:
-        """Compile the on-device experts' kernel variants (the model runner's start-up)."""
+        """Compile the on-device experts' kernel variants (the model runner's start-up), each
+        part with its GPU current (Triton launches on the current device)."""
         for part in (self.on_device, self.gpu_experts):
             if part is not None:
-                part.warm_up()
+                with torch.cuda.device(part.device if part.device.type == "cuda" else None):
+                    part.warm_up()
 
     def use_pool(self, pool) -> None:
         """Run the CPU experts as jobs of `pool` (cpu_kernels.runtime.pool.MoEPool); no-op for torch."""

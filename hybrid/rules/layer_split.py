@@ -15,6 +15,7 @@ matched. Rules on the CPU stay as they are.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from hybrid.errors import HybridError
@@ -61,7 +62,10 @@ def split_rules(data: list[dict], boundaries: list[int], devices: list[str],
             continue
         name = rule.get("match", {}).get("name")
         for k in range(len(boundaries), 0, -1):  # the later ranges first: none overlaps
-            look = range_pattern(stops[k - 1], stops[k], last=k == len(boundaries))
+            last = k == len(boundaries)
+            if not _may_match(name, last):
+                continue
+            look = range_pattern(stops[k - 1], stops[k], last)
             copy = {**rule, "match": {**rule["match"],
                                       "name": look if not name else f"{look}(?:.*?)(?:{name})"},
                     "replace": {**rule["replace"], "kwargs": {
@@ -70,6 +74,15 @@ def split_rules(data: list[dict], boundaries: list[int], devices: list[str],
             out.append(copy)
         out.append(rule)
     return out
+
+
+def _may_match(name: str | None, last: bool) -> bool:
+    """Whether a rule's name regex may match a module of a later range: any not anchored to
+    a path outside the layers (the embeddings, the rotary table), and for the last range the
+    final norm and head."""
+    if not name or not name.startswith("^") or name.startswith(r"^model\.layers"):
+        return True
+    return last and any(re.search(name, path) for path in ("model.norm", "lm_head"))
 
 
 def write_split(rules: str, boundaries: list[int], devices: list[str], num_layers: int,
