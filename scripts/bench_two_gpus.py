@@ -40,7 +40,10 @@ def greedy(llm, max_tokens: int = 12):
 
     params = SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=0, ignore_eos=True)
     out = llm.generate(prompt_token_ids=PROMPTS, sampling_params=params)
-    captured = llm.engine.runner.graphs is not None
+    runner = llm.engine.runner
+    captured = runner.graphs is not None
+    print(f"devices {runner.program.devices}, decode graphs {runner.decode_graph}, pieces "
+          f"{[str(x.device) for x in runner.program.pieces if x.on_device]}", flush=True)
     return [o.outputs[0].token_ids for o in out], [o.outputs[0].logprobs for o in out], captured
 
 
@@ -94,7 +97,27 @@ def check(folder: Path) -> dict:
         one, two = greedy_on(str(path), str(base), graphs), greedy_on(str(path), str(split), graphs)
         rows["graphs" if graphs else "eager"] = row = compare(one, two)
         print(f"check tiny-v3, {'graphs' if graphs else 'eager'}: {row}", flush=True)
+    # hot experts held on each layer's GPU, and on the other GPU for layer 2
+    for name, where in (("hot, own GPU", ("cuda:0", "cuda:1", "cuda:1")),
+                        ("hot, other GPU", ("cuda:0", "cuda:0", "cuda:1"))):
+        hot = with_hot(split, where, folder / f"{name[-9:].replace(' ', '-')}.yaml")
+        rows[name] = row = compare(greedy_on(str(path), str(base), True),
+                                   greedy_on(str(path), str(hot), True))
+        print(f"check tiny-v3, {name}: {row}", flush=True)
     return rows
+
+
+def with_hot(rules: Path, devices: tuple[str, ...], out: Path) -> Path:
+    """`rules` with experts 0-3 of MoE layers 1-3 held on `devices` (one per layer)."""
+    import yaml
+
+    hot = [{"match": {"name": rf"^model\.layers\.{layer}\.mlp\.experts$"},
+            "replace": {"class": "experts", "kwargs": {
+                "generate_device": "cpu", "prefill_device": "cpu", "backend": "cpu",
+                "mode": "exact", "gpu_experts": [0, 1, 2, 3], "gpu_device": device}},
+            "recursive": False} for layer, device in zip((1, 2, 3), devices, strict=True)]
+    out.write_text(yaml.safe_dump(hot + yaml.safe_load(rules.read_text()), sort_keys=False))
+    return out
 
 
 def bench(args, folder: Path) -> dict:

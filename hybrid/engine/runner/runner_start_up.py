@@ -240,8 +240,18 @@ def graph_form(runner, decode_graph: str, progress: Callable[[str], None] | None
         return None
     if _one_device(runner.model, runner.device):
         return decode_graph
-    if not (program.spans_devices and program.pieces_on_one_device
-            and all(d.type == "cuda" for d in program.devices)):
+    why = None
+    if not all(d.type == "cuda" for d in program.devices):
+        why = "some of the layers' work runs on the CPU"
+    elif not program.pieces_on_one_device:
+        why = "a stretch between two MoE layers' CPU experts mixes devices"
+    if why is not None:
+        line = (f"decode steps run eagerly: the model runs on "
+                f"{', '.join(map(str, program.devices))} and {why} (a CUDA graph captures one)")
+        if progress is not None:
+            progress(line)
+        else:
+            log.info("%s", line)
         return None
     if progress is not None:
         progress(f"the layers run on {', '.join(map(str, program.devices))}: decode steps "
