@@ -325,21 +325,23 @@ def test_a_negative_cost_per_gb_is_flagged_not_printed_as_a_model(skewed) -> Non
 
 
 def test_two_gpus_spread_the_hot_experts_and_keep_the_tokens(skewed, tmp_path, capsys) -> None:
-    """`--gpu-memory A,B` over the two-GPU layout, each GPU with room for 20 experts: a
-    layer's hot experts go to its own GPU (cuda:0 runs every layer of the tiny model) while
-    they fit, else to the other; the rule file serves the same greedy tokens as the one-GPU
-    exact rules (GPUs stood in for by the CPU)."""
+    """`--gpu-memory A,B` over the one-GPU rules split by layers (layer 1 on cuda:0, layers
+    2-3 on cuda:1), each GPU with room for 20 experts: each layer's hot experts on its own
+    GPU; the rule file serves the same greedy tokens as the one-GPU exact rules (GPUs stood in
+    for by the CPU)."""
     import yaml
 
     from cli.main import main
     from hybrid.engine.llm import LLM
     from hybrid.engine.sampling.sampling_params import SamplingParams
     from hybrid.rules.explain import explain
+    from hybrid.rules.layer_split import write_split
     from hybrid.rules.planner import plan_model, with_experts_mode
     from hybrid.tuning.planner import expert_bytes
 
     path, root, _ = skewed
-    base = with_experts_mode("DeepSeek-V3-multi-gpu", "exact", tmp_path)
+    base = write_split(str(with_experts_mode("DeepSeek-V3", "exact", tmp_path)), [2],
+                       ["cuda:0", "cuda:1"], 4, tmp_path)
     planned = plan_model(str(path), str(base), check_devices=False, announce=False)
     devices = explain(planned.plan, planned.spec, 1024, 24 << 30, None).devices
     sizes = expert_bytes(planned.plan, planned.spec.num_experts).per_layer
@@ -357,6 +359,7 @@ def test_two_gpus_spread_the_hot_experts_and_keep_the_tokens(skewed, tmp_path, c
     held = {}
     for r in rules:
         kwargs, layer = r["replace"]["kwargs"], int(r["match"]["name"].split("\\.")[2])
+        assert kwargs["gpu_device"] == ("cuda:0" if layer < 2 else "cuda:1")  # its own GPU
         held[kwargs["gpu_device"]] = held.get(kwargs["gpu_device"], 0) + \
             sizes[layer] * len(kwargs["gpu_experts"])
     assert set(held) == {"cuda:0", "cuda:1"} and max(held.values()) <= room
@@ -377,16 +380,19 @@ def test_two_gpus_spread_the_hot_experts_and_keep_the_tokens(skewed, tmp_path, c
         assert a.outputs[0].logprobs == pytest.approx(b.outputs[0].logprobs, abs=1e-4)
 
 
-def test_spread_keeps_a_layer_on_one_gpu_its_own_first() -> None:
+def test_spread_keeps_a_layers_experts_on_its_own_gpu() -> None:
     from hybrid.tuning.planner import ExpertBytes, spread_hot_experts
 
     freq = np.array([[0.9, 0.8, 0.7, 0.0], [0.6, 0.5, 0.0, 0.0], [0.4, 0.0, 0.0, 0.0]])
     sizes = ExpertBytes({1: 10, 2: 10, 3: 10}, (1, 2, 3))
     home = {1: "cuda:0", 2: "cuda:0", 3: "cuda:1"}
-    # layer 1's three on its own GPU; layer 2's two do not fit there: the other GPU's room
+    # cuda:0's room takes the most used of layers 1 and 2; cuda:1's room stays with layer 3
+    # (held elsewhere, a layer's experts would keep its decode steps out of CUDA graphs)
     got = spread_hot_experts(freq, (1, 2, 3), sizes, {"cuda:0": 40, "cuda:1": 30}, home)
-    assert got == {1: ("cuda:0", [0, 1, 2]), 2: ("cuda:1", [0, 1]), 3: ("cuda:1", [0])}
-    # no room for a whole set anywhere: the most used experts that fit the roomiest GPU
+    assert got == {1: ("cuda:0", [0, 1, 2]), 2: ("cuda:0", [0]), 3: ("cuda:1", [0])}
     got = spread_hot_experts(freq, (1, 2, 3), sizes, {"cuda:0": 20, "cuda:1": 10}, home)
-    assert got == {1: ("cuda:0", [0, 1]), 2: ("cuda:1", [0])}
-    assert sum(10 * len(ids) for _, ids in got.values()) <= 30
+    assert got == {1: ("cuda:0", [0, 1]), 3: ("cuda:1", [0])}
+    # a layer whose attention runs on no budgeted GPU goes with the roomiest
+    got = spread_hot_experts(freq, (1, 2, 3), sizes, {"cuda:0": 10, "cuda:1": 30},
+                             {1: "cuda:0", 2: "cpu", 3: "cuda:1"})
+    assert got == {1: ("cuda:0", [0]), 2: ("cuda:1", [0, 1]), 3: ("cuda:1", [0])}

@@ -92,49 +92,23 @@ def hot_experts(freq: np.ndarray, layers: tuple[int, ...], sizes: ExpertBytes, b
 def spread_hot_experts(freq: np.ndarray, layers: tuple[int, ...], sizes: ExpertBytes,
                        free: dict[str, int], home: dict[int, str], batch: int = 1
                        ) -> dict[int, tuple[str, list[int]]]:
-    """hot_experts over several GPUs (free: device -> bytes it has left). The experts are
-    those hot_experts picks for all the room together; a layer's live on one GPU (a rule has
-    one gpu_device), so the layers are then placed, largest set first: on the GPU their
-    attention runs on (`home`: layer -> device; the hidden state is there) if the set fits,
-    else on the GPU with the most room left, keeping the set's most used experts that fit
-    there; then what room is left takes the next most used experts, each on its layer's GPU.
-    -> layer -> (device, sorted expert ids)."""
-    chosen = hot_experts(freq, layers, sizes, sum(free.values()), batch)
-    p = step_probability(freq, batch)
+    """hot_experts over several GPUs (free: device -> bytes it has left): each GPU holds the
+    experts most used by the layers whose attention runs on it (`home`: layer -> device; the
+    hidden state is there), picked as hot_experts picks them within its room. A layer's held
+    experts on another GPU than its own would cost a crossing there and back and keep its
+    decode steps out of CUDA graphs (a graph captures one GPU). Layers homed on no GPU of
+    `free` go with the roomiest. -> layer -> (device, sorted expert ids)."""
     row = {layer: i for i, layer in enumerate(layers)}
-    left = dict(free)
+    roomiest = max(free, key=lambda d: free[d])
+    gpu_of = {x: home[x] if home.get(x) in free else roomiest for x in layers}
     out: dict[int, tuple[str, list[int]]] = {}
-    for layer in sorted(chosen, key=lambda x: (-len(chosen[x]) * sizes.per_layer[x], x)):
-        cost = sizes.per_layer[layer]
-        ids = sorted(chosen[layer], key=lambda e: (-p[row[layer], e], e))  # most used first
-        own = home.get(layer)
-        if own in left and left[own] >= cost * len(ids):
-            device = own
-        else:
-            device = max(left, key=lambda d: (left[d], d == own))
-            ids = ids[:left[device] // cost]
-        if ids:
-            out[layer] = (device, ids)
-            left[device] -= cost * len(ids)
-    # what truncation left: the next most used experts, each where its layer lives (a layer
-    # not placed yet: its own GPU if it has room, else the roomiest)
-    items = sorted(((p[row[layer], e], layer, e) for layer in layers
-                    if layer in sizes.cpu_layers for e in range(freq.shape[1])
-                    if p[row[layer], e] > 0), key=lambda t: (-t[0], t[1], t[2]))
-    for _, layer, e in items:
-        cost = sizes.per_layer[layer]
-        if layer in out:
-            device, ids = out[layer]
-            if e not in ids and left[device] >= cost:
-                ids.append(e)
-                left[device] -= cost
+    for device in free:
+        mine = tuple(x for x in layers if gpu_of[x] == device)
+        if not mine:
             continue
-        fits = [d for d in left if left[d] >= cost]
-        if fits:
-            device = home[layer] if home.get(layer) in fits else max(fits, key=lambda d: left[d])
-            out[layer] = (device, [e])
-            left[device] -= cost
-    return {layer: (d, sorted(ids)) for layer, (d, ids) in sorted(out.items())}
+        chosen = hot_experts(freq[[row[x] for x in mine]], mine, sizes, free[device], batch)
+        out.update({x: (device, sorted(ids)) for x, ids in chosen.items() if ids})
+    return dict(sorted(out.items()))
 
 
 def whole_layers(layers: tuple[int, ...], sizes: ExpertBytes, budget: int,
