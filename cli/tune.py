@@ -99,8 +99,9 @@ def _add_tune_parser(sub: argparse._SubParsersAction) -> None:
                                                     "--record-routing")
     p.add_argument("--gpu-memory", required=True,
                    help="the GPU's budget, e.g. 24GiB; or one per GPU in device order "
-                        "(24GiB,24GiB: the hot experts spread over cuda:0 and cuda:1, each "
-                        "layer's on its attention's GPU while it has room)")
+                        "(24GiB,24GiB: rules that keep their layers on one GPU are split over "
+                        "cuda:0 and cuda:1 by layer ranges, and each GPU holds the experts its "
+                        "layers use most)")
     p.add_argument("--cache-lens", type=int, default=None,
                    help="KV cache tokens to leave room for (default: serve's)")
     p.add_argument("--gpu-device", default=d["gpu_device"], help="where the hot experts go")

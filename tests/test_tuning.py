@@ -5,6 +5,7 @@ model, the written rule file valid and within its GPU budget."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -363,6 +364,14 @@ def test_two_gpus_spread_the_hot_experts_and_keep_the_tokens(skewed, tmp_path, c
         held[kwargs["gpu_device"]] = held.get(kwargs["gpu_device"], 0) + \
             sizes[layer] * len(kwargs["gpu_experts"])
     assert set(held) == {"cuda:0", "cuda:1"} and max(held.values()) <= room
+    # from the one-GPU rules, tune splits the layers itself (at the same layer)
+    one_gpu = with_experts_mode("DeepSeek-V3", "exact", tmp_path)
+    assert main(["tune", "--gguf-path", str(path), "--optimize-rules", str(one_gpu),
+                 "--profile", str(root / "profile.json"), "--gpu-memory",
+                 ",".join(map(str, budgets)), "--cache-lens", "1024", "--cpu-bandwidth", "50",
+                 "--no-plots", "--out", str(tmp_path / "auto.yaml")]) == 0
+    assert "split over cuda:0, cuda:1 at layer 2" in capsys.readouterr().err
+    assert _held_devices(tmp_path / "auto.yaml") == _held_devices(out)
     assert main(["tune", "--gguf-path", str(path), "--optimize-rules", str(base), "--profile",
                  str(root / "profile.json"), "--gpu-memory", "24GiB,24GiB", "--measure",
                  "--out", str(tmp_path / "m.yaml")]) != 0
@@ -378,6 +387,15 @@ def test_two_gpus_spread_the_hot_experts_and_keep_the_tokens(skewed, tmp_path, c
     for a, b in zip(one, two, strict=True):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         assert a.outputs[0].logprobs == pytest.approx(b.outputs[0].logprobs, abs=1e-4)
+
+
+def _held_devices(rules) -> dict[int, str]:
+    """Tuned layer -> the GPU its hot experts are held on, from a rule file."""
+    import yaml
+
+    return {int(r["match"]["name"].split("\\.")[2]): r["replace"]["kwargs"]["gpu_device"]
+            for r in yaml.safe_load(Path(rules).read_text())
+            if r["replace"]["kwargs"].get("gpu_experts")}
 
 
 def test_spread_keeps_a_layers_experts_on_its_own_gpu() -> None:

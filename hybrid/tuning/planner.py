@@ -102,11 +102,11 @@ def spread_hot_experts(freq: np.ndarray, layers: tuple[int, ...], sizes: ExpertB
     roomiest = max(free, key=lambda d: free[d])
     gpu_of = {x: home[x] if home.get(x) in free else roomiest for x in layers}
     out: dict[int, tuple[str, list[int]]] = {}
-    for device in free:
+    for device, room in free.items():
         mine = tuple(x for x in layers if gpu_of[x] == device)
         if not mine:
             continue
-        chosen = hot_experts(freq[[row[x] for x in mine]], mine, sizes, free[device], batch)
+        chosen = hot_experts(freq[[row[x] for x in mine]], mine, sizes, room, batch)
         out.update({x: (device, sorted(ids)) for x, ids in chosen.items() if ids})
     return dict(sorted(out.items()))
 

@@ -130,13 +130,14 @@ def _tune_over_gpus(opts: TuneOptions, planned, profile: RoutingProfile, sizes,
     if opts.measure:
         raise HybridError("--measure times one GPU's placements so far: give --gpu-memory one "
                           "size (the GPU of --gpu-device), or tune without --measure")
+    home = _attention_devices(planned.plan, sizes)
+    if len(set(home.values()) & set(opts.gpu_memory)) < 2:  # one GPU's rules: split them
+        planned = _split_layers(opts, planned, status)
+        sizes = expert_bytes(planned.plan, planned.spec.num_experts)
+        home = _attention_devices(planned.plan, sizes)
     spec, plan = planned.spec, planned.plan
     exp = explain(plan, spec, opts.cache_lens, opts.gpu_memory, None)
     free = {d: free_gpu_bytes(exp, d) for d in opts.gpu_memory}
-    home = {}
-    for layer in sizes.cpu_layers:
-        attention = plan.placements.get(f"model.layers.{layer}.self_attn")
-        home[layer] = parse_device(attention.generate_device if attention else "cpu")
     freq, layers = profile.frequencies(opts.phase), profile.layers
     spread = spread_hot_experts(freq, layers, sizes, free, home, opts.batch)
     hot = {layer: ids for layer, (_, ids) in spread.items()}
@@ -159,6 +160,31 @@ def _tune_over_gpus(opts: TuneOptions, planned, profile: RoutingProfile, sizes,
         c.rules = rules if on_gpu else None
         result.placements.append(c)
     return result
+
+
+def _attention_devices(plan, sizes) -> dict[int, str]:
+    """MoE layer (with CPU experts) -> the device its attention runs on."""
+    home = {}
+    for layer in sizes.cpu_layers:
+        attention = plan.placements.get(f"model.layers.{layer}.self_attn")
+        home[layer] = parse_device(attention.generate_device if attention else "cpu")
+    return home
+
+
+def _split_layers(opts: TuneOptions, planned, status: Callable[[str], None]):
+    """The base rules keep every layer on one GPU: their layers split over the budgeted GPUs
+    (rules/layer_split.py, the MoE layers evenly), written beside the output -> that plan."""
+    from hybrid.rules.layer_split import even_boundaries, write_split
+    from hybrid.rules.planner import plan_model
+
+    spec, devices = planned.spec, list(opts.gpu_memory)
+    boundaries = even_boundaries(spec.num_layers, spec.first_k_dense, len(devices))
+    folder = variants_folder(opts.out)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = write_split(str(planned.rules_path), boundaries, devices, spec.num_layers, folder)
+    status(f"{planned.rules_path.name} runs its layers on one GPU: split over "
+           f"{', '.join(devices)} at layer {', '.join(map(str, boundaries))} ({path})")
+    return plan_model(opts.gguf_path, str(path), check_devices=False, announce=False)
 
 
 def _read_gbs(opts: TuneOptions, status: Callable[[str], None]) -> float:
