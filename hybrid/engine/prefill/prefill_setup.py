@@ -31,21 +31,18 @@ STREAM_REPEATS = 4
 CPU_TOKENS = (1, 16, 64, 256)
 
 
-def build_stream(layers: list[ExpertsOp], config: EngineConfig, device: torch.device,
-                 devices: list[torch.device] | None = None) -> ExpertStream | None:
+def build_stream(layers: list[ExpertsOp], config: EngineConfig, device: torch.device
+                 ) -> ExpertStream | None:
     """The stream over `layers` (the decoder's bridged MoE layers), or None: with no such
     layer, `--prefill-experts cpu`, auto without CUDA, or where it cannot run (no gpu_kernels
-    on `device`, types they lack, the model's `devices` more than one; `--prefill-experts
-    stream` then is an error)."""
+    on `device`, types they lack; `--prefill-experts stream` then is an error). A model over
+    several GPUs streams every layer's experts to `device` (the decoder moves the rows)."""
     from hybrid.ops.kernel_sets import uses_gpu_kernels
 
     if not layers or config.prefill_experts == "cpu" or (config.prefill_experts == "auto"
                                                          and device.type != "cuda"):
         return None  # auto needs a PCIe copy to measure; the interpreter is for tests
     why = _why_not(layers, device, uses_gpu_kernels(device))
-    if why is None and devices is not None and len(devices) > 1:
-        why = (f"the layers run on {len(devices)} devices and the stream feeds one GPU's "
-               f"kernels")
     parts = [_source(op) for op in layers]
     if why is None:
         why = _host_memory_short(layers, parts, device)

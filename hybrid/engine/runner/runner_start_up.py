@@ -79,8 +79,7 @@ def start_up(runner, config: EngineConfig, attention: list[MLAAttentionOp],
     runner.decode_graph = None  # the form of the decode graphs replayed, once captured
     runner.attention = attention_select.build(config.attention_backend, attention,
                                               runner.page_size, runner.max_pages)
-    runner.stream = prefill_setup.build_stream(runner.program.moe_layers, config, runner.device,
-                                               runner.program.devices)
+    runner.stream = prefill_setup.build_stream(runner.program.moe_layers, config, runner.device)
     runner.program.stream = runner.stream
     if runner.stream is not None:  # its grouped launches first: warm-up steps stream
         prefill_setup.warm_up(runner.stream, runner.program.moe_layers[0], hf.hidden_size)

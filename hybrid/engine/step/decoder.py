@@ -247,13 +247,25 @@ class DecoderProgram:
                                     device=st.normed.device)  # [N, H] as receive gives it
             return
         if i in st.streamed:  # the experts come to the rows: nothing crosses to the host
-            st.routed = self.stream.run(i, st.normed, ids, weights)
+            st.routed = self._streamed(i, st.normed, ids, weights)
             return
         experts = layer.mlp.experts
         host_ids, held_weights = experts.hand_off(ids, weights)
         self.bridge.send(st.normed, host_ids, weights)
         if held_weights is not None:  # hot experts: on the GPU while the host runs the rest
             st.held_out = experts.run_held(st.normed, ids, held_weights)
+
+    def _streamed(self, i: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+                  ) -> torch.Tensor:
+        """MoE layer i's experts streamed to the stream's GPU -> [N, H] f32 on x's device. A
+        layer on another GPU sends its rows there and back: an eager prompt step's megabytes
+        beside the gigabytes of experts streamed."""
+        device = self.stream.device
+        if x.device == device:
+            return self.stream.run(i, x, ids, weights)
+        with torch.cuda.device(device):
+            out = self.stream.run(i, x.to(device), ids.to(device), weights.to(device))
+        return out.to(x.device)
 
     def _shared(self, mlp: nn.Module, st: StepState) -> None:
         shared = getattr(mlp, "shared_experts", None)
