@@ -66,3 +66,62 @@ def test_split_rules_serve_the_one_gpu_tokens(models, tmp_path) -> None:
     for a, b in zip(*runs, strict=True):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         assert a.outputs[0].logprobs == pytest.approx(b.outputs[0].logprobs, abs=1e-5)
+
+
+def _program_on(path: str, rules: str, held: dict[int, str] | None = None):
+    """The decoder program of `rules` loaded on the CPU, its operators then labelled with the
+    devices the rules name (planning reads devices only; nothing runs): a two-GPU plan
+    checked where there is no GPU. held: layer -> the device its held experts name."""
+    import torch
+
+    from hybrid.engine.llm import LLM
+    from hybrid.engine.step.decoder import DecoderProgram
+    from hybrid.engine.step.experts_bridge import ExpertsBridge
+
+    plan = plan_model(path, rules, check_devices=False, announce=False).plan
+    model = LLM(path, rules, device_map={"cuda": "cpu"}).engine.runner.model
+    for name, module in model.named_modules():
+        if type(module).__module__.startswith("hybrid.ops") and hasattr(module, "device"):
+            module.device = torch.device(plan.placement_of(name).generate_device)
+    for layer, device in (held or {}).items():
+        model.model.layers[layer].mlp.experts.gpu_experts.device = torch.device(device)
+    hf = model.config
+    return DecoderProgram(model, ExpertsBridge(8, hf.hidden_size, hf.num_experts_per_tok,
+                                               torch.device("cpu")))
+
+
+def test_the_step_crosses_to_the_next_gpu_once(models, tmp_path) -> None:
+    """Split at layer 2: piece 0 (embeddings .. layer 1's router) on cuda:0, then layer 1's
+    shared expert on cuda:0, and its CPU experts' host piece moves the step to cuda:1, where
+    every later piece runs; each piece on one GPU (captured there)."""
+    import torch
+
+    path = str(models.path("tiny-v3", "q4_k_m", "legacy"))
+    base = with_experts_mode("DeepSeek-V3", "exact", tmp_path)
+    program = _program_on(path, str(write_split(str(base), [2], ["cuda:0", "cuda:1"], 4,
+                                                tmp_path)))
+    gpu0, gpu1 = torch.device("cuda:0"), torch.device("cuda:1")
+    assert program.devices == [gpu0, gpu1] and program.spans_devices
+    assert [p.device for p in program.pieces if p.on_device] == [gpu0, gpu0] + [gpu1] * 5
+    assert [k for k, p in enumerate(program.pieces) if p.cross is not None] == [3]
+    assert program.pieces_on_one_device
+    one = _program_on(path, str(base))  # one GPU: no crossing, no device guard
+    assert one.devices == [gpu0] and not one.spans_devices
+    assert all(p.cross is None for p in one.pieces)
+
+
+def test_experts_held_on_another_gpu_mix_their_stretch(models, tmp_path) -> None:
+    import yaml
+
+    path = str(models.path("tiny-v3", "q4_k_m", "legacy"))
+    base = with_experts_mode("DeepSeek-V3", "exact", tmp_path)
+    split = write_split(str(base), [2], ["cuda:0", "cuda:1"], 4, tmp_path)
+    hot = [{"match": {"name": r"^model\.layers\.2\.mlp\.experts$"},
+            "replace": {"class": "experts", "kwargs": {
+                "generate_device": "cpu", "prefill_device": "cpu", "backend": "cpu",
+                "mode": "exact", "gpu_experts": [0, 1], "gpu_device": "cuda:0"}},
+            "recursive": False}]
+    rules = tmp_path / "hot-elsewhere.yaml"
+    rules.write_text(yaml.safe_dump(hot + yaml.safe_load(split.read_text()), sort_keys=False))
+    program = _program_on(path, str(rules), held={2: "cuda:0"})
+    assert not program.pieces_on_one_device  # layer 2's stretch runs on both GPUs: eager
