@@ -19,7 +19,7 @@ def seen(monkeypatch):
     states = []
 
     @contextmanager
-    def graph(g, pool=None):
+    def graph(g, pool=None, stream=None):
         states.append(("enter", gc.isenabled(), g, pool))
         yield
         states.append(("exit", gc.isenabled(), g, pool))

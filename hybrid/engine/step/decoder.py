@@ -44,6 +44,7 @@ from functools import partial
 import torch
 from torch import nn
 
+from hybrid.engine.step.device_span import cross_to, device_of, device_work, nothing, resolve
 from hybrid.engine.step.experts_bridge import ExpertsBridge
 from hybrid.engine.step.forward_batch import ForwardBatch
 from hybrid.ops.experts import ExpertsOp
@@ -164,26 +165,26 @@ class DecoderProgram:
     def _plan(self) -> list[Piece]:
         # the device work between two hand-overs, as (device, step) pairs (a device of None:
         # the next step's), and each bridged layer's (index, experts' block, its norm's device)
-        stretches: list[list] = [[(_device_of(self.inner.embed_tokens), self._embed)]]
+        stretches: list[list] = [[(device_of(self.inner.embed_tokens), self._embed)]]
         bridged = []
         for layer in self.inner.layers:
             stretch = stretches[-1]
-            stretch.append((_device_of(layer.self_attn), partial(self._attention, layer)))
-            here = _device_of(layer.post_attention_layernorm) or _device_of(layer.self_attn)
+            stretch.append((device_of(layer.self_attn), partial(self._attention, layer)))
+            here = device_of(layer.post_attention_layernorm) or device_of(layer.self_attn)
             if _is_moe(layer.mlp) and _bridged(layer.mlp):
                 i = len(self.moe_layers)
                 stretch.append((here, partial(self._route_and_send, layer, i)))
                 held = layer.mlp.experts.held_device
                 if held is not None and held != here:  # held experts on another GPU: mixed
-                    stretch.append((held, _nothing))
+                    stretch.append((held, nothing))
                 self.moe_layers.append(layer.mlp.experts)
                 bridged.append((i, layer.mlp, here))
                 stretches.append([(None, None)])  # its receive, bound below to its device
             else:
                 stretch.append((here, partial(self._mlp, layer)))
-        stretches[-1].append((_device_of(self.model.lm_head), self._head))
+        stretches[-1].append((device_of(self.model.lm_head), self._head))
         for i, stretch in enumerate(stretches):
-            _resolve(stretch)
+            resolve(stretch)
             if i:  # the receive of bridged layer i - 1, on the device of what follows it
                 stretch[0] = (stretch[0][0], partial(self._receive, i - 1, stretch[0][0]))
             for d, _ in stretch:
@@ -193,9 +194,9 @@ class DecoderProgram:
         pieces = [_device_piece(stretches[0], guard)]
         for (i, mlp, here), stretch in zip(bridged, stretches[1:]):
             shared = getattr(mlp, "shared_experts", None)
-            shared_on = (_device_of(shared) or here) if shared is not None else here
+            shared_on = (device_of(shared) or here) if shared is not None else here
             to = stretch[0][0]  # where the next piece runs (its receive's device)
-            cross = partial(self._cross, i, to) if {here, shared_on} != {to} else None
+            cross = partial(cross_to, i, to) if {here, shared_on} != {to} else None
             pieces += [Piece(False, partial(self._mark, i, here),
                              lambda st, i=i: self.bridge.signal(i)),
                        _device_piece([(shared_on, partial(self._shared, mlp))], guard),
@@ -312,74 +313,10 @@ class DecoderProgram:
                             st.fb.num_decodes, first=i == 0 or bool(st.streamed))
 
 
-    def _cross(self, key: int, to: torch.device, st: StepState) -> None:
-        """The residual stream and the outputs pending on it move to `to`, the GPU the next
-        piece runs on, and the step's index tensors with them (ForwardBatch.on). A captured
-        step's crossing copies between the same tensors on every replay: those the graph before
-        it wrote at capture, into those the graph after it read."""
-        if st.crossings is None:  # eager: move what the step holds
-            st.residual = st.residual.to(to, non_blocking=True)
-            st.pending = [d.to(to, non_blocking=True) for d in st.pending]
-            st.fb.on(to)
-            return
-        if not st.replaying:  # a warm-up or a capture: what the graphs now read and write
-            sources = [st.residual, *st.pending]
-            old = st.crossings.get(key)
-            same = old is not None and [t.shape for t in old[1]] == [t.shape for t in sources]
-            targets = old[1] if same else [torch.empty_like(t, device=to) for t in sources]
-            st.crossings[key] = (sources, targets)
-            st.residual, *st.pending = targets
-        for source, target in zip(*st.crossings[key], strict=True):
-            target.copy_(source, non_blocking=True)
-        st.fb.refresh_on(to)
-
-
 def _device_piece(steps: list[tuple[torch.device, Callable[[StepState], None]]],
                   guard: bool) -> Piece:
-    """Device work; with `guard` (a model over several devices) each step runs with its device
-    current (Triton launches on the current device, whatever its tensors' device)."""
-    devices = {d for d, _ in steps}
-    device = devices.pop() if len(devices) == 1 else None
-    if guard:
-        steps = [(d, partial(_on, d, step) if d.type == "cuda" else step) for d, step in steps]
-    run_steps = [step for _, step in steps]
-
-    def run(st: StepState) -> None:
-        for step in run_steps:
-            step(st)
+    run, device = device_work(steps, guard)
     return Piece(True, run, device=device)
-
-
-def _on(device: torch.device, step: Callable[[StepState], None], st: StepState) -> None:
-    with torch.cuda.device(device):
-        step(st)
-
-
-def _nothing(st: StepState) -> None:
-    pass
-
-
-def _device_of(module: nn.Module | None) -> torch.device | None:
-    """An operator's device, else the device of a module's first parameter (None: none)."""
-    if module is None:
-        return None
-    device = getattr(module, "device", None)
-    if device is not None:
-        return torch.device(device)
-    tensor = next(iter(module.parameters()), None)
-    return tensor.device if tensor is not None else None
-
-
-def _resolve(stretch: list) -> None:
-    """A step of unknown device (None) runs on the next known one's (else the previous')."""
-    known = [d for d, _ in stretch if d is not None]
-    following = known[-1] if known else torch.device("cpu")
-    for k in range(len(stretch) - 1, -1, -1):
-        d, step = stretch[k]
-        if d is None:
-            stretch[k] = (following, step)
-        else:
-            following = d
 
 
 def _input_bits(consumer: nn.Module | None, tokens: int, device: torch.device) -> int:
