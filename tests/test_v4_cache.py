@@ -62,6 +62,25 @@ def test_a_long_context_costs_its_compressed_rows() -> None:
     assert grown == 1024 * per_token  # whole windows of both ratios: exactly the rows
 
 
+@pytest.mark.parametrize("tokens,entries", [(0, 8), (3, 8), (100, 1), (5000, 8), (40000, 32)])
+def test_the_store_holds_at_most_store_bytes(tokens: int, entries: int) -> None:
+    """However `tokens` fall between at most `entries` caches (the prefix store's bounds),
+    their rows stay within store_rows; one cache of them all is within a window's slack."""
+    import random
+
+    rng = random.Random(tokens)
+    for _ in range(50):
+        cuts = sorted(rng.randint(0, tokens) for _ in range(rng.randint(0, entries - 1)))
+        parts = [b - a for a, b in zip([0, *cuts], [*cuts, tokens], strict=True)]
+        for layer in range(TINY_V4.num_layers):
+            bound = v4_cache.store_rows(TINY_V4, layer, tokens, entries)
+            assert sum(v4_cache.layer_rows(TINY_V4, layer, t) for t in parts) <= bound
+    one = v4_cache.request_bytes(TINY_V4, tokens, 4)
+    assert one <= v4_cache.store_bytes(TINY_V4, tokens, 1, 4) <= one + 4 * sum(
+        2 * 128 * (2 * TINY_V4.head_dim + 2 * TINY_V4.index_head_dim)
+        for _ in range(TINY_V4.num_layers))
+
+
 def _plan(path: str, tmp_path: Path, device: str, mode: str = "exact"):
     from hybrid.rules.planner import plan_model
 
@@ -77,11 +96,17 @@ def test_explain_counts_the_v4_caches_of_one_request(models, tmp_path) -> None:
 
     planned = _plan(str(models.path("tiny-v4", "f32")), tmp_path, "cpu")
     exp = explain(planned.plan, planned.spec, 4096, 24 << 30, None)
-    assert exp.v4 and exp.devices["cpu"].kv_cache == v4_cache.request_bytes(TINY_V4, 4096, 4)
+    store = v4_cache.store_bytes(TINY_V4, 4096, v4_cache.store_entries(16), 4)
+    assert exp.v4 and exp.prefix_store == {"cpu": store}
+    assert exp.devices["cpu"].kv_cache == v4_cache.request_bytes(TINY_V4, 4096, 4) + store
     assert exp.kv_bytes_per_token == {"cpu": round(v4_cache.compressed_bytes_per_token(
         TINY_V4, 4))}
     assert exp.serve_cache_lens == {} and exp.fits
-    assert "for one request of 4,096 tokens: its compressed rows" in render_table(exp, "V4")
+    text = render_table(exp, "V4")
+    assert "for one request of 4,096 tokens: its compressed rows" in text
+    assert "in the prefix cache's store of finished prompts' caches, 4,096 tokens" in text
+    fewer = explain(planned.plan, planned.spec, 4096, 24 << 30, None, max_batch_size=2)
+    assert fewer.prefix_store["cpu"] < store  # 8 entries, not 32: fewer windows
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +140,8 @@ def test_full_v4_q4_k_m_with_transformers_attention_on_24_gib(v4_sparse: Path, t
     assert cpu.weights == sum(infos[n].nbytes for n in experts)  # exact: the file's blocks
     assert gpu.weights == 4 * sum(math.prod(infos[n].shape) for n in on_gpu)
     assert 27 * 2**30 < gpu.weights < 27.5 * 2**30
-    assert gpu.kv_cache == v4_cache.request_bytes(V4, cache_lens, 4)
+    assert gpu.kv_cache == v4_cache.request_bytes(V4, cache_lens, 4) + v4_cache.store_bytes(
+        V4, cache_lens, v4_cache.store_entries(16), 4)
     assert not gpu.fits and not exp.fits
     assert any("self_attn.q_b_proj" in a for a in exp.advice)
 
@@ -143,5 +169,6 @@ def test_full_v4_q4_k_m_with_the_bundled_gpu_layout_fits_24_gib(v4_sparse: Path,
     assert gpu.weights == sum(infos[n].nbytes for n in blocks) + 4 * sum(
         math.prod(infos[n].shape) for n in floats)
     assert 4 * 2**30 < gpu.weights < 4.5 * 2**30
-    assert gpu.kv_cache == v4_cache.request_bytes(V4, cache_lens, 4)
+    assert gpu.kv_cache == v4_cache.request_bytes(V4, cache_lens, 4) + v4_cache.store_bytes(
+        V4, cache_lens, v4_cache.store_entries(16), 4)
     assert gpu.fits

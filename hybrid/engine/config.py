@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybrid.errors import HybridError
-from hybrid.model.kv_budget import DEFAULT_CACHE_LENS
+from hybrid.model.kv_budget import DEFAULT_CACHE_LENS, DEFAULT_MAX_BATCH_SIZE
 from hybrid.settings import check_choices, setting
 
 DECODE_GRAPHS = ("auto", "step", "layers")
@@ -31,7 +31,7 @@ class EngineConfig:
     optimize_rules: str | None = setting(
         None, help="bundled rule file name or path (default: cpu.yaml without a GPU)")
     max_batch_size: int = setting(
-        16, help="requests in flight at once, run together in one batched forward per step "
+        DEFAULT_MAX_BATCH_SIZE, help="requests in flight at once, run together in one batched forward per step "
                  "(the rest queue FCFS)")
     chunk_size: int | None = setting(
         None, help="prompt tokens prefilled per step, across requests (chunked prefill; "

@@ -12,6 +12,9 @@ default: host memory is plentiful, but attention over a long context there is sl
 from __future__ import annotations
 
 DEFAULT_CACHE_LENS = 32768  # tokens; what the plan is checked with
+# requests in flight at once (the engine's default; the plan counts DeepSeek-V4's prefix store,
+# whose entries follow it, by it)
+DEFAULT_MAX_BATCH_SIZE = 16
 GPU_SHARE = 3  # the cache takes at most 1/GPU_SHARE of the GPU memory free after the weights
 
 

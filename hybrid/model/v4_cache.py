@@ -19,6 +19,10 @@ counted once here). So the cost of a long context is the compressed rows: per to
 (head_dim + index_head_dim) / 4 for each CSA layer and head_dim / 128 for each HCA layer, a
 fraction of a full MLA latent per layer.
 
+The prefix cache keeps finished prompts' and requests' caches (engine/runner/cache_store.py):
+at most `store_entries` of them, holding at most the cache's tokens in all; `store_bytes` bounds
+what they hold (each entry's windows are full at most, the compressed rows count the tokens).
+
 No torch here.
 """
 
@@ -58,3 +62,32 @@ def compressed_bytes_per_token(spec: V4Spec, dtype_bytes: int,
     per = {0: 0.0, CSA: (spec.head_dim + spec.index_head_dim) / CSA, HCA: spec.head_dim / HCA}
     chosen = range(spec.num_layers) if layers is None else layers
     return dtype_bytes * sum(per[spec.compress_ratios[i]] for i in chosen)
+
+
+def store_entries(max_batch_size: int) -> int:
+    """The most caches the prefix cache's store keeps: as many as are admitted at once, twice
+    (a prompt's and its request's), and a few at least."""
+    return max(8, 2 * max_batch_size)
+
+
+def store_rows(spec: V4Spec, layer: int, tokens: int, entries: int) -> int:
+    """At most the floats layer `layer`'s caches hold over `entries` requests' caches of
+    `tokens` tokens in all (however the tokens fall between them): layer_rows' terms, each
+    window and open window at its fullest in every entry, no more than the tokens give."""
+    ratio, hd, ihd = spec.compress_ratios[layer], spec.head_dim, spec.index_head_dim
+    floats = min(tokens, entries * (spec.sliding_window - 1)) * hd
+    if ratio == HCA:
+        floats += tokens // HCA * hd + 2 * min(tokens, entries * (HCA - 1)) * hd
+    elif ratio == CSA:
+        floats += tokens // CSA * (hd + ihd)
+        floats += 2 * min(tokens, entries * (CSA - 1)) * (2 * hd + 2 * ihd)
+        floats += 2 * CSA * min(entries, tokens // CSA) * (hd + ihd)
+    return floats
+
+
+def store_bytes(spec: V4Spec, tokens: int, entries: int, dtype_bytes: int,
+                layers: list[int] | None = None) -> int:
+    """At most the bytes the prefix cache's store holds in the caches of `layers` (every layer
+    when None): `entries` caches of `tokens` tokens in all."""
+    chosen = range(spec.num_layers) if layers is None else layers
+    return dtype_bytes * sum(store_rows(spec, i, tokens, entries) for i in chosen)

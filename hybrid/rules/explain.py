@@ -16,7 +16,7 @@ from typing import Any
 
 from hybrid.errors import HybridError
 from hybrid.model import v4_cache
-from hybrid.model.kv_budget import DEFAULT_CACHE_LENS, auto_cache_lens
+from hybrid.model.kv_budget import DEFAULT_CACHE_LENS, DEFAULT_MAX_BATCH_SIZE, auto_cache_lens
 from hybrid.model.spec import ModelSpec
 from hybrid.model.spec_v4 import V4Spec
 from hybrid.rules.devices import parse_device
@@ -108,11 +108,13 @@ class Explanation:
     # per GPU: the KV cache tokens `hybrid serve` sizes without --cache-lens on this budget
     # (model/kv_budget.py, from what the weights and the reserve leave)
     serve_cache_lens: dict[str, int] = field(default_factory=dict)
-    # DeepSeek-V4: kv_cache is one request's window and compressed caches at cache_lens tokens,
-    # kv_bytes_per_token what each further token adds (model/v4_cache.py)
+    # DeepSeek-V4: kv_cache is one request's window and compressed caches at cache_lens tokens
+    # and the most the prefix cache's store holds (`prefix_store`, per device), kv_bytes_per_token
+    # what each further token adds (model/v4_cache.py)
     v4: bool = False
     # expert deferral (the experts' defer_experts): k -> the MoE layers that defer k experts
     deferred: dict[int, int] = field(default_factory=dict)
+    prefix_store: dict[str, int] = field(default_factory=dict)
 
     @property
     def fits(self) -> bool:
@@ -127,6 +129,7 @@ class Explanation:
                                "total": d.total, "budget": d.budget, "fits": d.fits}
                         for name, d in self.devices.items()},
             "kv_bytes_per_token": self.kv_bytes_per_token, "v4_caches": self.v4,
+            "v4_prefix_store": self.prefix_store,
             "serve_cache_lens": self.serve_cache_lens,
             "groups": [{"group": g.pattern, "operator": g.operator, "device": g.device,
                         "modules": len(g.modules), "bytes": g.nbytes, "types": dict(g.types)}
@@ -139,7 +142,8 @@ class Explanation:
 
 
 def explain(plan: Plan, spec: ModelSpec, cache_lens: int, gpu_memory: int | Mapping[str, int],
-            cpu_memory: int | None, gpu_reserve: int = GPU_RESERVE_BYTES) -> Explanation:
+            cpu_memory: int | None, gpu_reserve: int = GPU_RESERVE_BYTES,
+            max_batch_size: int = DEFAULT_MAX_BATCH_SIZE) -> Explanation:
     if cache_lens < 0:
         raise HybridError(f"--cache-lens must be >= 0, got {cache_lens}")
     groups: dict[tuple[str, str, str], Group] = {}
@@ -163,11 +167,16 @@ def explain(plan: Plan, spec: ModelSpec, cache_lens: int, gpu_memory: int | Mapp
         if place.class_name.endswith("Attention"):
             attention.setdefault(place.generate_device, []).append(place)
     kv_per_token: dict[str, int] = {}
+    store: dict[str, int] = {}  # DeepSeek-V4: device -> the most its prefix store holds
     for dev, places in attention.items():
         if isinstance(spec, V4Spec):  # a window and compressed rows (model/v4_cache.py)
             layers = [int(p.path.split(".")[2]) for p in places]
             kv_per_token[dev] = round(v4_cache.compressed_bytes_per_token(spec, V4_FLOAT, layers))
             kv = v4_cache.request_bytes(spec, cache_lens, V4_FLOAT, layers)
+            store[dev] = v4_cache.store_bytes(spec, cache_lens,
+                                              v4_cache.store_entries(max_batch_size), V4_FLOAT,
+                                              layers)
+            kv += store[dev]
         else:
             kv_per_token[dev] = sum(_kv_bytes_per_layer(p, spec) for p in places)
             kv = kv_per_token[dev] * cache_lens
@@ -187,7 +196,8 @@ def explain(plan: Plan, spec: ModelSpec, cache_lens: int, gpu_memory: int | Mapp
              for dev, per_token in kv_per_token.items()
              if dev != "cpu" and devices[dev].budget and served}
     exp = Explanation(ordered, dict(sorted(devices.items())), cache_lens, kv_per_token,
-                      list(plan.warnings), [], packed_from, packed_bytes, serve, not served)
+                      list(plan.warnings), [], packed_from, packed_bytes, serve, not served,
+                      prefix_store=store)
     experts = {int(path.split(".")[2]): place for path, place in plan.placements.items()
                if place.operator == "experts" and place.options.get("backend") == "cpu"}
     for layer, place in experts.items():  # the last CPU one defers nothing (deferral.py)
@@ -285,12 +295,14 @@ def render_table(exp: Explanation, header: str) -> str:
     lines.append("")
     for dev, per_token in exp.kv_bytes_per_token.items():
         if exp.v4:
-            lines.append(f"KV cache on {dev}: {gib(exp.devices[dev].kv_cache)} for one request "
-                         f"of {exp.cache_lens:,} tokens: its compressed rows, {per_token:,} bytes "
-                         f"per token, beside its sliding windows and the compressors' open "
-                         f"windows (f32, as transformers' V4 attention keeps them); the prefix "
-                         f"cache may hold about as much again in finished prompts' caches "
-                         f"(--no-prefix-cache: none)")
+            store = exp.prefix_store.get(dev, 0)
+            lines.append(f"KV cache on {dev}: {gib(exp.devices[dev].kv_cache - store)} for one "
+                         f"request of {exp.cache_lens:,} tokens: its compressed rows, "
+                         f"{per_token:,} bytes per token, beside its sliding windows and the "
+                         f"compressors' open windows (f32, as transformers' V4 attention keeps "
+                         f"them); and up to {gib(store)} in the prefix cache's store of finished "
+                         f"prompts' caches, {exp.cache_lens:,} tokens in all (counted in the "
+                         f"total; --no-prefix-cache: none)")
             continue
         lines.append(f"KV cache: {per_token:,} bytes per token on {dev}, {exp.cache_lens:,} tokens")
         if dev in exp.serve_cache_lens:

@@ -35,6 +35,7 @@ from hybrid.engine.step.routing_recorder import DECODE, PREFILL, RoutingRecorder
 from hybrid.engine.step.step_result import StepResult
 from hybrid.errors import HybridError
 from hybrid.model.activations import CPU_CHUNK
+from hybrid.model.v4_cache import store_entries
 from hybrid.ops.experts import ExpertsOp
 
 
@@ -67,8 +68,8 @@ class TransformersRunner:
         self._caches: dict[int, _RequestCache] = {}  # id(request) -> its cache
         self.cached_tokens = 0  # prompt tokens that requests took from the store
         # as many tokens as are admitted at once, in a few entries (each holds its layers'
-        # windows whatever its length)
-        self.store = CacheStore(max(8, 2 * config.max_batch_size), config.cache_lens) \
+        # windows whatever its length; `rules explain` counts them: model/v4_cache.py)
+        self.store = CacheStore(store_entries(config.max_batch_size), config.cache_lens) \
             if reuse_caches and config.cache_lens else None
 
     def _recorder(self, model: nn.Module) -> RoutingRecorder:
