@@ -66,7 +66,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                        args.optimize_rules, args.cache_lens or DEFAULT_CACHE_LENS,
                        args.gpu_device, args.batch, args.phase, fractions, args.measure,
                        args.steps, threads, chunks, args.prefill_tokens, device_map,
-                       args.cpu_bandwidth)
+                       args.cpu_bandwidth, args.repeats)
     result = tune(opts, status=lambda s: print(s, file=sys.stderr, flush=True))
     (out.with_suffix(".json")).write_text(json.dumps(to_json(result), indent=2))
     print(summary(result, args.batch))
@@ -122,6 +122,9 @@ def _add_tune_parser(sub: argparse._SubParsersAction) -> None:
                    help="the prompt the chunk sizes prefill")
     p.add_argument("--steps", type=int, default=d["steps"],
                    help="decode steps timed per measurement")
+    p.add_argument("--repeats", type=int, default=d["repeats"],
+                   help="with --measure: rounds over every placement, medians kept (a shared "
+                        "host drifts between engines)")
     p.add_argument("--device-map", default=None, metavar="FROM=TO",
                    help="with --measure: run the rule files' devices elsewhere (cuda=cpu)")
     p.add_argument("--cpu-bandwidth", type=float, default=None, metavar="GB/s",

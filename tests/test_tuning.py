@@ -169,7 +169,8 @@ def test_profile_tune_serve_end_to_end(skewed, capsys) -> None:
     assert main(["tune", "--gguf-path", str(path), "--optimize-rules", "DeepSeek-V3",
                  "--profile", str(root / "profile.json"), "--gpu-memory", str(budget),
                  "--cache-lens", "1024", "--out", str(out), "--measure", "--steps", "4",
-                 "--budgets", "0.5", "--device-map", "cuda=cpu", "--sweep-threads", "1",
+                 "--repeats", "2", "--budgets", "0.5", "--device-map", "cuda=cpu",
+                 "--sweep-threads", "1",
                  "--sweep-chunk-sizes", "32,128", "--prefill-tokens", "256",
                  "--cpu-bandwidth", "20"]) == 0
     text = capsys.readouterr().out
@@ -187,6 +188,9 @@ def test_profile_tune_serve_end_to_end(skewed, capsys) -> None:
     full = next(p for p in report["placements"] if p["name"].startswith("hot experts 100%"))
     assert full["hit_rate"] > 0.25  # skewed: a quarter of the experts serve more than that
     assert all(p["measured_ms"] and p["predicted_ms"] for p in report["placements"])
+    # two rounds over every placement, each placement's median kept
+    assert all(len(p["samples_ms"]) == 2 and p["measured_ms"] == sum(p["samples_ms"]) / 2
+               for p in report["placements"])
     # whole layers are written as every expert held, so the decode step stays capturable
     whole = plan_model(str(path), str(root / "tuned-variants" / "whole-layers.yaml"),
                        check_devices=False, announce=False).plan

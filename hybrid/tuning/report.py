@@ -78,7 +78,8 @@ def to_json(result: TuneResult) -> dict[str, Any]:
         "placements": [{"name": p.name, "gpu_bytes": p.gpu_bytes, "hit_rate": p.hit_rate,
                         "cpu_bytes_per_step": p.cpu_bytes, "cpu_layers": p.cpu_layers,
                         "calibration": p.calibration, "rules": str(p.rules),
-                        "predicted_ms": p.predicted_ms, "measured_ms": p.measured_ms}
+                        "predicted_ms": p.predicted_ms, "measured_ms": p.measured_ms,
+                        "samples_ms": p.samples}
                        for p in result.placements],
         "threads": [{"cpu_threads": t, "ms": ms} for t, ms in result.threads],
         "chunk_sizes": [{"chunk_size": c, "prefill_tok_s": v} for c, v in result.chunks],

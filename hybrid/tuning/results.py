@@ -26,7 +26,8 @@ class Placement:
     calibration: bool = False  # measured only to fit the time model (not a candidate)
     rules: Path | None = None
     predicted_ms: float | None = None
-    measured_ms: float | None = None
+    measured_ms: float | None = None  # the median of `samples`
+    samples: list[float] = field(default_factory=list)  # ms a step, one per round
 
 
 @dataclass
@@ -70,3 +71,6 @@ class TuneOptions:
     prefill_tokens: int = 2048  # the prompt the chunk sizes prefill
     device_map: Mapping[str, str] | None = None  # run GPU rule files elsewhere (tests)
     read_gbs: float | None = None  # the CPU's read bandwidth (None: measured now)
+    # rounds of decode measurements, each over every placement in turn: medians, so a shared
+    # host's drift between fresh engines lands in every placement alike
+    repeats: int = 1

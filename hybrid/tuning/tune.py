@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 
 from hybrid.errors import HybridError
@@ -40,6 +41,8 @@ def tune(opts: TuneOptions, status: Callable[[str], None] = lambda s: None) -> T
         from hybrid.rules.planner import family_gpu_rules_name, open_model
 
         base = family_gpu_rules_name(open_model(opts.gguf_path)[1])
+    if opts.repeats < 1:
+        raise HybridError(f"--repeats must be at least 1, got {opts.repeats}")
     planned = plan_model(opts.gguf_path, base, check_devices=False, announce=False)
     spec, plan = planned.spec, planned.plan
     profile = RoutingProfile.load(opts.profile)
@@ -201,21 +204,22 @@ def _measure(opts: TuneOptions, result: TuneResult, status: Callable[[str], None
     from hybrid.engine.config import EngineConfig
     from hybrid.tuning.measure import decode_ms, on_fresh_engine, prefill_tok_s
 
-    def run(p: Placement) -> float:
-        status(f"measuring decode: {p.name}")
-        p.measured_ms = decode_ms(opts.gguf_path, str(p.rules), opts.batch, opts.steps,
-                                  device_map=opts.device_map)
-        return p.measured_ms
-
     none, full = result.placements[0], next(p for p in result.placements
                                              if p.rules == result.rules)
     fit = [none, full, *(p for p in result.placements if p.calibration)]
-    model = DecodeModel.fit([(p.cpu_bytes, p.cpu_layers, run(p)) for p in fit])
+    order = fit + [p for p in result.placements if p not in fit]
+    for r in range(opts.repeats):  # round by round: a drifting host touches every placement
+        for p in order:
+            status(f"measuring decode: {p.name}" + (f" (round {r + 1} of {opts.repeats})"
+                                                    if opts.repeats > 1 else ""))
+            p.samples.append(decode_ms(opts.gguf_path, str(p.rules), opts.batch, opts.steps,
+                                       device_map=opts.device_map))
+    for p in order:
+        p.measured_ms = statistics.median(p.samples)
+    model = DecodeModel.fit([(p.cpu_bytes, p.cpu_layers, p.measured_ms) for p in fit])
     result.model = model
     for p in result.placements:
         p.predicted_ms = model.ms(p.cpu_bytes, p.cpu_layers)
-        if p.measured_ms is None:
-            run(p)
     for t in opts.threads:
         status(f"measuring decode: {t} CPU threads")
         result.threads.append((t, decode_ms(opts.gguf_path, str(result.rules), opts.batch,
