@@ -163,7 +163,8 @@ def bench(args, folder: Path) -> dict:
     share = int(sum(sizes.per_layer.values()) * p.num_experts * args.share)
     budget = fixed.weights + fixed.kv_cache + GPU_RESERVE_BYTES + share
     one = tune(TuneOptions(path, str(folder / "profile.json"), budget, folder / "one.yaml", base,
-                           args.cache_lens, fractions=(), measure=True, steps=args.steps),
+                           args.cache_lens, fractions=(), measure=True, steps=args.steps,
+                           repeats=args.repeats),
                status=lambda s: print(s, flush=True))
     print(summary(one), flush=True)
     two = tune(TuneOptions(path, str(folder / "profile.json"), {d: budget for d in TWO},
@@ -224,6 +225,8 @@ def main() -> int:
                     help="the routed experts' share one GPU's budget holds")
     ap.add_argument("--prompts", type=int, default=24)
     ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="rounds of the one-GPU decodes the time model is fitted to (medians)")
     ap.add_argument("--cache-lens", type=int, default=4096)
     ap.add_argument("--folder", default="/tmp/two-gpus")
     ap.add_argument("--json", default=None)
