@@ -125,3 +125,17 @@ def test_experts_held_on_another_gpu_mix_their_stretch(models, tmp_path) -> None
     rules.write_text(yaml.safe_dump(hot + yaml.safe_load(split.read_text()), sort_keys=False))
     program = _program_on(path, str(rules), held={2: "cuda:0"})
     assert not program.pieces_on_one_device  # layer 2's stretch runs on both GPUs: eager
+
+
+def test_explain_points_an_idle_gpu_to_the_split(models, tmp_path) -> None:
+    from hybrid.rules.explain import explain
+
+    path = str(models.path("tiny-v3", "q4_k_m", "legacy"))
+    base = with_experts_mode("DeepSeek-V3", "exact", tmp_path)
+    budgets = {"cuda:0": 2 << 30, "cuda:1": 2 << 30}
+    for rules, idle in ((base, True), (write_split(str(base), [2], ["cuda:0", "cuda:1"], 4,
+                                                   tmp_path), False)):
+        planned = plan_model(path, str(rules), check_devices=False, announce=False)
+        advice = explain(planned.plan, planned.spec, 1024, budgets, None).advice
+        assert any(a.startswith("cuda:1 has a budget but the rules place nothing") for a in
+                   advice) == idle

@@ -205,6 +205,12 @@ def explain(plan: Plan, spec: ModelSpec, cache_lens: int, gpu_memory: int | Mapp
         if k and layer != max(experts):
             exp.deferred[k] = exp.deferred.get(k, 0) + 1
     exp.advice = _advice(exp)
+    if isinstance(gpu_memory, Mapping):  # budgets for GPUs the rules leave empty
+        idle = [parse_device(d) for d in gpu_memory if parse_device(d) not in devices]
+        if idle:
+            exp.advice.append(f"{', '.join(idle)} has a budget but the rules place nothing "
+                              f"there: `hybrid tune --gpu-memory` with these budgets splits a "
+                              f"one-GPU rule file's layers over the GPUs (rules/layer_split.py)")
     return exp
 
 
