@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import time
 from pathlib import Path
@@ -24,10 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_e2e import rules_with_mode
-
-WORDS = ["the", "river", "city", "market", "history", "light", "engine", "model", "token",
-         "expert", "memory", "paper", "road", "music", "winter", "garden", "number", "story",
-         "question", "answer", "machine"]
 
 
 def main() -> int:
@@ -43,17 +38,16 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
-    from hybrid.engine.config import EngineConfig
-    from hybrid.engine.llm import LLM
     from hybrid.rules.devices import parse_device_map
     from hybrid.rules.explain import GPU_RESERVE_BYTES, explain
     from hybrid.rules.planner import plan_model
     from hybrid.synth.make_model import MakeModelOptions, make_model
     from hybrid.synth.presets import get_preset
+    from hybrid.synth.prompts import word_prompts
     from hybrid.synth.vocab import get_vocab
     from hybrid.tuning.planner import expert_bytes
     from hybrid.tuning.report import summary, to_json
-    from hybrid.tuning.run_profile import profile_prompts
+    from hybrid.tuning.run_profile import profile_on_fresh_engine
     from hybrid.tuning.tune import TuneOptions, tune
 
     folder = Path(args.folder)
@@ -66,17 +60,9 @@ def main() -> int:
           flush=True)
     base = rules_with_mode("DeepSeek-V3", args.mode)
     device_map = parse_device_map(args.device_map)
-    rng = random.Random(0)
-    prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(24, 96)))
-               for _ in range(args.prompts)]
     t = time.perf_counter()
-    llm = LLM(str(path), base, device_map=device_map,
-              engine_config=EngineConfig(record_routing=True, prefix_cache=False,
-                                         cache_lens=args.cache_lens))
-    profile = profile_prompts(llm, prompts, 48)
-    if llm.engine.cpu_pool is not None:
-        llm.engine.cpu_pool.close()
-    del llm
+    profile = profile_on_fresh_engine(str(path), base, word_prompts(args.prompts), 48,
+                                      args.cache_lens, device_map)
     profile.save(folder / "profile.json")
     print(f"profile: {profile.prefill_tokens} prompt + {profile.decode_tokens} decode tokens, "
           f"{time.perf_counter() - t:.0f} s", flush=True)

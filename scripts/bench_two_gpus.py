@@ -20,15 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-WORDS = ["the", "river", "city", "market", "history", "light", "engine", "model", "token",
-         "expert", "memory", "paper", "road", "music", "winter", "garden", "number", "story"]
 PROMPTS = [[0, 42, 574, 81, 2058, 3, 223, 804, 853, 303, 3427, 223], [0, 9, 99, 999],
            [0, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20], [0, 3000, 17]]
 TWO = ["cuda:0", "cuda:1"]
@@ -121,17 +118,16 @@ def with_hot(rules: Path, devices: tuple[str, ...], out: Path) -> Path:
 
 
 def bench(args, folder: Path) -> dict:
-    from hybrid.engine.config import EngineConfig
-    from hybrid.engine.llm import LLM
     from hybrid.rules.explain import GPU_RESERVE_BYTES, explain
     from hybrid.rules.layer_split import even_boundaries, write_split
     from hybrid.rules.planner import plan_model, with_experts_mode
     from hybrid.synth.make_model import MakeModelOptions, make_model
     from hybrid.synth.presets import get_preset
+    from hybrid.synth.prompts import word_prompts
     from hybrid.synth.vocab import get_vocab
     from hybrid.tuning.planner import expert_bytes
     from hybrid.tuning.report import summary
-    from hybrid.tuning.run_profile import profile_prompts
+    from hybrid.tuning.run_profile import profile_on_fresh_engine
     from hybrid.tuning.tune import TuneOptions, tune
 
     p = get_preset(args.preset, args.layers)
@@ -144,16 +140,9 @@ def bench(args, folder: Path) -> dict:
     base = str(with_experts_mode("DeepSeek-V3", "exact", folder))
     split = str(write_split(base, even_boundaries(p.num_layers, p.first_k_dense, 2), TWO,
                             p.num_layers, folder))
-    rng = random.Random(0)
-    prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(24, 96)))
-               for _ in range(args.prompts)]
     t = time.perf_counter()
-    llm = LLM(path, base, engine_config=EngineConfig(record_routing=True, prefix_cache=False,
-                                                     cache_lens=args.cache_lens))
-    profile = profile_prompts(llm, prompts, 32)
-    if llm.engine.cpu_pool is not None:
-        llm.engine.cpu_pool.close()
-    del llm
+    profile = profile_on_fresh_engine(path, base, word_prompts(args.prompts), 32,
+                                      args.cache_lens)
     profile.save(folder / "profile.json")
     print(f"profile: {time.perf_counter() - t:.0f} s", flush=True)
 

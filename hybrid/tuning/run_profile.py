@@ -70,3 +70,15 @@ def profile_prompts(llm, prompts: list[Any], max_tokens: int, temperature: float
         if progress is not None:
             progress(start + len(chunk), len(ids))
     return RoutingProfile.of_engine(llm.engine, model)
+
+
+def profile_on_fresh_engine(gguf_path: str, rules: str, prompts: list[Any], max_tokens: int,
+                            cache_lens: int, device_map=None) -> RoutingProfile:
+    """profile_prompts on an engine of its own (routing recorded, no prefix cache), its CPU
+    pool closed after (benchmarks that profile, then measure on other engines)."""
+    from hybrid.engine.config import EngineConfig
+    from hybrid.tuning.measure import on_fresh_engine
+
+    config = EngineConfig(record_routing=True, prefix_cache=False, cache_lens=cache_lens)
+    return on_fresh_engine(gguf_path, rules, config,
+                           lambda llm: profile_prompts(llm, prompts, max_tokens), device_map)
