@@ -44,7 +44,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from hybrid.engine.step.device_span import cross_to, device_of, device_work, nothing, resolve
+from hybrid.engine.step.device_span import cross_to, device_of, guarded, nothing, resolve
 from hybrid.engine.step.experts_bridge import ExpertsBridge
 from hybrid.engine.step.forward_batch import ForwardBatch
 from hybrid.ops.experts import ExpertsOp
@@ -315,7 +315,11 @@ class DecoderProgram:
 
 def _device_piece(steps: list[tuple[torch.device, Callable[[StepState], None]]],
                   guard: bool) -> Piece:
-    run, device = device_work(steps, guard)
+    run_steps, device = guarded(steps, guard)
+
+    def run(st: StepState) -> None:
+        for step in run_steps:
+            step(st)
     return Piece(True, run, device=device)
 
 

@@ -44,20 +44,15 @@ def cross_to(key: int, to: torch.device, st: StepState) -> None:
     st.fb.refresh_on(to)
 
 
-def device_work(steps: list[tuple[torch.device, Callable[[StepState], None]]], guard: bool
-                ) -> tuple[Callable[[StepState], None], torch.device | None]:
-    """Device work as one callable, and the one device it runs on (None: several). With
-    `guard` (a model over several devices) each step runs with its device current."""
+def guarded(steps: list[tuple[torch.device, Callable[[StepState], None]]], guard: bool
+            ) -> tuple[list[Callable[[StepState], None]], torch.device | None]:
+    """Device work's steps, each with its device current when `guard` (a model over several
+    devices), and the one device they run on (None: several)."""
     devices = {d for d, _ in steps}
     device = devices.pop() if len(devices) == 1 else None
     if guard:
         steps = [(d, partial(_on, d, step) if d.type == "cuda" else step) for d, step in steps]
-    run_steps = [step for _, step in steps]
-
-    def run(st: StepState) -> None:
-        for step in run_steps:
-            step(st)
-    return run, device
+    return [step for _, step in steps], device
 
 
 def _on(device: torch.device, step: Callable[[StepState], None], st: StepState) -> None:
