@@ -42,10 +42,10 @@ sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).
 from step_probe import StepProbe, slowest
 
 from hybrid.engine.config import EngineConfig
+from hybrid.engine.graphs import setup as graphs_setup
 from hybrid.engine.heap import freeze_start_up_heap
 from hybrid.engine.llm import LLM
 from hybrid.engine.prefill.prefill_costs import ExpertPlacement
-from hybrid.engine.runner import runner_start_up
 from hybrid.engine.sampling.sampling_params import SamplingParams
 from hybrid.ops.experts import ExpertsOp
 
@@ -335,7 +335,7 @@ def main() -> int:
     graphs = runner.graphs
     if graphs is not None:
         other = "layers" if config.decode_graph == "step" else "step"
-        runner.graphs = runner_start_up.capture_graphs(runner, other)
+        runner.graphs = graphs_setup.capture(runner, other)
         result["decode_other_graph"] = {"decode_graph": other, **decode(llm, 1, 32, args.gen)}
         runner.graphs = None
         result["decode_eager"] = decode(llm, 1, 32, args.gen)

@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench_e2e import ExpertClock, build_model, rules_with_mode
 
 from hybrid.engine.config import EngineConfig
+from hybrid.engine.graphs import setup as graphs_setup
 from hybrid.engine.llm import LLM
 from hybrid.engine.runner import runner_start_up
 from hybrid.engine.sampling.sampling_params import SamplingParams
@@ -187,7 +188,7 @@ def main() -> int:
                "moe_layers": len(runner.program.moe_layers)}
     start(llm, args.batch, gen)
     for kind in ("layers", "step"):
-        r[kind] = profile(llm, runner_start_up.capture_graphs(runner, kind), args.batch,
+        r[kind] = profile(llm, graphs_setup.capture(runner, kind), args.batch,
                           args.steps)
     r["kernels"] = kernel_table(llm, 8)
     print(json.dumps({k: v for k, v in r.items() if k != "kernels"}, indent=1))

@@ -52,7 +52,7 @@ def test_a_timing_that_fails_keeps_whole_steps_but_a_lost_device_stops(monkeypat
     from types import SimpleNamespace
 
     from hybrid.engine.graphs import choice as graph_choice
-    from hybrid.engine.runner import runner_start_up
+    from hybrid.engine.graphs import setup as graphs_setup
     from hybrid.errors import DeviceLost
 
     runner = SimpleNamespace(program=SimpleNamespace(moe_layers=[object()]), device="cuda:0")
@@ -64,10 +64,10 @@ def test_a_timing_that_fails_keeps_whole_steps_but_a_lost_device_stops(monkeypat
 
     monkeypatch.setattr(graph_choice, "measure", fails(RuntimeError("capture went wrong")))
     with caplog.at_level("WARNING", logger="hybrid.engine"):
-        assert runner_start_up.measure_decode_graphs(runner, None) == ("step", None)
+        assert graphs_setup.measure(runner, None) == ("step", None)
     assert "timing the decode graphs failed (RuntimeError: capture went wrong)" in caplog.text
     monkeypatch.setattr(graph_choice, "measure", fails(DeviceLost("gone")))
     with pytest.raises(DeviceLost):
-        runner_start_up.measure_decode_graphs(runner, None)
+        graphs_setup.measure(runner, None)
     runner.program.moe_layers = []  # no CPU experts: nothing to time
-    assert runner_start_up.measure_decode_graphs(runner, None) == ("step", None)
+    assert graphs_setup.measure(runner, None) == ("step", None)

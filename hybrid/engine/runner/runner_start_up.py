@@ -12,7 +12,6 @@ model is measured last, on the warm kernels, and the chunk sizes beside decodes 
 from __future__ import annotations
 
 import logging
-import statistics
 from collections.abc import Callable
 
 import torch
@@ -20,6 +19,7 @@ from torch import nn
 
 from hybrid.engine.attention import select as attention_select
 from hybrid.engine.config import EngineConfig
+from hybrid.engine.graphs import setup as decode_graphs_setup
 from hybrid.engine.prefill import layered_prefill, prefill_setup
 from hybrid.engine.prefill.prefill_chunk import (
     choose_decode_chunk_size,
@@ -28,7 +28,7 @@ from hybrid.engine.prefill.prefill_chunk import (
 from hybrid.engine.step.decoder import DecoderProgram, StepState
 from hybrid.engine.step.forward_batch import ForwardBatch, StepLayout
 from hybrid.engine.step.routing_recorder import RoutingRecorder
-from hybrid.errors import HybridError, is_device_lost
+from hybrid.errors import HybridError
 from hybrid.model.activations import ModelShapes, activation_bytes_per_token, choose_chunk_size
 from hybrid.ops.experts import ExpertsOp
 from hybrid.ops.mla_attention import MLAAttentionOp
@@ -83,14 +83,14 @@ def start_up(runner, config: EngineConfig, attention: list[MLAAttentionOp],
     runner.program.stream = runner.stream
     if runner.stream is not None:  # its grouped launches first: warm-up steps stream
         prefill_setup.warm_up(runner.stream, runner.program.moe_layers[0], hf.hidden_size)
-    form = graph_form(runner, config.decode_graph, progress)
+    form = decode_graphs_setup.graph_form(runner, config.decode_graph, progress)
     if config.cuda_graphs and form is not None:
         warm_up(runner, progress, cpu_kernels_ready=cpu_kernels_ready)
         runner.decode_graph = form
         if runner.decode_graph == "auto":
-            runner.decode_graph, runner.layered.decode_ms = measure_decode_graphs(runner,
+            runner.decode_graph, runner.layered.decode_ms = decode_graphs_setup.measure(runner,
                                                                                   progress)
-        runner.graphs = capture_graphs(runner, runner.decode_graph, progress)
+        runner.graphs = decode_graphs_setup.capture(runner, runner.decode_graph, progress)
     elif runner.device.type == "cuda":
         warm_up(runner, progress, decode=True, cpu_kernels_ready=cpu_kernels_ready)
     cpu_kernels_ready()  # before serving, wherever no warm-up step ran the CPU experts
@@ -117,50 +117,6 @@ def start_up(runner, config: EngineConfig, attention: list[MLAAttentionOp],
                  f"take up to {runner.in_flight_chunk_size} tokens a step")
     if runner.recorder is not None:
         runner.recorder.reset()  # start-up's warm-up steps are not traffic
-
-
-def measure_decode_graphs(runner, progress: Callable[[str], None] | None
-                          ) -> tuple[str, float | None]:
-    """graphs/choice.py: the faster form of decode graphs here ("step" where no MoE layer's
-    experts are on the CPU: the forms are then the same graphs; also where the timing itself
-    fails short of a lost device, said in a warning: the choice is an optimization, and the
-    capture that follows meets any real fault again) -> (that form, its ms a one-token step,
-    or None where nothing was timed)."""
-    from hybrid.engine.graphs import choice as graph_choice
-
-    if not runner.program.moe_layers:
-        return "step", None
-    if progress is not None:
-        progress("timing decode steps as one graph against layer by layer")
-    try:
-        seconds = graph_choice.measure(
-            lambda form: capture_graphs(runner, form, max_batch_size=1), runner.device)
-    except Exception as e:
-        if is_device_lost(e):
-            raise
-        log.warning("timing the decode graphs failed (%s: %s); decode steps run as one graph",
-                    type(e).__name__, e)
-        return "step", None
-    chosen = graph_choice.faster(seconds)
-    line = graph_choice.describe(seconds, chosen)
-    if progress is not None:
-        progress(line)
-    else:
-        log.info("%s", line)
-    return chosen, 1e3 * statistics.median(seconds[chosen])
-
-
-def capture_graphs(runner, decode_graph: str, progress: Callable[[str], None] | None = None,
-                   max_batch_size: int | None = None):
-    """-> DecodeGraphs of every batch bucket up to `max_batch_size` (the config's when
-    None), `decode_graph` "step" or "layers" (also for benchmarks that compare the two in
-    one process)."""
-    from hybrid.engine.graphs.decode_graphs import DecodeGraphs
-
-    return DecodeGraphs(runner.program, runner.cache, runner.page_size, runner.max_pages,
-                        max_batch_size or runner.config.max_batch_size, runner.device,
-                        runner.attention, progress,
-                        whole_step=decode_graph == "step" and bool(runner.program.moe_layers))
 
 
 @torch.inference_mode()
@@ -227,45 +183,6 @@ def warm_up(runner, progress: Callable[[str], None] | None = None,
         decode_step(1)
     if runner.device.type == "cuda":
         torch.cuda.synchronize(runner.device)
-
-
-def graph_form(runner, decode_graph: str, progress: Callable[[str], None] | None
-               ) -> str | None:
-    """The decode graphs' form that can be captured ("step", "layers", or "auto": time both),
-    or None where decode steps run eagerly. A model over several GPUs takes "layers": a graph
-    per piece on its GPU, which needs every piece on one GPU (graphs/piecewise.py)."""
-    program = runner.program
-    if runner.device.type != "cuda" or not program.can_capture:
-        return None
-    if _one_device(runner.model, runner.device):
-        return decode_graph
-    why = None
-    if not all(d.type == "cuda" for d in program.devices):
-        why = "some of the layers' work runs on the CPU"
-    elif not program.pieces_on_one_device:
-        why = "a stretch between two MoE layers' CPU experts mixes devices"
-    if why is not None:
-        line = (f"decode steps run eagerly: the model runs on "
-                f"{', '.join(map(str, program.devices))} and {why} (a CUDA graph captures one)")
-        if progress is not None:
-            progress(line)
-        else:
-            log.info("%s", line)
-        return None
-    if progress is not None:
-        progress(f"the layers run on {', '.join(map(str, program.devices))}: decode steps "
-                 f"replay a graph per stretch of layers on its GPU (one graph cannot span GPUs)")
-    return "layers"
-
-
-def _one_device(model: nn.Module, device: torch.device) -> bool:
-    """Every operator but the CPU experts on `device` (a CUDA graph captures one device)."""
-    for module in model.modules():
-        if not type(module).__module__.startswith("hybrid.ops") or isinstance(module, ExpertsOp):
-            continue
-        if module.device != device:
-            return False
-    return True
 
 
 def install_recorder(model: nn.Module, program: DecoderProgram) -> RoutingRecorder:
