@@ -57,8 +57,7 @@ def _one_device(model: nn.Module, device: torch.device) -> bool:
     return True
 
 
-def measure(runner, progress: Callable[[str], None] | None
-                          ) -> tuple[str, float | None]:
+def measure(runner, progress: Callable[[str], None] | None) -> tuple[str, float | None]:
     """graphs/choice.py: the faster form of decode graphs here ("step" where no MoE layer's
     experts are on the CPU: the forms are then the same graphs; also where the timing itself
     fails short of a lost device, said in a warning: the choice is an optimization, and the
@@ -89,7 +88,7 @@ def measure(runner, progress: Callable[[str], None] | None
 
 
 def capture(runner, decode_graph: str, progress: Callable[[str], None] | None = None,
-                   max_batch_size: int | None = None):
+            max_batch_size: int | None = None):
     """-> DecodeGraphs of every batch bucket up to `max_batch_size` (the config's when
     None), `decode_graph` "step" or "layers" (also for benchmarks that compare the two in
     one process)."""
