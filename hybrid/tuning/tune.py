@@ -134,7 +134,7 @@ def _tune_over_gpus(opts: TuneOptions, planned, profile: RoutingProfile, sizes,
         raise HybridError("--measure times one GPU's placements so far: give --gpu-memory one "
                           "size (the GPU of --gpu-device), or tune without --measure")
     home = _attention_devices(planned.plan, sizes)
-    if len(set(home.values()) & set(opts.gpu_memory)) < 2:  # one GPU's rules: split them
+    if len(set(home.values()) & set(opts.gpu_memory)) == 1:  # one GPU's rules: split them
         planned = _split_layers(opts, planned, status)
         sizes = expert_bytes(planned.plan, planned.spec.num_experts)
         home = _attention_devices(planned.plan, sizes)
