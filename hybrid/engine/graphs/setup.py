@@ -28,6 +28,8 @@ def graph_form(runner, decode_graph: str, progress: Callable[[str], None] | None
         return None
     if _one_device(runner.model, runner.device):
         return decode_graph
+    if not program.spans_devices:  # an operator off the model's device (as before: eager)
+        return None
     why = None
     if not all(d.type == "cuda" for d in program.devices):
         why = "some of the layers' work runs on the CPU"

@@ -171,12 +171,12 @@ class DecoderProgram:
             stretch = stretches[-1]
             stretch.append((device_of(layer.self_attn), partial(self._attention, layer)))
             here = device_of(layer.post_attention_layernorm) or device_of(layer.self_attn)
+            # a layer whose operators (its router, held or in-place experts, ...) sit on more
+            # than one device mixes its stretch: no graph can capture it
+            stretch += [(d, nothing) for d in _layer_devices(layer) - {here}]
             if _is_moe(layer.mlp) and _bridged(layer.mlp):
                 i = len(self.moe_layers)
                 stretch.append((here, partial(self._route_and_send, layer, i)))
-                held = layer.mlp.experts.held_device
-                if held is not None and held != here:  # held experts on another GPU: mixed
-                    stretch.append((held, nothing))
                 self.moe_layers.append(layer.mlp.experts)
                 bridged.append((i, layer.mlp, here))
                 stretches.append([(None, None)])  # its receive, bound below to its device
@@ -321,6 +321,23 @@ def _device_piece(steps: list[tuple[torch.device, Callable[[StepState], None]]],
         for step in run_steps:
             step(st)
     return Piece(True, run, device=device)
+
+
+def _layer_devices(layer: nn.Module) -> set[torch.device]:
+    """The devices of a layer's operators, the experts' held set included and the CPU
+    experts that the hand-over serves left out."""
+    out = set()
+    for module in layer.modules():
+        if not type(module).__module__.startswith("hybrid.ops"):
+            continue
+        if isinstance(module, ExpertsOp):
+            if module.held_device is not None:
+                out.add(module.held_device)
+            if not module.runs_on_host and (d := device_of(module)) is not None:
+                out.add(d)
+        elif (d := device_of(module)) is not None:
+            out.add(d)
+    return out
 
 
 def _input_bits(consumer: nn.Module | None, tokens: int, device: torch.device) -> int:
