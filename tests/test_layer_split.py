@@ -68,10 +68,12 @@ def test_split_rules_serve_the_one_gpu_tokens(models, tmp_path) -> None:
         assert a.outputs[0].logprobs == pytest.approx(b.outputs[0].logprobs, abs=1e-5)
 
 
-def _program_on(path: str, rules: str, held: dict[int, str] | None = None):
+def _program_on(path: str, rules: str, held: dict[int, str] | None = None,
+                relabel: dict[str, str] | None = None):
     """The decoder program of `rules` loaded on the CPU, its operators then labelled with the
     devices the rules name (planning reads devices only; nothing runs): a two-GPU plan
-    checked where there is no GPU. held: layer -> the device its held experts name."""
+    checked where there is no GPU. held: layer -> the device its held experts name;
+    relabel: module path -> a device it is labelled with instead."""
     import torch
 
     from hybrid.engine.llm import LLM
@@ -82,7 +84,8 @@ def _program_on(path: str, rules: str, held: dict[int, str] | None = None):
     model = LLM(path, rules, device_map={"cuda": "cpu"}).engine.runner.model
     for name, module in model.named_modules():
         if type(module).__module__.startswith("hybrid.ops") and hasattr(module, "device"):
-            module.device = torch.device(plan.placement_of(name).generate_device)
+            module.device = torch.device((relabel or {}).get(
+                name, plan.placement_of(name).generate_device))
     for layer, device in (held or {}).items():
         model.model.layers[layer].mlp.experts.gpu_experts.device = torch.device(device)
     hf = model.config
@@ -125,6 +128,16 @@ def test_experts_held_on_another_gpu_mix_their_stretch(models, tmp_path) -> None
     rules.write_text(yaml.safe_dump(hot + yaml.safe_load(split.read_text()), sort_keys=False))
     program = _program_on(path, str(rules), held={2: "cuda:0"})
     assert not program.pieces_on_one_device  # layer 2's stretch runs on both GPUs: eager
+
+
+def test_a_router_on_another_gpu_mixes_its_stretch(models, tmp_path) -> None:
+
+    path = str(models.path("tiny-v3", "q4_k_m", "legacy"))
+    base = with_experts_mode("DeepSeek-V3", "exact", tmp_path)
+    split = str(write_split(str(base), [2], ["cuda:0", "cuda:1"], 4, tmp_path))
+    assert _program_on(path, split).pieces_on_one_device
+    program = _program_on(path, split, relabel={"model.layers.3.mlp.gate": "cuda:0"})
+    assert not program.pieces_on_one_device
 
 
 def test_explain_points_an_idle_gpu_to_the_split(models, tmp_path) -> None:
