@@ -240,7 +240,12 @@ class DecoderProgram:
     def _route_and_send(self, layer: nn.Module, i: int, st: StepState) -> None:
         shared = getattr(layer.mlp, "shared_experts", None)
         st.normed, st.normed_q = self._norm(layer.post_attention_layernorm, st, shared)
-        _, weights, ids = layer.mlp.gate.route(st.normed.to(layer.mlp.gate.device))
+        gate = layer.mlp.gate
+        if torch.device(gate.device) == st.normed.device:
+            _, weights, ids = gate.route(st.normed)
+        else:  # a router on another device: its kernels launch there (an eager step's)
+            with torch.cuda.device(gate.device if "cuda" in str(gate.device) else None):
+                _, weights, ids = gate.route(st.normed.to(gate.device))
         if self.recorder is not None:
             self.recorder.add(layer.mlp.gate.layer_index, ids, st.fb)
         if st.routed_off:
