@@ -44,16 +44,16 @@ class ExpertsBridge:
         self.ids = host(max_tokens, top_k, dtype=torch.int64)  # [T, K]
         self.weights = host(max_tokens, top_k)  # [T, K]
         self.out = host(max_tokens, hidden)  # [T, H] the routed experts' weighted sum
-        self.routed = torch.zeros(max_tokens, hidden, device=device) if on_gpu else self.out
+        routed = torch.zeros(max_tokens, hidden, device=device) if on_gpu else self.out
         if on_gpu:  # compiled now, not in the first request's step (receive's kernel)
             from gpu_kernels.handshake import fetch
 
-            fetch(self.out[:1], self.routed[:1])
-        self.event = torch.cuda.Event() if on_gpu else None
-        # a model over several GPUs: each GPU's receive buffer and send event (serve())
-        self._routed = {device: self.routed}
-        self._events = {device: self.event}
-        self._marked = self.event  # the event of the last mark, which compute waits for
+            fetch(self.out[:1], routed[:1])
+        # per GPU that hands over (a model over several adds its others: serve()): where the
+        # experts' sum comes back [T, H], and the event recorded after the copies out
+        self._routed = {device: routed}
+        self._events = {device: torch.cuda.Event() if on_gpu else None}
+        self._marked = self._events[device]  # the last mark's event, which compute waits for
         self._np = (self.x.numpy(), self.ids.numpy(), self.weights.numpy(), self.out.numpy())
         # expert deferral: a decode row's deferred experts' sum between layers (host arrays)
         self.deferral = Deferral(hidden, top_k)
@@ -67,7 +67,7 @@ class ExpertsBridge:
         if device in self._routed or device.type != "cuda" or self.device.type != "cuda":
             return
         with torch.cuda.device(device):
-            self._routed[device] = torch.zeros_like(self.routed, device=device)
+            self._routed[device] = torch.zeros(self.out.shape, device=device)
             self._events[device] = torch.cuda.Event()
             from gpu_kernels.handshake import fetch
 
@@ -165,7 +165,7 @@ class ExpertsBridge:
     def receive(self, n: int, device: torch.device | None = None) -> torch.Tensor:
         """-> [n, H] f32 on `device` (a served one; None: the bridge's): the routed experts'
         output for this step's rows."""
-        routed = self._routed.get(device if device is not None else self.device, self.routed)
+        routed = self._routed.get(device, self._routed[self.device])
         if routed is not self.out:
             if n <= FETCH_ROWS:
                 from gpu_kernels.handshake import fetch
