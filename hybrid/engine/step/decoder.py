@@ -44,7 +44,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from hybrid.engine.step.device_span import cross_to, device_of, guarded, nothing, resolve
+from hybrid.engine.step.device_span import cross_to, device_of, guarded, resolve
 from hybrid.engine.step.experts_bridge import ExpertsBridge
 from hybrid.engine.step.forward_batch import ForwardBatch
 from hybrid.ops.experts import ExpertsOp
@@ -172,8 +172,8 @@ class DecoderProgram:
             stretch.append((device_of(layer.self_attn), partial(self._attention, layer)))
             here = device_of(layer.post_attention_layernorm) or device_of(layer.self_attn)
             # a layer whose operators (its router, held or in-place experts, ...) sit on more
-            # than one device mixes its stretch: no graph can capture it
-            stretch += [(d, nothing) for d in _layer_devices(layer) - {here}]
+            # than one device mixes its stretch: no graph can capture it (markers: no step)
+            stretch += [(d, None) for d in _layer_devices(layer) - {here}]
             if _is_moe(layer.mlp) and _bridged(layer.mlp):
                 i = len(self.moe_layers)
                 stretch.append((here, partial(self._route_and_send, layer, i)))
@@ -182,7 +182,8 @@ class DecoderProgram:
                 stretches.append([(None, None)])  # its receive, bound below to its device
             else:
                 stretch.append((here, partial(self._mlp, layer)))
-        stretches[-1].append((device_of(self.model.lm_head), self._head))
+        stretches[-1] += [(device_of(self.inner.norm), None),  # the head's norm: a marker
+                          (device_of(self.model.lm_head), self._head)]
         for i, stretch in enumerate(stretches):
             resolve(stretch)
             if i:  # the receive of bridged layer i - 1, on the device of what follows it
@@ -240,14 +241,14 @@ class DecoderProgram:
     def _route_and_send(self, layer: nn.Module, i: int, st: StepState) -> None:
         shared = getattr(layer.mlp, "shared_experts", None)
         st.normed, st.normed_q = self._norm(layer.post_attention_layernorm, st, shared)
-        gate = layer.mlp.gate
-        if torch.device(gate.device) == st.normed.device:
+        gate = layer.mlp.gate  # it takes the rows to its device
+        if gate.device == st.normed.device:
             _, weights, ids = gate.route(st.normed)
-        else:  # a router on another device: its kernels launch there (an eager step's)
-            with torch.cuda.device(gate.device if "cuda" in str(gate.device) else None):
-                _, weights, ids = gate.route(st.normed.to(gate.device))
+        else:  # a router on another device (an eager step's): its kernels launch there
+            with torch.cuda.device(gate.device if gate.device.type == "cuda" else None):
+                _, weights, ids = gate.route(st.normed)
         if self.recorder is not None:
-            self.recorder.add(layer.mlp.gate.layer_index, ids, st.fb)
+            self.recorder.add(gate.layer_index, ids, st.fb)
         if st.routed_off:
             st.routed = torch.zeros(st.normed.shape, dtype=torch.float32,
                                     device=st.normed.device)  # [N, H] as receive gives it

@@ -46,22 +46,20 @@ def cross_to(key: int, to: torch.device, st: StepState) -> None:
 
 def guarded(steps: list[tuple[torch.device, Callable[[StepState], None]]], guard: bool
             ) -> tuple[list[Callable[[StepState], None]], torch.device | None]:
-    """Device work's steps, each with its device current when `guard` (a model over several
-    devices), and the one device they run on (None: several)."""
+    """Device work's steps (a step of None only marks a device the work touches), each with
+    its device current when `guard` (a model over several devices), and the one device they
+    run on (None: several)."""
     devices = {d for d, _ in steps}
     device = devices.pop() if len(devices) == 1 else None
     if guard:
-        steps = [(d, partial(_on, d, step) if d.type == "cuda" else step) for d, step in steps]
-    return [step for _, step in steps], device
+        steps = [(d, partial(_on, d, step) if d.type == "cuda" and step else step)
+                 for d, step in steps]
+    return [step for _, step in steps if step is not None], device
 
 
 def _on(device: torch.device, step: Callable[[StepState], None], st: StepState) -> None:
     with torch.cuda.device(device):
         step(st)
-
-
-def nothing(st: StepState) -> None:
-    pass
 
 
 def device_of(module: nn.Module | None) -> torch.device | None:
