@@ -50,9 +50,7 @@ class DecodeGraphs:
             static = StaticStep(b, page_size, max_pages, cache, device, attention)
             program.run(static.state)  # warm-up: compiles every kernel of this shape
             _synchronize(devices)
-            captured = self.form.capture(static.state, pools if program.spans_devices
-                                         else pools[device])
-            self._buckets[b] = (static, captured)
+            self._buckets[b] = (static, self.form.capture(static.state, pools))
             _synchronize(devices)
 
     @property

@@ -20,9 +20,10 @@ class PiecewiseGraphs:
         self.program = program
         self._streams: dict = {}  # a capture stream per GPU (a model over several)
 
-    def capture(self, state: StepState, pools) -> list[torch.cuda.CUDAGraph | None]:
-        """pools: the graph memory pool, or one per device (a model over several GPUs) -> a
-        graph per device piece, None for host pieces (the kernels already compiled)."""
+    def capture(self, state: StepState, pools: dict) -> list[torch.cuda.CUDAGraph | None]:
+        """pools: a graph memory pool per device -> a graph per device piece, None for host
+        pieces (the kernels already compiled)."""
+        spread = len(pools) > 1  # each GPU's pieces captured with it current, on its stream
         graphs = []
         for piece in self.program.pieces:
             if not piece.on_device:
@@ -30,14 +31,11 @@ class PiecewiseGraphs:
                     piece.cross(state)
                 graphs.append(None)
                 continue
-            spread = isinstance(pools, dict)
-            pool = pools[piece.device] if spread else pools
             with torch.cuda.device(piece.device if spread else None):
                 if spread and piece.device not in self._streams:
                     self._streams[piece.device] = torch.cuda.Stream()
-                stream = self._streams.get(piece.device) if spread else None
                 g = torch.cuda.CUDAGraph()
-                with captured(g, pool, stream):
+                with captured(g, pools[piece.device], self._streams.get(piece.device)):
                     piece.run(state)
             graphs.append(g)
         state.replaying = True  # from now on its pieces' tensors are the graphs'

@@ -9,11 +9,7 @@ import logging
 import statistics
 from collections.abc import Callable
 
-import torch
-from torch import nn
-
 from hybrid.errors import is_device_lost
-from hybrid.ops.experts import ExpertsOp
 
 log = logging.getLogger("hybrid.engine")
 
@@ -26,10 +22,8 @@ def graph_form(runner, decode_graph: str, progress: Callable[[str], None] | None
     program = runner.program
     if runner.device.type != "cuda" or not program.can_capture:
         return None
-    if _one_device(runner.model, runner.device):
+    if not program.spans_devices:  # every operator of the step on the model's GPU
         return decode_graph
-    if not program.spans_devices:  # an operator off the model's device (as before: eager)
-        return None
     why = None
     if not all(d.type == "cuda" for d in program.devices):
         why = "some of the layers' work runs on the CPU"
@@ -47,16 +41,6 @@ def graph_form(runner, decode_graph: str, progress: Callable[[str], None] | None
         progress(f"the layers run on {', '.join(map(str, program.devices))}: decode steps "
                  f"replay a graph per stretch of layers on its GPU (one graph cannot span GPUs)")
     return "layers"
-
-
-def _one_device(model: nn.Module, device: torch.device) -> bool:
-    """Every operator but the CPU experts on `device` (a CUDA graph captures one device)."""
-    for module in model.modules():
-        if not type(module).__module__.startswith("hybrid.ops") or isinstance(module, ExpertsOp):
-            continue
-        if module.device != device:
-            return False
-    return True
 
 
 def measure(runner, progress: Callable[[str], None] | None) -> tuple[str, float | None]:

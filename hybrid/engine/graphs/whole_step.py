@@ -37,13 +37,14 @@ class WholeStepGraphs:
         if progress is not None:
             progress(f"the CPU experts of a decode step: {self.host.describe()}")
 
-    def capture(self, state: StepState, pool) -> torch.cuda.CUDAGraph:
+    def capture(self, state: StepState, pools: dict) -> torch.cuda.CUDAGraph:
+        """pools: a graph memory pool per device (one here: the step runs on one GPU)."""
         # flags and seq are all 0: the waits pass at once (this compiles the hand-over kernels
         # outside the capture)
         self.program.run_on_device(state)
         torch.cuda.synchronize(self.device)
         g = torch.cuda.CUDAGraph()
-        with captured(g, pool):
+        with captured(g, pools[self.device]):
             self.program.run_on_device(state)
         return g
 
