@@ -206,7 +206,7 @@ def explain(plan: Plan, spec: ModelSpec, cache_lens: int, gpu_memory: int | Mapp
             exp.deferred[k] = exp.deferred.get(k, 0) + 1
     exp.advice = _advice(exp)
     if isinstance(gpu_memory, Mapping):  # budgets for GPUs the rules leave empty
-        idle = [parse_device(d) for d in gpu_memory if parse_device(d) not in devices]
+        idle = [d for d in map(parse_device, gpu_memory) if d not in devices]
         if idle:
             exp.advice.append(f"{', '.join(idle)} has a budget but the rules place nothing "
                               f"there: `hybrid tune --gpu-memory` with these budgets splits a "
