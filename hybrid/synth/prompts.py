@@ -9,8 +9,8 @@ WORDS = ("the", "river", "city", "market", "history", "light", "engine", "model"
          "question", "answer", "machine")
 
 
-def word_prompts(count: int, seed: int = 0, words: tuple[int, int] = (24, 96)) -> list[str]:
-    """`count` prompts of words[0]..words[1] random words each, the same for the same seed."""
+def word_prompts(count: int, seed: int = 0, length: tuple[int, int] = (24, 96)) -> list[str]:
+    """`count` prompts of length[0]..length[1] random words each, the same for the same seed."""
     rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(*words)))
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(*length)))
             for _ in range(count)]
