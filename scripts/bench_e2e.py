@@ -17,8 +17,10 @@ DeepSeek vocabulary). Rows:
 - `--chat N`: the third turn of a chat whose history reaches ~N tokens (scripts/
   bench_prefix_cache.py's turns), time to first token with the prefix cache and without;
   every other row runs with the prefix cache off (their prompts repeat: they time prefill);
+- `--decode-context N,M`: decode tok/s of one stream after a prompt of N (M) tokens, the
+  context its every step attends to (DeepSeek-V3.2's indexer keeps that cost near flat);
 - with --llama-bench, llama.cpp's `llama-bench -ngl 99 -ot exps=CPU -fa 1` on the same file
-  (tg = decode, pp = prefill), and ours over theirs.
+  (tg = decode, pp = prefill; tg at `-d N` for the --decode-context rows), and ours over theirs.
 `--mode fast|exact` rewrites the rule file's experts mode (fast: int8/bf16 CPU experts).
 """
 
@@ -57,7 +59,8 @@ def build_model(preset: str, out: Path, layers: int | None = None) -> str:
 
     p = get_preset(preset, layers)
     t = time.perf_counter()
-    (path,) = make_model(MakeModelOptions(p, "q4_k_m", "legacy", vocab="deepseek"),
+    layout = "mla" if p.arch == "deepseek32" else "legacy"  # deepseek32: the MLA layout only
+    (path,) = make_model(MakeModelOptions(p, "q4_k_m", layout, vocab="deepseek"),
                          get_vocab("deepseek", p.vocab_size), out / f"{preset}-q4_k_m.gguf")
     print(f"make-model {preset}: {time.perf_counter() - t:.0f} s", flush=True)
     return str(path)
@@ -244,15 +247,25 @@ def _variants(before: dict | None = None) -> dict:
     return now if before is None else new_variants(before, now)
 
 
-def llama_bench(binary: str, path: str, threads: int, prompts: list[int], gen: int) -> dict:
-    cmd = [binary, "-m", path, "-ngl", "99", "-ot", "exps=CPU", "-fa", "1", "-t", str(threads),
-           "-p", ",".join(map(str, prompts)), "-n", str(gen), "-r", "3", "-o", "json"]
-    print(" ".join(cmd), flush=True)
-    rows = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+def llama_bench(binary: str, path: str, threads: int, prompts: list[int], gen: int,
+                depths: list[int] = ()) -> dict:
+    """llama-bench's rows: {"pp512": tok/s, ..., "tg64": tok/s, "tg64@d32768": tok/s}; the
+    tg rows at a depth run once (each first fills its depth's context)."""
+    base = [binary, "-m", path, "-ngl", "99", "-ot", "exps=CPU", "-fa", "1", "-t", str(threads),
+            "-o", "json"]
+    runs = [["-p", ",".join(map(str, prompts)), "-n", str(gen), "-r", "3"]]
+    if depths:
+        runs.append(["-p", "0", "-n", str(gen), "-d", ",".join(map(str, depths)), "-r", "1"])
     out = {}
-    for r in rows:
-        key = f"tg{r['n_gen']}" if r["n_gen"] else f"pp{r['n_prompt']}"
-        out[key] = r["avg_ts"]
+    for extra in runs:
+        print(" ".join(base + extra), flush=True)
+        rows = json.loads(subprocess.run(base + extra, check=True, capture_output=True,
+                                         text=True).stdout)
+        for r in rows:
+            key = f"tg{r['n_gen']}" if r["n_gen"] else f"pp{r['n_prompt']}"
+            if r.get("n_depth"):
+                key += f"@d{r['n_depth']}"
+            out[key] = r["avg_ts"]
     return out
 
 
@@ -264,12 +277,20 @@ def main() -> int:
     ap.add_argument("--optimize-rules", default="DeepSeek-V2-Lite")
     ap.add_argument("--mode", choices=["fast", "exact"], default=None)
     ap.add_argument("--llama-bench", default=None, help="a llama-bench binary (CUDA build)")
+    ap.add_argument("--llama-json", default=None,
+                    help="llama.cpp's rows from an earlier run on this machine and file (a "
+                         "JSON object with a 'llama' key, as --json writes): shown beside ours")
+    ap.add_argument("--llama-only", action="store_true",
+                    help="with --llama-bench: write llama.cpp's rows to --json and stop (a "
+                         "machine lease too short for both sides)")
     ap.add_argument("--threads", type=int, default=None, help="CPU expert threads (both)")
     ap.add_argument("--decode-graph", choices=["step", "layers"], default="step",
                     help="CUDA graphs of the decode rows (the other kind is timed at 1 stream)")
     ap.add_argument("--streams", default="1,4,8,16")
     ap.add_argument("--prefill", default="128,512,2048")
     ap.add_argument("--gen", type=int, default=64)
+    ap.add_argument("--decode-context", default="",
+                    help="also decode one stream after prompts of these lengths (comma list)")
     ap.add_argument("--prefill-experts", choices=["auto", "cpu", "stream"], default="auto")
     ap.add_argument("--itl-prompt", type=int, default=None,
                     help="also time a stream's inter-token latency while N tokens prefill")
@@ -285,16 +306,26 @@ def main() -> int:
     path = args.gguf_path or build_model(args.preset, Path(tempfile.mkdtemp()), args.layers)
     prompts = [int(n) for n in args.prefill.split(",")]
     streams = [int(n) for n in args.streams.split(",")]
+    contexts = [int(n) for n in args.decode_context.split(",") if n]
     result: dict = {"model": Path(path).name, "rules": args.optimize_rules, "mode": args.mode}
     if args.llama_bench:
         threads = args.threads or (os.cpu_count() or 2)
-        result["llama"] = llama_bench(args.llama_bench, path, threads, prompts, args.gen)
+        result["llama"] = llama_bench(args.llama_bench, path, threads, prompts, args.gen,
+                                      contexts)
         print("llama.cpp:", result["llama"], flush=True)
+        if args.llama_only:
+            if args.json:
+                Path(args.json).write_text(json.dumps(result, indent=1))
+            return 0
+    elif args.llama_json:
+        result["llama"] = json.loads(Path(args.llama_json).read_text())["llama"]
     t = time.perf_counter()
     # one more request than the decode rows' streams: the ITL row runs a stream and a prompt
     config = EngineConfig(max_batch_size=max(streams) + bool(args.itl_prompt),
                           chunk_size=max(prompts),
-                          cache_lens=max(16 * 1024, max(prompts) * 2), cpu_threads=args.threads,
+                          cache_lens=max(16 * 1024, max(prompts) * 2,
+                                         max(contexts, default=0) + 2 * args.gen),
+                          cpu_threads=args.threads,
                           decode_graph=args.decode_graph, prefill_experts=args.prefill_experts,
                           prefix_cache=False, attention_backend=args.attention_backend)
     llm = LLM(path, rules_with_mode(args.optimize_rules, args.mode), engine_config=config,
@@ -332,6 +363,7 @@ def main() -> int:
     result["expert_layers"] = dict(llm.engine.expert_layer_counts)
     result["compiled_while_timing"] = _variants(compiled)
     result["decode"] = [decode(llm, s, 32, args.gen) for s in streams]
+    result["decode_context"] = [{"context": n, **decode(llm, 1, n, args.gen)} for n in contexts]
     graphs = runner.graphs
     if graphs is not None:
         other = "layers" if config.decode_graph == "step" else "step"
@@ -354,11 +386,20 @@ def print_table(r: dict) -> None:
           "experts call / kernel us |")
     print("|---|---|---|---|---|---|---|---|")
     for d in r["decode"]:
-        peer = llama.get(next((k for k in llama if k.startswith("tg")), ""), None)
+        peer = llama.get(next((k for k in llama if k.startswith("tg") and "@" not in k), ""), None)
         peer = peer if d["streams"] == 1 else None
         print(f"| decode x{d['streams']} | {d['tok_s']:.1f} | {_f(peer)} | "
               f"{_ratio(d['tok_s'], peer)} | {d['step_ms']:.2f} | {d['experts_ms']:.2f} | "
               f"{d['gpu_share']:.0%} | {_calls(d)} |")
+    for d in r.get("decode_context", []):
+        peer = llama.get(next((k for k in llama if k.endswith(f"@d{d['context']}")), ""))
+        print(f"| decode x1 at context {d['context']} | {d['tok_s']:.1f} | {_f(peer)} | "
+              f"{_ratio(d['tok_s'], peer)} | {d['step_ms']:.2f} | {d['experts_ms']:.2f} | "
+              f"{d['gpu_share']:.0%} | {_calls(d)} |")
+    if len(r.get("decode_context", [])) > 1:
+        first, last = r["decode_context"][0], r["decode_context"][-1]
+        print(f"decode at context {last['context']} against {first['context']}: step "
+              f"{last['step_ms'] / first['step_ms']:.2f}x the time")
     if "decode_other_graph" in r:
         d = r["decode_other_graph"]
         print(f"| decode x1, decode_graph={d['decode_graph']} | {d['tok_s']:.1f} | | | "
