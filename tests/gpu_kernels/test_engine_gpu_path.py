@@ -55,12 +55,16 @@ def test_gpu_path_equals_cpu_rules(models, preset, rules, layout, tmp_path, monk
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="scripts/device_rules_check.py on GPUs")
-def test_streamed_experts_equal_cpu_rules(models, tmp_path, monkeypatch):
+@pytest.mark.parametrize("preset,rules,layout", [
+    ("tiny-v3", "DeepSeek-V3", "legacy"),
+    # V3.2: the indexer's keys written and read by a chunk passing the layers step by step
+    ("tiny-v32", "DeepSeek-V3.2", "mla")])
+def test_streamed_experts_equal_cpu_rules(models, tmp_path, monkeypatch, preset, rules, layout):
     """Prompt steps with every MoE layer's routed experts streamed to the device (the GGUF's
     bytes copied, split into planes, grouped launches) give the CPU experts' greedy tokens, a
     chunk passing the layers over several steps while another request decodes included."""
-    path = str(models.path("tiny-v3", "q4_k_m", "legacy"))
-    exact = str(with_experts_mode("DeepSeek-V3", "exact", tmp_path))
+    path = str(models.path(preset, "q4_k_m", layout))
+    exact = str(with_experts_mode(rules, "exact", tmp_path))
     # the short prompt decodes while the long one's last chunk (4 tokens) passes the layers
     prompts = PROMPTS[::-1]
     assert greedy(path, exact, True, monkeypatch, "stream", prompts) == \
