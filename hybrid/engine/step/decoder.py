@@ -28,7 +28,9 @@ runs the next layer. A step that streams experts defers nothing.
 
 A layer whose CPU experts share it with GPU-held "hot" experts (`gpu_experts`) is bridged too:
 the held experts' slots go to the host as -1 (never read there) and the held experts run on
-the GPU meanwhile, their output added with the host's; no host sync, so it stays capturable.
+the GPU meanwhile, launched with the shared expert after the hand-over (the host's event, or
+the ready flag, marks the copies alone), their output added with the host's; no host sync, so
+it stays capturable.
 Layers whose experts run elsewhere are run in place, as transformers' MoE block. Wholly on a
 GPU in gpu_kernels' grouped launches (`ExpertsOp.device_only`) that block is device work without
 a host sync and stays in the captured step; the torch loops (types gpu_kernels lacks) keep the
@@ -72,7 +74,10 @@ class StepState:
     # the device (expert_stream.py; eager steps only), and the current one's output [N, H]
     streamed: frozenset[int] = frozenset()
     routed: torch.Tensor | None = None
-    held_out: torch.Tensor | None = None  # the current layer's GPU-held experts' output [N, H]
+    # the current layer's hand-off to its GPU-held experts (experts op, ids, held weights),
+    # run beside the shared expert once the host has its rows; then their output [N, H]
+    held: tuple | None = None
+    held_out: torch.Tensor | None = None
     # start-up only: every bridged layer's routed experts left out (their output zeros), so the
     # step compiles its device kernels while the CPU experts' kernels still compile elsewhere
     routed_off: bool = False
@@ -198,9 +203,12 @@ class DecoderProgram:
             shared_on = (device_of(shared) or here) if shared is not None else here
             to = stretch[0][0]  # where the next piece runs (its receive's device)
             cross = partial(cross_to, i, to) if {here, shared_on} != {to} else None
+            # GPU-held experts on another GPU mix the shared expert's piece (never captured)
+            held_on = mlp.experts.held_device
+            mixed = [(held_on, None)] if held_on not in (None, shared_on) else []
             pieces += [Piece(False, partial(self._mark, i, here),
                              lambda st, i=i: self.bridge.signal(i)),
-                       _device_piece([(shared_on, partial(self._shared, mlp))], guard),
+                       _device_piece([(shared_on, partial(self._shared, mlp))] + mixed, guard),
                        Piece(False, partial(self._experts, mlp.experts, i, cross),
                              lambda st, i=i: self.bridge.wait(i), cross=cross),
                        _device_piece(stretch, guard)]
@@ -259,8 +267,9 @@ class DecoderProgram:
         experts = layer.mlp.experts
         host_ids, held_weights = experts.hand_off(ids, weights)
         self.bridge.send(st.normed, host_ids, weights)
-        if held_weights is not None:  # hot experts: on the GPU while the host runs the rest
-            st.held_out = experts.run_held(st.normed, ids, held_weights)
+        # hot experts: on the GPU while the host runs the rest, so launched after the host's
+        # mark (or the ready flag) that follows the copies, with the shared expert (_shared)
+        st.held = None if held_weights is None else (experts, ids, held_weights)
 
     def _streamed(self, i: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
                   ) -> torch.Tensor:
@@ -275,11 +284,17 @@ class DecoderProgram:
         return out.to(x.device)
 
     def _shared(self, mlp: nn.Module, st: StepState) -> None:
+        """The shared expert and the GPU-held routed experts: device work after the host got
+        the layer's rows, so the CPU experts never wait for it."""
         shared = getattr(mlp, "shared_experts", None)
         if shared is None:
             st.pending = []
         else:
             st.pending = [shared(st.normed) if st.normed_q is None else shared(st.normed, st.normed_q)]
+        if st.held is not None:
+            experts, ids, held_weights = st.held
+            st.held_out = experts.run_held(st.normed, ids, held_weights)
+            st.held = None
 
     def _receive(self, i: int, device: torch.device, st: StepState) -> None:
         routed = self.bridge.receive(st.residual.shape[0], device) if st.on_host(i) \
