@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from hybrid.gguf.reader import GGUFModelFile
@@ -10,12 +11,13 @@ from hybrid.model.loader import load_model
 PROMPT = [0, 11, 22, 33, 44, 55, 66, 77]
 
 
-def test_split_equals_unsplit(models) -> None:
-    parts = models.files("tiny-v3", "q4_k_m", "mla", split=3)
+@pytest.mark.parametrize("preset", ["tiny-v3", "tiny-v32"])  # deepseek2, deepseek32
+def test_split_equals_unsplit(models, preset) -> None:
+    parts = models.files(preset, "q4_k_m", "mla", split=3)
     assert [p.name for p in parts] == [
-        f"tiny-v3-q4_k_m-mla-0000{i}-of-00003.gguf" for i in (1, 2, 3)
+        f"{preset}-q4_k_m-mla-0000{i}-of-00003.gguf" for i in (1, 2, 3)
     ]
-    whole = load_model(str(models.path("tiny-v3", "q4_k_m", "mla")))
+    whole = load_model(str(models.path(preset, "q4_k_m", "mla")))
     with torch.inference_mode():
         expected = whole.model(input_ids=torch.tensor([PROMPT])).logits
     for entry in (parts[0], parts[2], parts[0].parent):
