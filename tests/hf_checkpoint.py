@@ -52,7 +52,7 @@ def write_checkpoint(out: Path, arch: dict, seed: int = 0) -> Path:
     shutil.copy(tok / "tokenizer.json", out / "tokenizer.json")
     tok_config = json.loads((tok / "tokenizer_config.json").read_text())
     if "index_n_heads" in arch:
-        tok_config.update(add_bos_token=True, tokenizer_class="LlamaTokenizerFast")
+        tok_config["add_bos_token"] = True
     (out / "tokenizer_config.json").write_text(json.dumps(tok_config))
     g = torch.Generator().manual_seed(seed)
     H, L = c["hidden_size"], c["num_hidden_layers"]
