@@ -3,9 +3,9 @@
     dequant_rows(w, n, row0, gstride, groups)[g, i, k] = W[row0 + g * gstride + i, k]
 
 qmatmul's kernel dequantizes each weight tile once per block of 64 tokens and multiplies in
-tf32x3 (three tensor-core products): at 2048 tokens every weight is decoded 32 times, and the
-dense linears took 186 ms of a 2048-token V2-Lite prompt's 431 ms on the H200
-(`scripts/profile_prefill.py`), ~14 TFLOP/s. From SCRATCH_MIN_TOKENS tokens on, qmatmul
+tf32x3 (three tensor-core products): at 2048 tokens every weight is decoded 32 times, which
+made the dense linears a large share of a long prompt (docs/kernel-tuning.md). From
+SCRATCH_MIN_TOKENS tokens on, qmatmul
 dequantizes the rows once into this scratch (SCRATCH_BYTES at most at a time) and multiplies
 with cuBLAS: each weight decoded once. In fp32 the products are exact to fp32 rounding like
 tf32x3; a weight with `fp16_prompts` is decoded to fp16 and x's rows are scaled by powers of two

@@ -11,8 +11,8 @@ log-sum-exp. The split count is fixed at launch while the lengths are read on th
 one launch (or one captured CUDA graph) serves sequences of any length. A sequence of length 0
 (a padding row) gets zeros. Products run on tensor cores in bf16x2 for a bf16 cache: its rows
 as they are, each fp32 query and probability as the sum of two bf16 (two products), so the
-output is within ~3e-6 of the float64 reference (tf32 products: ~4e-4) at the same speed on an
-H200 (bench_mla_peer.py --sweep); other caches in tf32. Softmax and sums in fp32.
+output is within ~3e-6 of the float64 reference (tf32 products: ~4e-4) at the same speed
+(docs/kernel-tuning.md); other caches in tf32. Softmax and sums in fp32.
 """
 
 from __future__ import annotations
@@ -137,13 +137,10 @@ def _merge_kernel(o_ptr, lse_ptr, out_ptr, NSPLIT, C: tl.constexpr):
 
 
 def decode_tiles(heads: int) -> tuple[int, int, int]:
-    """(heads per program, cache rows per block, warps). Swept on an H200 (bench_mla_peer.py
-    --sweep, 12 choices): from 16 heads/16 rows/8 warps to these, V3's 128 heads 306 -> 150 us
-    at 32K tokens, 201 -> 80 at 8 x 2K, 845 -> 232 at 8 mixed lengths, 17 -> 17-21 at 512;
-    V2-Lite's 16 heads 105 -> 70 at 32K, 22 -> 18 at 8 x 1K, 12.5 -> 12-14 at 512 (tf32; bf16x2
-    products measured the same, +-5%). Longer blocks make the score and value products large
-    enough for the tensor cores; more heads per program read each cache row for more of them
-    (fewer than 16 heads still take a 16-row product: the tensor cores' least)."""
+    """(heads per program, cache rows per block, warps), as swept (docs/kernel-tuning.md).
+    Longer blocks make the score and value products large enough for the tensor cores; more
+    heads per program read each cache row for more of them (fewer than 16 heads still take a
+    16-row product: the tensor cores' least)."""
     if heads >= 64:
         return 32, 64, 8
     return 16, 32, 4

@@ -71,10 +71,7 @@ def _grouped_kernel(x_ptr, y_ptr, slots_ptr, bexp_ptr, p0, p1, p2, p3, p4, p5, R
 
 
 # Tensor-core tiles of the grouped launches (rows per program, weights per K step, warps,
-# stages): H100, one MoE layer at Q4_K_M (scripts/bench_gpu_experts.py --sweep), tf32x3 /
-# fp16 ms: V3 2048 tokens 74.6 / 38.4 against 130.8 / 61.9 for qmatmul's DOT_TILES
-# (32, 64, 8, 1), 512 tokens 51.8 / 30.5 against 105.8 / 54.9; V2-Lite 2048 tokens 9.2 / 5.3
-# against 17.0 / 10.5. Wider tiles (128 rows or 128-weight steps) measured slower.
+# stages): about half qmatmul's DOT_TILES time on a MoE layer (docs/kernel-tuning.md)
 DOT_TILES = (64, 64, 4, 1)
 
 

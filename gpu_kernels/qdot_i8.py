@@ -5,7 +5,7 @@
 
 Why: a one-token product in fp32 (qdot.py) spends ~570 warp instructions per KB of Q4_K
 weights (nibble splits, int->float conversions, fp32 FMAs and Triton's layout conversions),
-which bounds it near 1 TB/s on an H100 whatever the tile. Multiplying 4 codes by 4 int8 x
+which bounds its speed whatever the tile (docs/kernel-tuning.md). Multiplying 4 codes by 4 int8 x
 in one `dp4a` (as llama.cpp's CUDA mmvq does, with x in q8_1) needs no conversion per weight:
 a 4-byte word of nibbles is two masks and two dp4a, and the scales apply once per 32 weights.
 
@@ -227,10 +227,8 @@ def _q4k_i8_kernel(xq_p, xd_p, xs_p, y_p, qs_p, sc_p, mn_p, d_p, dm_p, M, N, G, 
              mask=(m < M)[:, None] & (n < N)[None, :])
 
 
-# (rows per program, 64-chunks per K step, warps), from scripts/probe_int_products.py on the
-# H100 (x16, one token, GB/s of weights against 464-881 for the fp32 product): 4 x 16 in 2 warps
-# for long rows (V3 o_proj 1943, shared gate_up 1347, V2-Lite q_proj 700); rows of fewer than
-# 1024 columns 8 x 4 in one warp (V3 q_b, 1536 columns: 1781).
+# (rows per program, 64-chunks per K step, warps): long rows and rows of fewer than 1024
+# columns, as swept (scripts/probe_int_products.py, docs/kernel-tuning.md)
 LONG_TILES, SHORT_TILES = (4, 16, 2), (8, 4, 1)
 
 

@@ -164,21 +164,12 @@ def uses_int_path(w: GpuQuant, tokens: int) -> bool:
 
 # (rows per program, weights per K step, warps, pipeline stages). Decode is bound by memory
 # latency: many small programs, the products kept in registers until the end of the K loop
-# (BM tokens take a step 1/BM as long). Measured on the H100 (scripts/bench_gpu_kernels.py
-# --sweep and --sweep-large, inside CUDA graphs, V2-Lite and V3 products): 2 rows x 1024 with
-# 2 warps for 32-blocks (Q5_0, Q8_0); Q4_K 2 rows x 1024 in one warp (~2x the 2-warp 512-wide
-# pipelined tile on V3 o_proj and the dense MLPs: 0.9-1.0 TB/s); Q6_K one row x 1024 in one
-# warp (+5-10% on heads and dense MLPs). At one token (--sweep-v3), Q8_0 takes one row x 512
-# in one warp (V3 o_proj 1.98 against 1.10 TB/s, q_b 1.79 against 1.43, q_a+kv_a 1.25 against
-# 0.91), and rows of at most 256 columns (the split layout's k_b: 128) 8 rows x 256 in 2 warps
-# (Q8_0 k_b absorption 0.78 against 0.42 TB/s). Tensor-core tiles take more rows.
+# (BM tokens take a step 1/BM as long); the shapes per type are swept (docs/kernel-tuning.md).
+# Tensor-core tiles take more rows.
 DECODE_TILES = {None: (2, 1024, 2, 1), qt.Q4_K: (2, 1024, 1, 1), qt.Q5_K: (2, 512, 2, 3),
                 qt.Q6_K: (1, 1024, 1, 1), qt.Q2_K: (2, 512, 2, 1), qt.Q3_K: (2, 512, 2, 1)}
-# Per token count (BM), where measured better than DECODE_TILES. 2-8 tokens take more rows
-# per program, so each weight's dequantization serves more products (H100, V3 o_proj + V2-Lite
-# shared gate_up + q_proj, us summed, same run: Q4_K at 8 tokens 409 against 809 for the
-# 1-token tile, at 4 tokens 270 against 309; Q8_0 296 against 814 and 165 against 299; Q6_K
-# 503 against 533 and 286 against 546).
+# Per token count (BM), where measured better than DECODE_TILES (docs/kernel-tuning.md): 2-8
+# tokens take more rows per program, so each weight's dequantization serves more products.
 TOKEN_TILES = {(qt.Q8_0, 1): (1, 512, 1, 1), (qt.Q8_0, 2): (4, 1024, 4, 1),
                (qt.Q8_0, 4): (8, 1024, 4, 1), (qt.Q8_0, 8): (16, 1024, 8, 1),
                (qt.Q4_K, 2): (4, 1024, 4, 1), (qt.Q4_K, 4): (4, 1024, 4, 1),

@@ -44,11 +44,7 @@ f32 = np.float32
 TILE_CONFIG_BF16 = tile_shapes_bf16()
 TILE_CONFIG_BF16.flags.writeable = False
 # Experts with fewer tokens run VNNI. AMX's cost per expert is nearly flat up to 16 tokens (its
-# dequantization), VNNI's grows with every 4 tokens. Measured on the GPU machine with the 16-row
-# VNNI tiles (`python scripts/probe_expert_costs.py --threads 16`: V3 shapes, thread-ms per
-# expert, 8 experts each given n tokens): AMX 10.1 / 11.6 / 11.3 / 14.2 at n = 8 / 12 / 16 / 24,
-# VNNI 10.1 / 13.1 / 16.9 / 24.9. T tokens over 64 experts at thresholds none / 12 / 16 / 20:
-# T=128 82.5 / 50.0 / 68.1 / 67.7 ms, T=512 287 / 109 / 116 / 113 (T=32: no expert reaches 12).
+# dequantization), VNNI's grows with every 4 tokens: they cross near 12 (docs/kernel-tuning.md).
 MIN_TOKENS = 12
 
 

@@ -6,11 +6,7 @@ w * silu(gate x) * up x for the expert's tokens, 4 at a time; h is quantized to 
 per slot; phase 2 splits 16-row blocks of H across threads, each summing over all experts into
 its own rows of out (no two threads write the same element). 16 rows are two packed row groups,
 one 512-bit tile (packed_tiles).
-What limits it past decode (GPU machine, V3, 16 threads, `scripts/probe_expert_costs.py --hot`):
-with 2-8 tokens per expert the same experts every call (cache-resident) cost as much as cold
-ones, 7.9 / 9.5 thread-ms per expert at 4 tokens, 10.7 / 10.6 at 8; so products, not memory
-waits, set T=128 over 256 experts (~4 tokens each); one thread alone needs about half that per
-expert (all-core clocks). Phase 1 (gate/up) is 42-51% of a call.
+Past decode the products, not memory waits, set its time (docs/kernel-tuning.md).
 """
 
 from __future__ import annotations

@@ -55,12 +55,7 @@ from cpu_kernels.simd.simd_pairs import (
 i32 = np.int32
 # Software prefetch: every block first hints the lines PREFETCH bytes ahead of it into L1, in
 # both row groups' streams. The hardware streamers stop at 4 KiB pages and ramp up slowly on 16
-# cores' streams. Measured on the GPU machine (V3 Q4_K/Q6_K, 16 threads): with 8-row tiles (one
-# stream) T=1/2/4/8 took 3.9-4.1 / 7.7 / 14.5-16 / 25.5-26.6 ms without prefetch, 2.7-2.9 /
-# 5.6-6.1 / 12.1-12.5 / 20.2-27.6 with 4864 B; with 16-row tiles (two streams, A/B/C in one
-# process) 2432 B ran 0.96-0.97x the time of 4864 at T=1-8 and 0.90x at T=32, 9728 B 1.05-1.20x.
-# Hints into L2 (prefetcht1) instead, at 2432 or 4864 B, or a second L2 hint 9728 B ahead: T=1
-# 0.83-1.0x the time, but T=8/32/128 1.04-1.13x (256 resident experts, scripts/ab_moe.py).
+# cores' streams; the distance, and L1 rather than L2, measured best (docs/kernel-tuning.md).
 PREFETCH = 2432
 
 

@@ -43,8 +43,8 @@ def whole_layer_rules(plan: Plan, layers: list[int], num_experts: int, gpu_devic
     """Each listed layer's routed experts all on gpu_device: written as every expert held
     (`gpu_experts`), not as the layer moved whole (`generate_device: cuda`), because a held
     layer stays in the captured decode step while a moved one runs in place and keeps the step
-    out of CUDA graphs (measured on the H100: 8.45 tok/s against 13.33 with no expert on the
-    GPU at all); the GPU runs the same grouped kernels either way."""
+    out of CUDA graphs (slower than no expert on the GPU at all: docs/kernel-tuning.md); the
+    GPU runs the same grouped kernels either way."""
     return hot_expert_rules(plan, {layer: list(range(num_experts)) for layer in layers},
                             gpu_device)
 
