@@ -376,10 +376,17 @@ def test_two_gpus_spread_the_hot_experts_and_keep_the_tokens(skewed, tmp_path, c
                  "--no-plots", "--out", str(tmp_path / "auto.yaml")]) == 0
     assert "split over cuda:0, cuda:1 at layer 2" in capsys.readouterr().err
     assert _held_devices(tmp_path / "auto.yaml") == _held_devices(out)
+    # --measure: both placements decoded over the two GPUs, the time model fitted to them
+    measured = tmp_path / "m.yaml"
     assert main(["tune", "--gguf-path", str(path), "--optimize-rules", str(base), "--profile",
-                 str(root / "profile.json"), "--gpu-memory", "24GiB,24GiB", "--measure",
-                 "--out", str(tmp_path / "m.yaml")]) != 0
-    assert "--measure times one GPU" in capsys.readouterr().err
+                 str(root / "profile.json"), "--gpu-memory", ",".join(map(str, budgets)),
+                 "--cache-lens", "1024", "--cpu-bandwidth", "50", "--no-plots", "--measure",
+                 "--steps", "2", "--device-map", "cuda=cpu", "--out", str(measured)]) == 0
+    report = json.loads(measured.with_suffix(".json").read_text())
+    assert [p["name"] for p in report["placements"]] == ["none on the GPUs",
+                                                         "hot experts on 2 GPUs"]
+    assert all(p["measured_ms"] > 0 and p["predicted_ms"] for p in report["placements"])
+    assert "measuring decode: hot experts on 2 GPUs" in capsys.readouterr().err
 
     prompts = [[0, 5, 9, 11, 300], [0, 17, 2, 90]]
     params = SamplingParams(temperature=0, max_tokens=10, logprobs=0)

@@ -126,13 +126,11 @@ def _candidate(name: str, on_gpu: dict[int, list[int]], freq, layers: tuple[int,
 def _tune_over_gpus(opts: TuneOptions, planned, profile: RoutingProfile, sizes,
                     status: Callable[[str], None]) -> TuneResult:
     """Several GPUs' budgets: the hot experts spread over what each has left
-    (planner.spread_hot_experts), one rule file; the comparisons and --measure are the one-GPU
-    path's."""
+    (planner.spread_hot_experts), one rule file; compared with no expert held (the base
+    rules over the same GPUs), both measured with --measure and the time model fitted to
+    them as on one GPU."""
     from hybrid.rules.explain import explain, gib
 
-    if opts.measure:
-        raise HybridError("--measure times one GPU's placements so far: give --gpu-memory one "
-                          "size (the GPU of --gpu-device), or tune without --measure")
     home = _attention_devices(planned.plan, sizes)
     if len(set(home.values()) & set(opts.gpu_memory)) == 1:  # one GPU's rules: split them
         planned = _split_layers(opts, planned, status)
@@ -160,8 +158,10 @@ def _tune_over_gpus(opts: TuneOptions, planned, profile: RoutingProfile, sizes,
                         devices=devices)
     for name, on_gpu in (("none on the GPUs", {}), (f"hot experts on {len(free)} GPUs", hot)):
         c = _candidate(name, on_gpu, freq, layers, sizes, opts.batch, spec.num_experts)
-        c.rules = rules if on_gpu else None
+        c.rules = rules if on_gpu else planned.rules_path  # the layers over the GPUs, no expert
         result.placements.append(c)
+    if opts.measure:
+        _measure(opts, result, status)
     return result
 
 
