@@ -5,7 +5,7 @@ kernels and the GPU reading the other experts' pinned bytes.
     python scripts/probe_dram_share.py [--gib 4] [--threads 16] [--seconds 3]
 
 Rows, GB/s of each side, alone and at once:
-- cpu: numba's threads summing a float32 buffer (as cpu_kernels.runtime.bandwidth);
+- cpu: numba's threads summing a float32 buffer (cpu_kernels.runtime.bandwidth's sum);
 - copy: the copy engine moving a pinned buffer to the device (cudaMemcpyAsync);
 - zero-copy: a Triton kernel summing the pinned buffer in place (mapped host memory read by the
   SMs over PCIe: what a kernel reading experts' bytes where they lie would do).
@@ -26,15 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-
-@numba.njit(parallel=True, fastmath=True, nogil=True, cache=True)
-def _sum_chunks(buf: np.ndarray, part: np.ndarray) -> None:
-    """cpu_kernels.runtime.bandwidth's sum without the GIL, so the GPU's side keeps launching."""
-    for p in numba.prange(buf.shape[0]):
-        s = np.float32(0.0)
-        for j in range(buf.shape[1]):
-            s += buf[p, j]
-        part[p] = s
+from cpu_kernels.runtime.bandwidth import sum_chunks
 
 
 @triton.jit
@@ -75,7 +67,7 @@ def readers(gib: float) -> dict:
     n = int(gib * (1 << 30))
     cpu_buf = np.ones((64, n // 256), np.float32)
     part = np.empty(64, np.float32)
-    _sum_chunks(cpu_buf, part)
+    sum_chunks(cpu_buf, part)
     pinned = torch.ones(n // 4, dtype=torch.int32).pin_memory()
     dev = torch.empty(n // 4, dtype=torch.int32, device="cuda")
     out = torch.zeros(1, dtype=torch.int32, device="cuda")
@@ -84,7 +76,7 @@ def readers(gib: float) -> dict:
     grid = (triton.cdiv(pinned.numel(), block * iters),)
 
     def cpu() -> int:
-        _sum_chunks(cpu_buf, part)
+        sum_chunks(cpu_buf, part)
         return cpu_buf.nbytes
 
     def copy() -> int:

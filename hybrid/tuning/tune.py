@@ -127,8 +127,8 @@ def _tune_over_gpus(opts: TuneOptions, planned, profile: RoutingProfile, sizes,
                     status: Callable[[str], None]) -> TuneResult:
     """Several GPUs' budgets: the hot experts spread over what each has left
     (planner.spread_hot_experts), one rule file; compared with no expert held (the base
-    rules over the same GPUs), both measured with --measure and the time model fitted to
-    them as on one GPU."""
+    rules over the same GPUs), both timed with --measure (the time model, fitted to those two,
+    adds no prediction of its own here)."""
     from hybrid.rules.explain import explain, gib
 
     home = _attention_devices(planned.plan, sizes)
