@@ -10,8 +10,8 @@ from gguf import GGMLQuantizationType as Q
 
 from cpu_kernels.fast.packed import PackedMatrix
 from cpu_kernels.formats.weights import QuantMatrix
+from gpu_kernels.packed_planes import can_unpack, planes_from_packed
 from gpu_kernels.qformat import to_planes
-from hybrid.engine.prefill.packed_planes import can_unpack, planes_from_packed
 from hybrid.synth.random_blocks import random_rows
 
 
