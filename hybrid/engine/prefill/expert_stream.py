@@ -8,8 +8,8 @@ Units: a streamed layer's experts in ranges of `experts_per_unit` (a whole layer
 memory budget allows); each expert tensor ([E, R, row bytes] in the GGUF, [E, R/8, group bytes]
 packed) holds a range's bytes contiguously, so a unit is one host-to-device copy per tensor.
 The source is the GGUF's map (exact mode: the CPU kernels' own bytes) or fast mode's packed
-copy, turned back into planes on the device (packed_planes.py). GPU memory: two raw slots (the
-next unit lands while this one is split into planes) and this unit's planes.
+copy, turned back into planes on the device (gpu_kernels/packed_unpack.py). GPU memory: two
+raw slots (the next unit lands while this one is split into planes) and this unit's planes.
 
     copy stream:    wait freed[s]; raw[s] <- the unit's host bytes; record copied[s]  (s = u % 2)
     model stream:   wait copied[s]; planes <- to_planes(raw[s]); record freed[s];
@@ -42,7 +42,7 @@ BYTES_PER_UNIT_BYTE = 3.25
 class StreamTensor:
     """One expert tensor [E, rows, cols] as the stream reads it: host bytes [E, bytes per
     expert] in the GGUF's blocks, or in cpu_kernels' packed layout (`packed`: fast mode's
-    copy, turned back into planes on the device by packed_planes.py)."""
+    copy, turned back into planes on the device by gpu_kernels/packed_unpack.py)."""
 
     qtype: int
     rows: int
@@ -74,9 +74,9 @@ class StreamTensor:
         this unit's products may still run (a plane that is a view of raw, as to_planes gives
         for float types, is copied)."""
         if self.packed:
-            from hybrid.engine.prefill.packed_planes import planes_from_packed
+            from gpu_kernels.packed_unpack import unpack
 
-            q = planes_from_packed(raw.view(experts, -1), self.qtype, self.rows, self.cols)
+            q = unpack(raw.view(experts, -1), self.qtype, self.rows, self.cols)
         else:
             from gpu_kernels.qformat import to_planes
 
@@ -210,7 +210,7 @@ class ExpertStream:
     def _copy_bytes(self, layer: int, e0: int, e1: int, slot: torch.Tensor) -> None:
         at = 0
         for m in self.layers[layer]:
-            src = _host_tensor(m.host[e0:e1].reshape(-1))
+            src = host_tensor(m.host[e0:e1].reshape(-1))
             slot[at:at + src.numel()].copy_(src, non_blocking=True)
             at += src.numel()
 
@@ -223,7 +223,7 @@ def expert_memory(layers: Sequence[tuple[StreamTensor, ...]], dense: bool) -> in
     return int(BYTES_PER_UNIT_BYTE * nbytes) + rows16
 
 
-def _host_tensor(a: np.ndarray) -> torch.Tensor:
+def host_tensor(a: np.ndarray) -> torch.Tensor:
     """A tensor over the GGUF's read-only map; nothing writes through it."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "the given NumPy array is not writable"
