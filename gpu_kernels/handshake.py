@@ -12,7 +12,8 @@ they never need resetting and a flag left from an earlier step never passes for 
   it after the copies before it, which are then complete in host memory.
 - wait(flags, index, seq, error): spin until flags[index] == seq, polling host memory. After
   `max_spins` polls (~1 us each over PCIe: the default is ~10-20 s) it gives up and sets
-  error[0] = 1, so a host that died never hangs the GPU; the host checks `error` per step.
+  error[0] = index + 1, so a host that died never hangs the GPU; the host checks `error` per
+  step (and names the flag that gave up).
 - fetch(src, dst): dst = src (pinned host memory), read by a kernel over PCIe, and
   set_seq(seq, value): seq[0] = value, the value a launch argument. Neither is a copy: a copy
   from the host queues on a host-to-device copy engine behind whatever that engine carries
@@ -44,7 +45,7 @@ def _wait_kernel(flags_ptr, index, seq_ptr, error_ptr, max_spins):
         seen = tl.load(flags_ptr + index, volatile=True)
         spins += 1
     if seen != seq:
-        tl.store(error_ptr, 1)
+        tl.store(error_ptr, index + 1)
 
 
 @triton.jit(do_not_specialize=["n"])  # one variant a dtype, whatever the rows
@@ -73,7 +74,8 @@ def signal(flags: torch.Tensor, index: int, seq: torch.Tensor) -> None:
 
 def wait(flags: torch.Tensor, index: int, seq: torch.Tensor, error: torch.Tensor,
          max_spins: int = MAX_SPINS) -> None:
-    """Block the stream until flags[index] == seq (or set error[0] = 1 after max_spins)."""
+    """Block the stream until flags[index] == seq (or set error[0] = index + 1 after
+    max_spins)."""
     _check(flags, index, seq)
     _wait_kernel[(1,)](flags, index, seq, error, max_spins, num_warps=1)
 
@@ -117,4 +119,4 @@ def signal_ref(flags: torch.Tensor, index: int, seq: torch.Tensor) -> None:
 def wait_ref(flags: torch.Tensor, index: int, seq: torch.Tensor, error: torch.Tensor) -> None:
     """The reference never spins: a flag not yet equal is the error."""
     if int(flags[index]) != int(seq[0]):
-        error[0] = 1
+        error[0] = index + 1

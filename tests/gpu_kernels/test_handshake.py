@@ -42,7 +42,7 @@ def test_wait(flag: int, seq: int, device) -> None:
     error, ref = torch.zeros(1, dtype=torch.int32, device=device), torch.zeros(1, dtype=torch.int32)
     wait(flags, 1, s, error, max_spins=50)
     wait_ref(flags, 1, s, ref)
-    assert error.tolist() == ref.tolist() == [int(flag != seq)]
+    assert error.tolist() == ref.tolist() == [2 * int(flag != seq)]  # index + 1
 
 
 def test_bad_arguments(device) -> None:

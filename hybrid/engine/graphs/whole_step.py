@@ -54,8 +54,9 @@ class WholeStepGraphs:
         on another thread at the same time (under inference mode, on this device)."""
         bridge = self.program.bridge
         if bridge.gave_up:
-            raise DeviceLost("a CUDA graph stopped waiting for the CPU experts (see the log "
-                             "for the failure before it); restart the server")
+            raise DeviceLost(f"a CUDA graph stopped waiting for the CPU experts of MoE layer "
+                             f"{bridge.gave_up - 1} (see the log for the failure before it); "
+                             f"restart the server")
         seq = bridge.next_seq()  # before the replay, on its stream
         graph.replay()
         if beside is None:

@@ -94,9 +94,10 @@ class ExpertsBridge:
         self._seq_np, self._error_np = self._seq_host.numpy(), self.error.numpy()
 
     @property
-    def gave_up(self) -> bool:
-        """A GPU wait stopped polling before its flag came (set by the device, read here)."""
-        return bool(self._error_np[0])
+    def gave_up(self) -> int:
+        """1 + the MoE layer whose GPU wait stopped polling before its flag came, 0 while none
+        did (set by the device, read here)."""
+        return int(self._error_np[0])
 
     def next_seq(self) -> int:
         """A new step's sequence number, set on the device on the current stream (before the
