@@ -27,7 +27,7 @@ from bench_e2e import build_model, decode
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.llm import LLM
 from hybrid.engine.sampling.sampling_params import SamplingParams
-from hybrid.rules.planner import with_fetched_experts
+from hybrid.rules.planner import with_fetched_experts, with_held_experts
 
 
 def main() -> int:
@@ -39,14 +39,21 @@ def main() -> int:
     ap.add_argument("--streams", default="1,16")
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--decode-graph", default="auto", help="EngineConfig.decode_graph")
+    ap.add_argument("--hold", type=int, default=0,
+                    help="also hold experts 0 .. N-1 of every layer on the GPU")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     shares = [float(s) for s in args.shares.split(",")]
     streams = [int(s) for s in args.streams.split(",")]
     path = args.gguf_path or build_model(args.preset, Path(tempfile.mkdtemp()))
     rules = str(with_fetched_experts(args.optimize_rules, max(shares), Path(tempfile.mkdtemp())))
+    if args.hold:
+        rules = str(with_held_experts(rules, list(range(args.hold)), "cuda",
+                                      Path(tempfile.mkdtemp())))
     t = time.perf_counter()
-    llm = LLM(path, rules, engine_config=EngineConfig(max_batch_size=max(streams)),
+    llm = LLM(path, rules, engine_config=EngineConfig(max_batch_size=max(streams),
+                                                    decode_graph=args.decode_graph),
               status=lambda m: print("start-up:", m, flush=True))
     print(f"loaded in {time.perf_counter() - t:.1f} s", flush=True)
     ops = [op for op in llm.engine.runner.program.moe_layers if op.fetcher is not None]
