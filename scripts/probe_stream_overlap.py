@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hybrid.engine.prefill.expert_stream import host_tensor
+from hybrid.engine.prefill.expert_stream import _host_tensor
 from hybrid.engine.prefill.host_pinning import HostRegistration
 
 
@@ -47,7 +47,7 @@ def timed(model: torch.cuda.Stream, copy: torch.cuda.Stream, host: np.ndarray,
         with torch.cuda.stream(copy):
             copy.wait_event(freed)  # as ExpertStream._copy: the slot's last reader done
             for _ in range(copies):
-                slot.copy_(host_tensor(host), non_blocking=True)
+                slot.copy_(_host_tensor(host), non_blocking=True)
             copied.record()
         mid.record()
         if what == "matmul":

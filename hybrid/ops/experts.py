@@ -115,11 +115,6 @@ class ExpertsOp(nn.Module):
         self.gpu_experts = _GpuExperts(ctx, p, gpu_ids, torch.device(opts["gpu_device"]),
                                        self.swiglu_limit) if gpu_ids else None
         self._held: dict[torch.device, torch.Tensor] = {}  # gpu_held, on each ids device
-        # a share of each step's experts read by the GPU over PCIe (`fetch_experts`): the
-        # engine's start-up gives the fetcher (engine/prefill/fetched_experts.py) where it can
-        self.fetch_share = float(opts.get("fetch_experts", 0.0))
-        self.fetcher = None
-        self._fetched = None  # [N, K] hand_off's slots among the fetched experts, for run_held
         self.pool = None  # a cpu_kernels MoEPool, set by use_pool
         self.placed = None  # cpu_weights as placed on the pool's worker groups
 
@@ -145,20 +140,8 @@ class ExpertsOp(nn.Module):
 
     @property
     def held_device(self) -> torch.device | None:
-        """The device of the experts `gpu_experts` holds or the fetcher reads onto (None:
-        neither)."""
-        if self.gpu_experts is not None:
-            return self.gpu_experts.device
-        return None if self.fetcher is None else self.fetcher.device
-
-    def use_fetcher(self, fetcher) -> None:
-        """Fetch a share of each step's experts to the GPU (a FetchedExperts on the device the
-        layer's rows are on, the held experts' if any); None: the CPU computes them all."""
-        if fetcher is not None and self.gpu_experts is not None and \
-                fetcher.device != self.gpu_experts.device:
-            raise ValueError(f"experts held on {self.gpu_experts.device}, fetched onto "
-                             f"{fetcher.device}: one GPU a layer")
-        self.fetcher = fetcher
+        """The device of the experts `gpu_experts` holds (None: none held)."""
+        return None if self.gpu_experts is None else self.gpu_experts.device
 
     @property
     def device_only(self) -> bool:
@@ -171,38 +154,23 @@ class ExpertsOp(nn.Module):
         """Split a step's choices [N, K]: (ids for the host, the held experts' slots -1 so the
         CPU never reads them; weights of the held slots only, the rest 0, or None when no
         expert is held). Device ops only: no sync, capturable."""
-        if self.gpu_experts is None and self.fetcher is None:
+        if self.gpu_experts is None:
             return ids, None
         if ids.device not in self._held:
             self._held[ids.device] = self.gpu_held.to(ids.device)
-        held_experts = self._held[ids.device]  # [E] bool
-        held = held_experts[ids]  # [N, K] bool
-        if self.fetcher is not None:
-            self._fetched = self.fetcher.choose(ids, held_experts)  # [N, K] slot or -1
-            held = held | (self._fetched >= 0)
+        held = self._held[ids.device][ids]  # [N, K] bool
         return ids.masked_fill(held, -1), weights.masked_fill(~held, 0.0)
 
     def run_held(self, hidden: torch.Tensor, ids: torch.Tensor, held_weights: torch.Tensor
                  ) -> torch.Tensor:
         """The held experts' share of the layer's output [N, H] f32 on hidden's device, from
         hand_off's weights; runs on gpu_device while the host computes the rest."""
-        held = self.held_device
+        held = self.gpu_experts.device
         if held != hidden.device and held.type == "cuda":  # its kernels launch on their GPU
             with torch.cuda.device(held):
-                out = self._run_held(hidden, ids, held_weights)
+                out = self.gpu_experts(hidden, ids, held_weights)
             return out.to(hidden.device, torch.float32)
-        return self._run_held(hidden, ids, held_weights).to(hidden.device, torch.float32)
-
-    def _run_held(self, hidden: torch.Tensor, ids: torch.Tensor, held_weights: torch.Tensor
-                  ) -> torch.Tensor:
-        """The held experts' and the fetched ones' terms (each skips the other's pairs: ids
-        the held set lacks, slots -1)."""
-        out = None if self.gpu_experts is None else self.gpu_experts(hidden, ids, held_weights)
-        if self.fetcher is not None:
-            x, w = hidden.to(self.fetcher.device), held_weights.to(self.fetcher.device)
-            fetched = self.fetcher(x, self._fetched, w)
-            out = fetched if out is None else out + fetched
-        return out
+        return self.gpu_experts(hidden, ids, held_weights).to(hidden.device, torch.float32)
 
     def run_host(self, x: np.ndarray, ids: np.ndarray, weights: np.ndarray,
                  out: np.ndarray) -> None:

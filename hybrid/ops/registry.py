@@ -112,10 +112,6 @@ _SPECS = [
                                              "k lowest-weighted experts join the next MoE "
                                              "layer's output, computed while the GPU runs its "
                                              "attention (faster, approximate; CPU experts only)"),
-                     "fetch_experts": Option((float, int), 0.0, help="the share (0 to 0.9) of "
-                                             "each step's routed experts the GPU reads from "
-                                             "host memory over PCIe while the CPU computes "
-                                             "the rest (CPU experts on a CUDA device)"),
                  }),
 ]
 OPERATORS: dict[str, OperatorSpec] = {s.name: s for s in _SPECS}

@@ -91,26 +91,6 @@ def with_deferral(rules: str, k: int, folder: Path) -> Path:
     return _rewritten(rules, folder, f"defer{k}", edit)
 
 
-def with_fetched_experts(rules: str, share: float, folder: Path) -> Path:
-    """A copy of rule file `rules` whose CPU experts rules have the GPU read `share` of each
-    step's experts over PCIe (the experts' `fetch_experts`; 0 removes it)."""
-    def edit(cls: str, kwargs: dict) -> None:
-        if cls == "experts" and kwargs.get("backend", "cpu") == "cpu":
-            kwargs.pop("fetch_experts", None)
-            if share:
-                kwargs["fetch_experts"] = share
-    return _rewritten(rules, folder, f"fetch{share:g}", edit)
-
-
-def with_held_experts(rules: str, ids: list[int], device: str, folder: Path) -> Path:
-    """A copy of rule file `rules` whose CPU experts rules hold experts `ids` of every layer
-    on `device` (the experts' `gpu_experts`, as `hybrid tune` writes them per layer)."""
-    def edit(cls: str, kwargs: dict) -> None:
-        if cls == "experts" and kwargs.get("backend", "cpu") == "cpu":
-            kwargs["gpu_experts"], kwargs["gpu_device"] = list(ids), device
-    return _rewritten(rules, folder, f"held{len(ids)}", edit)
-
-
 def with_kv_cache_dtype(rules: str, dtype: str, folder: Path) -> Path:
     """A copy of rule file `rules` whose mla_attention rules keep the KV cache in `dtype`
     ("f32" for comparisons with the CPU rules, whose cache is f32)."""

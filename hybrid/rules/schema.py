@@ -191,9 +191,6 @@ def _parse_kwargs(node: yaml.Node | None, op: str, source: str, index: int) -> d
                 parse_device(value)
             except HybridError as e:
                 raise _err(source, value_node, index, f"kwargs.{key}: {e}") from None
-        if key == "fetch_experts" and not 0 <= value <= 0.9:
-            raise _err(source, value_node, index, f"kwargs.fetch_experts is {value}: a share "
-                       f"of each step's experts between 0 (none) and 0.9")
         if key == "gpu_experts" and not all(isinstance(x, int) and x >= 0 for x in value):
             raise _err(source, value_node, index, "kwargs.gpu_experts must list expert ids (>= 0)")
         kwargs[key] = value

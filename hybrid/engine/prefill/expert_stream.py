@@ -210,7 +210,7 @@ class ExpertStream:
     def _copy_bytes(self, layer: int, e0: int, e1: int, slot: torch.Tensor) -> None:
         at = 0
         for m in self.layers[layer]:
-            src = host_tensor(m.host[e0:e1].reshape(-1))
+            src = _host_tensor(m.host[e0:e1].reshape(-1))
             slot[at:at + src.numel()].copy_(src, non_blocking=True)
             at += src.numel()
 
@@ -223,7 +223,7 @@ def expert_memory(layers: Sequence[tuple[StreamTensor, ...]], dense: bool) -> in
     return int(BYTES_PER_UNIT_BYTE * nbytes) + rows16
 
 
-def host_tensor(a: np.ndarray) -> torch.Tensor:
+def _host_tensor(a: np.ndarray) -> torch.Tensor:
     """A tensor over the GGUF's read-only map; nothing writes through it."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "the given NumPy array is not writable"

@@ -20,7 +20,7 @@ from torch import nn
 from hybrid.engine.attention import select as attention_select
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.graphs import setup as decode_graphs_setup
-from hybrid.engine.prefill import fetched_experts, layered_prefill, prefill_setup
+from hybrid.engine.prefill import layered_prefill, prefill_setup
 from hybrid.engine.prefill.prefill_chunk import (
     choose_decode_chunk_size,
     choose_in_flight_chunk_size,
@@ -83,10 +83,6 @@ def start_up(runner, config: EngineConfig, attention: list[MLAAttentionOp],
     runner.program.stream = runner.stream
     if runner.stream is not None:  # its grouped launches first: warm-up steps stream
         prefill_setup.warm_up(runner.stream, runner.program.moe_layers[0], hf.hidden_size)
-    fetching = fetched_experts.attach(runner.stream, runner.program.moe_layers, runner.device,
-                                      max(runner.chunk_size, config.max_batch_size))
-    if fetching is not None and progress is not None:
-        progress(fetching)
     form = decode_graphs_setup.graph_form(runner, config.decode_graph, progress)
     if config.cuda_graphs and form is not None:
         warm_up(runner, progress, cpu_kernels_ready=cpu_kernels_ready)
