@@ -31,10 +31,10 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from cpu_kernels.formats.random_blocks import random_rows
 from gpu_kernels import qtypes as qt
 from gpu_kernels.moe_grouped import moe_experts
 from gpu_kernels.qformat import GpuQuant, to_planes
-from hybrid.synth.random_blocks import random_rows
 
 # name: (experts, top-k, hidden, intermediate, gate/up type, down type) at Q4_K_M (V2-Lite's
 # down rows of 1408 are not whole Q6_K blocks: llama.cpp falls back to Q8_0)

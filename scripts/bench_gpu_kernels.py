@@ -24,11 +24,11 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from cpu_kernels.formats.random_blocks import random_rows
 from gpu_kernels.mla_decode import choose_splits, mla_decode
 from gpu_kernels.qformat import to_planes
 from gpu_kernels.qmatmul import qmatmul, qmatmul_t
 from gpu_kernels.qtypes import block_size
-from hybrid.synth.random_blocks import random_rows
 
 SHAPES = [  # name, rows, cols: V3's and V2-Lite's decode products
     ("v3 q_b", 24576, 1536), ("v3 o_proj", 7168, 16384), ("v3 shexp gate_up", 4096, 7168),

@@ -9,10 +9,10 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from cpu_kernels.fast.packed import PackedMatrix
+from cpu_kernels.formats.random_blocks import random_rows
 from cpu_kernels.formats.weights import QuantMatrix
 from gpu_kernels.packed_planes import can_unpack, planes_from_packed
 from gpu_kernels.qformat import to_planes
-from hybrid.synth.random_blocks import random_rows
 
 
 @pytest.mark.parametrize("qtype,experts,rows,cols,seed", [

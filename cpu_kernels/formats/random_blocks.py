@@ -1,8 +1,18 @@
-"""Random valid GGUF blocks for tests and benchmarks (numpy only).
+"""Random, valid GGML blocks with a chosen weight spread, written straight in the block format:
+the one generator of the project's synthetic weights (make-model's files, the kernels' tests
+and benchmarks).
 
-Random bytes are valid blocks for every type once the float16 fields (d, dmin) are set to small
-finite values (MXFP4: its E8M0 scale byte); F16/BF16 rows are random normal values. Scales are chosen so that dequantized
-weights have magnitude ~0.01-0.1, like trained expert weights.
+A synthetic model needs weights, not a faithful quantization of some other weights: the GGUF
+defines the model, and every reader (ours, gguf-py, llama.cpp) must agree on what these blocks
+mean. Writing random quant codes directly is also ~100x faster than quantizing Gaussians, which
+is what makes a 10 GB V2-Lite file take minutes.
+
+    random_rows(rng, qtype, rows, cols, std)   [rows, row_bytes] uint8 (F32/F16/BF16: values)
+    random_blocks(rng, qtype, (E, R, C))       [E, R, row_bytes] uint8, std DEFAULT_STD
+    random_matrix / random_experts             the same as QuantMatrix / ExpertWeights
+
+Dequantized values have mean ~0 and standard deviation ~`std`; every block scale varies by
++-25% and the K-quants' mins centre their sub-blocks, as trained weights' quantizations do.
 """
 
 from __future__ import annotations
@@ -11,101 +21,214 @@ import numpy as np
 
 from cpu_kernels.formats import qtypes as qt
 from cpu_kernels.formats.weights import ExpertWeights, QuantMatrix
+from ggml_types import (
+    BF16,
+    F16,
+    F32,
+    GEOMETRY,
+    IQ1_M,
+    IQ1_S,
+    IQ2_S,
+    IQ2_XS,
+    IQ2_XXS,
+    IQ3_S,
+    IQ3_XXS,
+    IQ4_NL,
+    IQ4_XS,
+    MXFP4,
+    NAMES,
+    Q2_K,
+    Q3_K,
+    Q4_0,
+    Q4_1,
+    Q4_K,
+    Q5_0,
+    Q5_1,
+    Q5_K,
+    Q6_K,
+    Q8_0,
+)
 
-# qtype -> byte offsets of its f16 scale fields within a block, and the scale's magnitude
-_F16_FIELDS: dict[int, tuple[tuple[int, ...], float]] = {
-    qt.Q8_0: ((0,), 1e-3),
-    qt.Q2_K: ((80,), 4e-3),
-    qt.Q3_K: ((108,), 2e-3),
-    qt.Q4_0: ((0,), 1e-2),
-    qt.Q5_0: ((0,), 5e-3),
-    qt.Q4_K: ((0, 2), 1e-3),
-    qt.Q5_K: ((0, 2), 5e-4),
-    qt.Q6_K: ((208,), 1e-3),
-    # i-quants: d sized so grid * scale lands near 0.01-0.1 like the K-quants
-    qt.IQ2_XXS: ((0,), 3e-4),
-    qt.IQ2_XS: ((0,), 3e-4),
-    qt.IQ2_S: ((0,), 3e-4),
-    qt.IQ3_XXS: ((0,), 1e-4),
-    qt.IQ3_S: ((0,), 2e-4),
-    qt.IQ1_S: ((0,), 3e-3),
-    qt.IQ4_NL: ((0,), 3e-4),
-    qt.IQ4_XS: ((0,), 2e-5),
-}
+# the spread of random_blocks' weights: a trained expert's (~0.01-0.1)
+DEFAULT_STD = 0.05
+
+# the standard deviation of random i-quant blocks' weights at d = 1 (their grids and scale codes
+# have no closed form worth writing): measured on 4096 random blocks a type, checked against
+# gguf-py's dequantization by tests/cpu_kernels/test_random_blocks.py
+IQUANT_UNIT_STD = {IQ1_S: 7.193493366241455, IQ1_M: 7.235467910766602,
+                   IQ2_XXS: 53.185672760009766, IQ2_XS: 55.911983489990234,
+                   IQ2_S: 56.475074768066406, IQ3_XXS: 142.39768981933594,
+                   IQ3_S: 140.193603515625, IQ4_NL: 67.10863494873047,
+                   IQ4_XS: 1248.051513671875}
 
 
-def _pack_k4_scales(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
-    """Q4_K/Q5_K 12-byte packing of 6-bit scales and mins. sc, mn: [B, 8] -> [B, 12] uint8"""
-    out = np.empty((sc.shape[0], 12), np.uint8)
-    out[:, 0:4] = sc[:, :4] | ((sc[:, 4:] >> 4) << 6)
-    out[:, 4:8] = mn[:, :4] | ((mn[:, 4:] >> 4) << 6)
-    out[:, 8:12] = (sc[:, 4:] & 15) | ((mn[:, 4:] & 15) << 4)
+def _f16_bytes(values: np.ndarray) -> np.ndarray:
+    """[..., 1] fp16 values -> [..., 2] bytes."""
+    return values.astype(np.float16).view(np.uint8).reshape(*values.shape[:-1], 2)
+
+
+def _scale(rng: np.random.Generator, shape: tuple[int, ...], base: float) -> np.ndarray:
+    # Per-block scales vary by +-25% so blocks are not all alike.
+    return (base * rng.uniform(0.75, 1.25, size=(*shape, 1))).astype(np.float32)
+
+
+def random_rows(rng: np.random.Generator, qtype: int, rows: int, cols: int, std: float
+                ) -> np.ndarray:
+    """Rows of random weights in `qtype`: float arrays for F32/F16/BF16, else block bytes."""
+    if qtype == F32:
+        return (rng.standard_normal((rows, cols), dtype=np.float32) * std).astype(np.float32)
+    if qtype == F16:
+        return (rng.standard_normal((rows, cols), dtype=np.float32) * std).astype(np.float16)
+    if qtype == BF16:
+        w = rng.standard_normal((rows, cols), dtype=np.float32) * std
+        return (w.view(np.uint32) >> 16).astype(np.uint16)  # truncation is a valid bf16 value
+    if qtype not in _GENERATORS:
+        raise ValueError(f"no random blocks of {NAMES.get(qtype, f'type {qtype}')}")
+    block_size, type_size = GEOMETRY[qtype]
+    nb = cols // block_size
+    gen = _GENERATORS[qtype]
+    blocks = gen(rng, (rows, nb), std)
+    assert blocks.shape == (rows, nb, type_size)
+    return blocks.reshape(rows, nb * type_size)
+
+
+def _q8_0(rng, shape, std):
+    q = rng.integers(-127, 128, size=(*shape, 32), dtype=np.int8)
+    d = _scale(rng, shape, std / 73.6)  # std of uniform int8 in [-127, 127] ~ 73.6
+    return np.concatenate([_f16_bytes(d), q.view(np.uint8)], axis=-1)
+
+
+def _q4_0(rng, shape, std):
+    qs = rng.integers(0, 256, size=(*shape, 16), dtype=np.uint8)
+    return np.concatenate([_f16_bytes(_scale(rng, shape, std / 4.61)), qs], axis=-1)
+
+
+def _q4_1(rng, shape, std):
+    qs = rng.integers(0, 256, size=(*shape, 16), dtype=np.uint8)
+    d = _scale(rng, shape, std / 4.61)
+    return np.concatenate([_f16_bytes(d), _f16_bytes(-7.5 * d), qs], axis=-1)
+
+
+def _q5_0(rng, shape, std):
+    rest = rng.integers(0, 256, size=(*shape, 20), dtype=np.uint8)  # qh (4) + qs (16)
+    return np.concatenate([_f16_bytes(_scale(rng, shape, std / 9.23)), rest], axis=-1)
+
+
+def _q5_1(rng, shape, std):
+    rest = rng.integers(0, 256, size=(*shape, 20), dtype=np.uint8)
+    d = _scale(rng, shape, std / 9.23)
+    return np.concatenate([_f16_bytes(d), _f16_bytes(-15.5 * d), rest], axis=-1)
+
+
+def _k_scales_mins(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
+    """Pack 8 six-bit scales and mins ([..., 8] each) into Q4_K/Q5_K's 12 bytes."""
+    out = np.empty((*sc.shape[:-1], 12), dtype=np.uint8)
+    out[..., 0:4] = (sc[..., 0:4] & 63) | ((sc[..., 4:8] >> 4) << 6)
+    out[..., 4:8] = (mn[..., 0:4] & 63) | ((mn[..., 4:8] >> 4) << 6)
+    out[..., 8:12] = (sc[..., 4:8] & 0x0F) | ((mn[..., 4:8] & 0x0F) << 4)
     return out
 
 
-def _centre_k4(rng: np.random.Generator, raw: np.ndarray, levels: int) -> None:
-    """Give Q4_K/Q5_K blocks mins that centre each sub-block near zero, like trained weights.
-
-    Uniform random mins make every sub-block's mean a large random offset, a case no
-    quantizer produces; with dmin = d * levels / 2 the centring min is m ~ sc * (levels-1)/levels.
-    """
-    num_blocks = raw.shape[0]
-    d = raw[:, 0:2].copy().view(np.float16).astype(np.float32).reshape(-1)
-    raw[:, 2:4] = (d * levels / 2).astype(np.float16).view(np.uint8).reshape(num_blocks, 2)
-    sc = rng.integers(16, 64, (num_blocks, 8)).astype(np.uint8)
-    mn = np.clip(np.rint(sc.astype(np.float32) * (levels - 1) / levels), 0, 63).astype(np.uint8)
-    raw[:, 4:16] = _pack_k4_scales(sc, mn)
+def _k_quant(rng, shape, std, q_std, q_mid, payload_bytes):
+    # w = d*sc*q - dmin*m with m = sc and dmin = q_mid*d: centred, spread d*sc*q_std.
+    sc = rng.integers(32, 64, size=(*shape, 8), dtype=np.uint8)
+    d = _scale(rng, shape, std / (47.5 * q_std))
+    dmin = (d.astype(np.float16).astype(np.float32) * q_mid)
+    payload = rng.integers(0, 256, size=(*shape, payload_bytes), dtype=np.uint8)
+    return np.concatenate([_f16_bytes(d), _f16_bytes(dmin), _k_scales_mins(sc, sc), payload], axis=-1)
 
 
-def _centre_q2_k(rng: np.random.Generator, raw: np.ndarray) -> None:
-    """Q2_K scales with min = scale and dmin = 1.5 d: each sub-block centred (codes average 1.5)."""
-    num_blocks = raw.shape[0]
-    d = raw[:, 80:82].copy().view(np.float16).astype(np.float32).reshape(-1)
-    raw[:, 82:84] = (d * 1.5).astype(np.float16).view(np.uint8).reshape(num_blocks, 2)
-    sc = rng.integers(4, 16, (num_blocks, 16)).astype(np.uint8)
-    raw[:, 0:16] = sc | (sc << 4)
+def _q4_k(rng, shape, std):
+    return _k_quant(rng, shape, std, 4.61, 7.5, 128)
 
 
-def _set_iq1_m_d(rng: np.random.Generator, raw: np.ndarray) -> None:
-    """IQ1_M keeps its f16 d in the top nibbles of the 4 scale words at byte 48 (bits 4m..4m+3
-    of d in the top nibble of word m)."""
-    d = (rng.uniform(0.25, 1.0, raw.shape[0]) * 3e-3).astype(np.float16).view(np.uint16)
+def _q5_k(rng, shape, std):
+    return _k_quant(rng, shape, std, 9.23, 15.5, 32 + 128)
+
+
+def _q6_k(rng, shape, std):
+    q = rng.integers(0, 256, size=(*shape, 192), dtype=np.uint8)  # ql (128) + qh (64)
+    sc = rng.integers(48, 128, size=(*shape, 16), dtype=np.int8)
+    d = _scale(rng, shape, std / (88.0 * 18.5))
+    return np.concatenate([q, sc.view(np.uint8), _f16_bytes(d)], axis=-1)
+
+
+def _q2_k(rng, shape, std):
+    sc = rng.integers(8, 16, size=(*shape, 16), dtype=np.uint8)
+    scales = sc | (sc << 4)  # min = scale, dmin = 1.5 d: centred
+    qs = rng.integers(0, 256, size=(*shape, 64), dtype=np.uint8)
+    d = _scale(rng, shape, std / (11.5 * 1.118))
+    dmin = d.astype(np.float16).astype(np.float32) * 1.5
+    return np.concatenate([scales, qs, _f16_bytes(d), _f16_bytes(dmin)], axis=-1)
+
+
+def _q3_k(rng, shape, std):
+    hq = rng.integers(0, 256, size=(*shape, 96), dtype=np.uint8)  # hmask (32) + qs (64)
+    # Scales are stored +32; keep them in 40..63 (positive 8..31).
+    s = rng.integers(40, 64, size=(*shape, 16), dtype=np.uint8)
+    low, high = s & 0x0F, s >> 4
+    packed = np.empty((*shape, 12), dtype=np.uint8)
+    packed[..., 0:8] = low[..., 0:8] | (low[..., 8:16] << 4)
+    i = np.arange(4)
+    packed[..., 8:12] = (high[..., i] | (high[..., 4 + i] << 2) | (high[..., 8 + i] << 4)
+                         | (high[..., 12 + i] << 6))
+    d = _scale(rng, shape, std / (19.5 * 2.29))
+    return np.concatenate([hq, packed, _f16_bytes(d)], axis=-1)
+
+
+def _put_d(qtype: int, raw: np.ndarray, d: np.ndarray) -> None:
+    """Write the block scale d ([..., 1] float) into i-quant blocks [..., type_size]: f16 at byte
+    0, except IQ1_M, which spreads it over the top nibbles of its scale words at 48..55."""
+    if qtype != IQ1_M:
+        raw[..., 0:2] = _f16_bytes(d)
+        return
+    bits = d.astype(np.float16).view(np.uint16)[..., 0]
     for m in range(4):
-        nib = ((d >> (4 * m)) & 15).astype(np.uint8)
-        raw[:, 49 + 2 * m] = (raw[:, 49 + 2 * m] & 15) | (nib << 4)
+        raw[..., 49 + 2 * m] = (raw[..., 49 + 2 * m] & 15) | (((bits >> (4 * m)) & 15) << 4).astype(
+            np.uint8)
 
 
-def random_blocks(rng: np.random.Generator, qtype: int, shape: tuple[int, int, int]) -> np.ndarray:
-    """Bytes [E, rows, row_bytes] uint8 of valid random blocks of `qtype` for `shape` (E, R, C)."""
+def _iquant(qtype: int):
+    def gen(rng, shape, std):
+        _, type_size = GEOMETRY[qtype]
+        raw = rng.integers(0, 256, size=(*shape, type_size), dtype=np.uint8)
+        # a random sign per block centres the IQ4 levels, whose mean is -5.9 (not 0)
+        sign = rng.choice(np.array([-1.0, 1.0], np.float32), size=(*shape, 1))
+        _put_d(qtype, raw, sign * _scale(rng, shape, std / IQUANT_UNIT_STD[qtype]))
+        return raw
+    return gen
+
+
+def _mxfp4(rng, shape, std):
+    # random codes: levels (E2M1 doubled) of mean 0 and std sqrt(34.25) = 5.85; E8M0 scales
+    # 2^(e - 128) of e0 - 1 or e0, whose mean square is 0.625 2^(2 (e0 - 128))
+    qs = rng.integers(0, 256, size=(*shape, 16), dtype=np.uint8)
+    e0 = 128 + round(float(np.log2(std / (5.85 * 0.625 ** 0.5))))
+    e = np.clip(e0 + rng.integers(-1, 1, size=(*shape, 1)), 1, 254).astype(np.uint8)
+    return np.concatenate([e, qs], axis=-1)
+
+
+_GENERATORS = {
+    Q8_0: _q8_0, Q4_0: _q4_0, Q4_1: _q4_1, Q5_0: _q5_0, Q5_1: _q5_1,
+    Q2_K: _q2_k, Q3_K: _q3_k, Q4_K: _q4_k, Q5_K: _q5_k, Q6_K: _q6_k, MXFP4: _mxfp4,
+    **{t: _iquant(t) for t in (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
+                               IQ3_S, IQ4_NL, IQ4_XS)},
+}
+
+
+def random_blocks(rng: np.random.Generator, qtype: int, shape: tuple[int, int, int],
+                  std: float = DEFAULT_STD) -> np.ndarray:
+    """Bytes [E, rows, row_bytes] uint8 of valid random blocks of `qtype` for `shape` (E, R, C):
+    a type the CPU kernels compute on (F16 and BF16 as their bytes)."""
     num_experts, rows, cols = shape
-    nbytes = qt.row_nbytes(qtype, cols)
-    if qtype in (qt.F16, qt.BF16):
-        vals = (rng.standard_normal((num_experts, rows, cols)) * 0.05).astype(np.float32)
-        if qtype == qt.F16:
-            return vals.astype(np.float16).view(np.uint8)
-        return (vals.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
-    block_size, type_size = qt.BLOCK_GEOMETRY[qtype]
-    num_blocks = num_experts * rows * (cols // block_size)
-    raw = rng.integers(0, 256, (num_blocks, type_size), dtype=np.uint8)
-    if qtype == qt.IQ1_M:
-        _set_iq1_m_d(rng, raw)
-        return raw.reshape(num_experts, rows, nbytes)
-    if qtype == qt.MXFP4:  # E8M0 scales 2^-11..2^-8: levels up to 12 give |w| <= 0.05
-        raw[:, 0] = rng.integers(117, 121, num_blocks)
-        return raw.reshape(num_experts, rows, nbytes)
-    offsets, scale = _F16_FIELDS[qtype]
-    for o in offsets:
-        d = (rng.uniform(0.25, 1.0, num_blocks) * scale).astype(np.float16)
-        raw[:, o:o + 2] = d.view(np.uint8).reshape(num_blocks, 2)
-    if qtype in (qt.Q4_K, qt.Q5_K):
-        _centre_k4(rng, raw, 16 if qtype == qt.Q4_K else 32)
-    if qtype == qt.Q2_K:
-        _centre_q2_k(rng, raw)
-    return raw.reshape(num_experts, rows, nbytes)
+    nbytes = qt.row_nbytes(qtype, cols)  # raises for a type or width the kernels lack
+    out = random_rows(rng, qtype, num_experts * rows, cols, std)
+    return np.ascontiguousarray(out).view(np.uint8).reshape(num_experts, rows, nbytes)
 
 
-def random_matrix(rng: np.random.Generator, qtype: int, shape: tuple[int, int, int]) -> QuantMatrix:
-    return QuantMatrix(qtype, shape, random_blocks(rng, qtype, shape))
+def random_matrix(rng: np.random.Generator, qtype: int, shape: tuple[int, int, int],
+                  std: float = DEFAULT_STD) -> QuantMatrix:
+    return QuantMatrix(qtype, shape, random_blocks(rng, qtype, shape, std))
 
 
 def random_experts(rng: np.random.Generator, num_experts: int, hidden: int, inter: int,

@@ -28,7 +28,7 @@ def random_matrix_chunks(seed: int, name: str, qtype: int, shape: tuple[int, ...
                          ) -> Iterator[np.ndarray]:
     """A 2-D (or stacked) tensor's random rows in file order, CHUNK_ELEMENTS at a time. Chunk
     boundaries depend only on the shape, so the bytes depend only on (seed, name)."""
-    from hybrid.synth.random_blocks import random_rows
+    from cpu_kernels.formats.random_blocks import random_rows
 
     rows, cols = int(np.prod(shape[:-1])), shape[-1]
     per_chunk = max(1, CHUNK_ELEMENTS // cols)

@@ -14,6 +14,7 @@ from gguf import GGMLQuantizationType as Q
 
 from cpu_kernels.fast.packed import PackedMatrix
 from cpu_kernels.formats import qtypes as cpu_qtypes
+from cpu_kernels.formats.random_blocks import random_rows
 from cpu_kernels.formats.weights import QuantMatrix
 from gpu_kernels import moe_dense
 from gpu_kernels import qtypes as gqt
@@ -26,7 +27,6 @@ from hybrid.engine.prefill.expert_stream import (
     expert_memory,
 )
 from hybrid.engine.prefill.host_pinning import byte_ranges
-from hybrid.synth.random_blocks import random_rows
 from tests.gpu_kernels.conftest import rel_err
 
 E, K, H, INTER = 8, 2, 256, 256

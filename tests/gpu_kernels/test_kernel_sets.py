@@ -10,12 +10,12 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
+from cpu_kernels.formats.random_blocks import random_rows
 from gpu_kernels.dequant_ref import dequantize as dequantize_planes
 from gpu_kernels.qformat import GpuQuant, to_planes
 from hybrid.ops.kernel_sets import MLADims, TorchKernels
 from hybrid.ops.kernel_sets.gpu_set import GpuKernels
 from hybrid.ops.mla_torch import attend, causal_mask
-from hybrid.synth.random_blocks import random_rows
 from tests.gpu_kernels.conftest import rel_err
 
 SETS = {"torch": TorchKernels(), "gpu_kernels": GpuKernels()}

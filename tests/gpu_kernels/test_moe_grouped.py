@@ -9,6 +9,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
+from cpu_kernels.formats.random_blocks import random_rows
 from gpu_kernels.moe_dense import moe_experts_dense
 from gpu_kernels.moe_grouped import (
     align,
@@ -17,7 +18,6 @@ from gpu_kernels.moe_grouped import (
     moe_experts_ref,
 )
 from gpu_kernels.qformat import GpuQuant, to_planes
-from hybrid.synth.random_blocks import random_rows
 from tests.gpu_kernels.conftest import rel_err
 
 H, INTER = 256, 256

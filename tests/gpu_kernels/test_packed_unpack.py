@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from cpu_kernels.fast.packed import PackedMatrix
+from cpu_kernels.formats.random_blocks import random_rows
 from cpu_kernels.formats.weights import QuantMatrix
 from gpu_kernels import qtypes as qt
 from gpu_kernels.packed_planes import planes_from_packed
 from gpu_kernels.packed_unpack import unpack
-from hybrid.synth.random_blocks import random_rows
 
 
 def _packed(qtype: int, experts: int, rows: int, cols: int, seed: int) -> torch.Tensor:

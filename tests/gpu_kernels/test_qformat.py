@@ -9,11 +9,11 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
+from cpu_kernels.formats.random_blocks import random_rows
 from gpu_kernels import qtypes
 from gpu_kernels.dequant_ref import dequantize, element_values
 from gpu_kernels.dequant_rows import dequant_rows
 from gpu_kernels.qformat import to_planes
-from hybrid.synth.random_blocks import random_rows
 
 TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K,
          Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4,

@@ -8,10 +8,10 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
+from cpu_kernels.formats.random_blocks import random_rows
 from gpu_kernels.embedding import embedding, embedding_ref
 from gpu_kernels.qformat import to_planes
 from gpu_kernels.qmatmul import DOT_MIN_TOKENS, qmatmul, qmatmul_ref, qmatmul_t, qmatmul_t_ref
-from hybrid.synth.random_blocks import random_rows
 from tests.gpu_kernels.conftest import rel_err
 
 TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K,
