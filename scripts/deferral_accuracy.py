@@ -2,7 +2,9 @@
 engine (ops.experts.set_deferral switches k between runs) over the same file and corpus:
 
 - decode tok/s of one stream: median of --repeats rounds, each a sampled generation of
-  --tokens tokens at every k in turn;
+  --tokens tokens at every k in turn; with --streams 8,16 also the aggregate decode tok/s of
+  that many sampled streams at once (the issue's item 5: a batch reads the union of its
+  tokens' experts);
 - greedy agreement: of k=0's greedy tokens, the share k's own greedy run reproduces position
   by position (--tokens a prompt), and the mean position of the first difference;
 - teacher forced on the decode path (SamplingParams.forced_ids: each token decoded as a
@@ -93,15 +95,35 @@ def measure(llm: LLM, k: int, prompts: list[list[int]], args, reference: dict | 
     return row
 
 
-def speeds(llm: LLM, ks: list[int], prompt: list[int], args) -> dict[int, float]:
-    """Median decode tok/s per k, the ks interleaved round by round (--repeats rounds) in this
-    one engine: the shared host's drift falls on every k alike."""
-    rates: dict[int, list[float]] = {k: [] for k in ks}
+def batch_rate(llm: LLM, prompts: list[list[int]], tokens: int) -> float:
+    """Aggregate decode tok/s of len(prompts) sampled streams decoding together: timed from
+    the step after every stream has its first token (their prompts are prefilled) to the
+    last."""
+    reqs = [llm._submit(p, SamplingParams(temperature=1.0, seed=i, max_tokens=tokens,
+                                          ignore_eos=True), lambda e: None)
+            for i, p in enumerate(prompts)]
+    while any(r.num_output_tokens == 0 for r in reqs):
+        llm.worker.step()
+    before = sum(r.num_output_tokens for r in reqs)
+    t = time.perf_counter()
+    while any(not r.is_finished for r in reqs):
+        llm.worker.step()
+    return (sum(r.num_output_tokens for r in reqs) - before) / (time.perf_counter() - t)
+
+
+def speeds(llm: LLM, ks: list[int], streams: list[int], prompt: list[int],
+           many: list[list[int]], args) -> dict[tuple[int, int], float]:
+    """Median decode tok/s per (k, streams), the ks interleaved round by round (--repeats
+    rounds) in this one engine: the shared host's drift falls on every k alike. One stream
+    decodes `prompt`; s streams the first s of `many`."""
+    rates: dict[tuple[int, int], list[float]] = {(k, s): [] for k in ks for s in streams}
     for _ in range(args.repeats):
         for k in ks:
             set_deferral(llm.engine.runner.model, k)
-            rates[k].append(decode_rate(llm, prompt, args.tokens, 1))
-    return {k: statistics.median(v) for k, v in rates.items()}
+            for s in streams:
+                rates[k, s].append(decode_rate(llm, prompt, args.tokens, 1) if s == 1
+                                   else batch_rate(llm, many[:s], args.tokens))
+    return {key: statistics.median(v) for key, v in rates.items()}
 
 
 def main() -> int:
@@ -113,6 +135,7 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--streams", default="1", help="decode rows: streams at once, e.g. 1,8,16")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     path = args.gguf_path or _tiny(args.preset)
@@ -121,13 +144,16 @@ def main() -> int:
     vocab = open_model(path)[1].vocab_size
     prompts = corpus(vocab, args.prompts)
     ks = [0] + [int(v) for v in args.defer.split(",") if v]
-    config = EngineConfig(max_batch_size=max(len(prompts), 1), prefix_cache=False,
-                          cache_lens=len(prompts) * (32 + args.tokens + 16))
+    streams = [int(v) for v in args.streams.split(",") if v]
+    batch = max(len(prompts), *streams, 1)
+    config = EngineConfig(max_batch_size=batch, prefix_cache=False,
+                          cache_lens=batch * (32 + args.tokens + 16))
     llm = LLM(path, args.optimize_rules, engine_config=config)
     rows = [measure(llm, 0, prompts, args, None)]
     rows += [measure(llm, k, prompts, args, rows[0]) for k in ks[1:]]
-    rate = speeds(llm, ks, prompts[0], args)
-    summary = [{"decode_tok_s": rate[r["k"]],
+    rate = speeds(llm, ks, streams, prompts[0], corpus(vocab, max(streams), seed=1), args)
+    summary = [{"decode_tok_s": rate[r["k"], streams[0]],
+                **{f"decode_tok_s_x{s}": rate[r["k"], s] for s in streams},
                 **{key: v for key, v in r.items() if key not in ("tokens", "logprobs")}}
                for r in rows]
     if args.json:
@@ -145,6 +171,14 @@ def main() -> int:
         print(f"| {r['k']} | {r['decode_tok_s']:.1f} | {r['decode_tok_s'] / base:.2f}x | "
               f"{r['agreement']:.3f} | {r['first_difference']:.1f} | {r['mean_dlogprob']:.4f} | "
               f"{r['max_dlogprob']:.4f} | {r['nll']:.4f} |")
+    if len(streams) > 1:
+        print("\n| k | " + " | ".join(f"decode x{s} tok/s | vs k=0" for s in streams) + " |")
+        print("|---|" + "---|---|" * len(streams))
+        for r in summary:
+            print(f"| {r['k']} | " + " | ".join(
+                f"{r[f'decode_tok_s_x{s}']:.1f} | "
+                f"{r[f'decode_tok_s_x{s}'] / summary[0][f'decode_tok_s_x{s}']:.2f}x"
+                for s in streams) + " |")
     return 0
 
 

