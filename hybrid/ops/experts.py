@@ -2,9 +2,10 @@
 
 backend "cpu": cpu_kernels on the GGUF's own blocks (memory-mapped, never dequantized), in
 `exact` or `fast` mode. backend "torch": dequantized weights (weight_format) on the device.
-`gpu_experts` keeps those experts on `gpu_device` (torch) while the rest run on the CPU; the
-two partial sums are added. `use_cpu_pool` hands the CPU part to a cpu_kernels MoEPool (kernel
-threads, NUMA groups): it then runs asynchronously, overlapping the gpu_experts.
+`gpu_experts` keeps those experts on `gpu_device` (device_experts.py) while the rest run on
+the CPU; the two partial sums are added. `use_cpu_pool` hands the CPU part to a cpu_kernels
+MoEPool (kernel threads, NUMA groups): it then runs asynchronously, overlapping the
+gpu_experts.
 """
 
 from __future__ import annotations
@@ -15,12 +16,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from hybrid.errors import HybridError
-from hybrid.gguf.dequant import dequantize
 from hybrid.ops.context import BuildContext
+from hybrid.ops.device_experts import (
+    DeviceExperts,
+    expert_types,
+    gpu_kernels_cover,
+    torch_experts,
+)
 
 if TYPE_CHECKING:
     from hybrid.model.spec import ModelSpec
@@ -38,25 +43,10 @@ def _quant_matrix(ctx: BuildContext, gguf_name: str, rows: slice | None = None):
     return QuantMatrix.from_raw(qt.qtype, shape, raw)
 
 
-def _expert_types(ctx: BuildContext, prefix: str) -> list[int]:
-    names = [n for n in ctx.gguf.tensor_names if n.startswith(prefix) and "_exps." in n]
-    return [int(ctx.gguf.tensor_infos[n][0].qtype) for n in names]
-
-
 def _cpu_kernels_cover(ctx: BuildContext, prefix: str) -> bool:
     from cpu_kernels.formats.qtypes import is_supported
 
-    return all(is_supported(t) for t in _expert_types(ctx, prefix))
-
-
-def _gpu_kernels_cover(ctx: BuildContext, prefix: str, device: torch.device) -> bool:
-    from hybrid.ops.kernel_sets import uses_gpu_kernels
-
-    if not uses_gpu_kernels(device):
-        return False
-    from gpu_kernels.qtypes import is_supported
-
-    return all(is_supported(t) for t in _expert_types(ctx, prefix))
+    return all(is_supported(t) for t in expert_types(ctx, prefix))
 
 
 class ExpertsOp(nn.Module):
@@ -75,7 +65,7 @@ class ExpertsOp(nn.Module):
             self.backend = "torch"
             ctx = BuildContext(ctx.gguf, ctx.spec, ctx.path, {**opts, "weight_format": "f32"},
                                ctx.module)
-        self.on_device = None  # backend torch on gpu_kernels: _GpuExperts of every expert
+        self.on_device = None  # backend torch on gpu_kernels: DeviceExperts of every expert
         self.stream_parts = None  # backend cpu: the expert tensors a step may stream
         # DeepSeek-V4's clamped SwiGLU (transformers' DeepseekV4Experts.limit): every kernel
         # clamps (cpu_kernels/exact/swiglu.py, gpu_kernels' silu_mul, the torch loops)
@@ -99,9 +89,9 @@ class ExpertsOp(nn.Module):
                 # fast mode reads a load-time repack (<= 1.1x the GGUF bytes): build it now, not
                 # on the first forward
                 _pack(ctx, layer, self.cpu_weights)
-        elif _gpu_kernels_cover(ctx, p, self.device):
+        elif gpu_kernels_cover(ctx, p, self.device):
             # every expert's blocks on the device, all tokens in grouped launches
-            self.on_device = _GpuExperts(ctx, p, list(range(spec.num_experts)), self.device,
+            self.on_device = DeviceExperts(ctx, p, list(range(spec.num_experts)), self.device,
                                          self.swiglu_limit)
         else:
             self.gate_up = ctx.weight("gate_up_proj").get()  # [E, 2I, H]
@@ -112,7 +102,7 @@ class ExpertsOp(nn.Module):
         mask = torch.zeros(spec.num_experts, dtype=torch.bool)
         mask[gpu_ids] = True
         self.gpu_held = mask  # [E] bool: the experts held on the GPU (`gpu_experts`)
-        self.gpu_experts = _GpuExperts(ctx, p, gpu_ids, torch.device(opts["gpu_device"]),
+        self.gpu_experts = DeviceExperts(ctx, p, gpu_ids, torch.device(opts["gpu_device"]),
                                        self.swiglu_limit) if gpu_ids else None
         self._held: dict[torch.device, torch.Tensor] = {}  # gpu_held, on each ids device
         self.pool = None  # a cpu_kernels MoEPool, set by use_pool
@@ -224,7 +214,7 @@ class ExpertsOp(nn.Module):
         if self.on_device is not None:
             res = self.on_device(hidden, ids, weights).to(hidden.device)
             return lambda: res
-        res = _torch_experts(hidden.to(self.device), ids.to(self.device), weights.to(self.device),
+        res = torch_experts(hidden.to(self.device), ids.to(self.device), weights.to(self.device),
                              self.gate_up, self.down, self.swiglu_limit).to(hidden.device)
         return lambda: res
 
@@ -292,92 +282,3 @@ def use_cpu_pool(model: nn.Module, pool) -> int:
     for op in ops:
         op.use_pool(pool)
     return len(ops)
-
-
-class _GpuExperts:
-    """The GGUF blocks of the chosen experts only, on `device`. With gpu_kernels (CUDA): all
-    their tokens in grouped launches on the blocks (gpu_kernels.moe_grouped), no host sync;
-    elsewhere each expert dequantized on use, looped in torch."""
-
-    def __init__(self, ctx: BuildContext, prefix: str, expert_ids: list[int],
-                 device: torch.device, limit: float = math.inf) -> None:
-        """limit: the SwiGLU's clamp (DeepSeek-V4; inf: none)."""
-        self.device, self.limit = device, limit
-        self.kernels = _gpu_kernels_cover(ctx, prefix, device)
-        self.slot = {e: j for j, e in enumerate(expert_ids)}
-        self.local = torch.full((ctx.spec.num_experts,), -1, dtype=torch.long,
-                                device=self.device)  # global expert id -> row block here
-        self.local[expert_ids] = torch.arange(len(expert_ids), device=self.device)
-        self.hidden_size, self.top_k = ctx.spec.hidden_size, ctx.spec.num_experts_per_tok
-        names = (["ffn_gate_up_exps"] if ctx.spec.fused_gate_up_experts
-                 else ["ffn_gate_exps", "ffn_up_exps"]) + ["ffn_down_exps"]
-        self.parts = []
-        for name in names:
-            qt = ctx.gguf.tensor(f"{prefix}{name}.weight")
-            rows = np.ascontiguousarray(qt.data.reshape(qt.shape[0], -1)[expert_ids])
-            raw = torch.from_numpy(rows).to(self.device)
-            if self.kernels:
-                from gpu_kernels.qformat import to_planes
-
-                _, r, c = qt.shape
-                self.parts.append(to_planes(raw, int(qt.qtype), len(expert_ids) * r, c))
-            else:
-                self.parts.append((raw, qt.qtype, qt.shape[1:]))
-
-    def warm_up(self) -> None:
-        """Compile the grouped launches' every block size (they follow the pairs per expert,
-        which no warm-up step can choose), one token each."""
-        if not self.kernels:
-            return
-        from gpu_kernels.qmatmul import TOKEN_CLASSES
-
-        x = torch.zeros(1, self.hidden_size, device=self.device)
-        ids = torch.full((1, self.top_k), next(iter(self.slot)), dtype=torch.long,
-                         device=self.device)
-        for bm in TOKEN_CLASSES:
-            self(x, ids, torch.zeros(1, self.top_k, device=self.device), bm=bm)
-
-    def weights(self, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
-        j = self.slot[expert]
-        mats = [dequantize(raw[j], qtype, shape) for raw, qtype, shape in self.parts]
-        return torch.cat(mats[:-1], dim=0), mats[-1]  # [2I, H], [H, I]
-
-    def __call__(self, hidden: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-                 bm: int | None = None) -> torch.Tensor:
-        x, ids, weights = (t.to(self.device) for t in (hidden, ids, weights))
-        if self.kernels:
-            from gpu_kernels import moe_grouped
-
-            x, held = x.float().contiguous(), self.local[ids.long()]  # [N, H], [N, K]
-            return moe_grouped.moe_experts(x, held, weights, tuple(self.parts[:-1]),
-                                           self.parts[-1], len(self.slot), bm=bm,
-                                           limit=self.limit)
-        out = torch.zeros(x.shape, dtype=torch.float32, device=self.device)
-        for e in self.slot:
-            tok, k = torch.where(ids == e)
-            if tok.numel() == 0:
-                continue
-            gate_up, down = self.weights(e)
-            g, u = F.linear(x[tok].float(), gate_up).chunk(2, dim=-1)
-            g, u = g.clamp(max=self.limit), u.clamp(min=-self.limit, max=self.limit)
-            out.index_add_(0, tok, F.linear(F.silu(g) * u, down) * weights[tok, k, None].float())
-        return out
-
-
-def _torch_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-                   gate_up: torch.Tensor, down: torch.Tensor,
-                   limit: float = math.inf) -> torch.Tensor:
-    """Reference loop over the experts present. x: [N, H] -> [N, H] fp32; `limit` clamps
-    the gate from above and up on both sides before the SwiGLU (V4)."""
-    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    for e in torch.unique(ids).tolist():
-        tok, slot = torch.where(ids == e)
-        w = weights[tok, slot].float()
-        if not bool((w != 0).any()):
-            continue
-        g, u = F.linear(x[tok].float(), gate_up[e].float()).chunk(2, dim=-1)
-        if limit != math.inf:
-            g, u = g.clamp(max=limit), u.clamp(min=-limit, max=limit)
-        y = F.linear(F.silu(g) * u, down[e].float())
-        out.index_add_(0, tok, y * w[:, None])
-    return out
