@@ -19,35 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
+import ggml_types as gt
 from cpu_kernels.formats import qtypes as qt
 from cpu_kernels.formats.weights import ExpertWeights, QuantMatrix
-from ggml_types import (
-    BF16,
-    F16,
-    F32,
-    GEOMETRY,
-    IQ1_M,
-    IQ1_S,
-    IQ2_S,
-    IQ2_XS,
-    IQ2_XXS,
-    IQ3_S,
-    IQ3_XXS,
-    IQ4_NL,
-    IQ4_XS,
-    MXFP4,
-    NAMES,
-    Q2_K,
-    Q3_K,
-    Q4_0,
-    Q4_1,
-    Q4_K,
-    Q5_0,
-    Q5_1,
-    Q5_K,
-    Q6_K,
-    Q8_0,
-)
 
 # the spread of random_blocks' weights: a trained expert's (~0.01-0.1)
 DEFAULT_STD = 0.05
@@ -55,11 +29,11 @@ DEFAULT_STD = 0.05
 # the standard deviation of random i-quant blocks' weights at d = 1 (their grids and scale codes
 # have no closed form worth writing): measured on 4096 random blocks a type, checked against
 # gguf-py's dequantization by tests/cpu_kernels/test_random_blocks.py
-IQUANT_UNIT_STD = {IQ1_S: 7.193493366241455, IQ1_M: 7.235467910766602,
-                   IQ2_XXS: 53.185672760009766, IQ2_XS: 55.911983489990234,
-                   IQ2_S: 56.475074768066406, IQ3_XXS: 142.39768981933594,
-                   IQ3_S: 140.193603515625, IQ4_NL: 67.10863494873047,
-                   IQ4_XS: 1248.051513671875}
+IQUANT_UNIT_STD = {gt.IQ1_S: 7.193493366241455, gt.IQ1_M: 7.235467910766602,
+                   gt.IQ2_XXS: 53.185672760009766, gt.IQ2_XS: 55.911983489990234,
+                   gt.IQ2_S: 56.475074768066406, gt.IQ3_XXS: 142.39768981933594,
+                   gt.IQ3_S: 140.193603515625, gt.IQ4_NL: 67.10863494873047,
+                   gt.IQ4_XS: 1248.051513671875}
 
 
 def _f16_bytes(values: np.ndarray) -> np.ndarray:
@@ -75,16 +49,16 @@ def _scale(rng: np.random.Generator, shape: tuple[int, ...], base: float) -> np.
 def random_rows(rng: np.random.Generator, qtype: int, rows: int, cols: int, std: float
                 ) -> np.ndarray:
     """Rows of random weights in `qtype`: float arrays for F32/F16/BF16, else block bytes."""
-    if qtype == F32:
+    if qtype == gt.F32:
         return (rng.standard_normal((rows, cols), dtype=np.float32) * std).astype(np.float32)
-    if qtype == F16:
+    if qtype == gt.F16:
         return (rng.standard_normal((rows, cols), dtype=np.float32) * std).astype(np.float16)
-    if qtype == BF16:
+    if qtype == gt.BF16:
         w = rng.standard_normal((rows, cols), dtype=np.float32) * std
         return (w.view(np.uint32) >> 16).astype(np.uint16)  # truncation is a valid bf16 value
     if qtype not in _GENERATORS:
-        raise ValueError(f"no random blocks of {NAMES.get(qtype, f'type {qtype}')}")
-    block_size, type_size = GEOMETRY[qtype]
+        raise ValueError(f"no random blocks of {gt.NAMES.get(qtype, f'type {qtype}')}")
+    block_size, type_size = gt.GEOMETRY[qtype]
     nb = cols // block_size
     gen = _GENERATORS[qtype]
     blocks = gen(rng, (rows, nb), std)
@@ -179,7 +153,7 @@ def _q3_k(rng, shape, std):
 def _put_d(qtype: int, raw: np.ndarray, d: np.ndarray) -> None:
     """Write the block scale d ([..., 1] float) into i-quant blocks [..., type_size]: f16 at byte
     0, except IQ1_M, which spreads it over the top nibbles of its scale words at 48..55."""
-    if qtype != IQ1_M:
+    if qtype != gt.IQ1_M:
         raw[..., 0:2] = _f16_bytes(d)
         return
     bits = d.astype(np.float16).view(np.uint16)[..., 0]
@@ -190,7 +164,7 @@ def _put_d(qtype: int, raw: np.ndarray, d: np.ndarray) -> None:
 
 def _iquant(qtype: int):
     def gen(rng, shape, std):
-        _, type_size = GEOMETRY[qtype]
+        _, type_size = gt.GEOMETRY[qtype]
         raw = rng.integers(0, 256, size=(*shape, type_size), dtype=np.uint8)
         # a random sign per block centres the IQ4 levels, whose mean is -5.9 (not 0)
         sign = rng.choice(np.array([-1.0, 1.0], np.float32), size=(*shape, 1))
@@ -209,10 +183,9 @@ def _mxfp4(rng, shape, std):
 
 
 _GENERATORS = {
-    Q8_0: _q8_0, Q4_0: _q4_0, Q4_1: _q4_1, Q5_0: _q5_0, Q5_1: _q5_1,
-    Q2_K: _q2_k, Q3_K: _q3_k, Q4_K: _q4_k, Q5_K: _q5_k, Q6_K: _q6_k, MXFP4: _mxfp4,
-    **{t: _iquant(t) for t in (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
-                               IQ3_S, IQ4_NL, IQ4_XS)},
+    gt.Q8_0: _q8_0, gt.Q4_0: _q4_0, gt.Q4_1: _q4_1, gt.Q5_0: _q5_0, gt.Q5_1: _q5_1,
+    gt.Q2_K: _q2_k, gt.Q3_K: _q3_k, gt.Q4_K: _q4_k, gt.Q5_K: _q5_k, gt.Q6_K: _q6_k,
+    gt.MXFP4: _mxfp4, **{t: _iquant(t) for t in IQUANT_UNIT_STD},
 }
 
 
