@@ -2,11 +2,11 @@
 
     unpack(data, qtype, rows, cols) -> GpuQuant     equal to packed_planes.planes_from_packed
 
-data [E, rows / 8, row group bytes] uint8 on the device (or [E, bytes an expert]). Q4_K and Q8_0 (the types of the
-experts' gate/up and of a width-1408 down) run here; every other type goes to the reference's
-torch ops. Why a kernel: the reference's permutes copy each field in its own pass at a fraction
-of the memory's rate, and a step that reads experts over PCIe unpacks tens of MB a layer on
-the GPU's side of the step (engine/prefill/fetched_experts.py), as the prompt stream does.
+data [E, rows / 8, row group bytes] (or [E, bytes an expert]) uint8 on the device. Q4_K and
+Q8_0 (the types of the experts' gate/up and of a width-1408 down) run here; every other type
+goes to the reference's torch ops. Why a kernel: the reference's permutes copy each field in
+its own strided pass, and the expert stream unpacks every layer a long prompt streams
+(hybrid/engine/prefill/expert_stream.py).
 
 The packed layout (cpu_kernels/fast/packed.py) only moves the GGUF's fields; per group of 8
 interleaved rows and one block (packed_planes.GEOMETRY):
@@ -14,7 +14,8 @@ interleaved rows and one block (packed_planes.GEOMETRY):
       of d, of dmin  ->  qs [n, K/2], sc [n, K/32], mn [n, K/32], d, dmin f16 [n, K/256]
   Q8_0, 288 bytes: words [8 steps][row] of codes + 128, f32 [row] of d
       ->  qs int8 [n, K], d f16 [n, K/32]
-One program a group of 8 rows and a run of its blocks (contiguous bytes), writing those rows' columns.
+One program a group of 8 rows and a run of its blocks (contiguous bytes), writing those rows'
+columns.
 """
 
 from __future__ import annotations

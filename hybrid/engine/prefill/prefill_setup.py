@@ -77,7 +77,8 @@ def _why_not(layers: list[ExpertsOp], device: torch.device, kernels: bool) -> st
 
 def _source(op: ExpertsOp) -> tuple:
     """What a layer streams: the bytes its CPU kernels read. Exact mode: the GGUF's blocks;
-    fast mode: the packed copy where gpu_kernels/packed_planes.py unpacks every tensor, else the GGUF's."""
+    fast mode: the packed copy where gpu_kernels/packed_planes.py unpacks every tensor, else
+    the GGUF's."""
     from gpu_kernels.packed_planes import can_unpack
 
     packed = op.cpu_weights.packed
@@ -91,9 +92,9 @@ def _source(op: ExpertsOp) -> tuple:
 def _host_memory_short(layers: list[ExpertsOp], parts: list[tuple],
                        device: torch.device) -> str | None:
     """Streaming page-locks the bytes it reads. Where a fast-mode layer streams the GGUF's
-    blocks (a packed copy gpu_kernels/packed_planes.py cannot unpack: rows not whole groups of 8), its CPU
-    kernels read the packed copy and the GGUF's pages would be locked beside it: allowed only
-    while the machine keeps a tenth of its memory free after that."""
+    blocks (a packed copy gpu_kernels/packed_planes.py cannot unpack: rows not whole groups of
+    8), its CPU kernels read the packed copy and the GGUF's pages would be locked beside it:
+    allowed only while the machine keeps a tenth of its memory free after that."""
     extra = [p for op, p in zip(layers, parts)
              if op.cpu_weights.packed is not None and p is op.stream_parts]
     if device.type != "cuda" or not extra:
