@@ -41,9 +41,3 @@ class QuantTensor:
     def dequantize(self) -> torch.Tensor:
         """The tensor as fp32 with `shape`."""
         return dequantize(self.data, self.qtype, self.shape)
-
-    def dequantize_rows(self, index: int) -> torch.Tensor:
-        """Dequantize `self[index]` along the first dimension (one expert of a stacked tensor)."""
-        inner = self.shape[1:]
-        per_item = self.data.reshape(self.shape[0], -1)[index]
-        return dequantize(per_item, self.qtype, inner)

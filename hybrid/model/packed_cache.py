@@ -96,10 +96,3 @@ class PackedCache:
             os.replace(tmp, path)
         return PackedExperts(*(PackedMatrix(m.qtype, m.shape, np.load(
             self._path(layer, part), mmap_mode="r")) for part, m in zip(PARTS, mats)))
-
-    def disk_bytes(self) -> int:
-        """Bytes the cache holds for this model now."""
-        if not self.folder.is_dir():
-            return 0
-        return sum(p.stat().st_size for p in self.folder.glob("blk.*.npy"))
-

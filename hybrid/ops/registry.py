@@ -115,7 +115,3 @@ _SPECS = [
                  }),
 ]
 OPERATORS: dict[str, OperatorSpec] = {s.name: s for s in _SPECS}
-
-
-def get_operator(name: str) -> OperatorSpec:
-    return OPERATORS[name]

@@ -69,12 +69,6 @@ class Plan:
     def placement_of(self, module_path: str) -> Placement:
         return self.placements[self.owners[module_path]]
 
-    def bytes_by_device(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for w in self.weights:
-            out[w.device] = out.get(w.device, 0) + w.nbytes
-        return out
-
 
 def build_plan(model: nn.Module, spec: ModelSpec, gguf: GGUFModelFile, rules: list[Rule],
                source: str, device_map: Mapping[str, str] | None = None) -> Plan:

@@ -69,6 +69,3 @@ class DecodeModel:
 
     def ms(self, cpu_bytes: float, cpu_layers: int = 0) -> float:
         return self.fixed_ms + self.ms_per_gb * cpu_bytes / 1e9 + self.ms_per_layer * cpu_layers
-
-    def tokens_per_s(self, cpu_bytes: float, cpu_layers: int = 0, batch: int = 1) -> float:
-        return 1000.0 * batch / self.ms(cpu_bytes, cpu_layers)
