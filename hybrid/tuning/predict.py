@@ -4,10 +4,10 @@ a cost per MoE layer that still hands rows to the CPU (the copies out and back, 
 and barrier, the GPU waiting): a layer whose experts all moved to the GPU pays none of it.
 The constants are fitted to measured decodes (no experts on the GPU, the most the budget holds,
 and with `hybrid tune --measure` whole layers in half the budget: a layer count apart), so every
-other placement's time is a prediction to check. Fitted to the first two alone, the per-layer
-cost hid in the per-GB one and whole layers came out 25% slower than measured (stop 28). The
-GPU-held experts' own time is left in the fixed part: they are read at the GPU's bandwidth, an
-order of magnitude faster than the CPU's.
+other placement's time is a prediction to check. Why the third point: fitted to the first two
+alone, the per-layer cost hides in the per-GB one, and whole layers are predicted slower than
+they run (docs/tuning.md). The GPU-held experts' own time is left in the fixed part: they are
+read at the GPU's bandwidth, an order of magnitude faster than the CPU's.
 """
 
 from __future__ import annotations
