@@ -32,9 +32,12 @@ def strip(wheel: Path, dest: Path) -> Path:
         names = {i.filename for i in kept}
         for info in kept:
             data = src.read(info)
-            if info.filename.endswith(".dist-info/RECORD"):
+            if "/" not in info.filename.removesuffix(".dist-info/RECORD"):
+                # the wheel's own RECORD only: the vendored packages' RECORDs under
+                # ray/thirdparty_files/ list paths of their own, and an emptied one breaks
+                # importlib.metadata (transformers walks every distribution on sys.path)
                 lines = data.decode().splitlines()
-                data = ("\n".join(ln for ln in lines if ln.split(",")[0] in names) + "\n").encode()
+                data = "".join(ln + "\n" for ln in lines if ln.split(",")[0] in names).encode()
             dst.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED)
     return out
 
