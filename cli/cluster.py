@@ -67,8 +67,9 @@ def add_cluster_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--replica-gpus", type=float, default=None,
                    help="GPUs a replica takes (default: 1 where CUDA is, else 0)")
     p.add_argument("--replica-cpus", type=float, default=None,
-                   help="CPU cores a replica takes, its CPU experts' threads unless "
-                        "--cpu-threads says (default: the cores split evenly)")
+                   help="logical CPUs a replica takes (default: split evenly); its CPU "
+                        "experts' threads, unless --cpu-threads says, are its share of the "
+                        "physical cores less 4 left to Ray, less one")
     p.add_argument("--ray-address", default=None,
                    help="join a Ray cluster ('auto': the one this machine is in; ray://host:"
                         "10001) instead of starting a local Ray instance")

@@ -75,3 +75,13 @@ def test_a_port_in_use_fails_before_loading():
                               check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "already in use" in done.stderr
     assert time.monotonic() - t < 30  # the import of torch and ray included: no model loaded
+
+
+def test_a_replicas_threads_leave_cores_to_ray_and_to_the_gpu_thread():
+    from cpu_kernels.runtime.topology import physical_cores
+    from server.replicas.deployment import RAY_CORES, replica_threads
+
+    logical, physical = os.cpu_count() or 1, physical_cores()
+    assert replica_threads(logical) == max(1, max(1, physical - RAY_CORES) - 1)
+    assert replica_threads(logical / 2) == max(1, round(max(1, physical - RAY_CORES) / 2) - 1)
+    assert replica_threads(0.5) == 1

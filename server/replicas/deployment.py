@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import threading
 import time
 from dataclasses import replace
@@ -40,6 +41,10 @@ log = logging.getLogger("hybrid.cluster")
 APP_NAME = "hybrid"
 BOARD_NAME = "hybrid-metrics-board"
 PUSH_S, STALE_S = 1.0, 5.0
+# Cores a machine leaves to Ray's own processes (its HTTP proxy, the ingress, raylet, GCS),
+# which pass every streamed token between processes: with none left, a decode step of a
+# replica whose threads filled every core took half as long again (docs/tuning.md).
+RAY_CORES = 4
 
 
 @ray.remote(num_cpus=0)
@@ -154,20 +159,33 @@ def _replica_lost(path: str) -> Response:
     return response
 
 
+def replica_threads(cpus: float) -> int:
+    """CPU expert threads for a replica given `cpus` of this machine's logical CPUs: its share
+    of the physical cores less RAY_CORES, less one (left to the thread that drives the GPU,
+    as `hybrid serve` leaves it), at least 1. A kernel thread on every core would share cores
+    with Ray's processes, and a parallel region waits for its slowest thread each layer."""
+    from cpu_kernels.runtime.topology import physical_cores
+
+    share = cpus * max(1, physical_cores() - RAY_CORES) / (os.cpu_count() or 1)
+    return max(1, round(share) - 1)
+
+
 def build_app(config: ServerConfig, replicas: int, gpus: float, cpus: float,
               max_ongoing: int | None = None):
     """The Serve application: an ingress and `replicas` EngineReplicas of `config`, each with
-    `gpus` GPUs and `cpus` CPUs (its CPU experts' threads: cpus, unless config sets them).
+    `gpus` GPUs and `cpus` CPUs (its CPU experts' threads: replica_threads(cpus), unless
+    config sets them; the machines of a Ray cluster taken to be like this one).
     max_ongoing: requests in flight a replica takes before the router looks elsewhere
-    (default: twice its batch)."""
+    (default: its batch, so a request queues behind a full batch only where every replica's
+    is full; Ray Serve holds it until one has room)."""
     engine_config = config.engine
     if engine_config.cpu_threads is None:
-        engine_config = replace(engine_config, cpu_threads=max(1, int(cpus)))
+        engine_config = replace(engine_config, cpu_threads=replica_threads(cpus))
     config = replace(config, engine=engine_config)
     engine = serve.deployment(
         EngineReplica, name="engine", num_replicas=replicas,
         ray_actor_options={"num_gpus": gpus, "num_cpus": cpus},
-        max_ongoing_requests=max_ongoing or 2 * engine_config.max_batch_size,
+        max_ongoing_requests=max_ongoing or engine_config.max_batch_size,
         request_router_config=RequestRouterConfig(request_router_class=AffinityRouter),
         health_check_period_s=2, health_check_timeout_s=30,
         graceful_shutdown_timeout_s=config.shutdown_timeout)
