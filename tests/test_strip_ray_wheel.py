@@ -15,6 +15,8 @@ KEPT = ["ray/__init__.py", "ray/serve/api.py", "ray/core/src/ray/raylet/raylet",
 DROPPED = ["ray/jars/ray_dist.jar", "ray/dashboard/client/build/index.html",
            "ray/rllib/algorithms/ppo.py", "ray/data/dataset.py", "ray/train/v2/x.py",
            "ray/tune/tuner.py", "ray/llm/_internal/x.py"]
+VENDORED = "ray/thirdparty_files/colorama-0.4.6.dist-info/RECORD"
+VENDORED_RECORD = "colorama/__init__.py,sha256=y,2\ncolorama-0.4.6.dist-info/RECORD,,\n"
 
 
 def test_strips_what_cluster_never_loads(tmp_path) -> None:
@@ -25,13 +27,17 @@ def test_strips_what_cluster_never_loads(tmp_path) -> None:
             z.writestr(name, f"bytes of {name}")
         z.writestr("ray-9.9.9.dist-info/METADATA", "Name: ray\n")
         z.writestr(record, "".join(f"{n},sha256=x,1\n" for n in KEPT + DROPPED) + f"{record},,\n")
+        # a vendored package's RECORD lists paths of its own: it stays as it was (emptied, it
+        # broke importlib.metadata, which transformers walks at import)
+        z.writestr(VENDORED, VENDORED_RECORD)
     out = subprocess.run([sys.executable, str(ROOT / "scripts/strip_ray_wheel.py"), str(wheel),
                           "--dest", str(tmp_path / "out")], capture_output=True, text=True,
                          check=True).stdout
     assert "MB ->" in out
     with zipfile.ZipFile(tmp_path / "out" / wheel.name) as z:
         names = set(z.namelist())
-        assert names == {*KEPT, "ray-9.9.9.dist-info/METADATA", record}
+        assert names == {*KEPT, "ray-9.9.9.dist-info/METADATA", record, VENDORED}
+        assert z.read(VENDORED).decode() == VENDORED_RECORD
         assert all(z.read(n) == f"bytes of {n}".encode() for n in KEPT)
         listed = [line.split(",")[0] for line in z.read(record).decode().splitlines()]
     assert sorted(listed) == sorted([*KEPT, record])
