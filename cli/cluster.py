@@ -37,8 +37,10 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: done.set())
     url = deployment.start(config, args.replicas, gpus, cpus, address=args.ray_address)
     if not done.is_set():
-        print(f"serving on {url}/v1 with {args.replicas} replicas ({gpus:g} GPUs and {cpus:g} "
-              f"CPUs each; Ray Serve); Ctrl-C stops", file=sys.stderr, flush=True)
+        threads = config.engine.cpu_threads or deployment.replica_threads(cpus)
+        print(f"serving on {url}/v1 with {args.replicas} replicas ({gpus:g} GPUs, {cpus:g} "
+              f"CPUs and {threads} CPU expert threads each; Ray Serve); Ctrl-C stops",
+              file=sys.stderr, flush=True)
     done.wait()
     print("shutting down the replicas", file=sys.stderr, flush=True)
     deployment.stop()
