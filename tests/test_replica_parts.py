@@ -1,5 +1,5 @@
 """The parts of `hybrid cluster` that need no Ray: the affinity key a conversation keeps, the
-replica rendezvous hashing gives it, the merged /metrics, and a request run through a served
+replica rendezvous hashing gives it, the merged /metrics and /health, and a request run through a served
 app the way a replica runs it (server/replicas/)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 
 from server.replicas.affinity import affinity_key, rendezvous_order
 from server.replicas.asgi_call import HttpCall, ResponseStart, run_asgi
-from server.replicas.metrics_merge import merge
+from server.replicas.metrics_merge import merge, merge_health
 
 
 def test_affinity_keys_follow_the_conversation():
@@ -84,3 +84,14 @@ def test_run_asgi_streams_the_apps_response_and_tells_it_of_a_disconnect():
     assert json.loads(b"".join(body)) == {"got": {"k": 2}, "q": "a=1", "h": "yes"}
     parts = asyncio.run(collect(HttpCall("GET", "/forever", b"", (), b""), limit=4))
     assert parts[1:] == [b"0\n", b"1\n", b"2\n"] and "disconnected" in seen
+
+
+def test_health_merge_sums_the_counters_and_keeps_each_replica():
+    a = {"status": "ok", "model": "demo", "num_running": 2, "num_finished": 10,
+         "max_running": 4, "kv_page_size": 64, "kv_pages_used": 3}
+    b = {**a, "num_running": 1, "num_finished": 5, "max_running": 7, "kv_pages_used": 0}
+    got = merge_health({"r1": a, "r2": b})
+    assert (got["status"], got["model"]) == ("ok", "demo")
+    assert (got["num_running"], got["num_finished"], got["kv_pages_used"]) == (3, 15, 3)
+    assert (got["max_running"], got["kv_page_size"]) == (7, 64)  # the most, not a sum
+    assert got["replicas"] == {"r1": a, "r2": b}

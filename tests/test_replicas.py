@@ -1,9 +1,9 @@
 """`hybrid cluster` (server/replicas/): two replicas of the demo model behind one endpoint in a
 local Ray instance: a chat's next turn reaches the replica that holds its prefix, more clients
 at once than the replicas' batches hold are all answered, responses and errors are `hybrid
-serve`'s (streaming included), /metrics labels every replica, and a killed replica fails only
-its own requests, cleanly, while the endpoint keeps answering and Ray Serve replaces it.
-Skipped without the `cluster` extra (ray[serve])."""
+serve`'s (streaming included), /metrics labels every replica and /health sums them, and a
+killed replica fails only its own requests, cleanly, while the endpoint keeps answering and
+Ray Serve replaces it. Skipped without the `cluster` extra (ray[serve])."""
 
 from __future__ import annotations
 
@@ -119,6 +119,15 @@ def test_metrics_label_every_replica(url):
     text = httpx.get(url + "/metrics", timeout=30).text
     families = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")]
     assert len(families) == len(set(families))  # each family once, its samples together
+
+
+def test_health_sums_every_replicas_counters(url):
+    _replica_names(url)  # both replicas have reported
+    health = httpx.get(url + "/health", timeout=30).json()
+    assert health["status"] == "ok" and len(health["replicas"]) == 2
+    each = health["replicas"].values()
+    assert health["num_submitted"] == sum(h["num_submitted"] for h in each) > 0
+    assert health["kv_pages_total"] == sum(h["kv_pages_total"] for h in each)
 
 
 def test_a_killed_replica_fails_cleanly_and_the_endpoint_keeps_answering(url):

@@ -10,8 +10,9 @@ reads the request, derives its affinity key and streams the replica's response b
 - A replica whose engine failed (a lost GPU) fails Ray's health check and is replaced; a
   replica that dies mid-request fails that request cleanly (a 503 before the response began,
   an error event and the end of the stream after), and the others keep serving.
-- GET /metrics at the ingress: every live replica's metrics, labelled replica="...", from the
-  MetricsBoard they each push to once a second (a replica gone for 5 s drops out).
+- GET /metrics at the ingress: every live replica's metrics, labelled replica="...", and GET
+  /health: their counters summed, each replica's beside, both from the MetricsBoard they each
+  push to once a second (a replica gone for 5 s drops out; none left: /health answers 503).
 """
 
 from __future__ import annotations
@@ -22,19 +23,19 @@ import logging
 import os
 import threading
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import ray
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from server.config import ServerConfig
 from server.errors import APIError
 from server.middleware import api_key_refusal
 from server.replicas.asgi_call import HttpCall, ResponseStart, run_asgi
-from server.replicas.metrics_merge import merge
+from server.replicas.metrics_merge import merge, merge_health
 from server.replicas.router import AffinityRouter
 
 log = logging.getLogger("hybrid.cluster")
@@ -49,18 +50,25 @@ RAY_CORES = 4
 
 @ray.remote(num_cpus=0)
 class MetricsBoard:
-    """The replicas' latest /metrics texts, by replica."""
+    """The replicas' latest /metrics texts and /health answers, by replica."""
 
     def __init__(self) -> None:
-        self.texts: dict[str, tuple[float, str]] = {}
+        self.reports: dict[str, tuple[float, str, dict]] = {}
 
-    def put(self, replica: str, text: str) -> None:
-        self.texts[replica] = (time.monotonic(), text)
+    def put(self, replica: str, text: str, health: dict) -> None:
+        self.reports[replica] = (time.monotonic(), text, health)
+
+    def _live(self) -> dict[str, tuple[float, str, dict]]:
+        now = time.monotonic()
+        return {r: x for r, x in sorted(self.reports.items()) if now - x[0] < STALE_S}
 
     def merged(self) -> str:
-        now = time.monotonic()
-        live = {r: t for r, (at, t) in sorted(self.texts.items()) if now - at < STALE_S}
-        return merge(live)
+        return merge({r: text for r, (_, text, _) in self._live().items()})
+
+    def health(self) -> dict | None:
+        """The live replicas' /health merged; None when none reported lately."""
+        live = {r: h for r, (_, _, h) in self._live().items()}
+        return merge_health(live) if live else None
 
 
 def metrics_board():
@@ -95,8 +103,10 @@ class EngineReplica:
     def _push_metrics(self) -> None:
         metrics = self.app.state.metrics
         while not self._stop.wait(PUSH_S):
+            stats = self.state.worker.stats()
+            health = {"status": "ok", "model": self.state.model.name, **asdict(stats)}
             try:
-                self.board.put.remote(self.name, metrics.render(self.state.worker.stats()))
+                self.board.put.remote(self.name, metrics.render(stats), health)
             except Exception:  # noqa: BLE001 - the board is gone (shutting down): stop
                 return
 
@@ -106,7 +116,7 @@ class EngineReplica:
 
 
 class Ingress:
-    """Every HTTP request: /metrics merged here, the rest to an engine replica."""
+    """Every HTTP request: /metrics and /health merged here, the rest to an engine replica."""
 
     def __init__(self, engine, api_key: str | None) -> None:
         self.engine = engine.options(stream=True)
@@ -114,6 +124,12 @@ class Ingress:
         self.api_key = api_key
 
     async def __call__(self, request: Request) -> Response:
+        if request.url.path == "/health" and request.method == "GET":
+            health = await self.board.health.remote()
+            if health is None:
+                return JSONResponse({"status": "unavailable", "error": "no engine replica has "
+                                     f"reported in the last {STALE_S:g} s"}, status_code=503)
+            return JSONResponse(health)
         if request.url.path == "/metrics" and request.method == "GET":
             given = request.headers.get("authorization")
             err = self.api_key and api_key_refusal(

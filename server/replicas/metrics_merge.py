@@ -1,6 +1,7 @@
-"""/metrics of several replicas as one Prometheus text: every sample labelled with its
-replica, each metric family written once (its HELP and TYPE, then every replica's samples),
-as the exposition format wants a family's samples together."""
+"""What several replicas report, as one: their /metrics as one Prometheus text (every sample
+labelled with its replica, each metric family written once: its HELP and TYPE, then every
+replica's samples, as the exposition format wants a family's samples together), and their
+/health as one answer (the counters summed, each replica's own beside)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,21 @@ def merge(texts: dict[str, str]) -> str:
     for f in families.values():
         out += f["meta"] + f["samples"]
     return "\n".join(out) + "\n"
+
+
+# /health fields that are the most seen or a setting rather than a count: the largest is kept
+_NOT_SUMMED = ("max_running", "max_batch_requests", "kv_page_size")
+
+
+def merge_health(healths: dict[str, dict]) -> dict:
+    """healths: replica name -> its /health answer (non-empty) -> the cluster's: every
+    numeric counter summed over the replicas (the most seen for _NOT_SUMMED), the model
+    and status of the first, and each replica's answer under "replicas"."""
+    first = next(iter(healths.values()))
+    out: dict = {"status": first.get("status", "ok"), "model": first.get("model")}
+    for key, value in first.items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            values = [h.get(key, 0) for h in healths.values()]
+            out[key] = max(values) if key in _NOT_SUMMED else sum(values)
+    out["replicas"] = dict(healths)
+    return out
