@@ -38,6 +38,7 @@ import httpx
 import openai
 from soak_replay import replay_alone, steps_of, texts
 
+CLUSTER_PUSH_S = 1.5  # longer than a replica's push period (server/replicas/deployment.py)
 PREFIXES = ["You are a terse assistant. " * 12, "Summarize the following notes. " * 20,
             "Answer in one word. " * 6]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -156,7 +157,7 @@ class Client:
 def run(args: argparse.Namespace) -> dict:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     model = httpx.get(f"{args.url}/v1/models", headers=headers, timeout=30).json()["data"][0]["id"]
-    before = httpx.get(f"{args.url}/health", timeout=30).json()
+    before = _health(args.url)
     tally = Tally()
     kinds, weights = zip(*KINDS, strict=True)
     # every kind once first: one-time costs (the grammar vocabulary, kernels for new shapes)
@@ -215,7 +216,7 @@ def run(args: argparse.Namespace) -> dict:
                                              min(len(tally.replays), args.max_replays))
     replay = replay_alone(args.url, headers, picked, args.tie)
     replayed, mismatches = replay["engine"], replay["mismatches"]
-    after = httpx.get(f"{args.url}/health", timeout=30).json()
+    after = _health(args.url)
     submitted = after["num_submitted"] - before["num_submitted"]
     ended = sum(after[k] - before[k] for k in ("num_finished", "num_cancelled", "num_failed"))
     checks = {
@@ -262,10 +263,22 @@ def _gpu_mib(pid: int) -> float | None:
     return sum(used) if used else None
 
 
+def _health(url: str) -> dict:
+    """/health, current: `hybrid cluster`'s (it lists "replicas") sums what each replica
+    pushed within the last second, so it is read again after that second."""
+    h = httpx.get(f"{url}/health", timeout=30).json()
+    if "replicas" in h:
+        time.sleep(CLUSTER_PUSH_S)
+        h = httpx.get(f"{url}/health", timeout=30).json()
+    return h
+
+
 def _wait_idle(url: str, timeout: float = 120) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         h = httpx.get(f"{url}/health", timeout=30).json()
+        if h["num_running"] == 0 and h["num_waiting"] == 0:
+            h = _health(url)
         if (h["num_running"] == 0 and h["num_waiting"] == 0) or time.monotonic() > deadline:
             return h
         time.sleep(0.1)
