@@ -4,8 +4,10 @@
 # Carry .whlr alone, which holds Ray and what it imports beside our serving wheels, inside the
 # 64 MiB carry: Ray's cp312 wheel stripped (scripts/strip_ray_wheel.py) and the wheels that
 # docs/tuning.md ("Replicas on two GPUs") lists, from ../shared/scripts/device-wheels, with
-# .whl's less the openai client's and llguidance. ARGS: more of the bench's flags; SWEEP="R:T ..."
-# instead runs R replicas with --cpu-threads T, one cluster each.
+# .whl's less the openai client's and llguidance. ARGS: more of the bench's flags, CLUSTER_ARGS:
+# more `hybrid cluster` flags (e.g. "--optimize-rules DeepSeek-V2-Lite-gpu.yaml --cpu-threads 8",
+# each replica's experts on its GPU); SWEEP="R:T ..." instead runs R replicas with
+# --cpu-threads T, one cluster each.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whlr/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton \
@@ -32,7 +34,7 @@ if [ -n "${SWEEP:-}" ]; then  # SWEEP="R:T ..." : R replicas with --cpu-threads 
 fi
 # shellcheck disable=SC2086
 timeout ${TIMEOUT:-520} python3 -X faulthandler scripts/bench_replicas.py --gguf-path $M \
-  --logs "$OUT" --json "$OUT/replicas.json" ${ARGS:-} 2>&1 | tee "$OUT/replicas.log" | tail -20
+  --logs "$OUT" --json "$OUT/replicas.json" --cluster-args "${CLUSTER_ARGS:-}" ${ARGS:-} 2>&1 | tee "$OUT/replicas.log" | tail -20
 STATUS=${PIPESTATUS[0]}
 [ "$STATUS" = 0 ] || for f in "$OUT"/cluster-*.log; do echo "== $f"; tail -25 "$f"; done
 exit "$STATUS"
