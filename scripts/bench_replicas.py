@@ -19,12 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from serve_process import ServerProcess, free_port
+from serve_process import ServerProcess, free_port, synthetic_model
 
 from server.bench import BenchOptions, run_bench
 
@@ -89,11 +88,7 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     tmp = tempfile.TemporaryDirectory()
-    path = args.gguf_path
-    if path is None:
-        path = str(Path(tmp.name) / f"{args.preset}.gguf")
-        subprocess.run([sys.executable, "-m", "cli", "make-model", "--preset", args.preset,
-                        "--quant", "q4_k_m", "--out", path], check=True, capture_output=True)
+    path = args.gguf_path or synthetic_model(args.preset, tmp.name)
     rows = []
     try:
         for n in [0] * args.with_serve + args.replicas:

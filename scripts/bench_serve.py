@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from serve_process import ServerProcess, free_port
+from serve_process import ServerProcess, free_port, synthetic_model
 
 from server.bench import BenchOptions, run_bench
 
@@ -34,11 +33,7 @@ def main() -> int:
     ap.add_argument("--requests-per-stream", type=int, default=2)
     args = ap.parse_args()
     tmp = tempfile.TemporaryDirectory()
-    path = args.gguf_path
-    if path is None:
-        path = str(Path(tmp.name) / f"{args.preset}.gguf")
-        subprocess.run([sys.executable, "-m", "cli", "make-model", "--preset", args.preset,
-                        "--quant", "q4_k_m", "--out", path], check=True, capture_output=True)
+    path = args.gguf_path or synthetic_model(args.preset, tmp.name)
     port = free_port()
     try:
         # NOTE: the server's own warm-up compiles the CPU kernels before /health answers.

@@ -6,9 +6,19 @@ from __future__ import annotations
 import signal
 import socket
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import httpx
+
+
+def synthetic_model(preset: str, folder: str) -> str:
+    """`make-model --preset preset --quant q4_k_m` written into `folder` -> its path."""
+    path = str(Path(folder) / f"{preset}.gguf")
+    subprocess.run([sys.executable, "-m", "cli", "make-model", "--preset", preset, "--quant",
+                    "q4_k_m", "--out", path], check=True, capture_output=True)
+    return path
 
 
 def free_port() -> int:
