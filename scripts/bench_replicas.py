@@ -7,9 +7,9 @@ replica count after the other on one file, in one run.
         [--cluster-args "..."] [--with-serve] [--logs DIR] [--json out.json]
 
 The first count listed is the base of the ratios. `--with-serve` first measures `hybrid serve`
-with the same flags (one process, no Ray) beside them: what Ray Serve's hops cost one replica. Each stream sends `--requests-per-stream`
-requests of distinct random token ids (no shared prefix, so the router's affinity spreads
-them as it spreads users' distinct conversations). An unmeasured round at the most streams
+with the same flags (one process, no Ray) beside them: what Ray Serve's hops cost one replica.
+Each stream sends `--requests-per-stream` requests of distinct random token ids (no shared
+prefix, so the router's affinity spreads them as it spreads users' distinct conversations). An unmeasured round at the most streams
 runs first on each cluster: the first steps of a batch size pay one-time costs. The target of
 issue 40: two replicas >= 1.8x one at 32 streams. Needs the `cluster` extra (ray[serve]).
 """

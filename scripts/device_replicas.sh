@@ -34,7 +34,8 @@ if [ -n "${SWEEP:-}" ]; then  # SWEEP="R:T ..." : R replicas with --cpu-threads 
 fi
 # shellcheck disable=SC2086
 timeout ${TIMEOUT:-520} python3 -X faulthandler scripts/bench_replicas.py --gguf-path $M \
-  --logs "$OUT" --json "$OUT/replicas.json" --cluster-args "${CLUSTER_ARGS:-}" ${ARGS:-} 2>&1 | tee "$OUT/replicas.log" | tail -20
+  --logs "$OUT" --json "$OUT/replicas.json" --cluster-args "${CLUSTER_ARGS:-}" ${ARGS:-} 2>&1 \
+  | tee "$OUT/replicas.log" | tail -20
 STATUS=${PIPESTATUS[0]}
 [ "$STATUS" = 0 ] || for f in "$OUT"/cluster-*.log; do echo "== $f"; tail -25 "$f"; done
 exit "$STATUS"
