@@ -35,6 +35,11 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     done = threading.Event()  # a signal, also one that comes while the replicas start
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
+    if args.ray_address is None and args.replicas > 1:
+        print(f"note: {args.replicas} replicas on one machine share its memory bandwidth, where "
+              f"experts that run on the CPU are read: with those, they serve about what one "
+              f"does; they scale where each replica's GPU holds the experts, or across "
+              f"machines (docs/tuning.md)", file=sys.stderr, flush=True)
     url = deployment.start(config, args.replicas, gpus, cpus, address=args.ray_address)
     if not done.is_set():
         threads = config.engine.cpu_threads or deployment.replica_threads(cpus)
