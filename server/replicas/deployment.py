@@ -43,8 +43,8 @@ APP_NAME = "hybrid"
 BOARD_NAME = "hybrid-metrics-board"
 PUSH_S, STALE_S = 1.0, 5.0
 # Cores a machine leaves to Ray's own processes (its HTTP proxy, the ingress, raylet, GCS),
-# which pass every streamed token between processes: with none left, a decode step of a
-# replica whose threads filled every core took half as long again (docs/tuning.md).
+# which pass every streamed token between processes: a kernel thread they displace holds up
+# its whole parallel region (docs/tuning.md has how the count was chosen).
 RAY_CORES = 4
 
 

@@ -1,11 +1,11 @@
 """Which form of decode graphs runs a decode step faster on this machine, measured at start-up.
 
-The two forms (piecewise.py, whole_step.py) trade differently against the host: "step"
-replays the whole step as one graph and the host drives every layer's CPU experts from one
-call, spinning on flags in mapped pinned memory; "layers" replays one graph per stretch between
-two layers' experts and runs Python, a launch and an event wait per layer. Which wins depends on the host's caches and
-cores, on PCIe and on the GPU (measured both ways on the same GPU kind across leases:
-docs/gpu-path.md), so `decode_graph="auto"` times one-request decode steps of each form,
+The two forms (piecewise.py, whole_step.py) trade differently against the host: "step" replays
+the whole step as one graph and the host drives every layer's CPU experts from one call,
+spinning on flags in mapped pinned memory; "layers" replays one graph per stretch between two
+layers' experts and runs Python, a launch and an event wait per layer. Which wins depends on the
+host's caches and cores, on PCIe and on the GPU (measured both ways on the same GPU kind across
+leases: docs/gpu-path.md), so `decode_graph="auto"` times one-request decode steps of each form,
 alternating, and keeps the faster.
 """
 
