@@ -3,6 +3,7 @@
 
     DeviceExperts(ctx, prefix, ids, device)(hidden, ids, weights)   [N, H] f32: their terms
     torch_experts(x, ids, weights, gate_up, down)                   the reference loop
+    expert_mlp(x, gate_up, down)                                    one expert, both loops
 
 With gpu_kernels (CUDA) all of a step's pairs run in grouped launches on the blocks
 (gpu_kernels.moe_grouped), no host sync, so a CUDA graph holds them; elsewhere each expert is
@@ -99,10 +100,8 @@ class DeviceExperts:
             tok, k = torch.where(ids == e)
             if tok.numel() == 0:
                 continue
-            gate_up, down = self.weights(e)
-            g, u = F.linear(x[tok].float(), gate_up).chunk(2, dim=-1)
-            g, u = g.clamp(max=self.limit), u.clamp(min=-self.limit, max=self.limit)
-            out.index_add_(0, tok, F.linear(F.silu(g) * u, down) * weights[tok, k, None].float())
+            y = expert_mlp(x[tok], *self.weights(e), self.limit)
+            out.index_add_(0, tok, y * weights[tok, k, None].float())
         return out
 
 
@@ -117,9 +116,15 @@ def torch_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
         w = weights[tok, slot].float()
         if not bool((w != 0).any()):
             continue
-        g, u = F.linear(x[tok].float(), gate_up[e].float()).chunk(2, dim=-1)
-        if limit != math.inf:
-            g, u = g.clamp(max=limit), u.clamp(min=-limit, max=limit)
-        y = F.linear(F.silu(g) * u, down[e].float())
-        out.index_add_(0, tok, y * w[:, None])
+        out.index_add_(0, tok, expert_mlp(x[tok], gate_up[e], down[e], limit) * w[:, None])
     return out
+
+
+def expert_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+               limit: float = math.inf) -> torch.Tensor:
+    """One expert's SwiGLU on its rows in fp32. x: [T, H], gate_up: [2I, H], down: [H, I] ->
+    [T, H]; `limit` clamps the gate from above and up on both sides (V4)."""
+    g, u = F.linear(x.float(), gate_up.float()).chunk(2, dim=-1)
+    if limit != math.inf:
+        g, u = g.clamp(max=limit), u.clamp(min=-limit, max=limit)
+    return F.linear(F.silu(g) * u, down.float())
