@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 PROMPTS = [[0, 42, 574, 81, 2058, 3, 223, 804, 853, 303, 3427, 223], [0, 9, 99, 999],
@@ -62,12 +63,51 @@ def measure_all(path: str, rules: str, steps: int) -> dict:
 
     def run(llm) -> dict:
         r = {f"decode_ms_b{b}": step_ms(llm, b, steps) for b in (1, 8)}
-        r.update({f"prefill_tok_s_{n}": prefill_tok_s(llm, n) for n in (2048, 8192)})
+        r.update(breakdown(llm, steps))
+        for n in (2048, 8192):
+            try:
+                r[f"prefill_tok_s_{n}"] = prefill_tok_s(llm, n)
+            except Exception as e:  # noqa: BLE001 (a failed prefill keeps the decode rows)
+                r[f"prefill_error_{n}"] = f"{type(e).__name__}: {e}"
+                r[f"prefill_tok_s_{n}"] = 0.0
+                print(f"prefill {n}: {r[f'prefill_error_{n}']}", flush=True)
         r["greedy"] = greedy(llm, 16)
         return r
 
     config = EngineConfig(max_batch_size=8, prefix_cache=False, cache_lens=9216)
     return on_fresh_engine(path, rules, config, run)
+
+
+def breakdown(llm, steps: int) -> dict:
+    """Where one stream's decode step goes: the step with every CPU experts call answered at
+    once (the GPUs, the launches and the hand-overs alone), the step without graphs, and the
+    GPU kernels of eager steps (us a step, the largest first)."""
+    from profile_decode import kernel_table, skip_experts
+
+    from hybrid.engine.sampling.sampling_params import SamplingParams
+    from hybrid.tuning.measure import step_ms
+
+    runner = llm.engine.runner
+    r = {}
+    undo = skip_experts(runner.graphs)
+    try:
+        r["decode_ms_b1_experts_skipped"] = step_ms(llm, 1, steps)
+    finally:
+        undo()
+    graphs, runner.graphs = runner.graphs, None
+    try:
+        r["decode_ms_b1_eager"] = step_ms(llm, 1, steps)
+    finally:
+        runner.graphs = graphs
+    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    req = llm._submit([0, 100, 7, 9], params, lambda e: None)
+    while req.num_output_tokens < 4:
+        llm.worker.step()
+    r["kernels_b1"] = [[name, round(us, 1), n] for name, us, n in kernel_table(llm, 8)[:12]]
+    req.cancel()
+    while llm.engine.has_work:
+        llm.worker.step()
+    return r
 
 
 def compare(one, two) -> dict:
@@ -191,8 +231,12 @@ def table(rows: dict) -> str:
                   "| | one GPU | two GPUs | ratio |", "|---|---|---|---|"]
         for key, label in (("hit_rate", "tuned hit rate"), ("decode_ms_b1", "decode ms, 1"),
                            ("decode_ms_b8", "decode ms, 8"),
+                           ("decode_ms_b1_experts_skipped", "decode ms, 1, CPU experts skipped"),
+                           ("decode_ms_b1_eager", "decode ms, 1, no graphs"),
                            ("prefill_tok_s_2048", "prefill 2K tok/s"),
                            ("prefill_tok_s_8192", "prefill 8K tok/s")):
+            if key not in one:
+                continue
             lines.append(f"| {label} | {one[key]:.3g} | {two[key]:.3g} | "
                          f"{two[key] / one[key]:.3f} |")
         predicted = one["decode_ms_b1"] / two["predicted_ms"] if two["predicted_ms"] else 0
@@ -201,6 +245,10 @@ def table(rows: dict) -> str:
                   f"{two['predicted_ms']:.2f} ms), measured {measured:.3f}x; "
                   f"measured / predicted {measured / predicted:.3f}" if predicted else "",
                   f"tokens: {b['tokens']}"]
+        for name in ("one", "two"):
+            lines += ["", f"| GPU kernels, {name}, eager step of 1 stream | us | launches |",
+                      "|---|---|---|"]
+            lines += [f"| {k} | {us} | {n} |" for k, us, n in b[name].get("kernels_b1", [])]
     return "\n".join(lines)
 
 
