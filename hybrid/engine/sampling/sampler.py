@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hybrid.engine.sampling.draw import draw
 from hybrid.engine.sampling.sampling_params import SamplingParams
 
 # A token masked out (by a grammar) has log-probability -inf, which JSON cannot carry: reported
@@ -66,34 +67,47 @@ def sample_batch(logits: torch.Tensor, rows: Sequence[tuple[SamplingParams, torc
                                                           Sequence[int], Sequence[int]]]
                  ) -> list[Sampled]:
     """logits: [R, V] on the model's device; rows: (params, generator, prompt ids, output ids)
-    per row. Greedy rows without penalties are decided on the device in one batch (argmax,
-    the chosen log-probability and the top log-probabilities), and only those few numbers
-    cross to the host; the other rows are sampled on the host by `sample`."""
-    fast = [i for i, (p, _, _, done) in enumerate(rows)
-            if p.is_greedy and not p.has_penalties and len(done) >= len(p.forced_ids)]
-    out: list[Sampled | None] = [None] * len(rows)
-    if fast:
-        every = len(fast) == logits.shape[0]  # usually: no index copy to the device
-        x = (logits if every else logits[torch.tensor(fast, device=logits.device)]).float()
-        lse = torch.logsumexp(x, dim=-1, keepdim=True)  # [F, 1]
-        ids = x.argmax(dim=-1, keepdim=True)  # [F, 1]
-        k = max(rows[i][0].logprobs or 0 for i in fast)
-        cols = [ids.double(), (x.gather(1, ids) - lse).double()]
-        if k:
-            top = torch.topk(x, k, dim=-1)
-            cols += [top.indices.double(), (top.values - lse).double()]
-        # one transfer (one wait for the device): ids are exact in float64
-        host = torch.cat(cols, dim=1).tolist()  # [F, 2 + 2k]
-        for j, i in enumerate(fast):
-            n = rows[i][0].logprobs
-            r = host[j]
-            best = tuple((int(t), _reported(v)) for t, v in zip(r[2:2 + n], r[2 + k:2 + k + n])) \
-                if n else ()
-            out[i] = Sampled(int(r[0]), _reported(r[1]), best)
-    for i, (p, gen, prompt_ids, output_ids) in enumerate(rows):
-        if out[i] is None:
-            out[i] = sample(logits[i].cpu(), p, gen, prompt_ids, output_ids)
-    return out  # type: ignore[return-value]
+    per row. Every row is decided on the device in one batch (penalties a row at a time,
+    then argmax, the forced token or `draw.draw`; the chosen log-probability and the top
+    log-probabilities), and only those few numbers cross to the host. A sampled row takes one
+    uniform from its request's generator. Equal in distribution to `sample` on each row."""
+    n = len(rows)
+    x = logits[:n].float()  # [R, V]
+    lse = torch.logsumexp(x, dim=-1, keepdim=True)  # [R, 1]
+    scores = x
+    penalized = [i for i, (p, _, _, _) in enumerate(rows) if p.has_penalties]
+    if penalized:
+        scores = x.clone()
+        for i in penalized:
+            p, _, prompt_ids, output_ids = rows[i]
+            scores[i] = apply_penalties(x[i], p, prompt_ids, output_ids)
+    ids = scores.argmax(dim=-1)  # [R]: greedy's pick (the lowest id among ties)
+    forced = {i: p.forced_ids[len(done)] for i, (p, _, _, done) in enumerate(rows)
+              if len(done) < len(p.forced_ids)}
+    drawn = [i for i, (p, _, _, _) in enumerate(rows) if not p.is_greedy and i not in forced]
+    if drawn:
+        u = torch.tensor([float(torch.rand((), dtype=torch.float64, generator=rows[i][1]))
+                          for i in drawn], dtype=torch.float64).to(x.device)  # [D]
+        at = torch.tensor(drawn, device=x.device)
+        ids[at] = draw(scores[at], [rows[i][0] for i in drawn], u)
+    if forced:
+        ids[torch.tensor(list(forced), device=x.device)] = torch.tensor(
+            list(forced.values()), device=x.device)
+    ids = ids[:, None]  # [R, 1]
+    k = max((p.logprobs or 0 for p, _, _, _ in rows), default=0)
+    cols = [ids.double(), (x.gather(1, ids) - lse).double()]
+    if k:
+        top = torch.topk(x, min(k, x.shape[1]), dim=-1)
+        cols += [top.indices.double(), (top.values - lse).double()]
+    # one transfer (one wait for the device): ids are exact in float64
+    host = torch.cat(cols, dim=1).tolist()  # [R, 2 + 2k]
+    out = []
+    for (p, _, _, _), r in zip(rows, host):
+        m = p.logprobs
+        best = tuple((int(t), _reported(v)) for t, v in zip(r[2:2 + m], r[2 + k:2 + k + m])) \
+            if m else ()
+        out.append(Sampled(int(r[0]), _reported(r[1]), best))
+    return out
 
 
 def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt_ids: Sequence[int],
@@ -102,10 +116,10 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt_ids: Se
     if not params.has_penalties:
         return logits
     vocab = logits.numel()
-    out_ids = torch.as_tensor(output_ids, dtype=torch.long).reshape(-1)  # [O]
+    out_ids = torch.as_tensor(output_ids, dtype=torch.long).reshape(-1).to(logits.device)  # [O]
     if params.repetition_penalty != 1.0:
-        seen = torch.zeros(vocab, dtype=torch.bool)  # [V]: in the prompt or generated
-        seen[torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1)] = True
+        seen = torch.zeros(vocab, dtype=torch.bool, device=logits.device)  # [V]: prompt or output
+        seen[torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1).to(logits.device)] = True
         seen[out_ids] = True
         rp = params.repetition_penalty
         penalized = torch.where(logits > 0, logits / rp, logits * rp)
