@@ -62,11 +62,13 @@ def _prompt(n: int, salt: int, vocab: int) -> list[int]:
     return [rng.randrange(100, vocab - 1) for _ in range(n)]
 
 
-async def _stream(client: AsyncOpenAI, model: str, prompt: list[int], gen: int) -> Timing:
+async def _stream(client: AsyncOpenAI, model: str, prompt: list[int], gen: int,
+                  sampling: dict) -> Timing:
+    """sampling: the request's temperature and top_p."""
     t = Timing(time.perf_counter())
     stream = await client.completions.create(
-        model=model, prompt=prompt, max_tokens=gen, temperature=0, stream=True,
-        extra_body={"ignore_eos": True})
+        model=model, prompt=prompt, max_tokens=gen, stream=True, extra_body={"ignore_eos": True},
+        **sampling)
     async for chunk in stream:
         if chunk.choices and chunk.choices[0].text is not None:
             t.stamps.append(time.perf_counter())
@@ -83,6 +85,7 @@ def _pct(values: list[float], q: float) -> float:
 class Workload:
     def __init__(self, args: argparse.Namespace, vocab: int) -> None:
         self.args, self.vocab, self.salt = args, vocab, random.randrange(1 << 30)
+        self.sampling = {"temperature": args.temperature, "top_p": args.top_p}
 
     def prompt(self, n: int) -> list[int]:
         self.salt += 1
@@ -94,13 +97,13 @@ class Workload:
         async with AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0,
                                timeout=1800) as client:
             model = (await client.models.list()).data[0].id
-            await _stream(client, model, self.prompt(32), 8)
+            await _stream(client, model, self.prompt(32), 8, self.sampling)
             yield client, model
 
     async def ttft_only(self, url: str, n: int) -> float:
         """The TTFT of one new n-token prompt."""
         async with self.connect(url) as (client, model):
-            return (await _stream(client, model, self.prompt(n), 1)).ttft
+            return (await _stream(client, model, self.prompt(n), 1, self.sampling)).ttft
 
     async def run(self, url: str, rows: dict, saved) -> dict:
         """Fills `rows` section by section, calling `saved()` after each (a run cut short by
@@ -110,7 +113,7 @@ class Workload:
             rows["model"] = model
             rows["decode_samples"] = []
             for _ in range(a.repeats):
-                t = await _stream(client, model, self.prompt(32), a.gen_len)
+                t = await _stream(client, model, self.prompt(32), a.gen_len, self.sampling)
                 rows["decode_samples"].append((len(t.stamps) - 1) / (t.stamps[-1] - t.stamps[0]))
             rows["decode_tok_s"] = statistics.median(rows["decode_samples"])
             print(f"  decode: {rows['decode_tok_s']:.1f} tok/s (median of "
@@ -119,7 +122,8 @@ class Workload:
             rows["ttft_s"] = {}
             saved()
             for n in a.ttft:
-                rows["ttft_s"][n] = (await _stream(client, model, self.prompt(n), 1)).ttft
+                t = await _stream(client, model, self.prompt(n), 1, self.sampling)
+                rows["ttft_s"][n] = t.ttft
                 print(f"  TTFT {n}: {rows['ttft_s'][n]:.3f} s", file=sys.stderr, flush=True)
                 saved()
             rows["aggregate_tok_s"], rows["aggregate_samples"] = {}, {}
@@ -128,7 +132,8 @@ class Workload:
                 for _ in range(a.repeats):
                     start = time.perf_counter()
                     done = await asyncio.gather(*(_stream(client, model, self.prompt(32),
-                                                          a.gen_len) for _ in range(s)))
+                                                          a.gen_len, self.sampling)
+                                                  for _ in range(s)))
                     wall = time.perf_counter() - start
                     samples.append(sum(len(d.stamps) for d in done) / wall)
                 rows["aggregate_tok_s"][s] = statistics.median(samples)
@@ -151,7 +156,7 @@ class Workload:
 
         async def one(prompt_len: int, gen: int, at: float) -> Timing:
             await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
-            return await _stream(client, model, self.prompt(prompt_len), gen)
+            return await _stream(client, model, self.prompt(prompt_len), gen, self.sampling)
 
         arrivals, t = [], 0.0
         for p, g, gap in jobs:
@@ -268,6 +273,9 @@ def main() -> int:
     ap.add_argument("--ttft", default="512,2048,8192,32768")
     ap.add_argument("--streams", default="4,8,16,32")
     ap.add_argument("--gen-len", type=int, default=64)
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="every request's (default greedy; chat clients send 0.6-1)")
+    ap.add_argument("--top-p", type=float, default=1.0, help="every request's top_p")
     ap.add_argument("--repeats", type=int, default=3,
                     help="decode streams and runs of each --streams count; rows are medians "
                          "(docs/serving.md: one stream is too noisy on a shared host)")
