@@ -41,13 +41,14 @@ def draw(scores: torch.Tensor, params: Sequence[SamplingParams], u: torch.Tensor
     whole = [i for i, p in enumerate(params) if not (0 < p.top_k < vocab or p.top_p < 1)]
     if len(whole) == s:  # every kept token in id order: no sort needed
         return _inverse_cdf(_unnormalized(scaled), u)
+    most = max(p.top_k for p in params)  # read here: on the device it would wait for it
     if not whole:
-        return _ranked(scaled, table, u)
+        return _ranked(scaled, table, u, most)
     tokens = torch.empty(s, dtype=torch.long, device=dev)
     rows = torch.tensor(whole, device=dev)
     tokens[rows] = _inverse_cdf(_unnormalized(scaled[rows]), u[rows])
     rows = torch.tensor(sorted(set(range(s)) - set(whole)), device=dev)
-    tokens[rows] = _ranked(scaled[rows], table[rows], u[rows])
+    tokens[rows] = _ranked(scaled[rows], table[rows], u[rows], most)
     return tokens
 
 
@@ -56,11 +57,12 @@ def _unnormalized(scaled: torch.Tensor) -> torch.Tensor:
     return torch.exp(scaled - scaled.amax(-1, keepdim=True))
 
 
-def _ranked(scaled: torch.Tensor, table: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+def _ranked(scaled: torch.Tensor, table: torch.Tensor, u: torch.Tensor, most: int
+            ) -> torch.Tensor:
     """Rows under top_k and/or top_p: sorted candidates, then the whole row sorted where the
     candidates may miss a kept token."""
     vocab = scaled.shape[1]
-    c = min(vocab, max(CANDIDATES, int(table[:, 2].max())))
+    c = min(vocab, max(CANDIDATES, most))  # most: the largest top_k
     probs, ids, covered = _filtered(scaled, table, c)
     if c < vocab and not bool(covered.all()):
         rest = (~covered).nonzero().flatten()
