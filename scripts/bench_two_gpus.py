@@ -89,7 +89,7 @@ def breakdown(llm, steps: int) -> dict:
 
     runner = llm.engine.runner
     r = {}
-    undo = skip_experts(runner.graphs)
+    undo = skip_experts(llm)
     try:
         r["decode_ms_b1_experts_skipped"] = step_ms(llm, 1, steps)
     finally:

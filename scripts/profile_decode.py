@@ -42,7 +42,7 @@ from hybrid.engine.graphs import setup as graphs_setup
 from hybrid.engine.llm import LLM
 from hybrid.engine.runner import runner_start_up
 from hybrid.engine.sampling.sampling_params import SamplingParams
-from hybrid.ops.experts import ExpertsOp
+from hybrid.tuning.measure import answer_experts_at_once
 
 
 def start(llm: LLM, batch: int, gen: int) -> list:
@@ -100,25 +100,10 @@ def kernel_table(llm: LLM, steps: int) -> list[tuple[str, float, int]]:
     return sorted(rows, key=lambda r: -r[1])
 
 
-def skip_experts(graphs) -> Callable[[], None]:
-    """Make every CPU experts call return at once (whole steps: answer each flag as soon as it
-    is raised); -> undo."""
-    from cpu_kernels.runtime.handshake import set_flag, wait_equal
-    from hybrid.engine.step.host_experts import HostExperts
-
-    orig, orig_host = ExpertsOp.run_host, HostExperts.run
-
-    def answer(host, seq, n):
-        ready, done = host.bridge.ready.numpy(), host.bridge.done.numpy()
-        for layer in range(len(host.layers)):
-            wait_equal(ready, layer, seq, 1 << 40)
-            set_flag(done, layer, seq)
-    ExpertsOp.run_host = lambda *a, **k: None
-    HostExperts.run = answer
-
-    def undo() -> None:
-        ExpertsOp.run_host, HostExperts.run = orig, orig_host
-    return undo
+def skip_experts(llm: LLM) -> Callable[[], None]:
+    """Make every CPU experts call of llm's steps return at once (whole steps: answer each flag
+    as soon as it is raised), on the graphs runner.graphs holds now; -> undo."""
+    return answer_experts_at_once(llm)
 
 
 def timeline(llm: LLM, host, steps: int) -> list[list[float]]:
@@ -142,7 +127,7 @@ def profile(llm: LLM, graphs, batch: int, steps: int) -> dict:
     r["experts_us"] = clock.seconds / steps * 1e6
     r.update({f"experts_{k}": v for k, v in clock.medians_us().items()})
     clock.close()
-    undo = skip_experts(graphs)
+    undo = skip_experts(llm)
     try:
         r["step_no_experts_us"] = time_steps(llm, steps) * 1e6
     finally:

@@ -173,7 +173,10 @@ def test_profile_tune_serve_end_to_end(skewed, capsys) -> None:
                  "--sweep-threads", "1",
                  "--sweep-chunk-sizes", "32,128", "--prefill-tokens", "256",
                  "--cpu-bandwidth", "20"]) == 0
-    text = capsys.readouterr().out
+    out_err = capsys.readouterr()
+    text = out_err.out
+    assert ("measuring decode: hot experts 100% of free, then with its CPU experts answered at "
+            "once (round 2 of 2)") in out_err.err
     assert "hot experts 100% of free" in text and "whole layers" in text
     assert f"the compared placements' rule files: {root / 'tuned-variants'}/" in text
     assert "read bandwidth (20.0 GB/s)" in text
@@ -191,6 +194,12 @@ def test_profile_tune_serve_end_to_end(skewed, capsys) -> None:
     # two rounds over every placement, each placement's median kept
     assert all(len(p["samples_ms"]) == 2 and p["measured_ms"] == sum(p["samples_ms"]) / 2
                for p in report["placements"])
+    # the fixed part is measured (the median of a sample a round), not the fit's intercept
+    model = report["model"]
+    assert model["fixed_measured"] and model["fixed_ms"] > 0
+    assert all(p["predicted_ms"] == pytest.approx(
+        model["fixed_ms"] + model["ms_per_gb"] * p["cpu_bytes_per_step"] / 1e9
+        + model["ms_per_layer"] * p["cpu_layers"]) for p in report["placements"])
     # whole layers are written as every expert held, so the decode step stays capturable
     whole = plan_model(str(path), str(root / "tuned-variants" / "whole-layers.yaml"),
                        check_devices=False, announce=False).plan
@@ -275,6 +284,75 @@ def test_the_decode_model_fits_a_cost_per_cpu_layer_from_a_third_point() -> None
         DecodeModel.fit([(1e9, 26, 50.0), (1e9, 20, 40.0)])
 
 
+def test_a_measured_fixed_part_is_kept_and_only_the_costs_are_fitted() -> None:
+    from hybrid.tuning.predict import DecodeModel
+
+    def truth(gb: float, n: int) -> float:
+        return 10.0 + 40.0 * gb + 1.5 * n
+    points = [(g * 1e9, n, truth(g, n)) for g, n in ((0.6, 26), (0.3, 26), (0.45, 20))]
+    m = DecodeModel.fit(points, fixed_ms=10.0)
+    assert (m.fixed_ms, m.ms_per_gb, m.ms_per_layer) == pytest.approx((10.0, 40.0, 1.5))
+    assert m.fixed_measured and not DecodeModel.fit(points).fixed_measured
+    # a fixed part below the two points' intercept (10): the line through it, least squares
+    two = DecodeModel.fit(points[:2], fixed_ms=8.9)
+    assert two.fixed_ms == 8.9 and two.ms(0.0) == 8.9 and two.ms_per_layer == 0.0
+    gb, above = np.array([0.6, 0.3]), np.array([p[2] for p in points[:2]]) - 8.9
+    assert two.ms_per_gb == pytest.approx(float(gb @ above / (gb @ gb)))  # 42.2
+    with pytest.raises(HybridError, match="same CPU bytes"):
+        DecodeModel.fit([(1e9, 26, 50.0), (1e9, 20, 40.0)], fixed_ms=5.0)
+
+
+def test_experts_answered_at_once_call_no_cpu_kernel_and_are_undone(models,
+                                                                    monkeypatch) -> None:
+    """fixed_step_ms's steps (prompts and decodes) call no op's run_host; afterwards every op
+    has the class's again (or what its instance held before) and the steps call it."""
+    from hybrid.engine.config import EngineConfig
+    from hybrid.engine.llm import LLM
+    from hybrid.ops.experts import ExpertsOp
+    from hybrid.tuning.measure import answer_experts_at_once, fixed_step_ms, step_ms
+
+    calls = []
+    run_host = ExpertsOp.run_host
+    monkeypatch.setattr(ExpertsOp, "run_host",
+                        lambda op, *a: (calls.append(op), run_host(op, *a))[1])
+    llm = LLM(str(models.path("tiny-v3", "q4_k_m")), "cpu.yaml",
+              engine_config=EngineConfig(max_batch_size=2, prefix_cache=False))
+    ops = [m for m in llm.engine.runner.model.modules() if isinstance(m, ExpertsOp)]
+    assert len(ops) == 3 and llm.engine.runner.graphs is None  # tiny-v3: layers 1-3, no CUDA
+    assert step_ms(llm, 2, 3) > 0
+    assert {id(op) for op in calls} == {id(op) for op in ops}
+    calls.clear()
+    assert fixed_step_ms(llm, 2, 3) > 0
+    assert calls == [] and not any("run_host" in vars(op) for op in ops)
+    step_ms(llm, 1, 2)
+    assert len(calls) >= 3 * 2
+    mine = ops[0].run_host = lambda *a: None  # an instance's own: put back, not dropped
+    undo = answer_experts_at_once(llm)
+    assert ops[0].run_host is not mine
+    undo()
+    assert ops[0].run_host is mine
+
+
+def test_whole_step_graphs_get_each_layers_flag_answered_at_once() -> None:
+    """Whole-step graphs: the HostExperts' run raises each layer's done flag for the step the
+    GPU raised the ready flags of, and the class's run is back after undo."""
+    from hybrid.engine.step.host_experts import HostExperts
+    from hybrid.tuning.measure import answer_experts_at_once
+
+    flags = SimpleNamespace(ready=torch.zeros(3, dtype=torch.int64),
+                            done=torch.zeros(3, dtype=torch.int64))
+    host = HostExperts([SimpleNamespace(pool=None, placed=None)] * 3, flags)
+    graphs = SimpleNamespace(whole_step=True, form=SimpleNamespace(host=host))
+    llm = SimpleNamespace(engine=SimpleNamespace(runner=SimpleNamespace(
+        model=torch.nn.Module(), graphs=graphs)))
+    flags.ready[:] = 7  # the GPU reached every MoE layer of step 7
+    undo = answer_experts_at_once(llm)
+    host.run(7, 1)  # the class's would run the (absent) experts
+    assert flags.done.tolist() == [7, 7, 7]
+    undo()
+    assert "run" not in vars(host) and host.run.__func__ is HostExperts.run
+
+
 def test_hot_experts_get_the_room_a_large_prefill_chunk_would_take() -> None:
     """explain counts the activations of the chunk the engine would choose; tune gives that
     room to hot experts (the engine then picks a chunk that fits what is left)."""
@@ -327,6 +405,22 @@ def test_a_negative_cost_per_gb_is_flagged_not_printed_as_a_model(skewed) -> Non
                         None, 20.0, model=noise)
     text = summary(result)
     assert "the step times are noise, not a model" in text and "time model:" not in text
+
+
+def test_the_report_says_the_fixed_part_was_measured(skewed) -> None:
+    from hybrid.tuning.predict import DecodeModel
+    from hybrid.tuning.report import summary, to_json
+    from hybrid.tuning.results import TuneResult
+
+    _, root, profile = skewed
+    for measured in (True, False):
+        result = TuneResult(root / "x.yaml", 0, profile.layers, profile.frequencies("decode"),
+                            {}, None, 20.0, model=DecodeModel(8.9, 40.0, 0.5, measured))
+        line = next(x for x in summary(result).splitlines() if x.startswith("time model:"))
+        assert line.startswith("time model: 8.90 ms fixed" + (
+            " (measured: the tuned rules' step with its CPU experts answered at once) + 40.0 ms "
+            "per GB" if measured else " + 40.0 ms per GB"))
+        assert to_json(result)["model"]["fixed_measured"] is measured
 
 
 def test_two_gpus_spread_the_hot_experts_and_keep_the_tokens(skewed, tmp_path, capsys) -> None:
@@ -386,7 +480,9 @@ def test_two_gpus_spread_the_hot_experts_and_keep_the_tokens(skewed, tmp_path, c
     assert [p["name"] for p in report["placements"]] == ["none on the GPUs",
                                                          "hot experts on 2 GPUs"]
     assert all(p["measured_ms"] > 0 and p["predicted_ms"] for p in report["placements"])
-    assert "measuring decode: hot experts on 2 GPUs" in capsys.readouterr().err
+    assert report["model"]["fixed_measured"]
+    assert ("measuring decode: hot experts on 2 GPUs, then with its CPU experts answered at "
+            "once") in capsys.readouterr().err
 
     prompts = [[0, 5, 9, 11, 300], [0, 17, 2, 90]]
     params = SamplingParams(temperature=0, max_tokens=10, logprobs=0)

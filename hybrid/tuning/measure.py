@@ -1,12 +1,13 @@
 """Measured speed for `hybrid tune --measure` (and bench_grammar): decode as the median step
 time of `batch` requests decoding at once once their prompts are in (`step_ms`; `decode_ms` on a
-fresh engine per rule file), and prefill as one long prompt's tokens per second."""
+fresh engine per rule file), the same step with its CPU experts answered at once (`fixed_step_ms`:
+what the step costs without them), and prefill as one long prompt's tokens per second."""
 
 from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.sampling.sampling_params import SamplingParams
@@ -30,6 +31,61 @@ def step_ms(llm, batch: int, steps: int, grammar: str | None = None) -> float:
     while llm.engine.has_work:
         llm.worker.step()
     return sorted(times)[len(times) // 2] * 1e3
+
+
+def answer_experts_at_once(llm) -> Callable[[], None]:
+    """Make every CPU experts call of `llm`'s steps return at once: each ExpertsOp's `run_host`
+    and, with whole-step decode graphs, the HostExperts' `run` (each layer's done flag raised as
+    soon as its ready flag is). The routed experts' output is then whatever its buffers held:
+    wrong, for timing only. Set on the instances (every engine in the process keeps its own
+    experts); -> undo, which puts back what the instances held before.
+    NOTE: the whole-step graphs are looked up now; capture them before calling this."""
+    from hybrid.ops.experts import ExpertsOp
+
+    runner = llm.engine.runner
+    ops = [m for m in runner.model.modules() if isinstance(m, ExpertsOp)]
+    graphs = getattr(runner, "graphs", None)
+    host = graphs.form.host if graphs is not None and graphs.whole_step else None
+    patched = [(op, "run_host", _skip) for op in ops]
+    if host is not None:
+        patched.append((host, "run", lambda seq, n: _answer_flags(host, seq)))
+    missing = object()
+    before = [(obj, name, vars(obj).get(name, missing)) for obj, name, _ in patched]
+    for obj, name, fn in patched:
+        setattr(obj, name, fn)
+
+    def undo() -> None:
+        for obj, name, old in before:
+            if old is missing:
+                delattr(obj, name)  # the class's method again
+            else:
+                setattr(obj, name, old)
+    return undo
+
+
+def _skip(*args, **kwargs) -> None:
+    return None
+
+
+def _answer_flags(host, seq: int) -> None:
+    """Step `seq`'s done flag of every layer, each once the GPU raised the layer's ready flag
+    (the graph waits on them in order)."""
+    from cpu_kernels.runtime.handshake import set_flag, wait_equal
+
+    ready, done = host.bridge.ready.numpy(), host.bridge.done.numpy()
+    for layer in range(len(host.layers)):
+        wait_equal(ready, layer, seq, 1 << 40)
+        set_flag(done, layer, seq)
+
+
+def fixed_step_ms(llm, batch: int, steps: int) -> float:
+    """step_ms with every CPU experts call answered at once (answer_experts_at_once): the
+    step's attention, dense layers, head, hand-overs and overheads alone."""
+    undo = answer_experts_at_once(llm)
+    try:
+        return step_ms(llm, batch, steps)
+    finally:
+        undo()
 
 
 def prefill_tok_s(llm, prompt_tokens: int) -> float:
@@ -64,7 +120,18 @@ def decode_ms(gguf_path: str, rules: str, batch: int = 1, steps: int = 32,
               cpu_threads: int | None = None,
               device_map: Mapping[str, str] | None = None) -> float:
     """step_ms on a fresh engine for rule file `rules`."""
-    config = EngineConfig(max_batch_size=max(batch, 1), prefix_cache=False,
-                          cpu_threads=cpu_threads)
-    return on_fresh_engine(gguf_path, rules, config, lambda llm: step_ms(llm, batch, steps),
-                           device_map)
+    return on_fresh_engine(gguf_path, rules, _decode_config(batch, cpu_threads),
+                           lambda llm: step_ms(llm, batch, steps), device_map)
+
+
+def decode_and_fixed_ms(gguf_path: str, rules: str, batch: int, steps: int,
+                        cpu_threads: int | None = None,
+                        device_map: Mapping[str, str] | None = None) -> tuple[float, float]:
+    """(step_ms, fixed_step_ms) on one fresh engine for rule file `rules`, in that order."""
+    return on_fresh_engine(
+        gguf_path, rules, _decode_config(batch, cpu_threads),
+        lambda llm: (step_ms(llm, batch, steps), fixed_step_ms(llm, batch, steps)), device_map)
+
+
+def _decode_config(batch: int, cpu_threads: int | None) -> EngineConfig:
+    return EngineConfig(max_batch_size=max(batch, 1), prefix_cache=False, cpu_threads=cpu_threads)

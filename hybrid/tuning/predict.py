@@ -8,6 +8,13 @@ other placement's time is a prediction to check. Why the third point: fitted to 
 alone, the per-layer cost hides in the per-GB one, and whole layers are predicted slower than
 they run (docs/tuning.md). The GPU-held experts' own time is left in the fixed part: they are
 read at the GPU's bandwidth, an order of magnitude faster than the CPU's.
+
+`DecodeModel.fit(points, fixed_ms)`: with `fixed_ms` given (`hybrid tune --measure` passes the
+tuned placement's step timed with its CPU experts answered at once, measure.fixed_step_ms), the
+fixed part is that value, not an intercept extrapolated from the points, and only the per-GB
+(and per-layer) costs are fitted, to the points' time above it. That step still makes its
+layers' hand-overs, so the fixed part holds the tuned placement's per-layer hand-over cost and
+the fitted per-layer cost only the rest.
 """
 
 from __future__ import annotations
@@ -46,11 +53,15 @@ class DecodeModel:
     fixed_ms: float
     ms_per_gb: float  # CPU expert time per GB read
     ms_per_layer: float = 0.0  # per MoE layer with CPU experts left
+    fixed_measured: bool = False  # fixed_ms was measured (fit's fixed_ms), not fitted
 
     @classmethod
-    def fit(cls, points: list[tuple[float, int, float]]) -> DecodeModel:
+    def fit(cls, points: list[tuple[float, int, float]],
+            fixed_ms: float | None = None) -> DecodeModel:
         """From measured (CPU bytes per step, MoE layers with CPU work, ms per step) points:
-        the per-layer cost only where the points' layer counts differ."""
+        least squares, the per-layer cost only where there are 3 points or more and their layer
+        counts differ. fixed_ms: the fixed part as measured; the other costs are then fitted to
+        each point's ms - fixed_ms (else the fixed part is the fit's intercept)."""
         x = np.array([[1.0, b / 1e9, n] for b, n, _ in points])  # [P, 3]
         y = np.array([ms for _, _, ms in points])  # [P]
         if np.ptp(x[:, 1]) * 1e9 < 1:
@@ -58,8 +69,13 @@ class DecodeModel:
                               "budget that holds some experts")
         if len(points) < 3 or np.ptp(x[:, 2]) == 0:
             x = x[:, :2]
-        coef = np.linalg.lstsq(x, y, rcond=None)[0]
-        return cls(float(coef[0]), float(coef[1]), float(coef[2]) if len(coef) > 2 else 0.0)
+        if fixed_ms is None:
+            coef = np.linalg.lstsq(x, y, rcond=None)[0]
+        else:
+            coef = np.concatenate([[fixed_ms], np.linalg.lstsq(x[:, 1:], y - fixed_ms,
+                                                                rcond=None)[0]])
+        return cls(float(coef[0]), float(coef[1]), float(coef[2]) if len(coef) > 2 else 0.0,
+                   fixed_measured=fixed_ms is not None)
 
     @property
     def is_noise(self) -> bool:

@@ -49,9 +49,11 @@ def summary(result: TuneResult, batch: int = 1) -> str:
                      "more --steps on a quieter machine")
     elif result.model is not None:
         m = result.model
-        lines.append(f"time model: {m.fixed_ms:.2f} ms fixed + {m.ms_per_gb:.1f} ms per GB of "
-                     f"CPU experts read + {m.ms_per_layer:.2f} ms per MoE layer with CPU "
-                     "experts (fitted to the 0% and 100% rows and the 'fit' row)")
+        fixed = (" (measured: the tuned rules' step with its CPU experts answered at once)"
+                 if m.fixed_measured else "")
+        lines.append(f"time model: {m.fixed_ms:.2f} ms fixed{fixed} + {m.ms_per_gb:.1f} ms per "
+                     f"GB of CPU experts read + {m.ms_per_layer:.2f} ms per MoE layer with CPU "
+                     "experts (fitted to the no-experts, full-budget and 'fit' rows)")
     for t, ms in result.threads:
         lines.append(f"--cpu-threads {t}: {_tok_s(ms, batch).strip()} tok/s decode")
     for c, tok_s in result.chunks:
@@ -84,6 +86,7 @@ def to_json(result: TuneResult) -> dict[str, Any]:
         "threads": [{"cpu_threads": t, "ms": ms} for t, ms in result.threads],
         "chunk_sizes": [{"chunk_size": c, "prefill_tok_s": v} for c, v in result.chunks],
         "model": None if result.model is None else {
-            "fixed_ms": result.model.fixed_ms, "ms_per_gb": result.model.ms_per_gb,
+            "fixed_ms": result.model.fixed_ms, "fixed_measured": result.model.fixed_measured,
+            "ms_per_gb": result.model.ms_per_gb,
             "ms_per_layer": result.model.ms_per_layer, "is_noise": result.model.is_noise},
     }

@@ -6,9 +6,11 @@
 3. Report the hit rate (the share of expert choices the GPU serves) and the CPU bytes read per
    decode step, beside the same bytes spent on whole layers (llama.cpp's `--n-cpu-moe`).
 4. `measure`: decode with no hot experts, with the full budget, and with whole layers in half
-   the budget fits the time model (predict.py); then a few budgets in between and the
-   whole-layer placement are predicted and measured side by side; the CPU thread counts
-   (decode) and chunk sizes (prefill of one long prompt) are swept on the tuned rules.
+   the budget fits the time model (predict.py), its fixed part measured: the full budget's
+   step with its CPU experts answered at once, on the same engine; then a few budgets in
+   between and the whole-layer placement are predicted and measured side by side; the CPU
+   thread counts (decode) and chunk sizes (prefill of one long prompt) are swept on the tuned
+   rules.
 """
 
 from __future__ import annotations
@@ -202,21 +204,32 @@ def _read_gbs(opts: TuneOptions, status: Callable[[str], None]) -> float:
 
 def _measure(opts: TuneOptions, result: TuneResult, status: Callable[[str], None]) -> None:
     from hybrid.engine.config import EngineConfig
-    from hybrid.tuning.measure import decode_ms, on_fresh_engine, prefill_tok_s
+    from hybrid.tuning.measure import decode_and_fixed_ms, decode_ms, on_fresh_engine, prefill_tok_s
 
     none, full = result.placements[0], next(p for p in result.placements
                                              if p.rules == result.rules)
     fit = [none, full, *(p for p in result.placements if p.calibration)]
     order = fit + [p for p in result.placements if p not in fit]
+    # the time model's fixed part, a sample a round: on the tuned placement (the one nearest the
+    # predictions that matter: few CPU bytes), on the engine of its decode
+    fixed = []
     for r in range(opts.repeats):  # round by round: a drifting host touches every placement
         for p in order:
-            status(f"measuring decode: {p.name}" + (f" (round {r + 1} of {opts.repeats})"
-                                                    if opts.repeats > 1 else ""))
-            p.samples.append(decode_ms(opts.gguf_path, str(p.rules), opts.batch, opts.steps,
-                                       device_map=opts.device_map))
+            status(f"measuring decode: {p.name}"
+                   + (", then with its CPU experts answered at once" if p is full else "")
+                   + (f" (round {r + 1} of {opts.repeats})" if opts.repeats > 1 else ""))
+            if p is full:
+                ms, fixed_ms = decode_and_fixed_ms(opts.gguf_path, str(p.rules), opts.batch,
+                                                   opts.steps, device_map=opts.device_map)
+                fixed.append(fixed_ms)
+            else:
+                ms = decode_ms(opts.gguf_path, str(p.rules), opts.batch, opts.steps,
+                               device_map=opts.device_map)
+            p.samples.append(ms)
     for p in order:
         p.measured_ms = statistics.median(p.samples)
-    model = DecodeModel.fit([(p.cpu_bytes, p.cpu_layers, p.measured_ms) for p in fit])
+    model = DecodeModel.fit([(p.cpu_bytes, p.cpu_layers, p.measured_ms) for p in fit],
+                            fixed_ms=statistics.median(fixed))
     result.model = model
     for p in result.placements:
         p.predicted_ms = model.ms(p.cpu_bytes, p.cpu_layers)
