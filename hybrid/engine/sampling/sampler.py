@@ -125,7 +125,9 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt_ids: Se
         penalized = torch.where(logits > 0, logits / rp, logits * rp)
         logits = torch.where(seen, penalized, logits)
     if params.presence_penalty or params.frequency_penalty:
-        counts = torch.bincount(out_ids, minlength=vocab).to(logits.dtype)  # [V]
+        # scatter_add, not bincount: on a GPU bincount reads the largest id back (a wait)
+        counts = torch.zeros(vocab, dtype=logits.dtype, device=logits.device).scatter_add_(
+            0, out_ids, torch.ones(out_ids.shape, dtype=logits.dtype, device=logits.device))
         logits = (logits - params.frequency_penalty * counts
                   - params.presence_penalty * (counts > 0).to(logits.dtype))
     return logits
