@@ -8,6 +8,7 @@ import torch
 
 from hybrid.engine.sampling import draw as draw_module
 from hybrid.engine.sampling.draw import draw
+from hybrid.engine.sampling.penalties import batch_penalties
 from hybrid.engine.sampling.sampler import (
     apply_penalties,
     make_generator,
@@ -123,3 +124,24 @@ def test_penalties_on_a_device_tensor_keep_its_device() -> None:
     params = SamplingParams(repetition_penalty=1.3, frequency_penalty=0.2)
     got = apply_penalties(logits, params, [1], [1, 2])
     assert got.device == logits.device and got.shape == logits.shape
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_batched_penalties_equal_each_rows(seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    vocab, rows = int(torch.randint(5, 50, (1,), generator=g)), 5
+    logits = torch.randn(rows, vocab, generator=g) * 3  # [P, V]
+    params, prompts, outputs = [], [], []
+    for i in range(rows):
+        u = torch.rand(3, generator=g).tolist()
+        params.append(SamplingParams(
+            repetition_penalty=0.5 + 1.5 * u[0] if i % 2 else 1.0,
+            frequency_penalty=4 * u[1] - 2 if i % 3 else 0.0, presence_penalty=4 * u[2] - 2))
+        prompts.append(torch.randint(0, vocab, (int(torch.randint(0, 9, (1,), generator=g)),),
+                                     generator=g).tolist())
+        outputs.append(torch.randint(0, vocab, (int(torch.randint(0, 12, (1,), generator=g)),),
+                                     generator=g).tolist())
+    got = batch_penalties(logits, params, prompts, outputs)
+    for i in range(rows):
+        want = apply_penalties(logits[i], params[i], prompts[i], outputs[i])
+        assert got[i].tolist() == pytest.approx(want.tolist(), abs=1e-6)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from hybrid.engine.sampling.draw import draw
+from hybrid.engine.sampling.penalties import apply_penalties, batch_penalties
 from hybrid.engine.sampling.sampling_params import SamplingParams
 
 # A token masked out (by a grammar) has log-probability -inf, which JSON cannot carry: reported
@@ -67,7 +68,7 @@ def sample_batch(logits: torch.Tensor, rows: Sequence[tuple[SamplingParams, torc
                                                           Sequence[int], Sequence[int]]]
                  ) -> list[Sampled]:
     """logits: [R, V] on the model's device; rows: (params, generator, prompt ids, output ids)
-    per row. Every row is decided on the device in one batch (penalties a row at a time,
+    per row. Every row is decided on the device in one batch (penalties, batch_penalties;
     then argmax, the forced token or `draw.draw`; the chosen log-probability and the top
     log-probabilities), and only those few numbers cross to the host. A sampled row takes one
     uniform from its request's generator. Equal in distribution to `sample` on each row."""
@@ -78,9 +79,10 @@ def sample_batch(logits: torch.Tensor, rows: Sequence[tuple[SamplingParams, torc
     penalized = [i for i, (p, _, _, _) in enumerate(rows) if p.has_penalties]
     if penalized:
         scores = x.clone()
-        for i in penalized:
-            p, _, prompt_ids, output_ids = rows[i]
-            scores[i] = apply_penalties(x[i], p, prompt_ids, output_ids)
+        at = torch.tensor(penalized, device=x.device)
+        scores[at] = batch_penalties(x[at], [rows[i][0] for i in penalized],
+                                     [rows[i][2] for i in penalized],
+                                     [rows[i][3] for i in penalized])
     ids = scores.argmax(dim=-1)  # [R]: greedy's pick (the lowest id among ties)
     forced = {i: p.forced_ids[len(done)] for i, (p, _, _, done) in enumerate(rows)
               if len(done) < len(p.forced_ids)}
@@ -108,29 +110,6 @@ def sample_batch(logits: torch.Tensor, rows: Sequence[tuple[SamplingParams, torc
             if m else ()
         out.append(Sampled(int(r[0]), _reported(r[1]), best))
     return out
-
-
-def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt_ids: Sequence[int],
-                    output_ids: Sequence[int]) -> torch.Tensor:
-    """logits: [V] float32 -> [V]; the input is returned untouched when no penalty is set."""
-    if not params.has_penalties:
-        return logits
-    vocab = logits.numel()
-    out_ids = torch.as_tensor(output_ids, dtype=torch.long).reshape(-1).to(logits.device)  # [O]
-    if params.repetition_penalty != 1.0:
-        seen = torch.zeros(vocab, dtype=torch.bool, device=logits.device)  # [V]: prompt or output
-        seen[torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1).to(logits.device)] = True
-        seen[out_ids] = True
-        rp = params.repetition_penalty
-        penalized = torch.where(logits > 0, logits / rp, logits * rp)
-        logits = torch.where(seen, penalized, logits)
-    if params.presence_penalty or params.frequency_penalty:
-        # scatter_add, not bincount: on a GPU bincount reads the largest id back (a wait)
-        counts = torch.zeros(vocab, dtype=logits.dtype, device=logits.device).scatter_add_(
-            0, out_ids, torch.ones(out_ids.shape, dtype=logits.dtype, device=logits.device))
-        logits = (logits - params.frequency_penalty * counts
-                  - params.presence_penalty * (counts > 0).to(logits.dtype))
-    return logits
 
 
 def sampling_probs(scores: torch.Tensor, params: SamplingParams) -> torch.Tensor:
