@@ -41,13 +41,17 @@ def draw(scores: torch.Tensor, params: Sequence[SamplingParams], u: torch.Tensor
     whole = [i for i, p in enumerate(params) if not (0 < p.top_k < vocab or p.top_p < 1)]
     if len(whole) == s:  # every kept token in id order: no sort needed
         return _inverse_cdf(_unnormalized(scaled), u)
-    most = max(p.top_k for p in params)  # read here: on the device it would wait for it
+    rest = sorted(set(range(s)) - set(whole))
+    ks = [params[i].top_k for i in rest]
+    # candidates: the largest top_k where every such row has one (its kept set lies inside),
+    # else at least CANDIDATES; known here, not read back from the device
+    most = max(ks) if all(0 < k < vocab for k in ks) else max(CANDIDATES, *ks)
     if not whole:
         return _ranked(scaled, table, u, most)
     tokens = torch.empty(s, dtype=torch.long, device=dev)
     rows = torch.tensor(whole, device=dev)
     tokens[rows] = _inverse_cdf(_unnormalized(scaled[rows]), u[rows])
-    rows = torch.tensor(sorted(set(range(s)) - set(whole)), device=dev)
+    rows = torch.tensor(rest, device=dev)
     tokens[rows] = _ranked(scaled[rows], table[rows], u[rows], most)
     return tokens
 
@@ -59,10 +63,10 @@ def _unnormalized(scaled: torch.Tensor) -> torch.Tensor:
 
 def _ranked(scaled: torch.Tensor, table: torch.Tensor, u: torch.Tensor, most: int
             ) -> torch.Tensor:
-    """Rows under top_k and/or top_p: sorted candidates, then the whole row sorted where the
-    candidates may miss a kept token."""
+    """Rows under top_k and/or top_p: their `most` best tokens sorted, then the whole row
+    sorted where those may miss a kept token."""
     vocab = scaled.shape[1]
-    c = min(vocab, max(CANDIDATES, most))  # most: the largest top_k
+    c = min(vocab, most)
     probs, ids, covered = _filtered(scaled, table, c)
     if c < vocab and not bool(covered.all()):
         rest = (~covered).nonzero().flatten()
