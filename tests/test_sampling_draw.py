@@ -145,3 +145,20 @@ def test_batched_penalties_equal_each_rows(seed: int) -> None:
     for i in range(rows):
         want = apply_penalties(logits[i], params[i], prompts[i], outputs[i])
         assert got[i].tolist() == pytest.approx(want.tolist(), abs=1e-6)
+
+
+def test_no_row_of_a_batch_is_sampled_on_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every kind of row stays in the batched path: the one-row host sampler (the reference)
+    is never called from sample_batch."""
+    from hybrid.engine.sampling import sampler
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a row went to the host sampler")
+    monkeypatch.setattr(sampler, "sample", refuse)
+    kinds = [SamplingParams(temperature=0), SamplingParams(temperature=0.6, top_p=0.95),
+             SamplingParams(temperature=0.8, top_k=40, repetition_penalty=1.1),
+             SamplingParams(temperature=1.0, min_p=0.1, frequency_penalty=0.5),
+             SamplingParams(temperature=0.7, forced_ids=(3,), logprobs=2)]
+    logits = torch.randn(len(kinds), 64)
+    picks = sample_batch(logits, [(p, make_generator(p), [1, 2], []) for p in kinds])
+    assert len(picks) == len(kinds) and picks[4].token_id == 3
