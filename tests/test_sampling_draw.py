@@ -162,3 +162,17 @@ def test_no_row_of_a_batch_is_sampled_on_the_host(monkeypatch: pytest.MonkeyPatc
     logits = torch.randn(len(kinds), 64)
     picks = sample_batch(logits, [(p, make_generator(p), [1, 2], []) for p in kinds])
     assert len(picks) == len(kinds) and picks[4].token_id == 3
+
+
+def test_hostile_temperatures_and_nan_logits_never_fail_the_batch() -> None:
+    """A temperature that overflows float32 (1e-40) is greedy; a row of NaN logits still
+    yields an id in range; neither takes the other rows of the batch down with it."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, 80, generator=g) * 5
+    logits[3] = float("nan")
+    kinds = [SamplingParams(temperature=1e-40), SamplingParams(temperature=1e-30, top_p=0.5),
+             SamplingParams(temperature=1e30, top_k=5), SamplingParams(temperature=0.7, top_p=0.9)]
+    picks = sample_batch(logits, [(p, make_generator(p), [], []) for p in kinds])
+    assert [p.token_id for p in picks[:2]] == [int(logits[0].argmax()), int(logits[1].argmax())]
+    assert picks[2].token_id in set(logits[2].topk(5).indices.tolist())
+    assert 0 <= picks[3].token_id < 80

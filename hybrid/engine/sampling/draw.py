@@ -116,5 +116,6 @@ def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor, block: int = 256) -> torc
                              right=True).clamp_(max=block - 1).flatten()  # [R]
     kept = inner > 0
     last = torch.where(kept, torch.arange(block, device=probs.device), -1).amax(-1)  # [R]
-    col = torch.where(kept.gather(1, col[:, None]).flatten(), col, last)
+    col = torch.where(kept.gather(1, col[:, None]).flatten(), col, last.clamp(min=0))
+    # a row of NaNs (a model gone wrong) keeps none: column 0 then, never an index out of range
     return b.flatten() * block + col

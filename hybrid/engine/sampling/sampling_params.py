@@ -7,13 +7,16 @@ from dataclasses import dataclass, field
 
 from hybrid.errors import HybridError
 
+GREEDY_BELOW = 1e-5  # a temperature this small samples the argmax in all but name
+
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick each next token and when to stop.
 
-    temperature 0 is greedy. `top_k` <= 0, `top_p` 1 and `min_p` 0 disable those filters
-    (`min_p` keeps tokens at least `min_p` times as likely as the most likely one).
+    temperature 0 (or below GREEDY_BELOW) is greedy. `top_k` <= 0, `top_p` 1 and `min_p` 0
+    disable those filters (`min_p` keeps tokens at least `min_p` times as likely as the most
+    likely one).
     Penalties change the scores before temperature and filters, and in greedy mode too:
     `presence_penalty` and `frequency_penalty` (OpenAI's, -2..2) subtract `presence` once and
     `frequency` per occurrence for each token generated so far; `repetition_penalty` (vLLM's
@@ -77,7 +80,9 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0
+        """Temperatures below GREEDY_BELOW are greedy (vLLM's rule): dividing logits by them
+        would overflow float32 into a distribution of NaNs."""
+        return self.temperature < GREEDY_BELOW
 
     @property
     def has_penalties(self) -> bool:
