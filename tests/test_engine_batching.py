@@ -81,3 +81,43 @@ def test_stream_closed_early_frees_its_pages(llm: LLM) -> None:
     assert llm.worker.stats().kv_pages_used == 3  # 43 tokens in pages of 16
     stream.close()
     assert llm.worker.stats().kv_pages_used == 0 and not llm.worker.has_work
+
+
+@pytest.mark.parametrize("where", ["detokenizer", "sampling"])
+def test_one_requests_failure_fails_it_alone(llm: LLM, where: str,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request whose own token handling raises (here its detokenizer, or its sampling
+    settings) fails with the cause; the requests batched beside it get what they get alone."""
+    from hybrid.engine import outputs as engine_module
+    from hybrid.engine.scheduling.request import RequestFailed
+
+    cases = [[3, 5, 7 + i] for i in range(4)]
+    alone = [llm.generate(prompt_token_ids=[ids], sampling_params=greedy(6))[0].outputs[0]
+             for ids in cases]
+    bad = SamplingParams(temperature=0.5, max_tokens=6, ignore_eos=True, seed=1)
+    if where == "sampling":  # a draw that raises for this request's settings only
+        real = engine_module.sample_batch
+
+        def fussy(logits, rows):
+            if any(p is bad for p, *_ in rows):
+                raise RuntimeError("this request's draw failed")
+            return real(logits, rows)
+        monkeypatch.setattr(engine_module, "sample_batch", fussy)
+    events: list[list] = [[] for _ in range(5)]
+    requests = [llm._submit(ids, greedy(6), events[i].append) for i, ids in enumerate(cases)]
+    requests.append(llm._submit([3, 5, 99], bad, events[4].append))
+    if where == "detokenizer":
+        llm.worker.step()  # the prompts' step made each request's output state
+        state = llm.engine.outputs.state(requests[4])
+
+        def broken(token_id: int) -> str:
+            raise ValueError("this request's text failed")
+        monkeypatch.setattr(state.detokenizer, "push", broken)
+    while llm.worker.has_work:
+        llm.worker.step()
+    failed = [e for e in events[4] if isinstance(e, RequestFailed)]
+    assert len(failed) == 1 and "failed" in failed[0].message
+    for ref, got in zip(alone, events[:4], strict=True):
+        assert [e.token_id for e in got] == ref.token_ids
+    stats = llm.worker.stats()
+    assert stats.kv_pages_used == 0 and stats.num_failed >= 1

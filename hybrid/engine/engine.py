@@ -1,7 +1,8 @@
 """The engine: `step()` = schedule -> run one batched forward -> sample and update.
 
-Owns the scheduler, the model runner and each running request's output state (its random
-generator, incremental detokenizer and stop-string checker). It is single-threaded: the
+Owns the scheduler, the model runner and each running request's output state (outputs.py:
+its random generator, incremental detokenizer, stop strings and grammar). It is
+single-threaded: the
 `EngineWorker` wraps it with a lock and a thread for serving, and `hybrid.LLM` drives it
 directly for offline generation, so both run the same code. The split into `schedule()`,
 `execute()` and `retire()` lets the worker hold its lock only while the queues change, never
@@ -12,40 +13,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
 from hybrid.engine.config import EngineConfig
+from hybrid.engine.outputs import RequestOutputs, StepOutput
 from hybrid.engine.runner.model_runner import ModelRunner
 from hybrid.engine.runner.transformers_runner import TransformersRunner
-from hybrid.engine.sampling.grammar import GrammarVocab, Matcher, mask_logits
-from hybrid.engine.sampling.sampler import Sampled, make_generator, sample_batch
-from hybrid.engine.sampling.stop_checker import StopChecker
-from hybrid.engine.scheduling.request import Request, RequestStatus, TokenOutput
+from hybrid.engine.scheduling.request import Request, RequestStatus
 from hybrid.engine.scheduling.scheduler import ScheduledBatch, Scheduler
 from hybrid.errors import HybridError, RequestRejected
 from hybrid.model.spec_v4 import V4Spec
-from hybrid.tokenizer.detokenizer import IncrementalDetokenizer
 
 log = logging.getLogger("hybrid.engine")
-
-
-@dataclass
-class _OutputState:
-    generator: torch.Generator
-    detokenizer: IncrementalDetokenizer
-    stops: StopChecker
-    matcher: Matcher | None = None  # structured output: where the request is in its grammar
-
-
-@dataclass(frozen=True)
-class StepOutput:
-    """One request's new token from a step, and its status after that token."""
-
-    request: Request
-    token: TokenOutput
-    status: RequestStatus
 
 
 class Engine:
@@ -75,9 +56,8 @@ class Engine:
         self.scheduler.chunk_size = self.runner.chunk_size
         self.scheduler.decode_chunk_size = self.runner.decode_chunk_size
         self.scheduler.in_flight_chunk_size = self.runner.in_flight_chunk_size
-        self._outputs: dict[int, _OutputState] = {}  # id(request) -> its output state
+        self.outputs = RequestOutputs(loaded.tokenizer, loaded.spec.vocab_size)
         self._expert_layers = {"stream": 0, "cpu": 0}  # MoE layer-steps so far (/metrics)
-        self._grammar_vocab: GrammarVocab | None = None  # built on the first grammar request
 
     @property
     def expert_layer_counts(self) -> dict[str, int]:
@@ -118,7 +98,7 @@ class Engine:
     def schedule(self) -> ScheduledBatch:
         batch = self.scheduler.schedule()
         for r in batch.cancelled:
-            self._outputs.pop(id(r), None)
+            self.outputs.drop(r)
             self.runner.drop_job(r)  # before its freed pages go to anyone else
         return batch
 
@@ -138,18 +118,11 @@ class Engine:
             self.scheduler.defer(step.deferred)
         self._expert_layers["stream"] += step.streamed_layers
         self._expert_layers["cpu"] += step.cpu_layers
-        logits = step.logits  # [R, V] on the model's device
-        samplers = [c.request for c in step.completed if c.samples]
-        states = [self._state(r) for r in samplers]
-        if any(s.matcher is not None for s in states):
-            mask_logits(logits, [s.matcher for s in states])
-        picks = sample_batch(logits, [(r.params, s.generator, r.prompt_ids, r.output_ids)
-                                      for r, s in zip(samplers, states)])
-        return [self._next_token(r, s, pick) for r, s, pick in zip(samplers, states, picks)]
+        return self.outputs.step(step.logits, [c.request for c in step.completed if c.samples])
 
     def retire(self, request: Request, status: RequestStatus) -> None:
         """Finish a running request and free its pages now."""
-        self._outputs.pop(id(request), None)
+        self.outputs.drop(request)
         self.runner.drop_job(request)
         self.scheduler.finish(request, status)
 
@@ -158,46 +131,6 @@ class Engine:
         pass is lost with the step's state), for the caller to fail too."""
         self.runner.drop_job()
         return [r for r in self.scheduler.running if r.in_flight]
-
-    def _state(self, r: Request) -> _OutputState:
-        state = self._outputs.get(id(r))
-        if state is None:
-            state = self._outputs[id(r)] = _OutputState(
-                make_generator(r.params),
-                IncrementalDetokenizer(self.tokenizer, r.params.skip_special_tokens),
-                StopChecker(r.params.stop), self._matcher(r.params.grammar))
-        return state
-
-    def _matcher(self, grammar: str | None) -> Matcher | None:
-        if grammar is None:
-            return None
-        if self._grammar_vocab is None:
-            t = self.tokenizer
-            self._grammar_vocab = GrammarVocab(t.hf_json(), self.spec.vocab_size, t.eos_token_id)
-        return self._grammar_vocab.matcher(grammar)
-
-    def _next_token(self, r: Request, state: _OutputState, s: Sampled) -> StepOutput:
-        p = r.params
-        r.append(s.token_id)
-        delta = state.detokenizer.push(s.token_id)
-        finished = None
-        if (s.token_id == self.tokenizer.eos_token_id and not p.ignore_eos) \
-                or s.token_id in p.stop_token_ids:
-            finished = "stop"
-        if state.matcher is not None and (not state.matcher.accept(s.token_id)
-                                          or state.matcher.done):
-            finished = "stop"  # the structured output is complete
-        delta, hit = state.stops.feed(delta)
-        if hit:
-            finished = "stop"
-        elif r.num_output_tokens >= r.max_tokens:
-            finished = finished or "length"
-        if finished is not None and not hit:
-            delta += state.stops.feed(state.detokenizer.flush(), final=True)[0]
-        token = TokenOutput(s.token_id, delta, s.logprob, tuple(s.top_logprobs), finished,
-                            r.num_cached_tokens)
-        status = RequestStatus.RUNNING if finished is None else RequestStatus(finished)
-        return StepOutput(r, token, status)
 
 
 def _for_transformers_runner(config: EngineConfig) -> EngineConfig:

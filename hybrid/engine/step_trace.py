@@ -4,7 +4,8 @@ step that sampled it and what else ran in that step.
 A line: {"step": n, "t": seconds since the trace began, "ms": the step's time, "chunks":
 [[request id, first position, tokens, samples], ...] (decodes first, as scheduled),
 "in_flight": the request ids whose prompt chunk is passing the layers over steps after this
-one (layered_prefill.py; at most one), "sampled": [[request id, token id], ...]}. Request ids are the
+one (layered_prefill.py; at most one), "sampled": [[request id, token id (null: the request
+failed in this step)], ...]}. Request ids are the
 engine's (an API response's id, then "-" and the choice's index). Lines are written as steps
 end (line-buffered: a crashed server keeps what it wrote). Imports no torch.
 """
@@ -36,7 +37,8 @@ class StepTrace:
                 "chunks": [[c.request.request_id, c.start, len(c.token_ids), c.samples]
                            for c in batch.chunks],
                 "in_flight": [r.request_id for r in in_flight],
-                "sampled": [[o.request.request_id, o.token.token_id] for o in outputs]}
+                "sampled": [[o.request.request_id, getattr(o.token, "token_id", None)]
+                            for o in outputs]}
         self._file.write(json.dumps(line, separators=(",", ":")) + "\n")
 
     def close(self) -> None:

@@ -25,7 +25,13 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from hybrid.engine.scheduling.request import Request, RequestEvent, RequestFailed, RequestStatus
+from hybrid.engine.scheduling.request import (
+    Request,
+    RequestEvent,
+    RequestFailed,
+    RequestStatus,
+    TokenOutput,
+)
 from hybrid.errors import is_device_lost
 
 log = logging.getLogger("hybrid.engine")
@@ -184,7 +190,7 @@ class EngineWorker:
             in_flight = [r for r in self.engine.scheduler.running if r.in_flight]
             self.trace.write(batch, in_flight, outputs, seconds)
         with self._lock:  # counted before any client sees them: /health never lags a response
-            self._counts["tokens"] += len(outputs)
+            self._counts["tokens"] += sum(isinstance(o.token, TokenOutput) for o in outputs)
         for out in outputs:
             status = out.status
             if not self._emit(out.request, out.token):

@@ -1,0 +1,135 @@
+"""From a step's logits to each request's StepOutput: the grammars' masks, the batch's sampled
+tokens (sampling/sampler.py), then per request its text delta, stop strings and finish reason.
+
+Holds each running request's output state (its random generator, incremental detokenizer,
+stop-string checker and grammar matcher) from its first sampled token until it is dropped.
+A failure of one request's own (its draw, its detokenizer, grammar or stop strings) fails that
+request alone, with the cause: the others of the step go on. A lost device is never caught.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from hybrid.engine.sampling.grammar import GrammarVocab, Matcher, mask_logits
+from hybrid.engine.sampling.sampler import Sampled, make_generator, sample_batch
+from hybrid.engine.sampling.stop_checker import StopChecker
+from hybrid.engine.scheduling.request import Request, RequestFailed, RequestStatus, TokenOutput
+from hybrid.errors import is_device_lost
+from hybrid.tokenizer.detokenizer import IncrementalDetokenizer
+
+log = logging.getLogger("hybrid.engine")
+
+
+@dataclass
+class OutputState:
+    generator: torch.Generator
+    detokenizer: IncrementalDetokenizer
+    stops: StopChecker
+    matcher: Matcher | None = None  # structured output: where the request is in its grammar
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """One request's new token from a step, and its status after that token; or, status
+    FINISHED_FAILED, why the request failed in this step (the others went on)."""
+
+    request: Request
+    token: TokenOutput | RequestFailed
+    status: RequestStatus
+
+
+class RequestOutputs:
+    def __init__(self, tokenizer, vocab_size: int) -> None:
+        self.tokenizer, self.vocab_size = tokenizer, vocab_size
+        self._states: dict[int, OutputState] = {}  # id(request) -> its output state
+        self._grammar_vocab: GrammarVocab | None = None  # built on the first grammar request
+
+    def state(self, r: Request) -> OutputState:
+        state = self._states.get(id(r))
+        if state is None:
+            state = self._states[id(r)] = OutputState(
+                make_generator(r.params),
+                IncrementalDetokenizer(self.tokenizer, r.params.skip_special_tokens),
+                StopChecker(r.params.stop), self._matcher(r.params.grammar))
+        return state
+
+    def drop(self, r: Request) -> None:
+        """Forget a retired or cancelled request's state."""
+        self._states.pop(id(r), None)
+
+    def step(self, logits: torch.Tensor, requests: list[Request]) -> list[StepOutput]:
+        """logits: [R, V] on the model's device, row i for requests[i] (masked in place where a
+        request has a grammar) -> each request's StepOutput, in order."""
+        states = [self.state(r) for r in requests]
+        try:
+            picks = self._pick(logits, requests, states)
+        except Exception as e:  # one request's trouble: find it, fail it alone
+            if is_device_lost(e) or len(requests) < 2:
+                raise
+            log.warning("sampling a step's %d requests failed (%s); each alone", len(requests), e)
+            picks = [self._alone(logits[i:i + 1], r, s) for i, (r, s)
+                     in enumerate(zip(requests, states, strict=True))]
+        return [self._output(r, s, pick) for r, s, pick in zip(requests, states, picks)]
+
+    def _pick(self, logits: torch.Tensor, requests: list[Request], states: list[OutputState]
+              ) -> list[Sampled]:
+        if any(s.matcher is not None for s in states):
+            mask_logits(logits, [s.matcher for s in states])
+        return sample_batch(logits, [(r.params, s.generator, r.prompt_ids, r.output_ids)
+                                     for r, s in zip(requests, states, strict=True)])
+
+    def _alone(self, row: torch.Tensor, r: Request, s: OutputState) -> Sampled | RequestFailed:
+        try:
+            return self._pick(row, [r], [s])[0]
+        except Exception as e:
+            if is_device_lost(e):
+                raise
+            log.exception("request %s: sampling failed", r.request_id)
+            return RequestFailed(f"generation failed: {type(e).__name__}: {e}")
+
+    def _output(self, r: Request, s: OutputState, pick: Sampled | RequestFailed) -> StepOutput:
+        if isinstance(pick, RequestFailed):
+            return StepOutput(r, pick, RequestStatus.FINISHED_FAILED)
+        try:
+            return self._next_token(r, s, pick)
+        except Exception as e:
+            if is_device_lost(e):
+                raise
+            log.exception("request %s: its token %d failed", r.request_id, pick.token_id)
+            return StepOutput(r, RequestFailed(f"generation failed: {type(e).__name__}: {e}"),
+                              RequestStatus.FINISHED_FAILED)
+
+    def _matcher(self, grammar: str | None) -> Matcher | None:
+        if grammar is None:
+            return None
+        if self._grammar_vocab is None:
+            t = self.tokenizer
+            self._grammar_vocab = GrammarVocab(t.hf_json(), self.vocab_size, t.eos_token_id)
+        return self._grammar_vocab.matcher(grammar)
+
+    def _next_token(self, r: Request, state: OutputState, s: Sampled) -> StepOutput:
+        p = r.params
+        r.append(s.token_id)
+        delta = state.detokenizer.push(s.token_id)
+        finished = None
+        if (s.token_id == self.tokenizer.eos_token_id and not p.ignore_eos) \
+                or s.token_id in p.stop_token_ids:
+            finished = "stop"
+        if state.matcher is not None and (not state.matcher.accept(s.token_id)
+                                          or state.matcher.done):
+            finished = "stop"  # the structured output is complete
+        delta, hit = state.stops.feed(delta)
+        if hit:
+            finished = "stop"
+        elif r.num_output_tokens >= r.max_tokens:
+            finished = finished or "length"
+        if finished is not None and not hit:
+            delta += state.stops.feed(state.detokenizer.flush(), final=True)[0]
+        token = TokenOutput(s.token_id, delta, s.logprob, tuple(s.top_logprobs), finished,
+                            r.num_cached_tokens)
+        status = RequestStatus.RUNNING if finished is None else RequestStatus(finished)
+        return StepOutput(r, token, status)
