@@ -8,7 +8,7 @@ import torch
 
 from hybrid.engine.sampling import draw as draw_module
 from hybrid.engine.sampling.draw import draw
-from hybrid.engine.sampling.penalties import batch_penalties
+from hybrid.engine.sampling.penalties import PenaltyState, batch_penalties
 from hybrid.engine.sampling.sampler import (
     apply_penalties,
     make_generator,
@@ -141,7 +141,15 @@ def test_batched_penalties_equal_each_rows(seed: int) -> None:
                                      generator=g).tolist())
         outputs.append(torch.randint(0, vocab, (int(torch.randint(0, 12, (1,), generator=g)),),
                                      generator=g).tolist())
-    got = batch_penalties(logits, params, prompts, outputs)
+    # states grown a token at a time, as the engine's are, equal states made at once
+    grown = [PenaltyState(prompts[i], vocab, logits.device) for i in range(rows)]
+    for i, out in enumerate(outputs):
+        for n in range(len(out) + 1):
+            grown[i].sync(out[:n])
+    got = batch_penalties(logits, params, grown)
+    fresh = batch_penalties(logits, params, [PenaltyState(a, vocab, logits.device).sync(b)
+                                             for a, b in zip(prompts, outputs, strict=True)])
+    assert torch.equal(got, fresh)
     for i in range(rows):
         want = apply_penalties(logits[i], params[i], prompts[i], outputs[i])
         assert got[i].tolist() == pytest.approx(want.tolist(), abs=1e-6)

@@ -2,7 +2,8 @@
 tokens (sampling/sampler.py), then per request its text delta, stop strings and finish reason.
 
 Holds each running request's output state (its random generator, incremental detokenizer,
-stop-string checker and grammar matcher) from its first sampled token until it is dropped.
+stop-string checker, grammar matcher and penalty inputs) from its first sampled token until it
+is dropped.
 A failure of one request's own (its draw, its detokenizer, grammar or stop strings) fails that
 request alone, with the cause: the others of the step go on. A lost device is never caught.
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from hybrid.engine.sampling.grammar import GrammarVocab, Matcher, mask_logits
+from hybrid.engine.sampling.penalties import PenaltyState
 from hybrid.engine.sampling.sampler import Sampled, make_generator, sample_batch
 from hybrid.engine.sampling.stop_checker import StopChecker
 from hybrid.engine.scheduling.request import Request, RequestFailed, RequestStatus, TokenOutput
@@ -30,6 +32,7 @@ class OutputState:
     detokenizer: IncrementalDetokenizer
     stops: StopChecker
     matcher: Matcher | None = None  # structured output: where the request is in its grammar
+    penalties: PenaltyState | None = None  # made at its first sampled token, if it has any
 
 
 @dataclass(frozen=True)
@@ -79,8 +82,12 @@ class RequestOutputs:
               ) -> list[Sampled]:
         if any(s.matcher is not None for s in states):
             mask_logits(logits, [s.matcher for s in states])
+        for r, s in zip(requests, states, strict=True):
+            if s.penalties is None and r.params.has_penalties:
+                s.penalties = PenaltyState(r.prompt_ids, logits.shape[1], logits.device)
         return sample_batch(logits, [(r.params, s.generator, r.prompt_ids, r.output_ids)
-                                     for r, s in zip(requests, states, strict=True)])
+                                     for r, s in zip(requests, states, strict=True)],
+                            [s.penalties for s in states])
 
     def _alone(self, row: torch.Tensor, r: Request, s: OutputState) -> Sampled | RequestFailed:
         try:

@@ -37,35 +37,42 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt_ids: Se
     return logits
 
 
+class PenaltyState:
+    """One request's penalty inputs on the logits' device, grown by its new tokens only: which
+    tokens its prompt and output hold (`seen`, for repetition) and how often each was generated
+    (`counts`, for frequency and presence). Kept from step to step, so a long history is sent
+    to the device once, not every step."""
+
+    def __init__(self, prompt_ids: Sequence[int], vocab: int, device: torch.device) -> None:
+        self.seen = torch.zeros(vocab, dtype=torch.bool, device=device)  # [V]
+        if len(prompt_ids):
+            self.seen[torch.as_tensor(prompt_ids, dtype=torch.long).to(device)] = True
+        self.counts = torch.zeros(vocab, dtype=torch.float32, device=device)  # [V]
+        self.applied = 0  # output tokens already in seen and counts
+
+    def sync(self, output_ids: Sequence[int]) -> PenaltyState:
+        """Take in the output tokens since the last sync (usually one); -> self."""
+        if len(output_ids) > self.applied:
+            new = torch.as_tensor(output_ids[self.applied:], dtype=torch.long).to(
+                self.seen.device)  # [N]
+            self.seen[new] = True
+            # index_put_ with accumulate, not bincount: nothing is read back from a GPU
+            self.counts.index_put_((new,), torch.ones(new.shape, device=new.device),
+                                   accumulate=True)
+            self.applied = len(output_ids)
+        return self
+
+
 def batch_penalties(logits: torch.Tensor, params: Sequence[SamplingParams],
-                    prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]]
-                    ) -> torch.Tensor:
-    """logits: [P, V] float32, a row per request with penalties -> [P, V], equal to
-    apply_penalties on each row. The histories cross to the device padded, one copy each, and
-    nothing is read back (bincount would read the largest id: counts are a scatter_add)."""
-    p, vocab = logits.shape
+                    states: Sequence[PenaltyState]) -> torch.Tensor:
+    """logits: [P, V] float32, a row per request with penalties, states: theirs, synced ->
+    [P, V], equal to apply_penalties on each row."""
     dev = logits.device
     table = torch.tensor([[q.repetition_penalty, q.frequency_penalty, q.presence_penalty]
                           for q in params], dtype=logits.dtype).to(dev)  # [P, 3]
-    counts = torch.zeros(p, vocab + 1, dtype=logits.dtype, device=dev)  # column V: padding
-    out_ids = _padded(outputs, vocab).to(dev)  # [P, O]
-    counts.scatter_add_(1, out_ids, torch.ones(out_ids.shape, dtype=logits.dtype, device=dev))
-    counts = counts[:, :vocab]  # [P, V]
+    counts = torch.stack([s.counts for s in states])  # [P, V]
     if any(q.repetition_penalty != 1.0 for q in params):
-        seen = torch.zeros(p, vocab + 1, dtype=torch.bool, device=dev)
-        history = _padded([list(a) + list(b) for a, b in zip(prompts, outputs, strict=True)],
-                          vocab).to(dev)  # [P, L]
-        seen = seen.scatter_(1, history, True)[:, :vocab]  # [P, V]
+        seen = torch.stack([s.seen for s in states])  # [P, V]
         rp = table[:, :1]  # [P, 1]; 1 leaves a row as it is
         logits = torch.where(seen, torch.where(logits > 0, logits / rp, logits * rp), logits)
     return logits - table[:, 1:2] * counts - table[:, 2:3] * (counts > 0).to(logits.dtype)
-
-
-def _padded(ids: Sequence[Sequence[int]], pad: int) -> torch.Tensor:
-    """[P, max length] int64 on the host, each row's ids then `pad`."""
-    out = torch.full((len(ids), max((len(r) for r in ids), default=0) or 1), pad,
-                     dtype=torch.long)
-    for i, r in enumerate(ids):
-        if len(r):
-            out[i, :len(r)] = torch.as_tensor(r, dtype=torch.long)
-    return out

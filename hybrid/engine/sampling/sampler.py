@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from hybrid.engine.sampling.draw import draw
-from hybrid.engine.sampling.penalties import apply_penalties, batch_penalties
+from hybrid.engine.sampling.penalties import PenaltyState, apply_penalties, batch_penalties
 from hybrid.engine.sampling.sampling_params import SamplingParams
 
 # A token masked out (by a grammar) has log-probability -inf, which JSON cannot carry: reported
@@ -65,10 +65,11 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
 
 
 def sample_batch(logits: torch.Tensor, rows: Sequence[tuple[SamplingParams, torch.Generator,
-                                                          Sequence[int], Sequence[int]]]
-                 ) -> list[Sampled]:
+                                                          Sequence[int], Sequence[int]]],
+                 penalties: Sequence[PenaltyState | None] | None = None) -> list[Sampled]:
     """logits: [R, V] on the model's device; rows: (params, generator, prompt ids, output ids)
-    per row. Every row is decided on the device in one batch (penalties, batch_penalties;
+    per row; penalties: the penalized rows' states kept between steps (synced here; None: made
+    for this call). Every row is decided on the device in one batch (penalties, batch_penalties;
     then argmax, the forced token or `draw.draw`; the chosen log-probability and the top
     log-probabilities), and only those few numbers cross to the host. A sampled row takes one
     uniform from its request's generator. Equal in distribution to `sample` on each row."""
@@ -80,9 +81,10 @@ def sample_batch(logits: torch.Tensor, rows: Sequence[tuple[SamplingParams, torc
     if penalized:
         scores = x.clone()
         at = torch.tensor(penalized, device=x.device)
-        scores[at] = batch_penalties(x[at], [rows[i][0] for i in penalized],
-                                     [rows[i][2] for i in penalized],
-                                     [rows[i][3] for i in penalized])
+        states = [(penalties[i] if penalties is not None and penalties[i] is not None
+                   else PenaltyState(rows[i][2], x.shape[1], x.device)).sync(rows[i][3])
+                  for i in penalized]
+        scores[at] = batch_penalties(x[at], [rows[i][0] for i in penalized], states)
     ids = scores.argmax(dim=-1)  # [R]: greedy's pick (the lowest id among ties)
     forced = {i: p.forced_ids[len(done)] for i, (p, _, _, done) in enumerate(rows)
               if len(done) < len(p.forced_ids)}
