@@ -1,6 +1,6 @@
 """Repetition, frequency and presence penalties on the raw logits, before temperature and the
 filters (vLLM's order): `apply_penalties` on one row (the reference) and `batch_penalties` on a
-batch's penalized rows at once, on the logits' device.
+batch's penalized rows at once, on the logits' device, from each request's `PenaltyState`.
 
 Repetition (vLLM's and HF's, > 0, 1 = off) divides positive and multiplies negative logits of
 every token in the prompt or generated so far; frequency and presence (OpenAI's) subtract
