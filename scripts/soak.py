@@ -4,10 +4,11 @@
         [--minutes 10] [--seed 0] [--pid PID] [--max-replays 400] [--json OUT]
 
 Each client draws its requests from a fixed-seed mix, through the official `openai` client and
-raw HTTP: chat and completions, streaming and not, `n` > 1, stop strings, logprobs and
-top_logprobs, tools with tool_choice auto/required/named, json_schema and json_object, long and
-short prompts over a few shared prefixes (the prefix cache), 10% clients that disconnect
-mid-stream, 5% malformed or oversized bodies. Then, with the server idle, it checks and prints:
+raw HTTP: chat and completions, streaming and not, `n` > 1, seeded samples with the filters and
+penalties chat clients send, stop strings, logprobs and top_logprobs, tools with tool_choice
+auto/required/named, json_schema and json_object, long and short prompts over a few shared
+prefixes (the prefix cache), 10% clients that disconnect mid-stream, 5% malformed or oversized
+bodies. Then, with the server idle, it checks and prints:
 - no 5xx answer (4xx only for the malformed bodies);
 - every greedy request's tokens equal the same request run alone afterwards (no cross-talk
   between batched requests) or part from it only at a near-tie (`--tie` nats: how the GPU's
@@ -52,8 +53,8 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
                                                  "maximum": 99}},
           "required": ["name", "n"]}
 KINDS = (("chat", 20), ("chat_stream", 15), ("completion", 10), ("completion_stream", 10),
-         ("n_seeded", 8), ("stop", 6), ("logprobs", 8), ("tools", 8), ("schema", 5),
-         ("long", 5), ("disconnect", 10), ("malformed", 5))
+         ("n_seeded", 8), ("sampled", 6), ("stop", 6), ("logprobs", 8), ("tools", 8),
+         ("schema", 5), ("long", 5), ("disconnect", 10), ("malformed", 5))
 
 
 @dataclass
@@ -123,6 +124,13 @@ class Client:
         elif kind == "n_seeded":
             body = {**chat, "temperature": 0.9, "n": 2, "seed": r.randrange(1 << 30)}
             self._replayable(kind, "/v1/chat/completions", body, 2)
+        elif kind == "sampled":  # what chat clients send: filters and penalties, seeded
+            body = {**chat, "temperature": r.choice([0.6, 0.8, 1.0]), "top_p": 0.95,
+                    "seed": r.randrange(1 << 30), "presence_penalty": r.choice([0, 0.5]),
+                    "frequency_penalty": r.choice([0, 0.3])}
+            if r.random() < 0.5:
+                body.update(top_k=40, repetition_penalty=1.1, min_p=0.05)
+            self._replayable(kind, "/v1/chat/completions", body, 1)
         elif kind == "disconnect":
             body = {**chat, "max_tokens": 200, "stream": True}
             with self.http.stream("POST", "/v1/chat/completions", json=body) as s:
