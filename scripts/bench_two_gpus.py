@@ -85,18 +85,13 @@ def breakdown(llm, steps: int) -> dict:
     """Where one stream's decode step goes: the step with every CPU experts call answered at
     once (the GPUs, the launches and the hand-overs alone), the step without graphs, and the
     GPU kernels of eager steps (us a step, the largest first)."""
-    from profile_decode import kernel_table, skip_experts
+    from profile_decode import kernel_table
 
     from hybrid.engine.sampling.sampling_params import SamplingParams
-    from hybrid.tuning.measure import step_ms
+    from hybrid.tuning.measure import fixed_step_ms, step_ms
 
     runner = llm.engine.runner
-    r = {}
-    undo = skip_experts(llm)
-    try:
-        r["decode_ms_b1_experts_skipped"] = step_ms(llm, 1, steps)
-    finally:
-        undo()
+    r = {"decode_ms_b1_experts_skipped": fixed_step_ms(llm, 1, steps)}
     graphs, runner.graphs = runner.graphs, None
     try:
         r["decode_ms_b1_eager"] = step_ms(llm, 1, steps)

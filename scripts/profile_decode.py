@@ -27,7 +27,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -100,12 +99,6 @@ def kernel_table(llm: LLM, steps: int) -> list[tuple[str, float, int]]:
     return sorted(rows, key=lambda r: -r[1])
 
 
-def skip_experts(llm: LLM) -> Callable[[], None]:
-    """Make every CPU experts call of llm's steps return at once (whole steps: answer each flag
-    as soon as it is raised), on the graphs runner.graphs holds now; -> undo."""
-    return answer_experts_at_once(llm)
-
-
 def timeline(llm: LLM, host, steps: int) -> list[list[float]]:
     """Per MoE layer, the medians over `steps` whole steps of (us waited for the layer's
     ready flag since the last layer's done flag: the GPU's work between them and the
@@ -127,7 +120,7 @@ def profile(llm: LLM, graphs, batch: int, steps: int) -> dict:
     r["experts_us"] = clock.seconds / steps * 1e6
     r.update({f"experts_{k}": v for k, v in clock.medians_us().items()})
     clock.close()
-    undo = skip_experts(llm)
+    undo = answer_experts_at_once(llm)  # on the graphs runner.graphs holds now
     try:
         r["step_no_experts_us"] = time_steps(llm, steps) * 1e6
     finally:
