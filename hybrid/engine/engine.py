@@ -2,9 +2,8 @@
 
 Owns the scheduler, the model runner and each running request's output state (outputs.py:
 its random generator, incremental detokenizer, stop strings and grammar). It is
-single-threaded: the
-`EngineWorker` wraps it with a lock and a thread for serving, and `hybrid.LLM` drives it
-directly for offline generation, so both run the same code. The split into `schedule()`,
+single-threaded: the `EngineWorker` wraps it with a lock and a thread for serving, and
+`hybrid.LLM` drives it directly for offline generation, so both run the same code. The split into `schedule()`,
 `execute()` and `retire()` lets the worker hold its lock only while the queues change, never
 during a forward.
 """

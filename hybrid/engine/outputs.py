@@ -92,22 +92,16 @@ class RequestOutputs:
     def _alone(self, row: torch.Tensor, r: Request, s: OutputState) -> Sampled | RequestFailed:
         try:
             return self._pick(row, [r], [s])[0]
-        except Exception as e:
-            if is_device_lost(e):
-                raise
-            log.exception("request %s: sampling failed", r.request_id)
-            return RequestFailed(f"generation failed: {type(e).__name__}: {e}")
+        except Exception as e:  # noqa: BLE001 (_own_failure raises a lost device again)
+            return _own_failure(e, r, "sampling")
 
     def _output(self, r: Request, s: OutputState, pick: Sampled | RequestFailed) -> StepOutput:
         if isinstance(pick, RequestFailed):
             return StepOutput(r, pick, RequestStatus.FINISHED_FAILED)
         try:
             return self._next_token(r, s, pick)
-        except Exception as e:
-            if is_device_lost(e):
-                raise
-            log.exception("request %s: its token %d failed", r.request_id, pick.token_id)
-            return StepOutput(r, RequestFailed(f"generation failed: {type(e).__name__}: {e}"),
+        except Exception as e:  # noqa: BLE001 (_own_failure raises a lost device again)
+            return StepOutput(r, _own_failure(e, r, f"its token {pick.token_id}"),
                               RequestStatus.FINISHED_FAILED)
 
     def _matcher(self, grammar: str | None) -> Matcher | None:
@@ -140,3 +134,12 @@ class RequestOutputs:
                             r.num_cached_tokens)
         status = RequestStatus.RUNNING if finished is None else RequestStatus(finished)
         return StepOutput(r, token, status)
+
+
+def _own_failure(e: Exception, r: Request, what: str) -> RequestFailed:
+    """The failure of `r` alone, for its client; a lost device is raised again, for the
+    worker to fail everything."""
+    if is_device_lost(e):
+        raise e
+    log.exception("request %s: %s failed", r.request_id, what)
+    return RequestFailed(f"generation failed: {type(e).__name__}: {e}")

@@ -86,10 +86,10 @@ def _filtered(scaled: torch.Tensor, table: torch.Tensor, c: int
     col = torch.arange(c, device=scaled.device)[None, :]  # [1, c]
     in_k = (k == 0) | (col < k)  # [R, c]
     vals = vals.masked_fill(~in_k, -math.inf)
-    # top_p renormalizes over what min_p and top_k kept: beyond c only when top_k is off
-    beyond = scaled.logsumexp(-1) if c < scaled.shape[1] else None  # [R]
-    total = torch.where(k[:, 0] > 0, vals.logsumexp(-1), beyond) if beyond is not None \
-        else vals.logsumexp(-1)  # [R]
+    # top_p renormalizes over what min_p and top_k kept: the c tokens hold it under top_k
+    total = vals.logsumexp(-1)  # [R]
+    if c < scaled.shape[1]:  # rows without top_k: over the whole row
+        total = torch.where(k[:, 0] > 0, total, scaled.logsumexp(-1))
     probs = torch.exp(vals - total[:, None])  # [R, c]
     before = torch.cumsum(probs, -1) - probs  # the mass of the better tokens
     top_p = table[:, 3:4]
