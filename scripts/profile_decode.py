@@ -2,7 +2,8 @@
 hand-overs between them (GPU machine).
 
     python scripts/profile_decode.py [--gguf-path P | --preset v2-lite [--layers N]]
-        [--optimize-rules R] [--mode fast] [--batch 1] [--steps 64] [--json out.json]
+        [--optimize-rules R] [--mode fast] [--batch 1] [--steps 64] [--defer 1,2]
+        [--json out.json]
 
 Both kinds of decode graphs (EngineConfig.decode_graph: "layers", one graph per stretch
 between MoE layers' CPU experts; "step", the whole step in one graph) are captured and timed
@@ -17,6 +18,9 @@ in one process. Columns: the two kinds. Rows, per decode step of --batch streams
 - kernels: the GPU time of each kernel in eager steps (torch.profiler), per step;
 - whole steps' timeline: per MoE layer, the CPU's wait for the layer's rows (the GPU's work
   since the last layer's answer) and its CPU experts' time (HostExperts.timeline).
+--defer adds whole steps with expert deferral (ops.experts.set_deferral, k per run, on the
+same graphs): the step against the undeferred step's CPU experts, which is the CPU's whole work
+either way (a deferred expert is read once, one layer late), and the timeline.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from hybrid.engine.graphs import setup as graphs_setup
 from hybrid.engine.llm import LLM
 from hybrid.engine.runner import runner_start_up
 from hybrid.engine.sampling.sampling_params import SamplingParams
+from hybrid.ops.experts import set_deferral
 from hybrid.tuning.measure import answer_experts_at_once
 
 
@@ -139,6 +144,29 @@ def profile(llm: LLM, graphs, batch: int, steps: int) -> dict:
     return r
 
 
+def deferral_rows(llm: LLM, ks: list[int], steps: int) -> list[dict]:
+    """Whole-step graphs with each k of `ks` (0 first, for the rows' common reference), on
+    one capture: the step, and the per-layer timeline (its `busy` leaves out the deferred
+    experts, which run after the layer's done flag)."""
+    runner = llm.engine.runner
+    graphs = graphs_setup.capture(runner, "step")
+    runner.graphs = graphs
+    rows = []
+    for k in ks:
+        set_deferral(runner.model, k)
+        time_steps(llm, 8)
+        clock = ExpertClock()
+        step_us = time_steps(llm, steps) * 1e6
+        experts_us = clock.seconds / steps * 1e6
+        clock.close()
+        line = timeline(llm, graphs.form.host, steps)
+        rows.append({"k": k, "step_us": step_us, "experts_us": experts_us,
+                     "waited_us": sum(w for w, _ in line[1:]),
+                     "busy_us": sum(b for _, b in line), "timeline_us": line})
+    set_deferral(runner.model, 0)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gguf-path")
@@ -150,8 +178,11 @@ def main() -> int:
                     help="x of the GPU's one-token Q4_K products (default: the rules')")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--defer", default="",
+                    help="comma-separated k: whole steps with expert deferral (issue 39)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    ks = [int(k) for k in args.defer.split(",") if k.strip()]
     path = args.gguf_path or build_model(args.preset, Path(tempfile.mkdtemp()), args.layers)
     gen = 6 * args.steps + 100  # every timed step decodes
     config = EngineConfig(max_batch_size=max(args.batch, 1), chunk_size=256, prefix_cache=False,
@@ -168,6 +199,8 @@ def main() -> int:
     for kind in ("layers", "step"):
         r[kind] = profile(llm, graphs_setup.capture(runner, kind), args.batch,
                           args.steps)
+    if ks and "timeline_us" in r["step"]:  # whole steps driven in one call
+        r["deferral"] = deferral_rows(llm, [0] + [k for k in ks if k], args.steps)
     r["kernels"] = kernel_table(llm, 8)
     print(json.dumps({k: v for k, v in r.items() if k != "kernels"}, indent=1))
     if args.json:
@@ -210,10 +243,23 @@ def print_table(r: dict) -> None:
         for i, (waited, busy) in enumerate(tl):
             print(f"| {i} | {waited:.1f} | {busy:.1f} |")
         print(f"| all | {sum(w for w, _ in tl):.0f} | {sum(b for _, b in tl):.0f} |")
+    if r.get("deferral"):
+        print_deferral(r["deferral"], moe)
     print("\n| kernel (eager steps) | us per step | launches |")
     print("|---|---|---|")
     for name, us, n in r["kernels"][:18]:
         print(f"| {name} | {us:.0f} | {n} |")
+
+
+def print_deferral(rows: list[dict], moe: int) -> None:
+    base = rows[0]["experts_us"]  # k = 0: the CPU experts' whole work a step
+    print("\nwhole steps with expert deferral, us per step; the CPU's work is k=0's experts "
+          f"({base:.0f})")
+    print("| k | step | step / CPU work | CPU waited for the GPU (MoE layers 1..) | "
+          "CPU experts before done |\n|---|---|---|---|---|")
+    for d in rows:
+        print(f"| {d['k']} | {d['step_us']:.0f} ({d['step_us'] / moe:.1f}) | "
+              f"{d['step_us'] / base:.3f} | {d['waited_us']:.0f} | {d['busy_us']:.0f} |")
 
 
 if __name__ == "__main__":
