@@ -147,8 +147,10 @@ def main() -> int:
     # one stream always: its row is the main table's "decode tok/s"
     streams = sorted({1, *(int(v) for v in args.streams.split(",") if v)})
     batch = max(len(prompts), *streams, 1)
+    # room for every stream at once: a request holds whole pages (64 tokens by default);
+    # with fewer, the last streams wait for pages and the timed window is their tail alone
     config = EngineConfig(max_batch_size=batch, prefix_cache=False,
-                          cache_lens=batch * (32 + args.tokens + 16))
+                          cache_lens=batch * (32 + args.tokens + 256))
     llm = LLM(path, args.optimize_rules, engine_config=config)
     rows = [measure(llm, 0, prompts, args, None)]
     rows += [measure(llm, k, prompts, args, rows[0]) for k in ks[1:]]
