@@ -10,6 +10,10 @@ A step's last MoE layer defers nothing (no layer after it would add the sum), so
 deferred expert is counted exactly once, one layer late. Only rows [0, rows) are split (a
 step's decode rows); the others keep all K slots now and have nothing deferred.
 
+Slots whose experts are held elsewhere (a GPU's `gpu_experts`) come as negative ids, are
+computed there in their own layer and never deferred: a row defers the k lowest-weighted of
+its experts on the CPU, or all of them where it has fewer than k (none where it has none).
+
 The split is a pure function of a row's ids and weights, so a row's result never depends on
 the batch it runs in, and every driver (this module's Python `Deferral`, layer_driver's loop,
 region_driver's one region) computes the same sums in the same order: out's elements are

@@ -98,7 +98,7 @@ class ExpertsOp(nn.Module):
             self.down = ctx.weight("down_proj").get()  # [E, H, I]
         # expert deferral (cpu_kernels/runtime/deferral.py): run by the CPU experts' drivers
         self.defer_experts = int(opts.get("defer_experts", 0))
-        _check_deferral(ctx.path, self.defer_experts, self.top_k, self.backend, gpu_ids)
+        _check_deferral(ctx.path, self.defer_experts, self.top_k, self.backend)
         mask = torch.zeros(spec.num_experts, dtype=torch.bool)
         mask[gpu_ids] = True
         self.gpu_held = mask  # [E] bool: the experts held on the GPU (`gpu_experts`)
@@ -224,13 +224,14 @@ def set_deferral(model: nn.Module, k: int) -> int:
     A/B measurements within one process: the next step runs with it). -> layers set."""
     ops = [m for m in model.modules() if isinstance(m, ExpertsOp) and m.runs_on_host]
     for op in ops:
-        _check_deferral("set_deferral", k, op.top_k, op.backend,
-                        [] if op.gpu_experts is None else [0])
+        _check_deferral("set_deferral", k, op.top_k, op.backend)
         op.defer_experts = k
     return len(ops)
 
 
-def _check_deferral(path: str, k: int, top_k: int, backend: str, gpu_ids: list[int]) -> None:
+def _check_deferral(path: str, k: int, top_k: int, backend: str) -> None:
+    """Raise unless `defer_experts` k fits the layer. With `gpu_experts` a row defers among its
+    CPU experts only: the held slots reach the host as -1, which split_deferred never defers."""
     if k == 0:
         return
     if not 0 < k < top_k:
@@ -239,9 +240,6 @@ def _check_deferral(path: str, k: int, top_k: int, backend: str, gpu_ids: list[i
     if backend != "cpu":
         raise HybridError(f"{path}: defer_experts needs the experts on the CPU kernels "
                           f"(backend cpu; this layer's run in torch): drop defer_experts here")
-    if gpu_ids:
-        raise HybridError(f"{path}: defer_experts and gpu_experts do not combine yet: drop "
-                          f"one of them from the rule")
 
 
 def _pack(ctx: BuildContext, layer: int, experts) -> None:

@@ -10,7 +10,6 @@ from typing import Any
 
 import yaml
 
-from hybrid.errors import HybridError
 from hybrid.rules.plan import Plan
 
 
@@ -22,16 +21,12 @@ def experts_rule(layer: int, kwargs: dict[str, Any]) -> dict[str, Any]:
 def hot_expert_rules(plan: Plan, hot: dict[int, list[int]],
                      gpu_device: str | Mapping[int, str]) -> list[dict[str, Any]]:
     """Per tuned layer, the base placement of its experts plus `gpu_experts` on gpu_device
-    (one for all layers, or layer -> device)."""
+    (one for all layers, or layer -> device). The base's `defer_experts` stays: a decode row
+    then defers among its experts left on the CPU (cpu_kernels/runtime/deferral.py)."""
     rules = []
     for layer, ids in hot.items():
         base = plan.placements[f"model.layers.{layer}.mlp.experts"].options
-        if base.get("defer_experts"):
-            raise HybridError(f"layer {layer}'s experts defer experts (defer_experts), which "
-                              f"does not combine with hot experts yet: tune from rules "
-                              f"without it")
-        kwargs = {k: v for k, v in base.items()
-                  if k not in ("gpu_experts", "gpu_device", "defer_experts")}
+        kwargs = {k: v for k, v in base.items() if k not in ("gpu_experts", "gpu_device")}
         device = gpu_device if isinstance(gpu_device, str) else gpu_device[layer]
         rules.append(experts_rule(layer, {**kwargs, "gpu_experts": list(ids),
                                           "gpu_device": device}))

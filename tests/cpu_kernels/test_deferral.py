@@ -99,6 +99,22 @@ def layers():
 @pytest.mark.parametrize("ks,n,rows", [([1, 1, 0], 1, 1), ([2, 0, 0], 4, 4), ([1, 2, 0], 5, 3),
                                        ([0, 0, 0], 3, 3), ([1, 1, 0], 3, 0)])
 def test_every_driver_follows_the_protocol(layers, driver, ks, n, rows):
+    _drive_and_compare(layers, driver, ks, n, rows, held=0.0)
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+@pytest.mark.parametrize("ks,n,rows,held", [([1, 1, 0], 1, 1, 1.0), ([2, 2, 0], 6, 6, 0.4),
+                                            ([1, 2, 0], 5, 3, 0.6), ([2, 1, 0], 4, 4, 1.0)])
+def test_every_driver_follows_the_protocol_beside_held_experts(layers, driver, ks, n, rows,
+                                                              held):
+    """Slots held on a GPU (`gpu_experts`) reach the host as -1: a row defers among its CPU
+    experts only, fewer than k or none where it has fewer, and every driver agrees."""
+    _drive_and_compare(layers, driver, ks, n, rows, held)
+
+
+def _drive_and_compare(layers, driver, ks, n, rows, held):
+    """Two steps of `driver` against `protocol`, bit for bit; `held`: the share of slots given
+    as -1 (held elsewhere), the first row's all of them."""
     experts, placed, pool = layers
     rng = np.random.default_rng(n + 10 * rows)
     t = 8
@@ -109,7 +125,8 @@ def test_every_driver_follows_the_protocol(layers, driver, ks, n, rows):
     gpu = FakeGpu((x, ids, w, out), ready, done, poison=True)
     for seq in (1, 2):
         inputs = [(rng.standard_normal((n, H)).astype(np.float32),
-                   np.stack([rng.choice(E, K, replace=False) for _ in range(n)]),
+                   _held_off(rng, np.stack([rng.choice(E, K, replace=False) for _ in range(n)]),
+                             held),
                    rng.random((n, K)).astype(np.float32)) for _ in experts]
         gpu.start(seq, inputs)
         if driver == "python":
@@ -127,3 +144,13 @@ def test_every_driver_follows_the_protocol(layers, driver, ks, n, rows):
         got = gpu.join()
         for g, want in zip(got, protocol(experts, inputs, deferred_ks(ks), rows), strict=True):
             np.testing.assert_array_equal(g, want)
+        if held == 1.0:  # nothing on the CPU: nothing now, nothing deferred
+            assert all(not g.any() for g in got)
+
+
+def _held_off(rng, ids: np.ndarray, held: float) -> np.ndarray:
+    """ids [n, K] with a share `held` of slots -1, all of row 0's where held > 0."""
+    if held:
+        ids = np.where(rng.random(ids.shape) < held, -1, ids)
+        ids[0] = -1
+    return ids

@@ -4,7 +4,8 @@ HostExperts answers the flags from another, as it does beside a replaying CUDA g
 logits equal the step run piece by piece (DecoderProgram.run), for the one-call numba driver
 (fast experts: one parallel region a step, and the layer loop it falls back to when numba's
 team is short of its workers) and the Python loop (exact experts), with expert deferral too
-(the host computes a layer's deferred experts while the device runs on)."""
+(the host computes a layer's deferred experts while the device runs on), also beside GPU-held
+experts (`gpu_experts`: their slots reach the host as -1, never deferred)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import threading
 
 import pytest
 import torch
+import yaml
 
 from cpu_kernels.runtime.layer_driver import one_region_safe
 from hybrid.engine.config import EngineConfig
@@ -25,17 +27,23 @@ pytestmark = pytest.mark.usefixtures("wide_tiles")  # see conftest.WIDE_TILES
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="scripts/device_rules_check.py on GPUs")
-@pytest.mark.parametrize("mode,one_call,short,defer", [
-    ("fast", True, False, 0), ("fast", True, True, 0), ("exact", False, False, 0),
-    ("fast", True, False, 1), ("fast", True, True, 2), ("exact", False, False, 1)])
-def test_whole_step_equals_pieces(models, mode, one_call, short, defer, tmp_path, monkeypatch):
+@pytest.mark.parametrize("mode,one_call,short,defer,held", [
+    ("fast", True, False, 0, False), ("fast", True, True, 0, False),
+    ("exact", False, False, 0, False), ("fast", True, False, 1, False),
+    ("fast", True, True, 2, False), ("exact", False, False, 1, False),
+    ("fast", True, False, 2, True), ("exact", False, False, 1, True)])
+def test_whole_step_equals_pieces(models, mode, one_call, short, defer, held, tmp_path,
+                                  monkeypatch):
     monkeypatch.setenv("HYBRID_GPU_KERNELS_ON_CPU", "1")
     path = str(models.path("tiny-v3", "q4_k_m", "legacy"))
-    rules = str(with_deferral(str(with_experts_mode("DeepSeek-V3", mode, tmp_path)), defer,
-                              tmp_path))
-    llm = LLM(path, rules, device_map={"cuda": "cpu"},
+    rules = with_deferral(str(with_experts_mode("DeepSeek-V3", mode, tmp_path)), defer, tmp_path)
+    if held:  # half of tiny-v3's 16 routed experts on the (mapped) GPU
+        rules = _with_held(rules, list(range(0, 16, 2)), tmp_path)
+    llm = LLM(path, str(rules), device_map={"cuda": "cpu"},
               engine_config=EngineConfig(max_batch_size=2, cache_lens=256, page_size=16))
     runner = llm.engine.runner
+    assert all((op.gpu_experts is not None) == held and op.defer_experts == defer
+               for op in runner.program.moe_layers)
     program, bridge = runner.program, runner.bridge
     # two decodes of different lengths, their cache rows written by a prefill first
     prompts = ([3, 14, 15, 92, 65], [35, 89])
@@ -92,6 +100,17 @@ def test_whole_step_equals_pieces(models, mode, one_call, short, defer, tmp_path
             assert len(timeline) == len(program.moe_layers)
             assert timeline[0][0] == 0 and all(w >= 0 and b > 0 for w, b in timeline)
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def _with_held(rules, ids, folder):
+    """A copy of rule file `rules` whose experts rules hold `ids` on gpu_device cuda."""
+    edited = yaml.safe_load(rules.read_text())
+    for rule in edited:
+        if rule["replace"]["class"] == "experts":
+            rule["replace"]["kwargs"].update(gpu_experts=ids, gpu_device="cuda")
+    out = folder / f"held-{rules.name}"
+    out.write_text(yaml.safe_dump(edited, sort_keys=False))
+    return out
 
 
 def _batch(runner, chunks) -> ForwardBatch:
