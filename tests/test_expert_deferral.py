@@ -42,7 +42,7 @@ def _held_rules(path, k, held, tmp_path):
     plan = plan_model(path, str(base), check_devices=False, announce=False).plan
     layers = [int(n.split(".")[2]) for n in plan.placements if n.endswith(".mlp.experts")]
     rules = hot_expert_rules(plan, {layer: held for layer in layers}, "cpu")
-    assert [r["replace"]["kwargs"]["defer_experts"] for r in rules] == [k] * len(layers)
+    assert [r["replace"]["kwargs"].get("defer_experts", 0) for r in rules] == [k] * len(layers)
     return write_rules(base, rules, tmp_path / f"held-defer{k}-{len(held)}.yaml", "held")
 
 
