@@ -111,7 +111,8 @@ _SPECS = [
                      "defer_experts": Option(int, 0, help="expert deferral: a decoding token's "
                                              "k lowest-weighted experts join the next MoE "
                                              "layer's output, computed while the GPU runs its "
-                                             "attention (faster, approximate; CPU experts only: "
+                                             "attention (faster for one or a few streams, slower "
+                                             "for many; approximate; CPU experts only: "
                                              "with gpu_experts, among those left on the CPU)"),
                  }),
 ]

@@ -332,7 +332,8 @@ def render_table(exp: Explanation, header: str) -> str:
     for k, n in sorted(exp.deferred.items()):
         lines.append(f"expert deferral: {n} MoE layers defer the {k} lowest-weighted routed "
                      f"experts of each decoding token to the next MoE layer (the last MoE "
-                     f"layer defers none): faster decode, not exact (docs/serving.md)")
+                     f"layer defers none): faster decode of one or a few streams, slower with many, "
+                     f"not exact (docs/serving.md)")
     lines.extend(f"warning: {w}" for w in exp.warnings)
     lines.extend(f"advice: {a}" for a in exp.advice)
     lines.append(f"verdict: {'fits' if exp.fits else 'does not fit'}")
