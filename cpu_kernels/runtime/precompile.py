@@ -8,8 +8,10 @@ types and with the argument types the engine passes (the tile set of the file's 
 as the engine's pool passes it; read-only packed arrays, as the packed cache maps them;
 C-contiguous float32/int64 activations, as run_moe makes them), so each lands
 in numba's on-disk cache; the loading process waits for them before its warm-up and then reads
-them from there. The 1-token process then compiles the decode step's one-call driver
-(layer_driver.py), which links that kernel into itself, for the engine's number of layers.
+them from there. The decode step's one-call driver (layer_driver.py) for the engine's number
+of layers compiles in a process of its own, beside the 1-token kernel's: the two share
+their inner functions (each compiles them), but one after the other in one process they were
+the first start's longest wait (docs/serving.md).
 A process that fails or is stopped costs nothing but its time: the warm-up compiles whatever
 is missing itself.
 
@@ -17,9 +19,10 @@ The load-time packers (pack_kernels.py) compile the same way, one process a type
 before the plan is made (BackgroundPackers): the loader's first pack of a layer would otherwise
 compile them in the loading process, before anything else loads.
 
-    python -m cpu_kernels.runtime.precompile GATE UP DOWN TOKENS DRIVE_LAYERS TILES...
-    (ggml type ids; TOKENS 1 or MIN_TOKENS; DRIVE_LAYERS 0 for none; TILES the tile set's
-    types, holding GATE UP DOWN)
+    python -m cpu_kernels.runtime.precompile GATE UP DOWN TOKENS TILES...
+    python -m cpu_kernels.runtime.precompile driver GATE UP DOWN LAYERS TILES...
+    (ggml type ids; TOKENS 1 or MIN_TOKENS; LAYERS the driver's; TILES the tile set's types,
+    holding GATE UP DOWN)
     python -m cpu_kernels.runtime.precompile pack TYPE
 """
 
@@ -80,13 +83,15 @@ class BackgroundProcesses:
 
 
 class BackgroundCompile(BackgroundProcesses):
-    """The processes compiling one set of MoE kernels, one a token count (token_counts)."""
+    """The processes compiling one set of MoE kernels, one a token count (token_counts), and
+    one the one-call driver of `drive_layers` layers (none for 0)."""
 
     def __init__(self, types: tuple[int, int, int], tiles: tuple[int, ...],
                  drive_layers: int) -> None:
         self.types, self.tiles = types, tiles
-        super().__init__([[*map(str, types), str(n), str(drive_layers if n == 1 else 0),
-                           *map(str, tiles)] for n in token_counts(types)], timeout=600.0)
+        kernels = [[*map(str, types), str(n), *map(str, tiles)] for n in token_counts(types)]
+        driver = [["driver", *map(str, types), str(drive_layers), *map(str, tiles)]]
+        super().__init__(kernels + (driver if drive_layers else []), timeout=600.0)
 
     @classmethod
     def start(cls, types: tuple[int, int, int], tiles: tuple[int, ...] | None = None,
@@ -188,7 +193,9 @@ if __name__ == "__main__":
     if sys.argv[1] == "pack":
         compile_packer(int(sys.argv[2]))
         sys.exit(0)
-    gate, up, down, n, drive, *tile_types = (int(a) for a in sys.argv[1:])
+    if sys.argv[1] == "driver":
+        gate, up, down, num_layers, *tile_types = (int(a) for a in sys.argv[2:])
+        compile_driver((gate, up, down), tuple(tile_types), num_layers)
+        sys.exit(0)
+    gate, up, down, n, *tile_types = (int(a) for a in sys.argv[1:])
     compile_kernels((gate, up, down), n, tuple(tile_types))
-    if drive:
-        compile_driver((gate, up, down), tuple(tile_types), drive)
