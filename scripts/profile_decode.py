@@ -50,8 +50,9 @@ from hybrid.tuning.measure import answer_experts_at_once
 
 
 def start(llm: LLM, batch: int, gen: int) -> list:
-    # sampled, not greedy: a random model's greedy stream soon repeats one token, whose experts
-    # then stay in the CPU's caches and time faster than any real stream's
+    # sampled, not greedy: a random model's greedy stream soon repeats one token. Even so the
+    # V2-Lite-shaped file's experts time faster here than its streams decode (docs/serving.md,
+    # "Expert deferral"): read the step's experts from decode rates, not from this profile
     reqs = [llm._submit([1000 + 7 * i + j for j in range(32)],
                         SamplingParams(temperature=1.0, seed=i, max_tokens=gen, ignore_eos=True),
                         lambda e: None)
