@@ -91,6 +91,9 @@ def layers():
                      np.ones((1, K), np.float32), np.zeros((1, H), np.float32),
                      packed_layers(placed), 10 * SECOND, one_region=one_region,
                      deferred=np.array([1, 1, 0]), rows=1)
+    for p in placed:  # the python driver's kernel call, compiled here: not against FakeGpu's wait
+        pool.run_inline(np.zeros((1, H), np.float32), np.zeros((1, K), np.int64),
+                        np.ones((1, K), np.float32), p, np.zeros((1, H), np.float32))
     yield experts, placed, pool
     pool.close()
 
