@@ -10,8 +10,8 @@ C-contiguous float32/int64 activations, as run_moe makes them), so each lands
 in numba's on-disk cache; the loading process waits for them before its warm-up and then reads
 them from there. The decode step's one-call driver (layer_driver.py) for the engine's number
 of layers compiles in a process of its own, beside the 1-token kernel's: the two share
-their inner functions (each compiles them), but one after the other in one process they were
-the first start's longest wait (docs/serving.md).
+their inner functions (each process compiles them), so a first start waits for the longer of
+the two compiles, not for their sum.
 A process that fails or is stopped costs nothing but its time: the warm-up compiles whatever
 is missing itself.
 

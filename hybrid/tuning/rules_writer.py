@@ -26,9 +26,9 @@ def hot_expert_rules(plan: Plan, hot: dict[int, list[int]],
     rules = []
     for layer, ids in hot.items():
         base = plan.placements[f"model.layers.{layer}.mlp.experts"].options
-        # a plan's options hold every default: keep deferral only where it is on
-        kwargs = {k: v for k, v in base.items() if k not in ("gpu_experts", "gpu_device")
-                  and not (k == "defer_experts" and not v)}
+        kwargs = {k: v for k, v in base.items() if k not in ("gpu_experts", "gpu_device")}
+        if not kwargs.get("defer_experts"):  # a plan's options hold every default
+            kwargs.pop("defer_experts", None)
         device = gpu_device if isinstance(gpu_device, str) else gpu_device[layer]
         rules.append(experts_rule(layer, {**kwargs, "gpu_experts": list(ids),
                                           "gpu_device": device}))

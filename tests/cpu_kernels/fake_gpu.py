@@ -23,8 +23,7 @@ class FakeGpu:
         self.x, self.ids, self.w, self.out = buffers
         self.ready, self.done, self.poison = ready, done, poison
         # both flag functions compiled (or read from numba's cache) here, before any thread
-        # runs: a first compile inside the thread, on a loaded 2-core box, once outlasted the
-        # other side's 10 s wait for its flag
+        # runs: no compile may run inside one side while the other side's timed wait runs
         scratch = np.zeros(1, np.int64)
         set_flag(scratch, 0, 1)
         assert wait_equal(scratch, 0, 1, SECOND)
