@@ -4,11 +4,14 @@ the CPU never waits for them. Checked on an eager step with the GPU mapped onto 
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
+import torch
 import yaml
 
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.sampling.sampling_params import SamplingParams
-from hybrid.rules.planner import with_experts_mode
+from hybrid.rules.planner import with_experts_mode, with_gpu_experts
 
 
 def test_held_experts_launch_after_the_hand_over(models, tmp_path, monkeypatch) -> None:
@@ -37,3 +40,62 @@ def test_held_experts_launch_after_the_hand_over(models, tmp_path, monkeypatch) 
     llm.generate(prompt_token_ids=[[5, 6, 7, 8]], sampling_params=params)
     assert order.count("held") >= 3 * 3  # three steps, three MoE layers
     assert order == ["mark", "held"] * (len(order) // 2)  # each layer: hand-over, then held
+
+
+def test_held_experts_in_host_memory_give_the_same_tokens(models, tmp_path) -> None:
+    """`gpu_experts_memory: host` changes where the held experts' blocks lie, not the math:
+    greedy tokens and logprobs equal those of the same experts held in device memory (here
+    the GPU mapped onto the CPU, where both are host memory; tests/gpu_kernels has the CUDA
+    check)."""
+    from hybrid.engine.llm import LLM
+    from hybrid.ops.experts import ExpertsOp
+
+    path = str(models.path("tiny-v3", "q4_k_m", "legacy"))
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=0)
+    got = {}
+    for memory in ("device", "host"):
+        (tmp_path / memory).mkdir()
+        rules = with_gpu_experts("cpu", [1, 5, 9], memory, tmp_path / memory, device="cpu")
+        llm = LLM(path, str(rules), engine_config=EngineConfig(max_batch_size=2))
+        ops = [m for m in llm.engine.runner.model.modules() if isinstance(m, ExpertsOp)]
+        assert ops and all(op.gpu_experts.memory == memory for op in ops)
+        out = llm.generate(prompt_token_ids=[[5, 6, 7, 8], [9, 10]], sampling_params=params)
+        got[memory] = [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in out]
+    assert got["host"] == got["device"]
+
+
+def test_held_experts_memory_is_device_or_host(models, tmp_path) -> None:
+    from hybrid.engine.llm import LLM
+
+    path = str(models.path("tiny-v3", "q4_k_m", "legacy"))
+    rules = with_gpu_experts("cpu", [1], "disk", tmp_path, device="cpu")
+    with pytest.raises(Exception, match="gpu_experts_memory"):
+        LLM(path, str(rules), engine_config=EngineConfig(max_batch_size=1))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="page-locked memory needs CUDA")
+def test_planes_in_host_memory_are_read_in_place() -> None:
+    """The grouped launches read planes in page-locked host memory over PCIe: same result as
+    from device memory, the planes never copied to the GPU."""
+    from cpu_kernels.formats.random_blocks import random_rows
+    from gpu_kernels import qtypes as qt
+    from gpu_kernels.moe_grouped import moe_experts
+    from gpu_kernels.qformat import in_host_memory, to_planes
+
+    rng = np.random.default_rng(0)
+    experts, hidden, inter = 4, 256, 512
+
+    def planes(qtype: int, rows: int, cols: int):
+        raw = torch.from_numpy(random_rows(rng, qtype, rows, cols, 0.02)).cuda()
+        return to_planes(raw, qtype, rows, cols)
+
+    gate, up = (planes(qt.Q4_K, experts * inter, hidden) for _ in range(2))
+    down = planes(qt.Q8_0, experts * hidden, inter)
+    x = torch.randn(5, hidden, device="cuda")
+    ids = torch.tensor([[0, 2], [1, 3], [2, -1], [3, 0], [1, 1]], device="cuda")
+    w = torch.rand(5, 2, device="cuda")
+    on_host = [in_host_memory(m) for m in (gate, up, down)]
+    assert all(p.device.type == "cpu" and p.is_pinned() for m in on_host for p in m.planes)
+    want = moe_experts(x, ids, w, (gate, up), down, experts)
+    got = moe_experts(x, ids, w, tuple(on_host[:2]), on_host[2], experts)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

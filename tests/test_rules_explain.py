@@ -168,6 +168,24 @@ def test_gpu_experts_move_bytes_to_the_gpu(capsys, v3_sparse: Path) -> None:
     assert out["fits"] is False  # ~30 GiB of experts: the tool says so before any loading
 
 
+def test_gpu_experts_in_host_memory_stay_on_the_host(capsys, v3_sparse: Path,
+                                                    tmp_path: Path) -> None:
+    """`gpu_experts_memory: host`: the GPU reads the held experts over PCIe, so their bytes
+    count against the host's memory, not the GPU's."""
+    from hybrid.rules.planner import with_gpu_experts
+
+    rules = with_gpu_experts("DeepSeek-V3", list(range(8)), "host", tmp_path)
+    out = explain_json(capsys, "--gguf-path", str(v3_sparse), "--optimize-rules", str(rules),
+                       "--cache-lens", "4096", "--cpu-memory", "512GiB")
+    assert not any(g["operator"] == "experts" and g["device"] == "cuda:0"
+                   for g in out["groups"])
+    base = explain_json(capsys, "--gguf-path", str(v3_sparse), "--optimize-rules",
+                        "DeepSeek-V3", "--cache-lens", "4096", "--cpu-memory", "512GiB")
+    assert out["devices"]["cuda:0"]["weights"] == base["devices"]["cuda:0"]["weights"]
+    # the held experts' planes are about their GGUF bytes, as the packed copy is
+    assert abs(out["devices"]["cpu"]["weights"] / base["devices"]["cpu"]["weights"] - 1) < 0.01
+
+
 def test_multi_gpu_splits_layers(capsys, v3_sparse: Path) -> None:
     out = explain_json(capsys, "--gguf-path", str(v3_sparse), "--optimize-rules",
                        "DeepSeek-V3-multi-gpu", "--cpu-memory", "512GiB")

@@ -43,10 +43,18 @@ class DeviceExperts:
     elsewhere each expert dequantized on use, looped in torch."""
 
     def __init__(self, ctx: BuildContext, prefix: str, expert_ids: list[int],
-                 device: torch.device, limit: float = math.inf) -> None:
-        """limit: the SwiGLU's clamp (DeepSeek-V4; inf: none)."""
-        self.device, self.limit = device, limit
+                 device: torch.device, limit: float = math.inf, memory: str = "device") -> None:
+        """limit: the SwiGLU's clamp (DeepSeek-V4; inf: none). memory: where the blocks lie,
+        "device" or "host": page-locked host memory that the kernels on `device` read in
+        place over PCIe each step (no GPU memory; the host's memory serves PCIe beside the
+        CPU's cores, docs/serving.md). On a CPU device both are host memory."""
+        if memory not in ("device", "host"):
+            raise ValueError(f"experts' memory {memory!r}: device or host")
+        self.device, self.limit, self.memory = device, limit, memory
         self.kernels = gpu_kernels_cover(ctx, prefix, device)
+        if memory == "host" and device.type == "cuda" and not self.kernels:
+            raise ValueError(f"{prefix}: gpu_experts_memory host needs gpu_kernels for the "
+                             f"experts' types {expert_types(ctx, prefix)}; use device")
         self.slot = {e: j for j, e in enumerate(expert_ids)}
         self.local = torch.full((ctx.spec.num_experts,), -1, dtype=torch.long,
                                 device=self.device)  # global expert id -> row block here
@@ -60,10 +68,11 @@ class DeviceExperts:
             rows = np.ascontiguousarray(qt.data.reshape(qt.shape[0], -1)[expert_ids])
             raw = torch.from_numpy(rows).to(self.device)
             if self.kernels:
-                from gpu_kernels.qformat import to_planes
+                from gpu_kernels.qformat import in_host_memory, to_planes
 
                 _, r, c = qt.shape
-                self.parts.append(to_planes(raw, int(qt.qtype), len(expert_ids) * r, c))
+                planes = to_planes(raw, int(qt.qtype), len(expert_ids) * r, c)
+                self.parts.append(in_host_memory(planes) if memory == "host" else planes)
             else:
                 self.parts.append((raw, qt.qtype, qt.shape[1:]))
 

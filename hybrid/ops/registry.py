@@ -108,6 +108,11 @@ _SPECS = [
                      "mode": Option(str, "exact", ("exact", "fast"), "cpu kernel precision"),
                      "gpu_experts": Option(list, [], help="expert ids kept on gpu_device"),
                      "gpu_device": Option(str, "cuda:0", help="where gpu_experts live"),
+                     "gpu_experts_memory": Option(
+                         str, "device", ("device", "host"),
+                         "where gpu_experts' blocks lie: device (GPU memory) or host "
+                         "(page-locked; gpu_device reads them over PCIe each step, beside the "
+                         "CPU's cores reading the rest: no GPU memory)"),
                      "defer_experts": Option(int, 0, help="expert deferral: a decoding token's "
                                              "k lowest-weighted experts join the next MoE "
                                              "layer's output, computed while the GPU runs its "

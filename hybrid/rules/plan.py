@@ -166,12 +166,15 @@ def _held_as_bf16(place: Placement, infos: list) -> bool:
 
 def _split_experts(name: str, owner_path: str, place: Placement, sources: tuple[str, ...],
                    types: tuple[str, ...], nbytes: int, spec: ModelSpec) -> list[WeightItem]:
-    """Routed experts listed in `gpu_experts` live on gpu_device; the rest where the op runs."""
+    """Routed experts listed in `gpu_experts` live on gpu_device (or, with gpu_experts_memory
+    host, in the host's memory it reads over PCIe); the rest where the op runs."""
     gpu = place.options.get("gpu_experts") or []
     if place.operator != "experts" or not gpu:
         return [WeightItem(name, place.path, sources, types, nbytes, place.generate_device)]
     on_gpu = nbytes * len(set(gpu)) // spec.num_experts
+    held_in = "cpu" if place.options.get("gpu_experts_memory") == "host" \
+        else place.options["gpu_device"]
     return [
         WeightItem(name, place.path, sources, types, nbytes - on_gpu, place.generate_device),
-        WeightItem(name, place.path, sources, types, on_gpu, place.options["gpu_device"]),
+        WeightItem(name, place.path, sources, types, on_gpu, held_in),
     ]

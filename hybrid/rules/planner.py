@@ -91,6 +91,21 @@ def with_deferral(rules: str, k: int, folder: Path) -> Path:
     return _rewritten(rules, folder, f"defer{k}", edit)
 
 
+def with_gpu_experts(rules: str, ids: list[int], memory: str, folder: Path,
+                     device: str = "cuda:0") -> Path:
+    """A copy of rule file `rules` whose CPU experts rules hand experts `ids` of every layer
+    to `device` (`gpu_experts`, `gpu_device`), their blocks in `memory` (`gpu_experts_memory`:
+    device or host); no ids removes the three."""
+    def edit(cls: str, kwargs: dict) -> None:
+        if cls == "experts" and kwargs.get("backend", "cpu") == "cpu":
+            for key in ("gpu_experts", "gpu_device", "gpu_experts_memory"):
+                kwargs.pop(key, None)
+            if ids:
+                kwargs.update(gpu_experts=sorted(set(ids)), gpu_device=device,
+                              gpu_experts_memory=memory)
+    return _rewritten(rules, folder, f"held{len(ids)}-{memory}", edit)
+
+
 def with_kv_cache_dtype(rules: str, dtype: str, folder: Path) -> Path:
     """A copy of rule file `rules` whose mla_attention rules keep the KV cache in `dtype`
     ("f32" for comparisons with the CPU rules, whose cache is f32)."""
