@@ -145,12 +145,3 @@ def to_planes(raw: torch.Tensor, qtype: int, rows: int, cols: int) -> GpuQuant:
                   _f16(b, 208))
     return GpuQuant(qtype, rows, cols, tuple(p.contiguous() for p in planes))
 
-
-def in_host_memory(q: GpuQuant) -> GpuQuant:
-    """q with its planes copied into page-locked host memory, which the GPU's kernels read in
-    place over PCIe (mapped memory: one address on host and device), no GPU memory held.
-    Planes not on a CUDA device are host tensors already: q is returned unchanged."""
-    if q.planes[0].device.type != "cuda":
-        return q
-    return replace(q, planes=tuple(torch.empty(p.shape, dtype=p.dtype, pin_memory=True).copy_(p)
-                                   for p in q.planes))

@@ -1,4 +1,4 @@
-"""Routed experts the GPU reads over PCIe from page-locked host memory (`gpu_experts` with
+"""Routed experts the GPU copies over PCIe from page-locked host memory (`gpu_experts` with
 `gpu_experts_memory: host`) beside the CPU's cores reading the rest: decode and prompt rates
 against the CPU alone, one engine process per share, on one file and the same prompts.
 

@@ -4,9 +4,7 @@ the CPU never waits for them. Checked on an eager step with the GPU mapped onto 
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-import torch
 import yaml
 
 from hybrid.engine.config import EngineConfig
@@ -72,30 +70,3 @@ def test_held_experts_memory_is_device_or_host(models, tmp_path) -> None:
     with pytest.raises(Exception, match="gpu_experts_memory"):
         LLM(path, str(rules), engine_config=EngineConfig(max_batch_size=1))
 
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="page-locked memory needs CUDA")
-def test_planes_in_host_memory_are_read_in_place() -> None:
-    """The grouped launches read planes in page-locked host memory over PCIe: same result as
-    from device memory, the planes never copied to the GPU."""
-    from cpu_kernels.formats.random_blocks import random_rows
-    from gpu_kernels import qtypes as qt
-    from gpu_kernels.moe_grouped import moe_experts
-    from gpu_kernels.qformat import in_host_memory, to_planes
-
-    rng = np.random.default_rng(0)
-    experts, hidden, inter = 4, 256, 512
-
-    def planes(qtype: int, rows: int, cols: int):
-        raw = torch.from_numpy(random_rows(rng, qtype, rows, cols, 0.02)).cuda()
-        return to_planes(raw, qtype, rows, cols)
-
-    gate, up = (planes(qt.Q4_K, experts * inter, hidden) for _ in range(2))
-    down = planes(qt.Q8_0, experts * hidden, inter)
-    x = torch.randn(5, hidden, device="cuda")
-    ids = torch.tensor([[0, 2], [1, 3], [2, -1], [3, 0], [1, 1]], device="cuda")
-    w = torch.rand(5, 2, device="cuda")
-    on_host = [in_host_memory(m) for m in (gate, up, down)]
-    assert all(p.device.type == "cpu" and p.is_pinned() for m in on_host for p in m.planes)
-    want = moe_experts(x, ids, w, (gate, up), down, experts)
-    got = moe_experts(x, ids, w, tuple(on_host[:2]), on_host[2], experts)
-    torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -15,6 +15,7 @@ from hybrid.ops.weights import Weight
 if TYPE_CHECKING:
     from cpu_kernels.runtime.precompile import BackgroundPackers
     from hybrid.model.packed_cache import PackedCache
+    from hybrid.ops.device_experts import ExpertStaging
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,8 @@ class BuildContext:
     module: nn.Module  # the transformers module being replaced (on the meta device)
     packed_cache: PackedCache | None = None  # where fast mode's packed experts persist
     packers: BackgroundPackers | None = None  # fast mode's packers compiling (wait to pack)
+    # every layer's host-memory GPU experts share its device buffers (device_experts.py)
+    expert_staging: ExpertStaging | None = None
 
     @property
     def device(self) -> torch.device:

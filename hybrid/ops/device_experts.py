@@ -37,24 +37,51 @@ def gpu_kernels_cover(ctx: BuildContext, prefix: str, device: torch.device) -> b
     return all(is_supported(t) for t in expert_types(ctx, prefix))
 
 
+class ExpertStaging:
+    """One device buffer per device that every layer's host-memory experts are copied into in
+    turn (DeviceExperts memory "host"). Safe to share: the layers' copies and products run in
+    order on one stream, so a layer's products end before the next layer's copy lands. Sized
+    by every layer's `reserve` before the first `buffer`."""
+
+    def __init__(self) -> None:
+        self._need: dict[torch.device, int] = {}
+        self._buffers: dict[torch.device, torch.Tensor] = {}
+
+    def reserve(self, device: torch.device, nbytes: int) -> None:
+        if device in self._buffers and self._buffers[device].numel() < nbytes:
+            raise RuntimeError("ExpertStaging: a layer reserved after the buffer was made")
+        self._need[device] = max(self._need.get(device, 0), nbytes)
+
+    def buffer(self, device: torch.device) -> torch.Tensor:
+        """[bytes] uint8 on `device`, made on first use at the largest reservation."""
+        if device not in self._buffers:
+            self._buffers[device] = torch.empty(self._need[device], dtype=torch.uint8,
+                                                device=device)
+        return self._buffers[device]
+
+
 class DeviceExperts:
     """The GGUF blocks of the chosen experts only, on `device`. With gpu_kernels (CUDA): all
     their tokens in grouped launches on the blocks (gpu_kernels.moe_grouped), no host sync;
     elsewhere each expert dequantized on use, looped in torch."""
 
     def __init__(self, ctx: BuildContext, prefix: str, expert_ids: list[int],
-                 device: torch.device, limit: float = math.inf, memory: str = "device") -> None:
+                 device: torch.device, limit: float = math.inf, memory: str = "device",
+                 staging: ExpertStaging | None = None) -> None:
         """limit: the SwiGLU's clamp (DeepSeek-V4; inf: none). memory: where the blocks lie,
-        "device" or "host": page-locked host memory that the kernels on `device` read in
-        place over PCIe each step (no GPU memory; the host's memory serves PCIe beside the
-        CPU's cores, docs/serving.md). On a CPU device both are host memory."""
+        "device" or "host": page-locked host memory, the experts a step uses copied over PCIe
+        into `staging`'s buffer (one for all layers) before the products (no GPU memory of
+        their own; the host's memory serves PCIe beside the CPU's cores, docs/serving.md).
+        Without gpu_kernels both are the blocks on `device`."""
         if memory not in ("device", "host"):
-            raise ValueError(f"experts' memory {memory!r}: device or host")
+            raise ValueError(f"gpu_experts_memory {memory!r}: device or host")
         self.device, self.limit, self.memory = device, limit, memory
         self.kernels = gpu_kernels_cover(ctx, prefix, device)
         if memory == "host" and device.type == "cuda" and not self.kernels:
             raise ValueError(f"{prefix}: gpu_experts_memory host needs gpu_kernels for the "
                              f"experts' types {expert_types(ctx, prefix)}; use device")
+        self.layout = None  # memory host: gpu_kernels.expert_gather's HostLayout
+        self.staging = staging if staging is not None else ExpertStaging()
         self.slot = {e: j for j, e in enumerate(expert_ids)}
         self.local = torch.full((ctx.spec.num_experts,), -1, dtype=torch.long,
                                 device=self.device)  # global expert id -> row block here
@@ -68,13 +95,18 @@ class DeviceExperts:
             rows = np.ascontiguousarray(qt.data.reshape(qt.shape[0], -1)[expert_ids])
             raw = torch.from_numpy(rows).to(self.device)
             if self.kernels:
-                from gpu_kernels.qformat import in_host_memory, to_planes
+                from gpu_kernels.qformat import to_planes
 
                 _, r, c = qt.shape
-                planes = to_planes(raw, int(qt.qtype), len(expert_ids) * r, c)
-                self.parts.append(in_host_memory(planes) if memory == "host" else planes)
+                self.parts.append(to_planes(raw, int(qt.qtype), len(expert_ids) * r, c))
             else:
                 self.parts.append((raw, qt.qtype, qt.shape[1:]))
+        if memory == "host" and self.kernels:
+            from gpu_kernels.expert_gather import host_layout
+
+            self.layout = host_layout(self.parts, len(expert_ids), device)
+            self.parts = list(self.layout.parts)  # the device's planes are released
+            self.staging.reserve(device, self.layout.nbytes)
 
     def warm_up(self) -> None:
         """Compile the grouped launches' every block size (they follow the pairs per expert,
@@ -89,6 +121,18 @@ class DeviceExperts:
         for bm in TOKEN_CLASSES:
             self(x, ids, torch.zeros(1, self.top_k, device=self.device), bm=bm)
 
+    def _gathered(self, held: torch.Tensor) -> tuple:
+        """The parts over the staging buffer, the experts `held` [N, K] uses (>= 0) copied
+        there from host memory. Device ops only: a CUDA graph holds them."""
+        from gpu_kernels.expert_gather import gather_used
+
+        n = len(self.slot)
+        used = torch.zeros(n + 1, dtype=torch.int8, device=self.device)  # [E_h + 1]
+        used.index_fill_(0, torch.where(held >= 0, held, n).reshape(-1), 1)
+        buffer = self.staging.buffer(self.device)
+        gather_used(self.layout, buffer, used[:n])
+        return self.layout.views(buffer)
+
     def weights(self, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
         j = self.slot[expert]
         mats = [dequantize(raw[j], qtype, shape) for raw, qtype, shape in self.parts]
@@ -101,9 +145,9 @@ class DeviceExperts:
             from gpu_kernels import moe_grouped
 
             x, held = x.float().contiguous(), self.local[ids.long()]  # [N, H], [N, K]
-            return moe_grouped.moe_experts(x, held, weights, tuple(self.parts[:-1]),
-                                           self.parts[-1], len(self.slot), bm=bm,
-                                           limit=self.limit)
+            parts = self.parts if self.layout is None else self._gathered(held)
+            return moe_grouped.moe_experts(x, held, weights, tuple(parts[:-1]), parts[-1],
+                                           len(self.slot), bm=bm, limit=self.limit)
         out = torch.zeros(x.shape, dtype=torch.float32, device=self.device)
         for e in self.slot:
             tok, k = torch.where(ids == e)

@@ -3,10 +3,10 @@
 backend "cpu": cpu_kernels on the GGUF's own blocks (memory-mapped, never dequantized), in
 `exact` or `fast` mode. backend "torch": dequantized weights (weight_format) on the device.
 `gpu_experts` keeps those experts on `gpu_device` (device_experts.py; their blocks in its
-memory, or with `gpu_experts_memory: host` in page-locked host memory it reads over PCIe) while
-the rest run on the CPU; the two partial sums are added. `use_cpu_pool` hands the CPU part to a
-cpu_kernels MoEPool (kernel threads, NUMA groups): it then runs asynchronously, overlapping the
-gpu_experts.
+memory, or with `gpu_experts_memory: host` in page-locked host memory, the ones a step uses
+copied over PCIe) while the rest run on the CPU; the two partial sums are added.
+`use_cpu_pool` hands the CPU part to a cpu_kernels MoEPool (kernel threads, NUMA groups): it
+then runs asynchronously, overlapping the gpu_experts.
 """
 
 from __future__ import annotations
@@ -104,8 +104,8 @@ class ExpertsOp(nn.Module):
         mask[gpu_ids] = True
         self.gpu_held = mask  # [E] bool: the experts held on the GPU (`gpu_experts`)
         self.gpu_experts = DeviceExperts(ctx, p, gpu_ids, torch.device(opts["gpu_device"]),
-                                         self.swiglu_limit, opts["gpu_experts_memory"]) \
-            if gpu_ids else None
+                                         self.swiglu_limit, opts["gpu_experts_memory"],
+                                         ctx.expert_staging) if gpu_ids else None
         self._held: dict[torch.device, torch.Tensor] = {}  # gpu_held, on each ids device
         self.pool = None  # a cpu_kernels MoEPool, set by use_pool
         self.placed = None  # cpu_weights as placed on the pool's worker groups

@@ -111,8 +111,9 @@ _SPECS = [
                      "gpu_experts_memory": Option(
                          str, "device", ("device", "host"),
                          "where gpu_experts' blocks lie: device (GPU memory) or host "
-                         "(page-locked; gpu_device reads them over PCIe each step, beside the "
-                         "CPU's cores reading the rest: no GPU memory)"),
+                         "(page-locked; each step copies the ones it uses over PCIe to "
+                         "gpu_device, beside the CPU's cores reading the rest: one staging "
+                         "buffer of GPU memory for all layers)"),
                      "defer_experts": Option(int, 0, help="expert deferral: a decoding token's "
                                              "k lowest-weighted experts join the next MoE "
                                              "layer's output, computed while the GPU runs its "

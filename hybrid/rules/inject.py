@@ -14,6 +14,7 @@ from torch import nn
 
 from hybrid.model.loader import fill_weights
 from hybrid.ops.context import BuildContext
+from hybrid.ops.device_experts import ExpertStaging
 from hybrid.rules.planner import PlannedModel
 
 if TYPE_CHECKING:
@@ -48,13 +49,14 @@ def inject(planned: PlannedModel, progress: Callable[[int, int], None] | None = 
     ops.sort(key=lambda p: p.path.count("."))
     total = sum(w.nbytes for w in plan.weights)
     done = 0
+    staging = ExpertStaging()  # one device buffer for every layer's host-memory GPU experts
     replaced: list[str] = []
     for place in ops:
         if any(place.path.startswith(r + ".") for r in replaced):
             continue
         module = model.get_submodule(place.path)
         ctx = BuildContext(planned.gguf, planned.spec, place.path, place.options, module,
-                           packed_cache, packers)
+                           packed_cache, packers, staging)
         _set_submodule(model, place.path, builders[place.operator](ctx))
         replaced.append(place.path)
         done += sum(w.nbytes for w in plan.weights
