@@ -181,9 +181,18 @@ def test_gpu_experts_in_host_memory_stay_on_the_host(capsys, v3_sparse: Path,
                    for g in out["groups"])
     base = explain_json(capsys, "--gguf-path", str(v3_sparse), "--optimize-rules",
                         "DeepSeek-V3", "--cache-lens", "4096", "--cpu-memory", "512GiB")
-    assert out["devices"]["cuda:0"]["weights"] == base["devices"]["cuda:0"]["weights"]
-    # the held experts' planes are about their GGUF bytes, as the packed copy is
-    assert abs(out["devices"]["cpu"]["weights"] / base["devices"]["cpu"]["weights"] - 1) < 0.01
+    # the GPU: one staging buffer, the largest layer's held experts; the host: the CPU's packed
+    # copy of every expert and the page-locked copy of the held ones
+    held = out["host_experts"]
+    assert held["layers"] == 58
+    layer = held["staging_bytes"]["cuda:0"]
+    assert out["devices"]["cuda:0"]["weights"] == base["devices"]["cuda:0"]["weights"] + layer
+    assert abs(layer / (366.9 * GIB / 58 * 8 / 256) - 1) < 0.1  # the largest: Q6_K down
+    assert out["devices"]["cpu"]["weights"] == base["devices"]["cpu"]["weights"] + \
+        held["pinned_bytes"]
+    main(["rules", "explain", "--gguf-path", str(v3_sparse), "--optimize-rules", str(rules),
+          "--cache-lens", "4096", "--cpu-memory", "512GiB"])
+    assert "GPU experts in host memory: 58 MoE layers" in capsys.readouterr().out
 
 
 def test_multi_gpu_splits_layers(capsys, v3_sparse: Path) -> None:

@@ -50,6 +50,12 @@ def _cpu_kernels_cover(ctx: BuildContext, prefix: str) -> bool:
     return all(is_supported(t) for t in expert_types(ctx, prefix))
 
 
+# The pairs a step must hand host-memory GPU experts on average for their copy over PCIe to
+# pay: fewer, and the copy's fixed cost and the spread of the experts one token picks leave
+# the GPU's share finishing after the CPU's (docs/serving.md has the rows at 1 and 16 streams)
+MIN_HOST_PAIRS = 4
+
+
 class ExpertsOp(nn.Module):
     def __init__(self, ctx: BuildContext) -> None:
         super().__init__()
@@ -145,9 +151,14 @@ class ExpertsOp(nn.Module):
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Split a step's choices [N, K]: (ids for the host, the held experts' slots -1 so the
         CPU never reads them; weights of the held slots only, the rest 0, or None when no
-        expert is held). Device ops only: no sync, capturable."""
+        expert is held, or they lie in host memory and N * K pairs would hand them fewer than
+        MIN_HOST_PAIRS on average: the CPU, which keeps every expert, computes them). Device
+        ops only: no sync, capturable (N is the step's static row count)."""
         if self.gpu_experts is None:
             return ids, None
+        if self.gpu_experts.memory == "host" and \
+                ids.numel() * len(self.gpu_experts.slot) < MIN_HOST_PAIRS * self.num_experts:
+            return ids, None  # too few pairs to pay for their copy: the CPU computes all
         if ids.device not in self._held:
             self._held[ids.device] = self.gpu_held.to(ids.device)
         held = self._held[ids.device][ids]  # [N, K] bool

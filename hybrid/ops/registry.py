@@ -114,6 +114,12 @@ _SPECS = [
                          "(page-locked; each step copies the ones it uses over PCIe to "
                          "gpu_device, beside the CPU's cores reading the rest: one staging "
                          "buffer of GPU memory for all layers)"),
+                     "pcie_experts": Option((float, int), 0.0, help="a share of each "
+                                            "layer's experts (spread over the ids) held as "
+                                            "gpu_experts in host memory (gpu_experts_memory "
+                                            "host): steps of enough rows copy the ones they use "
+                                            "over PCIe and compute them on gpu_device beside "
+                                            "the CPU; 0: off"),
                      "defer_experts": Option(int, 0, help="expert deferral: a decoding token's "
                                              "k lowest-weighted experts join the next MoE "
                                              "layer's output, computed while the GPU runs its "

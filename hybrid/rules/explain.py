@@ -114,6 +114,9 @@ class Explanation:
     v4: bool = False
     # expert deferral (the experts' defer_experts): k -> the MoE layers that defer k experts
     deferred: dict[int, int] = field(default_factory=dict)
+    # GPU experts in host memory (gpu_experts_memory host, pcie_experts): MoE layers, the
+    # page-locked copy's bytes, the staging buffer per GPU (counted in its weights)
+    host_experts: dict[str, Any] = field(default_factory=dict)
     prefix_store: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -136,6 +139,7 @@ class Explanation:
                        for g in self.groups],
             "packed_experts": {"gguf_bytes": self.packed_from, "packed_bytes": self.packed_bytes},
             "deferred_experts": {str(k): n for k, n in self.deferred.items()},
+            "host_experts": self.host_experts,
             "warnings": self.warnings,
             "advice": self.advice,
         }
@@ -162,6 +166,9 @@ def explain(plan: Plan, spec: ModelSpec, cache_lens: int, gpu_memory: int | Mapp
         if packed is not None:  # RAM holds the packed copy; the GGUF pages are released
             packed_from, packed_bytes, held = packed_from + w.nbytes, packed_bytes + packed, packed
         devices.setdefault(w.device, DeviceTotal()).weights += held
+    staging = _host_experts_staging(plan)
+    for dev, nbytes in staging.items():  # a fixed allocation beside the weights
+        devices.setdefault(dev, DeviceTotal()).weights += nbytes
     attention: dict[str, list] = {}  # device -> its attention placements
     for place in plan.placements.values():
         if place.class_name.endswith("Attention"):
@@ -198,6 +205,11 @@ def explain(plan: Plan, spec: ModelSpec, cache_lens: int, gpu_memory: int | Mapp
     exp = Explanation(ordered, dict(sorted(devices.items())), cache_lens, kv_per_token,
                       list(plan.warnings), [], packed_from, packed_bytes, serve, not served,
                       prefix_store=store)
+    pinned = [w for w in plan.weights if w.pinned]
+    if pinned:
+        exp.host_experts = {"layers": len({w.owner for w in pinned}),
+                            "pinned_bytes": sum(w.nbytes for w in pinned),
+                            "staging_bytes": dict(staging)}
     experts = {int(path.split(".")[2]): place for path, place in plan.placements.items()
                if place.operator == "experts" and place.options.get("backend") == "cpu"}
     for layer, place in experts.items():  # the last CPU one defers nothing (deferral.py)
@@ -238,13 +250,28 @@ def _count_prefill_activations(plan: Plan, spec: ModelSpec, cache_lens: int,
         d.activations = max(0, d.prefill_chunk - CPU_CHUNK) * per_token
 
 
+def _host_experts_staging(plan) -> dict[str, int]:
+    """Per GPU, the staging buffer its host-memory experts share (ops/device_experts.py): the
+    largest layer's held planes (about their GGUF bytes)."""
+    per_layer: dict[tuple[str, str], int] = {}
+    for w in plan.weights:
+        if w.pinned:
+            key = (w.owner, plan.placements[w.owner].options["gpu_device"])
+            per_layer[key] = per_layer.get(key, 0) + w.nbytes
+    out: dict[str, int] = {}
+    for (_, dev), nbytes in per_layer.items():
+        out[dev] = max(out.get(dev, 0), nbytes)
+    return out
+
+
 def _packed_size(place, w) -> int | None:
     """Bytes of fast mode's packed copy of CPU expert weight `w`, or None where the blocks are
     read as stored (exact mode, the GPU, types without a packed layout)."""
     from cpu_kernels.fast.packed import can_pack, packed_ratio
     from cpu_kernels.formats import qtypes as qt
 
-    if place.operator != "experts" or w.device != "cpu" or place.options.get("mode") != "fast":
+    if place.operator != "experts" or w.device != "cpu" or w.pinned or \
+            place.options.get("mode") != "fast":
         return None
     ids = {name: i for i, name in qt.NAMES.items()}
     # gate and up as one parameter have two source tensors: of one type in every real mix
@@ -329,6 +356,13 @@ def render_table(exp: Explanation, header: str) -> str:
                      "GGUF blocks) is what RAM holds for them (counted above; the blocks' pages "
                      "are released), and the same bytes on disk as the packed cache "
                      "(--no-packed-cache: none)")
+    if exp.host_experts:
+        h = exp.host_experts
+        lines.append(f"GPU experts in host memory: {h['layers']} MoE layers keep a page-locked "
+                     f"copy ({gib(h['pinned_bytes'])}, counted above) of experts that steps of "
+                     f"enough rows copy over PCIe as used and compute on the GPU beside the CPU "
+                     f"(one staging buffer: " + ", ".join(
+                         f"{gib(b)} on {d}" for d, b in h["staging_bytes"].items()) + ")")
     for k, n in sorted(exp.deferred.items()):
         lines.append(f"expert deferral: {n} MoE layers defer the {k} lowest-weighted routed "
                      f"experts of each decoding token to the next MoE layer (the last MoE "

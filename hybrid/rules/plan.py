@@ -56,6 +56,7 @@ class WeightItem:
     types: tuple[str, ...]  # GGUF types of those tensors
     nbytes: int
     device: str
+    pinned: bool = False  # a page-locked copy of host-memory GPU experts (their planes)
 
 
 @dataclass
@@ -126,6 +127,16 @@ def _place(rule: Rule, path: str, module: nn.Module, device_map: Mapping[str, st
     options = spec.resolved(rule.kwargs)
     if options["prefill_device"] is None:  # every operator takes both (registry._devices)
         options["prefill_device"] = options["generate_device"]
+    share = options.get("pcie_experts") or 0
+    if rule.operator == "experts" and share:
+        where = f"{source}:{rule.line}: rule {rule.index}"
+        if not 0 < share < 1:
+            raise RuleError(f"{where}: pcie_experts is {share}; give a share in (0, 1), or 0")
+        if options.get("gpu_experts"):
+            raise RuleError(f"{where}: pcie_experts chooses the layer's gpu_experts itself; "
+                            f"give one of pcie_experts and gpu_experts")
+        options["gpu_experts"] = pcie_expert_ids(num_experts, share)
+        options["gpu_experts_memory"] = "host"
     bad = [e for e in options.get("gpu_experts", []) if e >= num_experts]
     if bad:
         raise RuleError(f"{source}:{rule.line}: rule {rule.index}: gpu_experts lists expert {bad[0]} "
@@ -133,6 +144,13 @@ def _place(rule: Rule, path: str, module: nn.Module, device_map: Mapping[str, st
     for key in [k for k in options if k.endswith("_device")]:
         options[key] = map_device(options[key], device_map)
     return Placement(path, class_name, rule.operator, options, rule)
+
+
+def pcie_expert_ids(num_experts: int, share: float) -> list[int]:
+    """`pcie_experts`' ids: round(share * E) of them (at least one), spread evenly over the
+    ids (synthetic routing is uniform; a routing profile's choice is `hybrid tune`'s)."""
+    count = max(1, round(share * num_experts))
+    return sorted({i * num_experts // count for i in range(count)})
 
 
 def _weights(model: nn.Module, spec: ModelSpec, gguf: GGUFModelFile,
@@ -166,15 +184,17 @@ def _held_as_bf16(place: Placement, infos: list) -> bool:
 
 def _split_experts(name: str, owner_path: str, place: Placement, sources: tuple[str, ...],
                    types: tuple[str, ...], nbytes: int, spec: ModelSpec) -> list[WeightItem]:
-    """Routed experts listed in `gpu_experts` live on gpu_device (or, with gpu_experts_memory
-    host, in the host's memory it reads over PCIe); the rest where the op runs."""
+    """Routed experts listed in `gpu_experts` live on gpu_device, the rest where the op runs;
+    with gpu_experts_memory host the op keeps them all and the held ones are a page-locked copy
+    more (`pinned`)."""
     gpu = place.options.get("gpu_experts") or []
     if place.operator != "experts" or not gpu:
         return [WeightItem(name, place.path, sources, types, nbytes, place.generate_device)]
     on_gpu = nbytes * len(set(gpu)) // spec.num_experts
-    held_in = "cpu" if place.options.get("gpu_experts_memory") == "host" \
-        else place.options["gpu_device"]
+    if place.options.get("gpu_experts_memory") == "host":  # the CPU's copy keeps every expert
+        return [WeightItem(name, place.path, sources, types, nbytes, place.generate_device),
+                WeightItem(name, place.path, sources, types, on_gpu, "cpu", pinned=True)]
     return [
         WeightItem(name, place.path, sources, types, nbytes - on_gpu, place.generate_device),
-        WeightItem(name, place.path, sources, types, on_gpu, held_in),
+        WeightItem(name, place.path, sources, types, on_gpu, place.options["gpu_device"]),
     ]

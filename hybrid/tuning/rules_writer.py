@@ -26,7 +26,9 @@ def hot_expert_rules(plan: Plan, hot: dict[int, list[int]],
     rules = []
     for layer, ids in hot.items():
         base = plan.placements[f"model.layers.{layer}.mlp.experts"].options
-        kwargs = {k: v for k, v in base.items() if k not in ("gpu_experts", "gpu_device")}
+        # held in GPU memory: the base's own host-memory experts (pcie_experts) give way
+        kwargs = {k: v for k, v in base.items()
+                  if k not in ("gpu_experts", "gpu_device", "pcie_experts", "gpu_experts_memory")}
         if not kwargs.get("defer_experts"):  # a plan's options hold every default
             kwargs.pop("defer_experts", None)
         device = gpu_device if isinstance(gpu_device, str) else gpu_device[layer]
