@@ -7,6 +7,10 @@
 #               --with-server --dest .llama) and times each of PEER_TRY's argument sets on one
 #               8K prompt: $OUT/tries.json names the fastest (peer_best);
 #   SIDE=peer   measures llama-server started with PEER_ARGS (that winner) into $OUT/peer.json;
+#   SIDE=both   one call: builds llama-server (beside writing the model), measures it started
+#               with PEER_ARGS (default: BASE with -b 4096 -ub 4096, the tries' winner so far),
+#               then hybrid serve with its defaults (its first start: the served one), and prints
+#               both side by side; ~9 minutes with ARGS='--ttft 512 --streams 16 --rates ,';
 #   SIDE=hybrid measures hybrid serve with its defaults, after a first start that compiles
 #               numba's and Triton's kernels, its phases timed by scripts/profile_start_up.py
 #               (the peer's rows printed beside: this machine's SIDE=peer, else a carried
@@ -44,6 +48,17 @@ case $SIDE in
       --llama-server /tmp/lcb/bin/llama-server --peer-args "${PEER_ARGS:-$BASE}" \
       --json "$OUT/peer.json" $ARGS
     cp "$OUT/peer.json" /tmp/peer.json;;  # for SIDE=hybrid on this warm machine
+  both)
+    # shellcheck disable=SC2086
+    timeout ${PEER_TIMEOUT:-150} python3 scripts/bench_serve_peer.py --gguf-path $M --only peer \
+      --logs "$OUT" --llama-server /tmp/lcb/bin/llama-server \
+      --peer-args "${PEER_ARGS:-$BASE -b 4096 -ub 4096}" --json "$OUT/peer.json" $ARGS \
+      > "$OUT/peer.log" 2>&1
+    echo "llama-server: rc $? at $(( $(date +%s) - t0 )) s"
+    # shellcheck disable=SC2086
+    python3 scripts/bench_serve_peer.py --gguf-path $M --only hybrid --peer-json "$OUT/peer.json" \
+      --logs "$OUT" --json "$OUT/both.json" $ARGS
+    ;;
   hybrid)
     if [ ! -d /tmp/first-start-done ]; then  # measured: where the first start's time goes
       timeout 300 python3 scripts/profile_start_up.py --gguf-path $M \

@@ -143,3 +143,14 @@ def test_small_steps_leave_host_memory_experts_to_the_cpu(models, tmp_path) -> N
     want = [o.outputs[0].token_ids for o in cpu.generate(prompt_token_ids=prompts,
                                                         sampling_params=params)]
     assert got == want
+
+
+def test_start_up_says_the_experts_are_in_host_memory(models, tmp_path) -> None:
+    from hybrid.engine.llm import LLM
+
+    lines = []
+    path = str(models.path("tiny-v3", "q4_k_m", "legacy"))
+    LLM(path, _pcie_rules(tmp_path, pcie_experts=0.3),
+        engine_config=EngineConfig(max_batch_size=2), status=lines.append)
+    said = [line for line in lines if line.startswith("GPU-held routed experts")]
+    assert said and "5 of 16 experts a layer in page-locked host memory" in said[0]

@@ -164,6 +164,18 @@ class ExpertsOp(nn.Module):
         held = self._held[ids.device][ids]  # [N, K] bool
         return ids.masked_fill(held, -1), weights.masked_fill(~held, 0.0)
 
+    def held_summary(self) -> str | None:
+        """What the held experts are, for the start-up's log (None: none)."""
+        g = self.gpu_experts
+        if g is None:
+            return None
+        held = f"{len(g.slot)} of {self.num_experts} experts a layer"
+        if g.memory != "host":
+            return f"{held} held on {g.device}"
+        rows = -(-MIN_HOST_PAIRS * self.num_experts // (self.top_k * len(g.slot)))
+        return (f"{held} in page-locked host memory, the ones a step uses copied over PCIe and "
+                f"computed on {g.device} in steps of {rows} or more tokens")
+
     def run_held(self, hidden: torch.Tensor, ids: torch.Tensor, held_weights: torch.Tensor
                  ) -> torch.Tensor:
         """The held experts' share of the layer's output [N, H] f32 on hidden's device, from

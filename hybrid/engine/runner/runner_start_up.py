@@ -115,6 +115,11 @@ def start_up(runner, config: EngineConfig, attention: list[MLAAttentionOp],
     if runner.in_flight_chunk_size < runner.decode_chunk_size and progress is not None:
         progress(f"while a long prompt passes the layers beside decodes, other prompts "
                  f"take up to {runner.in_flight_chunk_size} tokens a step")
+    held = [op.held_summary() for op in runner.model.modules() if isinstance(op, ExpertsOp)]
+    if progress is not None and any(held):
+        # e.g. pcie_experts (bundled V2-Lite rules): the user sees it is on, and its terms
+        progress(f"GPU-held routed experts: {next(h for h in held if h)} "
+                 f"({sum(map(bool, held))} MoE layers; gpu_experts / pcie_experts)")
     if runner.recorder is not None:
         runner.recorder.reset()  # start-up's warm-up steps are not traffic
 
