@@ -134,8 +134,9 @@ def warm_up(runner, progress: Callable[[str], None] | None = None,
     1-row one also with the CPU experts: without CUDA graphs, whose capture does that).
     Steps that stream every MoE layer's experts run first; then the steps that run the CPU
     experts, once with their routed experts left out (StepState.routed_off: their device
-    kernels compile while the CPU experts' kernels may still compile in the background),
-    then `cpu_kernels_ready`, then again with the CPU experts. Writes only the cache's
+    kernels compile while the CPU experts' kernels may still compile in the background), and
+    the GPU's own routed experts' warm-up, then `cpu_kernels_ready`, then again with the CPU
+    experts. Writes only the cache's
     scratch slot."""
     from gpu_kernels.qmatmul import TOKEN_CLASSES
     from hybrid.engine.graphs.decode_graphs import bucket_sizes
@@ -176,14 +177,16 @@ def warm_up(runner, progress: Callable[[str], None] | None = None,
             prefill(n, routed_off=True)
         for b in bucket_sizes(runner.config.max_batch_size):
             decode_step(b, routed_off=True)
+    for op in runner.model.modules():
+        # on-device and GPU-held experts: block sizes no step picks, and before the wait for
+        # the CPU's compile (the steps above left every routed expert out, held ones too)
+        if isinstance(op, ExpertsOp):
+            op.warm_up()
     cpu_kernels_ready()
     for i, n in enumerate(on_cpu, start=len(counts) - len(on_cpu)):
         if progress is not None:
             progress(f"compiling kernels: a step of {n} tokens ({i + 1}/{steps})")
         prefill(n)
-    for op in runner.model.modules():
-        if isinstance(op, ExpertsOp):  # on-device experts: block sizes no step picks
-            op.warm_up()
     if decode:
         decode_step(1)
     if runner.device.type == "cuda":
