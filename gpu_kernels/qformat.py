@@ -144,4 +144,3 @@ def to_planes(raw: torch.Tensor, qtype: int, rows: int, cols: int) -> GpuQuant:
         planes = (flat(b[..., 0:128]), flat(b[..., 128:192]), flat(b[..., 192:208]).view(torch.int8),
                   _f16(b, 208))
     return GpuQuant(qtype, rows, cols, tuple(p.contiguous() for p in planes))
-

@@ -106,7 +106,8 @@ def test_pcie_experts_hold_a_spread_share_in_host_memory(models, tmp_path) -> No
 
 @pytest.mark.parametrize("kwargs,error", [
     ({"pcie_experts": 1.0}, "share in"), ({"pcie_experts": -0.2}, "share in"),
-    ({"pcie_experts": 0.2, "gpu_experts": [1]}, "one of pcie_experts and gpu_experts")])
+    ({"pcie_experts": 0.2, "gpu_experts": [1]}, "one of pcie_experts and gpu_experts"),
+    ({"pcie_experts": 0.2, "backend": "torch"}, "needs backend cpu")])
 def test_pcie_experts_refuse_what_cannot_hold(models, tmp_path, kwargs, error) -> None:
     from hybrid.errors import HybridError
     from hybrid.rules.planner import plan_model

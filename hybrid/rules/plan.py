@@ -135,6 +135,9 @@ def _place(rule: Rule, path: str, module: nn.Module, device_map: Mapping[str, st
         if options.get("gpu_experts"):
             raise RuleError(f"{where}: pcie_experts chooses the layer's gpu_experts itself; "
                             f"give one of pcie_experts and gpu_experts")
+        if options.get("backend") != "cpu":
+            raise RuleError(f"{where}: pcie_experts shares the CPU experts' work with the GPU; "
+                            f"it needs backend cpu, not {options.get('backend')}")
         options["gpu_experts"] = pcie_expert_ids(num_experts, share)
         options["gpu_experts_memory"] = "host"
     bad = [e for e in options.get("gpu_experts", []) if e >= num_experts]

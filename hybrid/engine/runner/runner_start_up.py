@@ -136,8 +136,7 @@ def warm_up(runner, progress: Callable[[str], None] | None = None,
     experts, once with their routed experts left out (StepState.routed_off: their device
     kernels compile while the CPU experts' kernels may still compile in the background), and
     the GPU's own routed experts' warm-up, then `cpu_kernels_ready`, then again with the CPU
-    experts. Writes only the cache's
-    scratch slot."""
+    experts. Writes only the cache's scratch slot."""
     from gpu_kernels.qmatmul import TOKEN_CLASSES
     from hybrid.engine.graphs.decode_graphs import bucket_sizes
 
