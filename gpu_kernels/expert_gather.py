@@ -31,6 +31,11 @@ ALIGN = 256  # bytes: each plane starts aligned, as an allocation would
 BLOCK = 2048  # words a program copies
 
 
+class HostMemoryUnavailable(RuntimeError):
+    """The host would not page-lock the layout's bytes (its memory, or the locked-memory
+    limit): the planes cannot be read over PCIe."""
+
+
 @dataclass(frozen=True)
 class HostLayout:
     parts: tuple[GpuQuant, ...]  # the planes as views of `host`
@@ -68,13 +73,18 @@ def _views(parts, buffer: torch.Tensor, offsets) -> tuple[GpuQuant, ...]:
 
 def host_layout(parts: list[GpuQuant], experts: int, device: torch.device) -> HostLayout:
     """Copy `parts` (each [experts * R, ...] planes, on any device) into one host buffer,
-    page-locked where `device` is a GPU; `table` lives on `device`."""
+    page-locked where `device` is a GPU; `table` lives on `device`. Raises
+    HostMemoryUnavailable where the host refuses to lock it."""
     planes = [p for q in parts for p in q.planes]
     offsets, at = [], 0
     for p in planes:
         offsets.append(at)
         at += -(-_nbytes(p) // ALIGN) * ALIGN
-    host = torch.empty(at, dtype=torch.uint8, pin_memory=device.type == "cuda")
+    try:
+        host = torch.empty(at, dtype=torch.uint8, pin_memory=device.type == "cuda")
+    except RuntimeError as e:  # cudaHostAlloc's out of memory
+        raise HostMemoryUnavailable(f"{at / 2**20:.0f} MiB of page-locked host memory: "
+                                    f"{e}") from None
     for p, off in zip(planes, offsets):
         host[off:off + _nbytes(p)].copy_(p.contiguous().reshape(-1).view(torch.uint8))
     sizes = [_nbytes(p) for p in planes]

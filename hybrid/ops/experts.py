@@ -11,6 +11,7 @@ then runs asynchronously, overlapping the gpu_experts.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -30,6 +31,8 @@ from hybrid.ops.device_experts import (
 
 if TYPE_CHECKING:
     from hybrid.model.spec import ModelSpec
+
+log = logging.getLogger(__name__)
 
 
 def _quant_matrix(ctx: BuildContext, gguf_name: str, rows: slice | None = None):
@@ -109,9 +112,9 @@ class ExpertsOp(nn.Module):
         mask = torch.zeros(spec.num_experts, dtype=torch.bool)
         mask[gpu_ids] = True
         self.gpu_held = mask  # [E] bool: the experts held on the GPU (`gpu_experts`)
-        self.gpu_experts = DeviceExperts(ctx, p, gpu_ids, torch.device(opts["gpu_device"]),
-                                         self.swiglu_limit, opts["gpu_experts_memory"],
-                                         ctx.expert_staging) if gpu_ids else None
+        self.gpu_experts = _held_experts(ctx, p, gpu_ids, self.swiglu_limit)
+        if self.gpu_experts is None:
+            mask[:] = False
         self._held: dict[torch.device, torch.Tensor] = {}  # gpu_held, on each ids device
         self.pool = None  # a cpu_kernels MoEPool, set by use_pool
         self.placed = None  # cpu_weights as placed on the pool's worker groups
@@ -242,6 +245,24 @@ class ExpertsOp(nn.Module):
         res = torch_experts(hidden.to(self.device), ids.to(self.device), weights.to(self.device),
                              self.gate_up, self.down, self.swiglu_limit).to(hidden.device)
         return lambda: res
+
+
+def _held_experts(ctx: BuildContext, prefix: str, ids: list[int], limit: float
+                  ) -> DeviceExperts | None:
+    """The rule's gpu_experts, or None: none listed, or their host memory could not be
+    page-locked (a warning; the CPU, which keeps every expert, computes them: a default rule
+    file's pcie_experts never stops a start)."""
+    if not ids:
+        return None
+    from gpu_kernels.expert_gather import HostMemoryUnavailable
+
+    try:
+        return DeviceExperts(ctx, prefix, ids, torch.device(ctx.options["gpu_device"]), limit,
+                             ctx.options["gpu_experts_memory"], ctx.expert_staging)
+    except HostMemoryUnavailable as e:
+        log.warning("%s: its gpu_experts in host memory need %s; the CPU computes every expert "
+                    "of the layer (lower pcie_experts, or set it to 0)", ctx.path, e)
+        return None
 
 
 def set_deferral(model: nn.Module, k: int) -> int:

@@ -101,3 +101,36 @@ def test_engine_tokens_equal_with_held_experts_in_host_memory(models, tmp_path, 
     for (tokens, logprobs), (want_tokens, want_logprobs) in zip(got["host"], got["device"]):
         assert tokens == want_tokens
         assert logprobs == pytest.approx(want_logprobs, abs=1e-4)
+
+
+def test_a_host_that_will_not_lock_the_memory_leaves_the_experts_to_the_cpu(
+        models, tmp_path, monkeypatch, caplog) -> None:
+    """Page-locking can fail (the host's memory, its locked-memory limit): the layer warns and
+    its CPU experts compute every expert; the start goes on and the tokens are the CPU's."""
+    from gpu_kernels import expert_gather
+    from hybrid.engine.config import EngineConfig
+    from hybrid.engine.llm import LLM
+    from hybrid.engine.sampling.sampling_params import SamplingParams
+    from hybrid.ops import device_experts
+    from hybrid.ops.experts import ExpertsOp
+    from hybrid.rules.planner import with_gpu_experts
+
+    # the held experts take the kernels' path (the rest of cpu.yaml stays in torch)
+    monkeypatch.setattr(device_experts, "gpu_kernels_cover", lambda *a: True)
+
+    def refuse(*a, **k):
+        raise expert_gather.HostMemoryUnavailable("12 MiB of page-locked host memory: refused")
+    monkeypatch.setattr(expert_gather, "host_layout", refuse)
+    path = str(models.path("tiny-v3", "q4_k_m", "legacy"))
+    rules = with_gpu_experts("cpu", [1, 5, 9], "host", tmp_path, device="cpu")
+    llm = LLM(path, str(rules), engine_config=EngineConfig(max_batch_size=2))
+    ops = [m for m in llm.engine.runner.model.modules() if isinstance(m, ExpertsOp)]
+    assert ops and all(op.gpu_experts is None and not op.gpu_held.any() for op in ops)
+    assert "the CPU computes every expert" in caplog.text
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    cpu = LLM(path, "cpu", engine_config=EngineConfig(max_batch_size=2))
+    prompt = [list(range(5, 17))]
+    assert [o.outputs[0].token_ids for o in llm.generate(prompt_token_ids=prompt,
+                                                        sampling_params=params)] == \
+        [o.outputs[0].token_ids for o in cpu.generate(prompt_token_ids=prompt,
+                                                     sampling_params=params)]
