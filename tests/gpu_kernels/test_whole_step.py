@@ -5,7 +5,8 @@ logits equal the step run piece by piece (DecoderProgram.run), for the one-call 
 (fast experts: one parallel region a step, and the layer loop it falls back to when numba's
 team is short of its workers) and the Python loop (exact experts), with expert deferral too
 (the host computes a layer's deferred experts while the device runs on), also beside GPU-held
-experts (`gpu_experts`: their slots reach the host as -1, never deferred)."""
+experts (`gpu_experts`: their slots reach the host as -1, never deferred), in device memory or
+in host memory (copied into the staging buffer inside the step)."""
 
 from __future__ import annotations
 
@@ -31,19 +32,25 @@ pytestmark = pytest.mark.usefixtures("wide_tiles")  # see conftest.WIDE_TILES
     ("fast", True, False, 0, False), ("fast", True, True, 0, False),
     ("exact", False, False, 0, False), ("fast", True, False, 1, False),
     ("fast", True, True, 2, False), ("exact", False, False, 1, False),
-    ("fast", True, False, 2, True), ("exact", False, False, 1, True)])
+    ("fast", True, False, 2, "device"), ("exact", False, False, 1, "device"),
+    ("fast", True, False, 2, "host")])
 def test_whole_step_equals_pieces(models, mode, one_call, short, defer, held, tmp_path,
                                   monkeypatch):
     monkeypatch.setenv("HYBRID_GPU_KERNELS_ON_CPU", "1")
     path = str(models.path("tiny-v3", "q4_k_m", "legacy"))
     rules = with_deferral(str(with_experts_mode("DeepSeek-V3", mode, tmp_path)), defer, tmp_path)
-    if held:  # half of tiny-v3's 16 routed experts on the (mapped) GPU
-        rules = _with_held(rules, list(range(0, 16, 2)), tmp_path)
+    if held:  # half of tiny-v3's 16 routed experts on the (mapped) GPU, its memory or the host's
+        rules = _with_held(rules, list(range(0, 16, 2)), held, tmp_path)
     llm = LLM(path, str(rules), device_map={"cuda": "cpu"},
               engine_config=EngineConfig(max_batch_size=2, cache_lens=256, page_size=16))
     runner = llm.engine.runner
-    assert all((op.gpu_experts is not None) == held and op.defer_experts == defer
+    assert all((op.gpu_experts is not None) == bool(held) and op.defer_experts == defer
                for op in runner.program.moe_layers)
+    if held == "host":  # copied to the staging buffer by each step (2 rows hand them 4 pairs)
+        assert all(op.gpu_experts.layout is not None for op in runner.program.moe_layers)
+        assert all(op.hand_off(torch.zeros(2, op.top_k, dtype=torch.long),
+                               torch.ones(2, op.top_k))[1] is not None
+                   for op in runner.program.moe_layers)
     program, bridge = runner.program, runner.bridge
     # two decodes of different lengths, their cache rows written by a prefill first
     prompts = ([3, 14, 15, 92, 65], [35, 89])
@@ -102,12 +109,14 @@ def test_whole_step_equals_pieces(models, mode, one_call, short, defer, held, tm
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-def _with_held(rules, ids, folder):
-    """A copy of rule file `rules` whose experts rules hold `ids` on gpu_device cuda."""
+def _with_held(rules, ids, memory, folder):
+    """A copy of rule file `rules` whose experts rules hold `ids` on gpu_device cuda, their
+    blocks in `memory` (gpu_experts_memory)."""
     edited = yaml.safe_load(rules.read_text())
     for rule in edited:
         if rule["replace"]["class"] == "experts":
-            rule["replace"]["kwargs"].update(gpu_experts=ids, gpu_device="cuda")
+            rule["replace"]["kwargs"].update(gpu_experts=ids, gpu_device="cuda",
+                                             gpu_experts_memory=memory)
     out = folder / f"held-{rules.name}"
     out.write_text(yaml.safe_dump(edited, sort_keys=False))
     return out
