@@ -2,20 +2,19 @@
 `gpu_experts_memory: host`) beside the CPU's cores reading the rest: decode and prompt rates
 against the CPU alone, one engine process per share, on one file and the same prompts.
 
-The host's memory serves ~48-52 GB/s to PCIe while the cores still read ~84
-(scripts/probe_dram_share.py), so a decode step whose used experts are split between the two
-reads them sooner; which experts the GPU takes is fixed per layer (every 1/share-th id), so
-nothing is chosen on the device and a whole-step CUDA graph holds the step as with experts
-held in GPU memory.
+The host's memory serves PCIe beside the cores (docs/serving.md, scripts/probe_dram_share.py),
+so a decode step whose used experts are split between the two reads them sooner. Which experts
+the GPU takes is fixed per layer (rules.plan.pcie_expert_ids), so nothing is chosen on the
+device and a whole-step CUDA graph holds the step as with experts held in GPU memory.
 
     python scripts/bench_pcie_experts.py --gguf-path v2-lite-q4_k_m.gguf \\
         --optimize-rules DeepSeek-V2-Lite --shares 0,0.2,0.3 [--memory host] \\
         [--streams 1,16] [--ttft 512,2048] [--tokens 64] [--repeats 3] [--json out.json]
 
 Rows per share: decode tok/s of one sampled stream and of each --streams count at once
-(median of --repeats), TTFT of each --ttft prompt length (median of 3 fresh prompts), the
+(median of --repeats), TTFT of each --ttft prompt length (median of 3), the
 greedy tokens' agreement with share 0's (the GPU's products round differently from the CPU's),
-and the start-up's own decode step. Prints a markdown table last.
+and the engine's start-up seconds. Prints a markdown table last.
 """
 
 from __future__ import annotations
@@ -34,27 +33,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench_e2e import prefill
 from deferral_accuracy import batch_rate, corpus, decode_rate, greedy
 
 
-def held_ids(num_experts: int, share: float) -> list[int]:
-    """Every 1/share-th expert id: round(share * E) ids spread over the layer."""
-    count = round(share * num_experts)
-    return sorted({int(i) for i in np.linspace(0, num_experts, count, endpoint=False)})
-
-
-def ttft(llm, length: int, vocab: int, seed: int) -> float:
-    from hybrid import SamplingParams
-
-    rng = np.random.default_rng(seed)
-    times = []
-    for _ in range(3):  # fresh prompts: no prefix reuse
-        prompt = rng.integers(1000, vocab - 1000, length).tolist()
-        t = time.perf_counter()
-        llm.generate(prompt_token_ids=[prompt],
-                     sampling_params=SamplingParams(temperature=0, max_tokens=1))
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+def ttft(llm, length: int) -> float:
+    """Median of 3 prompts of `length` tokens (bench_e2e.prefill; the engine caches no prefix)."""
+    return statistics.median(prefill(llm, length)["ttft_s"] for _ in range(3))
 
 
 def one(args) -> dict:
@@ -62,10 +47,11 @@ def one(args) -> dict:
     from hybrid import LLM
     from hybrid.engine.config import EngineConfig
     from hybrid.model.loader import open_model
+    from hybrid.rules.plan import pcie_expert_ids
     from hybrid.rules.planner import with_gpu_experts
 
     spec = open_model(args.gguf_path)[1]
-    ids = held_ids(spec.num_experts, args.share)
+    ids = pcie_expert_ids(spec.num_experts, args.share) if args.share else []
     rules = str(with_gpu_experts(args.optimize_rules, ids, args.memory, Path(tempfile.mkdtemp()),
                                  args.gpu_device)) if ids else args.optimize_rules
     streams = [int(v) for v in args.streams.split(",") if v]
@@ -86,7 +72,7 @@ def one(args) -> dict:
         row[f"decode_x{s}"] = statistics.median(rates)
         row[f"decode_x{s}_samples"] = rates
     for n in _ints(args.ttft):
-        row[f"ttft_{n}"] = ttft(llm, n, spec.vocab_size, n)
+        row[f"ttft_{n}"] = ttft(llm, n)
     return row
 
 
