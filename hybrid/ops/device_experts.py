@@ -81,6 +81,7 @@ class DeviceExperts:
             raise ValueError(f"{prefix}: gpu_experts_memory host needs gpu_kernels for the "
                              f"experts' types {expert_types(ctx, prefix)}; use device")
         self.layout = None  # memory host: gpu_kernels.expert_gather's HostLayout
+        self._staged = None  # memory host: the parts over the staging buffer, made once
         self.staging = staging if staging is not None else ExpertStaging()
         self.slot = {e: j for j, e in enumerate(expert_ids)}
         self.local = torch.full((ctx.spec.num_experts,), -1, dtype=torch.long,
@@ -131,7 +132,9 @@ class DeviceExperts:
         used.index_fill_(0, torch.where(held >= 0, held, n).reshape(-1), 1)
         buffer = self.staging.buffer(self.device)
         gather_used(self.layout, buffer, used[:n])
-        return self.layout.views(buffer)
+        if self._staged is None:
+            self._staged = self.layout.views(buffer)
+        return self._staged
 
     def weights(self, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
         j = self.slot[expert]

@@ -115,6 +115,10 @@ class ExpertsOp(nn.Module):
         self.gpu_experts = _held_experts(ctx, p, gpu_ids, self.swiglu_limit)
         if self.gpu_experts is None:
             mask[:] = False
+        # host-memory held experts: the fewest rows a step hands them (rows * K * held >=
+        # MIN_HOST_PAIRS * E); 0 where every step does
+        self.host_min_rows = 0 if self.gpu_experts is None or self.gpu_experts.memory != "host" \
+            else -(-MIN_HOST_PAIRS * self.num_experts // (self.top_k * len(gpu_ids)))
         self._held: dict[torch.device, torch.Tensor] = {}  # gpu_held, on each ids device
         self.pool = None  # a cpu_kernels MoEPool, set by use_pool
         self.placed = None  # cpu_weights as placed on the pool's worker groups
@@ -159,8 +163,7 @@ class ExpertsOp(nn.Module):
         ops only: no sync, capturable (N is the step's static row count)."""
         if self.gpu_experts is None:
             return ids, None
-        if self.gpu_experts.memory == "host" and \
-                ids.numel() * len(self.gpu_experts.slot) < MIN_HOST_PAIRS * self.num_experts:
+        if ids.shape[0] < self.host_min_rows:
             return ids, None  # too few pairs to pay for their copy: the CPU computes all
         if ids.device not in self._held:
             self._held[ids.device] = self.gpu_held.to(ids.device)
@@ -175,9 +178,8 @@ class ExpertsOp(nn.Module):
         held = f"{len(g.slot)} of {self.num_experts} experts a layer"
         if g.memory != "host":
             return f"{held} held on {g.device}"
-        rows = -(-MIN_HOST_PAIRS * self.num_experts // (self.top_k * len(g.slot)))
         return (f"{held} in page-locked host memory, the ones a step uses copied over PCIe and "
-                f"computed on {g.device} in steps of {rows} or more tokens")
+                f"computed on {g.device} in steps of {self.host_min_rows} or more tokens")
 
     def run_held(self, hidden: torch.Tensor, ids: torch.Tensor, held_weights: torch.Tensor
                  ) -> torch.Tensor:
