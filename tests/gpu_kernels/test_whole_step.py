@@ -14,7 +14,6 @@ import threading
 
 import pytest
 import torch
-import yaml
 
 from cpu_kernels.runtime.layer_driver import one_region_safe
 from hybrid.engine.config import EngineConfig
@@ -22,7 +21,7 @@ from hybrid.engine.llm import LLM
 from hybrid.engine.step.decoder import StepState
 from hybrid.engine.step.forward_batch import ForwardBatch
 from hybrid.engine.step.host_experts import HostExperts
-from hybrid.rules.planner import with_deferral, with_experts_mode
+from hybrid.rules.planner import with_deferral, with_experts_mode, with_gpu_experts
 
 pytestmark = pytest.mark.usefixtures("wide_tiles")  # see conftest.WIDE_TILES
 
@@ -40,7 +39,7 @@ def test_whole_step_equals_pieces(models, mode, one_call, short, defer, held, tm
     path = str(models.path("tiny-v3", "q4_k_m", "legacy"))
     rules = with_deferral(str(with_experts_mode("DeepSeek-V3", mode, tmp_path)), defer, tmp_path)
     if held:  # half of tiny-v3's 16 routed experts on the (mapped) GPU, its memory or the host's
-        rules = _with_held(rules, list(range(0, 16, 2)), held, tmp_path)
+        rules = with_gpu_experts(str(rules), list(range(0, 16, 2)), held, tmp_path, "cuda")
     llm = LLM(path, str(rules), device_map={"cuda": "cpu"},
               engine_config=EngineConfig(max_batch_size=2, cache_lens=256, page_size=16))
     runner = llm.engine.runner
@@ -107,19 +106,6 @@ def test_whole_step_equals_pieces(models, mode, one_call, short, defer, held, tm
             assert len(timeline) == len(program.moe_layers)
             assert timeline[0][0] == 0 and all(w >= 0 and b > 0 for w, b in timeline)
         torch.testing.assert_close(got, want, rtol=0, atol=0)
-
-
-def _with_held(rules, ids, memory, folder):
-    """A copy of rule file `rules` whose experts rules hold `ids` on gpu_device cuda, their
-    blocks in `memory` (gpu_experts_memory)."""
-    edited = yaml.safe_load(rules.read_text())
-    for rule in edited:
-        if rule["replace"]["class"] == "experts":
-            rule["replace"]["kwargs"].update(gpu_experts=ids, gpu_device="cuda",
-                                             gpu_experts_memory=memory)
-    out = folder / f"held-{rules.name}"
-    out.write_text(yaml.safe_dump(edited, sort_keys=False))
-    return out
 
 
 def _batch(runner, chunks) -> ForwardBatch:
