@@ -2,10 +2,14 @@
 # On the GPU machine (carry .whl, as device_served.sh): where a first and a second start of
 # `hybrid serve` go, phase by phase (scripts/profile_start_up.py), on the V2-Lite-shaped
 # Q4_K_M file with the bundled rules and the defaults; then, with AFTER set, that command
-# (e.g. AFTER='timeout 380 python3 scripts/device_rules_check.py').
+# (e.g. AFTER='timeout 380 python3 scripts/device_rules_check.py'). First the compile-ahead
+# tests, which need the GPU (Triton's JIT hooks), in a cache of their own.
 set -uo pipefail
 source scripts/device_common.sh
 t0=$(date +%s)
+python3 -c "import triton, torch; print('triton', triton.__version__, 'torch', torch.__version__)"
+TRITON_CACHE_DIR=/tmp/triton-tests python3 -m pytest -q -p no:cacheprovider \
+  tests/gpu_kernels/test_compile_ahead.py 2>&1 | tail -3
 v2_lite_model
 echo "make-model: $(( $(date +%s) - t0 )) s"
 for start in first second; do

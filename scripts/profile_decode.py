@@ -43,7 +43,7 @@ from bench_e2e import ExpertClock, build_model, rules_with_mode
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.graphs import setup as graphs_setup
 from hybrid.engine.llm import LLM
-from hybrid.engine.runner import runner_start_up
+from hybrid.engine.runner import warm_up as runner_warm_up
 from hybrid.engine.sampling.sampling_params import SamplingParams
 from hybrid.ops.experts import set_deferral
 from hybrid.tuning.measure import answer_experts_at_once
@@ -197,7 +197,7 @@ def main() -> int:
     if not runner.program.can_capture or runner.device.type != "cuda":
         print("no CUDA graphs for this model and rules: nothing to profile")
         return 1
-    runner_start_up.warm_up(runner)
+    runner_warm_up.warm_up(runner)
     r: dict = {"model": Path(path).name, "batch": args.batch,
                "moe_layers": len(runner.program.moe_layers)}
     start(llm, args.batch, gen)

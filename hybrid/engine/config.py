@@ -55,6 +55,9 @@ class EngineConfig:
     page_size: int = setting(64, help="tokens per KV cache page")
     cpu_threads: int | None = setting(
         None, help="threads of the CPU expert kernels (default: physical cores minus one)")
+    compile_threads: int | None = setting(
+        None, help="threads compiling the GPU's Triton kernels at start-up, side by side "
+                   "(default: one a core; 1: each as a warm-up step first launches it)")
     cuda_graphs: bool = setting(
         True, flag="--no-cuda-graph",
         help="run decode steps eagerly instead of replaying CUDA graphs captured at start-up "
@@ -125,6 +128,9 @@ class EngineConfig:
             parse_device_map(self.device_map)  # a bad map fails here, before any loading
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise HybridError(f"cpu_threads must be at least 1, got {self.cpu_threads}")
+        if self.compile_threads is not None and self.compile_threads < 1:
+            raise HybridError(f"compile_threads must be at least 1, got "
+                              f"{self.compile_threads}")
 
     @property
     def prompt_share(self) -> float:

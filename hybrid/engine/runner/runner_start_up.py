@@ -3,8 +3,8 @@ first request (model_runner.py holds the buffers and runs the steps). Each funct
 ModelRunner being started (untyped here: this module sits below it, no import back up).
 
 Order matters: the prompt chunk is chosen after the weights and the KV cache took their memory;
-the streamed experts' buffers and grouped launches come before the warm-up, whose long steps
-stream as served ones do; the decode graphs are captured after every kernel compiled (their
+the streamed experts' buffers come before the warm-up (warm_up.py), whose long steps stream as
+served ones do; the decode graphs are captured after every kernel compiled (their
 form timed first where the config leaves it open, graphs/choice.py); the streamed-vs-CPU cost
 model is measured last, on the warm kernels, and the chunk sizes beside decodes follow from it.
 """
@@ -25,8 +25,8 @@ from hybrid.engine.prefill.prefill_chunk import (
     choose_decode_chunk_size,
     choose_in_flight_chunk_size,
 )
-from hybrid.engine.step.decoder import DecoderProgram, StepState
-from hybrid.engine.step.forward_batch import ForwardBatch, StepLayout
+from hybrid.engine.runner.warm_up import compile_threads, warm_up
+from hybrid.engine.step.decoder import DecoderProgram
 from hybrid.engine.step.routing_recorder import RoutingRecorder
 from hybrid.errors import HybridError
 from hybrid.model.activations import ModelShapes, activation_bytes_per_token, choose_chunk_size
@@ -81,18 +81,18 @@ def start_up(runner, config: EngineConfig, attention: list[MLAAttentionOp],
                                               runner.page_size, runner.max_pages)
     runner.stream = prefill_setup.build_stream(runner.program.moe_layers, config, runner.device)
     runner.program.stream = runner.stream
-    if runner.stream is not None:  # its grouped launches first: warm-up steps stream
-        prefill_setup.warm_up(runner.stream, runner.program.moe_layers[0], hf.hidden_size)
     form = decode_graphs_setup.graph_form(runner, config.decode_graph, progress)
+    threads = compile_threads(config.compile_threads)
     if config.cuda_graphs and form is not None:
-        warm_up(runner, progress, cpu_kernels_ready=cpu_kernels_ready)
+        warm_up(runner, progress, cpu_kernels_ready=cpu_kernels_ready, threads=threads)
         runner.decode_graph = form
         if runner.decode_graph == "auto":
             runner.decode_graph, runner.layered.decode_ms = decode_graphs_setup.measure(runner,
                                                                                   progress)
         runner.graphs = decode_graphs_setup.capture(runner, runner.decode_graph, progress)
     elif runner.device.type == "cuda":
-        warm_up(runner, progress, decode=True, cpu_kernels_ready=cpu_kernels_ready)
+        warm_up(runner, progress, decode=True, cpu_kernels_ready=cpu_kernels_ready,
+                threads=threads)
     cpu_kernels_ready()  # before serving, wherever no warm-up step ran the CPU experts
     runner.placement = prefill_setup.placement(runner.stream, runner.program.moe_layers, config,
                                              hf.hidden_size, progress, runner.chunk_size)
@@ -122,74 +122,6 @@ def start_up(runner, config: EngineConfig, attention: list[MLAAttentionOp],
                  f"({sum(map(bool, held))} MoE layers; gpu_experts / pcie_experts)")
     if runner.recorder is not None:
         runner.recorder.reset()  # start-up's warm-up steps are not traffic
-
-
-@torch.inference_mode()
-def warm_up(runner, progress: Callable[[str], None] | None = None,
-            decode: bool = False, cpu_kernels_ready: Callable[[], None] = lambda: None) -> None:
-    """Compile every kernel variant a step can need before the first request: a
-    prefill-shaped step of each token-count class of the product kernels' tiles (and of
-    chunk_size), every row sampling up to the largest class (the head's products take
-    those counts too), and a decode-shaped step of each graph bucket (with `decode` the
-    1-row one also with the CPU experts: without CUDA graphs, whose capture does that).
-    Steps that stream every MoE layer's experts run first; then the steps that run the CPU
-    experts, once with their routed experts left out (StepState.routed_off: their device
-    kernels compile while the CPU experts' kernels may still compile in the background), and
-    the GPU's own routed experts' warm-up, then `cpu_kernels_ready`, then again with the CPU
-    experts. Writes only the cache's scratch slot."""
-    from gpu_kernels.qmatmul import TOKEN_CLASSES
-    from hybrid.engine.graphs.decode_graphs import bucket_sizes
-
-    largest = TOKEN_CLASSES[-1]
-    counts = sorted({min(n, runner.max_tokens) for n in (*TOKEN_CLASSES,
-                                                       runner.chunk_size)})
-    layers = len(runner.program.moe_layers)
-
-    def streams(n: int) -> bool:
-        # steps past the product classes stream where they can (as served: the CPU
-        # experts add no kernel variant, and cost seconds at chunk_size tokens)
-        return runner.stream is not None and n > largest and layers > 0
-
-    def prefill(n: int, **state) -> None:
-        fb = ForwardBatch.scratch_prefill(n, runner.page_size, runner.cache, runner.device,
-                                          samples=n if n <= largest else 1)
-        runner.program.run(StepState(fb, num_real=n, **state))
-
-    def decode_step(b: int, **state) -> None:
-        _, fb = ForwardBatch.scratch_decode(StepLayout(b, b, runner.max_pages, b),
-                                            runner.page_size, runner.cache, runner.device)
-        runner.attention.prepare(fb)
-        runner.program.run(StepState(fb, num_real=b, **state))
-
-    on_cpu = [n for n in counts if not streams(n)]
-    steps = len(counts)
-    for i, n in enumerate(n for n in counts if streams(n)):
-        if progress is not None:
-            progress(f"compiling kernels: a step of {n} tokens ({i + 1}/{steps})")
-        runner.stream.begin(range(layers))
-        prefill(n, streamed=frozenset(range(layers)))
-    if layers:
-        if progress is not None:
-            progress(f"compiling kernels: steps of {', '.join(map(str, on_cpu))} tokens and "
-                     f"decode steps, the CPU experts left out")
-        for n in on_cpu:
-            prefill(n, routed_off=True)
-        for b in bucket_sizes(runner.config.max_batch_size):
-            decode_step(b, routed_off=True)
-    for op in runner.model.modules():
-        # on-device and GPU-held experts: block sizes no step picks, and before the wait for
-        # the CPU's compile (the steps above left every routed expert out, held ones too)
-        if isinstance(op, ExpertsOp):
-            op.warm_up()
-    cpu_kernels_ready()
-    for i, n in enumerate(on_cpu, start=len(counts) - len(on_cpu)):
-        if progress is not None:
-            progress(f"compiling kernels: a step of {n} tokens ({i + 1}/{steps})")
-        prefill(n)
-    if decode:
-        decode_step(1)
-    if runner.device.type == "cuda":
-        torch.cuda.synchronize(runner.device)
 
 
 def install_recorder(model: nn.Module, program: DecoderProgram) -> RoutingRecorder:
