@@ -75,24 +75,32 @@ def recording() -> Iterator[dict[tuple, tuple[object, str, int]]]:
 
 class Precompile:
     """Compiles `recorded` (recording's) on `threads` threads from construction on; `wait`
-    joins them. A variant that fails to compile here is left to its first launch, which
-    compiles it again and raises there with the launch's context."""
+    joins them. A variant whose compile fails on a thread is compiled again alone on the
+    waiting thread (Triton's front end has raced between threads); one that fails there too
+    is left to its first launch, which compiles it again and raises with the launch's
+    context."""
 
     def __init__(self, recorded: dict[tuple, tuple[object, str, int]], threads: int) -> None:
         self.variants = len(recorded)
         self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="triton-compile")
-        self._futures: list[Future] = [self._pool.submit(_compile, *v)
-                                       for v in recorded.values()]
+        self._futures: list[tuple[Future, tuple]] = [(self._pool.submit(_compile, *v), v)
+                                                     for v in recorded.values()]
 
     def wait(self) -> int:
-        """Block until every variant compiled or failed; -> how many failed (each logged)."""
+        """Block until every variant compiled or failed twice; -> how many failed twice (each
+        logged)."""
         failed = 0
         try:
-            for f in self._futures:
-                if f.exception() is not None:
+            for f, v in self._futures:
+                if f.exception() is None:
+                    continue
+                log.debug("compiling a Triton variant on a thread failed: %s", _why(f.exception()))
+                try:
+                    _compile(*v)
+                except Exception as e:  # noqa: BLE001 - its first launch raises it in context
                     failed += 1
                     log.warning("compiling a Triton variant ahead failed (its first launch "
-                                "compiles it): %s", f.exception())
+                                "compiles it): %s", _why(e))
         finally:
             self._pool.shutdown(wait=True, cancel_futures=True)
         return failed
@@ -100,6 +108,13 @@ class Precompile:
     def cancel(self) -> None:
         """Drop the variants not started (start-up failed); running compiles finish."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _why(e: BaseException) -> str:
+    # Triton's CompilationError names the source line; what went wrong is its cause
+    cause = e.__cause__ or e.__context__
+    return f"{type(e).__name__}: {e}" + (f" (from {type(cause).__name__}: {cause})"
+                                          if cause is not None else "")
 
 
 def _compile(kernel, data: str, device: int) -> None:

@@ -76,3 +76,10 @@ def test_the_hook_is_restored_after_recording() -> None:
     with pytest.raises(RuntimeError), compile_ahead.recording():
         raise RuntimeError("work failed")
     assert knobs.runtime.jit_cache_hook is before
+
+
+@cuda
+def test_a_variant_that_fails_twice_is_counted_and_left_to_its_launch(fresh_silu_mul) -> None:
+    bad = {("bad",): (fresh_silu_mul, "{not json", torch.cuda.current_device())}
+    assert compile_ahead.Precompile(bad, threads=2).wait() == 1
+    assert _compiled(fresh_silu_mul) == 0
