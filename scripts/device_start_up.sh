@@ -9,7 +9,7 @@ source scripts/device_common.sh
 t0=$(date +%s)
 python3 -c "import triton, torch; print('triton', triton.__version__, 'torch', torch.__version__)"
 TRITON_CACHE_DIR=/tmp/triton-tests python3 -m pytest -q -p no:cacheprovider \
-  tests/gpu_kernels/test_compile_ahead.py 2>&1 | tail -3
+  tests/gpu_kernels/test_precompile.py 2>&1 | tail -3
 v2_lite_model
 echo "make-model: $(( $(date +%s) - t0 )) s"
 for start in first second; do

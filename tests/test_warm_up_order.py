@@ -5,7 +5,7 @@ those left out) compiles its device kernels, then the wait for the compile, then
 the CPU experts. Where Triton compiles ahead, a dry run of the GPU-only work comes first and
 its pool compiles beside the streamed steps. The warm-up needs CUDA to run for real (the GPU
 machine's first start shows the order in its start-up lines, and
-tests/gpu_kernels/test_compile_ahead.py runs the dry run); here the order alone, over a
+tests/gpu_kernels/test_precompile.py runs the dry run); here the order alone, over a
 runner that records its steps."""
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def test_compiling_ahead_dry_runs_the_gpu_only_work_first_and_joins_before_its_r
         events.append("dry run ends")
         return Pool()
 
-    monkeypatch.setattr(warm_up, "_compile_ahead", ahead)
+    monkeypatch.setattr(warm_up, "_precompile", ahead)
     warm_up.warm_up(_runner(events, stream=True), threads=8,
                     cpu_kernels_ready=lambda: events.append("ready"))
     device_only = ["block sizes"] + [(n, "left out") for n in (*SMALL, *BUCKETS)]
@@ -101,7 +101,7 @@ def test_compiling_ahead_dry_runs_the_gpu_only_work_first_and_joins_before_its_r
 def test_one_compile_thread_runs_no_dry_run(monkeypatch) -> None:
     events: list = []
     _patch(monkeypatch, events)
-    monkeypatch.setattr(warm_up, "_compile_ahead", lambda *a: events.append("dry run"))
+    monkeypatch.setattr(warm_up, "_precompile", lambda *a: events.append("dry run"))
     warm_up.warm_up(_runner(events, stream=True), threads=1)
     assert "dry run" not in events
 

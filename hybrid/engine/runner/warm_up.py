@@ -2,7 +2,7 @@
 request (a variant first compiled while serving costs some request a pause of seconds).
 
 Order, for a first start whose CPU experts' kernels still compile in background processes:
-1. where Triton can (gpu_kernels.compile_ahead), a dry run of the GPU-only work below (the
+1. where Triton can (gpu_kernels.precompile), a dry run of the GPU-only work below (the
    streamed experts' grouped launches, the steps with routed experts left out, the GPU-held
    experts' block sizes) records the variants they need, and threads compile them from then on;
 2. the steps that stream every MoE layer's experts (no CPU kernel; their routing is the
@@ -89,7 +89,7 @@ def warm_up(runner, progress: Callable[[str], None] | None = None,
             if isinstance(op, ExpertsOp):
                 op.warm_up()
 
-    pool = _compile_ahead(runner, device_only, threads, progress) if threads > 1 else None
+    pool = _precompile(runner, device_only, threads, progress) if threads > 1 else None
     try:
         for i, n in enumerate(n for n in counts if streams(n)):
             if progress is not None:
@@ -116,16 +116,16 @@ def warm_up(runner, progress: Callable[[str], None] | None = None,
         torch.cuda.synchronize(runner.device)
 
 
-def _compile_ahead(runner, work: Callable[[], None], threads: int,
+def _precompile(runner, work: Callable[[], None], threads: int,
                    progress: Callable[[str], None] | None):
     """A dry run of `work` recording the Triton variants it needs, then a pool compiling them
-    (compile_ahead.Precompile), or None where Triton cannot or the run records the routing
+    (precompile.Precompile), or None where Triton cannot or the run records the routing
     (the recorder reads the router's ids, which a dry run leaves garbage)."""
-    from gpu_kernels import compile_ahead
+    from gpu_kernels import precompile
 
-    if not compile_ahead.available(runner.device) or runner.program.recorder is not None:
+    if not precompile.available(runner.device) or runner.program.recorder is not None:
         return None
-    with compile_ahead.recording() as recorded:
+    with precompile.recording() as recorded:
         try:
             work()
         except Exception as e:  # noqa: BLE001 - the real run after it compiles one by one
@@ -136,4 +136,4 @@ def _compile_ahead(runner, work: Callable[[], None], threads: int,
         return None
     if progress is not None:
         progress(f"compiling kernels: {len(recorded)} variants on {threads} threads")
-    return compile_ahead.Precompile(recorded, threads)
+    return precompile.Precompile(recorded, threads)

@@ -1,4 +1,4 @@
-"""compile_ahead: a dry run records the variants a launch needs and launches nothing; a pool
+"""gpu_kernels.precompile: a dry run records the variants a launch needs and launches nothing; a pool
 of threads compiles them; the real run then compiles nothing and computes as before. Triton's
 JIT hooks run only on a GPU (the interpreter compiles nothing): the recording tests run there
 (scripts/device_start_up.sh runs this file first), the rest everywhere."""
@@ -12,13 +12,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpu_kernels import compile_ahead, fused
+from gpu_kernels import fused, precompile
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton's JIT hooks need CUDA")
 
 
 def test_not_available_off_cuda() -> None:
-    assert not compile_ahead.available(torch.device("cpu"))
+    assert not precompile.available(torch.device("cpu"))
 
 
 @pytest.fixture
@@ -35,10 +35,10 @@ def _compiled(kernel) -> int:
 
 @cuda
 def test_a_dry_run_records_each_variant_once_and_launches_nothing(fresh_silu_mul) -> None:
-    assert compile_ahead.available(torch.device("cuda"))
+    assert precompile.available(torch.device("cuda"))
     gu = torch.randn(3, 2 * 96, device="cuda")
     out = torch.full((3, 96), 7.0, device="cuda")
-    with compile_ahead.recording() as recorded:
+    with precompile.recording() as recorded:
         fused.silu_mul(gu, out=out)
         fused.silu_mul(gu, out=out)  # the same variant: recorded once
         fused.silu_mul(gu, out=out, limit=3.0)  # CLAMP=True: another
@@ -54,10 +54,10 @@ def test_the_pool_compiles_what_was_recorded_and_the_real_run_compiles_nothing(
         fresh_silu_mul) -> None:
     gu = torch.randn(5, 2 * 2048, device="cuda")
     limits = (math.inf, 2.5)
-    with compile_ahead.recording() as recorded:
+    with precompile.recording() as recorded:
         for limit in limits:
             fused.silu_mul(gu, limit=limit)
-    assert compile_ahead.Precompile(recorded, threads=4).wait() == 0
+    assert precompile.Precompile(recorded, threads=4).wait() == 0
     assert _compiled(fresh_silu_mul) == len(recorded) == 2
     g, u = gu.chunk(2, dim=-1)
     for limit in limits:
@@ -73,7 +73,7 @@ def test_the_hook_is_restored_after_recording() -> None:
     from triton import knobs
 
     before = knobs.runtime.jit_cache_hook
-    with pytest.raises(RuntimeError), compile_ahead.recording():
+    with pytest.raises(RuntimeError), precompile.recording():
         raise RuntimeError("work failed")
     assert knobs.runtime.jit_cache_hook is before
 
@@ -81,5 +81,5 @@ def test_the_hook_is_restored_after_recording() -> None:
 @cuda
 def test_a_variant_that_fails_twice_is_counted_and_left_to_its_launch(fresh_silu_mul) -> None:
     bad = {("bad",): (fresh_silu_mul, "{not json", torch.cuda.current_device())}
-    assert compile_ahead.Precompile(bad, threads=2).wait() == 1
+    assert precompile.Precompile(bad, threads=2).wait() == 1
     assert _compiled(fresh_silu_mul) == 0
