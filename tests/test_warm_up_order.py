@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 from torch import nn
 
@@ -94,8 +95,31 @@ def test_compiling_ahead_dry_runs_the_gpu_only_work_first_and_joins_before_its_r
                     cpu_kernels_ready=lambda: events.append("ready"))
     device_only = ["block sizes"] + [(n, "left out") for n in (*SMALL, *BUCKETS)]
     assert events == [("dry run", 8), *device_only, "dry run ends", (8192, "streamed"),
-                      "joined", "cancelled", *device_only, "ready",
+                      "joined", *device_only, "ready",
                       *[(n, "cpu experts") for n in SMALL]]
+
+
+def test_a_failing_streamed_step_cancels_the_pool(monkeypatch) -> None:
+    events: list = []
+    _patch(monkeypatch, events)
+
+    class Pool:
+        def wait(self) -> None:
+            events.append("joined")
+
+        def cancel(self) -> None:
+            events.append("cancelled")
+
+    monkeypatch.setattr(warm_up, "_precompile", lambda *a: Pool())
+    runner = _runner(events, stream=True)
+
+    def run(state) -> None:
+        raise RuntimeError("out of memory")
+
+    runner.program.run = run
+    with pytest.raises(RuntimeError, match="out of memory"):
+        warm_up.warm_up(runner, threads=8)
+    assert events == ["cancelled"]
 
 
 def test_one_compile_thread_runs_no_dry_run(monkeypatch) -> None:

@@ -96,11 +96,12 @@ def warm_up(runner, progress: Callable[[str], None] | None = None,
                 progress(f"compiling kernels: a step of {n} tokens ({i + 1}/{steps})")
             runner.stream.begin(range(layers))
             prefill(n, streamed=frozenset(range(layers)))
-        if pool is not None:
-            pool.wait()
-    finally:
+    except BaseException:
         if pool is not None:
             pool.cancel()
+        raise
+    if pool is not None:
+        pool.wait()
     if layers and progress is not None:
         progress(f"compiling kernels: steps of {', '.join(map(str, on_cpu))} tokens and "
                  f"decode steps, the CPU experts left out")
@@ -117,7 +118,7 @@ def warm_up(runner, progress: Callable[[str], None] | None = None,
 
 
 def _precompile(runner, work: Callable[[], None], threads: int,
-                   progress: Callable[[str], None] | None):
+                progress: Callable[[str], None] | None):
     """A dry run of `work` recording the Triton variants it needs, then a pool compiling them
     (precompile.Precompile), or None where Triton cannot or the run records the routing
     (the recorder reads the router's ids, which a dry run leaves garbage)."""
@@ -125,6 +126,8 @@ def _precompile(runner, work: Callable[[], None], threads: int,
 
     if not precompile.available(runner.device) or runner.program.recorder is not None:
         return None
+    if progress is not None:
+        progress("compiling kernels: a dry run of the GPU's own steps records their variants")
     with precompile.recording() as recorded:
         try:
             work()
