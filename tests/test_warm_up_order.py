@@ -72,23 +72,29 @@ def test_without_streamed_experts_the_device_kernels_compile_before_the_wait(mon
         (n, "cpu experts") for n in (*SMALL, 8192, 1)]
 
 
+class _Pool:
+    """A stand-in for precompile.Precompile that records being joined or cancelled."""
+
+    def __init__(self, events: list) -> None:
+        self.events = events
+
+    def wait(self) -> None:
+        self.events.append("joined")
+
+    def cancel(self) -> None:
+        self.events.append("cancelled")
+
+
 def test_compiling_ahead_dry_runs_the_gpu_only_work_first_and_joins_before_its_real_run(
         monkeypatch) -> None:
     events: list = []
     _patch(monkeypatch, events)
 
-    class Pool:
-        def wait(self) -> None:
-            events.append("joined")
-
-        def cancel(self) -> None:
-            events.append("cancelled")
-
     def ahead(runner, work, threads, progress):
         events.append(("dry run", threads))
         work()
         events.append("dry run ends")
-        return Pool()
+        return _Pool(events)
 
     monkeypatch.setattr(warm_up, "_precompile", ahead)
     warm_up.warm_up(_runner(events, stream=True), threads=8,
@@ -103,14 +109,7 @@ def test_a_failing_streamed_step_cancels_the_pool(monkeypatch) -> None:
     events: list = []
     _patch(monkeypatch, events)
 
-    class Pool:
-        def wait(self) -> None:
-            events.append("joined")
-
-        def cancel(self) -> None:
-            events.append("cancelled")
-
-    monkeypatch.setattr(warm_up, "_precompile", lambda *a: Pool())
+    monkeypatch.setattr(warm_up, "_precompile", lambda *a: _Pool(events))
     runner = _runner(events, stream=True)
 
     def run(state) -> None:
