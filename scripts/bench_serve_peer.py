@@ -36,7 +36,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from openai import AsyncOpenAI
+from openai import APIConnectionError, AsyncOpenAI
 from serve_process import ServerProcess, free_port
 
 
@@ -64,11 +64,21 @@ def _prompt(n: int, salt: int, vocab: int) -> list[int]:
 
 async def _stream(client: AsyncOpenAI, model: str, prompt: list[int], gen: int,
                   sampling: dict) -> Timing:
-    """sampling: the request's temperature and top_p."""
-    t = Timing(time.perf_counter())
-    stream = await client.completions.create(
-        model=model, prompt=prompt, max_tokens=gen, stream=True, extra_body={"ignore_eos": True},
-        **sampling)
+    """sampling: the request's temperature and top_p. A request the server dropped before
+    any response is sent again once, its clock restarted (llama-server closes a keep-alive
+    connection idle for 5 s, cpp-httplib's default, and a request the client's pool sends on
+    it as it closes meets the close; the client itself retries nothing, max_retries=0, so no
+    retry hides in a timing)."""
+    for attempt in (1, 2):
+        t = Timing(time.perf_counter())
+        try:
+            stream = await client.completions.create(
+                model=model, prompt=prompt, max_tokens=gen, stream=True,
+                extra_body={"ignore_eos": True}, **sampling)
+            break
+        except APIConnectionError:
+            if attempt == 2:
+                raise
     async for chunk in stream:
         if chunk.choices and chunk.choices[0].text is not None:
             t.stamps.append(time.perf_counter())
