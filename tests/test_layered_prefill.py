@@ -55,7 +55,7 @@ def test_decode_gap_sets_the_prompt_share() -> None:
 
     from hybrid.errors import HybridError
 
-    assert EngineConfig().prompt_share == 3.0
+    assert EngineConfig().prompt_share == 2.0
     assert EngineConfig(decode_gap=1.5).prompt_share == 0.5
     with pytest.raises(HybridError, match="decode_gap must be above 1"):
         EngineConfig(decode_gap=1.0)

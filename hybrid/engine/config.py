@@ -42,12 +42,13 @@ class EngineConfig:
                    "latency grows with it; default: chosen at start-up, the most whose one "
                    "streamed layer fits --decode-gap, else the chunk size)")
     decode_gap: float = setting(
-        4.0, metavar="X",
+        3.0, metavar="X",
         help="how long a step may grow, in decode steps, while a long prompt passes the layers "
              "beside decoding requests (their longest inter-token gap against the usual one), "
              "counted as if the prompt's share ran after the decode; it runs beside it, so the "
              "gaps measure less (docs/serving.md). Sets the prompt tokens and layers such a "
-             "step takes: more finishes the prompt sooner")
+             "step takes: more finishes the prompt sooner. The default keeps a decoding "
+             "stream's longest gaps within 3x its usual one even where nothing overlaps")
     cache_lens: int | None = setting(
         None, help="tokens the paged KV cache holds, over all requests (default: chosen at "
                    "start-up: 32768, or up to the model's whole context where a third of the "
