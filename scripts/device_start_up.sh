@@ -7,9 +7,10 @@
 set -uo pipefail
 source scripts/device_common.sh
 t0=$(date +%s)
-python3 -c "import triton, torch; print('triton', triton.__version__, 'torch', torch.__version__)"
+python3 -c "import triton, torch; print('triton', triton.__version__, 'torch', torch.__version__)" \
+  > "$OUT/tests.log"
 TRITON_CACHE_DIR=/tmp/triton-tests python3 -m pytest -q -p no:cacheprovider \
-  tests/gpu_kernels/test_precompile.py 2>&1 | tail -3
+  tests/gpu_kernels/test_precompile.py >> "$OUT/tests.log" 2>&1
 v2_lite_model
 echo "make-model: $(( $(date +%s) - t0 )) s"
 for start in first second; do
@@ -24,3 +25,6 @@ if [ -n "${AFTER:-}" ]; then
   echo "after: rc $?"
   tail -25 "$OUT/after.log"
 fi
+echo "compile-ahead tests (first, in a cache of their own):"
+head -1 "$OUT/tests.log"
+tail -3 "$OUT/tests.log"
