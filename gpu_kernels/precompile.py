@@ -81,7 +81,6 @@ class Precompile:
     context."""
 
     def __init__(self, recorded: dict[tuple, tuple[object, str, int]], threads: int) -> None:
-        self.variants = len(recorded)
         self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="triton-compile")
         self._futures: list[tuple[Future, tuple]] = [(self._pool.submit(_compile, *v), v)
                                                      for v in recorded.values()]

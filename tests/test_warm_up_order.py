@@ -20,7 +20,7 @@ from hybrid.engine.runner import warm_up
 from hybrid.engine.step.forward_batch import ForwardBatch
 
 
-def _runner(events: list, stream: bool) -> SimpleNamespace:
+def _runner(events: list, stream: bool, compile_threads: int = 1) -> SimpleNamespace:
     def run(state) -> None:
         kind = "streamed" if state.streamed else "left out" if state.routed_off \
             else "cpu experts"
@@ -31,7 +31,7 @@ def _runner(events: list, stream: bool) -> SimpleNamespace:
     return SimpleNamespace(
         max_tokens=8192 + 16, chunk_size=8192, page_size=16, cache=None,
         device=torch.device("cpu"), model=model, max_pages=4,
-        config=SimpleNamespace(max_batch_size=16),
+        config=SimpleNamespace(max_batch_size=16, compile_threads=compile_threads),
         attention=SimpleNamespace(prepare=lambda fb: None),
         stream=SimpleNamespace(begin=lambda layers: None) if stream else None,
         program=SimpleNamespace(moe_layers=[object(), object()], run=run))
@@ -97,7 +97,7 @@ def test_compiling_ahead_dry_runs_the_gpu_only_work_first_and_joins_before_its_r
         return _Pool(events)
 
     monkeypatch.setattr(warm_up, "_precompile", ahead)
-    warm_up.warm_up(_runner(events, stream=True), threads=8,
+    warm_up.warm_up(_runner(events, stream=True, compile_threads=8),
                     cpu_kernels_ready=lambda: events.append("ready"))
     device_only = ["block sizes"] + [(n, "left out") for n in (*SMALL, *BUCKETS)]
     assert events == [("dry run", 8), *device_only, "dry run ends", (8192, "streamed"),
@@ -110,14 +110,14 @@ def test_a_failing_streamed_step_cancels_the_pool(monkeypatch) -> None:
     _patch(monkeypatch, events)
 
     monkeypatch.setattr(warm_up, "_precompile", lambda *a: _Pool(events))
-    runner = _runner(events, stream=True)
+    runner = _runner(events, stream=True, compile_threads=8)
 
     def run(state) -> None:
         raise RuntimeError("out of memory")
 
     runner.program.run = run
     with pytest.raises(RuntimeError, match="out of memory"):
-        warm_up.warm_up(runner, threads=8)
+        warm_up.warm_up(runner)
     assert events == ["cancelled"]
 
 
@@ -125,7 +125,7 @@ def test_one_compile_thread_runs_no_dry_run(monkeypatch) -> None:
     events: list = []
     _patch(monkeypatch, events)
     monkeypatch.setattr(warm_up, "_precompile", lambda *a: events.append("dry run"))
-    warm_up.warm_up(_runner(events, stream=True), threads=1)
+    warm_up.warm_up(_runner(events, stream=True, compile_threads=1))
     assert "dry run" not in events
 
 

@@ -25,7 +25,7 @@ from hybrid.engine.prefill.prefill_chunk import (
     choose_decode_chunk_size,
     choose_in_flight_chunk_size,
 )
-from hybrid.engine.runner.warm_up import compile_threads, warm_up
+from hybrid.engine.runner.warm_up import warm_up
 from hybrid.engine.step.decoder import DecoderProgram
 from hybrid.engine.step.routing_recorder import RoutingRecorder
 from hybrid.errors import HybridError
@@ -82,17 +82,15 @@ def start_up(runner, config: EngineConfig, attention: list[MLAAttentionOp],
     runner.stream = prefill_setup.build_stream(runner.program.moe_layers, config, runner.device)
     runner.program.stream = runner.stream
     form = decode_graphs_setup.graph_form(runner, config.decode_graph, progress)
-    threads = compile_threads(config.compile_threads)
     if config.cuda_graphs and form is not None:
-        warm_up(runner, progress, cpu_kernels_ready=cpu_kernels_ready, threads=threads)
+        warm_up(runner, progress, cpu_kernels_ready=cpu_kernels_ready)
         runner.decode_graph = form
         if runner.decode_graph == "auto":
             runner.decode_graph, runner.layered.decode_ms = decode_graphs_setup.measure(runner,
                                                                                   progress)
         runner.graphs = decode_graphs_setup.capture(runner, runner.decode_graph, progress)
     elif runner.device.type == "cuda":
-        warm_up(runner, progress, decode=True, cpu_kernels_ready=cpu_kernels_ready,
-                threads=threads)
+        warm_up(runner, progress, decode=True, cpu_kernels_ready=cpu_kernels_ready)
     cpu_kernels_ready()  # before serving, wherever no warm-up step ran the CPU experts
     runner.placement = prefill_setup.placement(runner.stream, runner.program.moe_layers, config,
                                              hf.hidden_size, progress, runner.chunk_size)

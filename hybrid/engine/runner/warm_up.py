@@ -29,23 +29,17 @@ from hybrid.ops.experts import ExpertsOp
 log = logging.getLogger("hybrid.engine")
 
 
-def compile_threads(configured: int | None) -> int:
-    """Threads compiling Triton variants ahead: the setting, else every core (the compiler
-    mostly waits on ptxas and its passes run outside the GIL)."""
-    return configured if configured is not None else os.cpu_count() or 1
-
-
 @torch.inference_mode()
 def warm_up(runner, progress: Callable[[str], None] | None = None,
-            decode: bool = False, cpu_kernels_ready: Callable[[], None] = lambda: None,
-            threads: int = 1) -> None:
+            decode: bool = False, cpu_kernels_ready: Callable[[], None] = lambda: None) -> None:
     """Compile every kernel variant a step can need: the streamed experts' grouped launches
     at every block size, a prefill-shaped step of each token-count class of the product
     kernels' tiles (and of chunk_size), every row sampling up to the largest class (the
     head's products take those counts too), and a decode-shaped step of each graph bucket
     (with `decode` the 1-row one also with the CPU experts: without CUDA graphs, whose capture
-    does that). `threads` > 1 compiles the GPU-only work's variants ahead on that many
-    threads where Triton can (the module's order)."""
+    does that). Where runner.config.compile_threads (default: one a core; the compiler mostly
+    waits on ptxas and its passes run outside the GIL) is above 1, the GPU-only work's variants
+    compile ahead on that many threads where Triton can (the module's order)."""
     from gpu_kernels.qmatmul import TOKEN_CLASSES
     from hybrid.engine.graphs.decode_graphs import bucket_sizes
 
@@ -89,6 +83,7 @@ def warm_up(runner, progress: Callable[[str], None] | None = None,
             if isinstance(op, ExpertsOp):
                 op.warm_up()
 
+    threads = runner.config.compile_threads or os.cpu_count() or 1
     pool = _precompile(runner, device_only, threads, progress) if threads > 1 else None
     try:
         for i, n in enumerate(n for n in counts if streams(n)):
@@ -134,7 +129,6 @@ def _precompile(runner, work: Callable[[], None], threads: int,
         except Exception as e:  # noqa: BLE001 - the real run after it compiles one by one
             log.warning("a dry run to compile kernels ahead failed (%s); they compile one by "
                         "one", e)
-    torch.cuda.synchronize(runner.device)
     if not recorded:
         return None
     if progress is not None:
