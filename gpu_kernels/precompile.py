@@ -2,7 +2,7 @@
 compile, then a pool of threads compiles them side by side.
 
 Triton compiles a kernel variant the first time a launch needs it, on the launching thread,
-and the launch waits: a serving process's warm-up steps compile their ~100 variants one after
+and the launch waits: a serving process's warm-up steps compile their variants one after
 another. Triton's compiler spends its time outside the GIL (its MLIR and LLVM passes release
 it, ptxas is a process of its own), so threads compile variants side by side.
 
