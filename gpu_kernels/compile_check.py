@@ -137,9 +137,12 @@ def variants() -> Iterator[Variant]:
                                        "constexpr")},
                       {"NOPE": 128, "R": 64, "V": 128, "BQ": bq, "BS": bs, "PREC": prec,
                        "STAGES": stages}, warps)
-    yield Variant("mla_decode merge", mla_decode._merge_kernel,
-                  {**_sig("o_ptr lse_ptr out_ptr NSPLIT", "*fp32 *fp32 *fp32 i32"),
-                   "C": "constexpr"}, {"C": 512})
+    for heads in (16, 128):
+        yield Variant(f"mla_decode merge H={heads}", mla_decode._merge_kernel,
+                      {**_sig("o_ptr lse_ptr lens_ptr out_ptr H NSPLIT",
+                              "*fp32 *fp32 *i64 *fp32 i32 i32"),
+                       "C": "constexpr", "BS": "constexpr"},
+                      {"C": 512, "BS": mla_decode.decode_tiles(heads)[1]})
     for h in (2048, 7168):
         for qmax, qtype in ((0.0, "*fp32"), (32767.0, "*i16")):
             yield Variant(f"add_rmsnorm H={h}{' +int16 x' if qmax else ''}",

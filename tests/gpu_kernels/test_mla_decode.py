@@ -39,6 +39,34 @@ def test_mla_decode(heads, c, r, page, lens, splits, device) -> None:
             assert (out[i] == 0).all()
 
 
+@pytest.mark.parametrize("lens", [[5, 40, 0, 130], [1, 33]])
+def test_splits_past_the_length_are_not_merged(lens, device, monkeypatch) -> None:
+    """A captured graph's split count (sized for the longest sequence the cache holds) on
+    short sequences: the splits their lengths do not fill store nothing and are not merged, so
+    the partial results' memory may hold anything (NaN here)."""
+    g = torch.Generator().manual_seed(len(lens))
+    heads, c, r, page, b, pages = 16, 512, 64, 16, len(lens), 10
+    cache = torch.randn(page * (pages * b + 1), c + r, generator=g).bfloat16().to(device)
+    table = torch.randperm(pages * b, generator=g).reshape(b, pages).int().to(device)
+    q = (torch.randn(b, heads, c, generator=g) * 0.1).to(device)
+    qr = (torch.randn(b, heads, r, generator=g) * 0.1).to(device)
+    seq = torch.tensor(lens, dtype=torch.int32, device=device)
+    empty = torch.empty
+
+    def nan_empty(*shape, dtype=None, device=None):
+        return empty(*shape, dtype=dtype, device=device).fill_(float("nan"))
+
+    out = torch.zeros(b, heads, c, device=device)
+    monkeypatch.setattr(torch, "empty", nan_empty)
+    mla_decode(q, qr, cache, table, seq, page, 0.07, 64, out=out)
+    monkeypatch.undo()
+    assert torch.isfinite(out).all()
+    assert rel_err(out, mla_decode_ref(q, qr, cache, table, seq, page, 0.07)) < 3e-5
+    for i, length in enumerate(lens):
+        if length == 0:
+            assert (out[i] == 0).all()
+
+
 def test_splits_fill_the_gpu() -> None:
     assert choose_splits(1, 16, 4096) == 64  # 1 x 1 head blocks: 2 x 132 SMs, at most 64
     assert choose_splits(1, 16, 10) == 1  # never more splits than token blocks
