@@ -17,7 +17,9 @@ that the start-up warm-up did not.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import NamedTuple
 
 import numpy as np
@@ -58,7 +60,8 @@ class StepLayout:
     max_pages: int  # P: page-table columns
     num_samples: int  # R
 
-    @property
+    # computed once a layout (a CUDA graph bucket's is packed every decode step)
+    @cached_property
     def fields(self) -> dict[str, tuple[int, tuple[int, ...]]]:
         n, b, p, r = self.num_tokens, self.num_decodes, self.max_pages, self.num_samples
         shapes = {"input_ids": (n,), "positions": (n,), "slots": (n,), "seq_lens": (b,),
@@ -66,17 +69,17 @@ class StepLayout:
         out, at = {}, 0
         for name, shape in shapes.items():
             out[name] = (at, shape)
-            at += _aligned(int(np.prod(shape)))
+            at += _aligned(math.prod(shape))
         return out
 
-    @property
+    @cached_property
     def size(self) -> int:
         at, shape = list(self.fields.values())[-1]
-        return at + _aligned(int(np.prod(shape)))
+        return at + _aligned(math.prod(shape))
 
     def views(self, buf):
         """Each field of `buf` (a packed int64 array or tensor) in its shape."""
-        return {k: buf[at:at + int(np.prod(s))].reshape(s) for k, (at, s) in self.fields.items()}
+        return {k: buf[at:at + math.prod(s)].reshape(s) for k, (at, s) in self.fields.items()}
 
 
 @dataclass
