@@ -17,6 +17,7 @@ import torch
 
 from cpu_kernels.runtime.layer_driver import one_region_safe
 from hybrid.engine.config import EngineConfig
+from hybrid.engine.graphs.whole_step import FIRST_PIECES
 from hybrid.engine.llm import LLM
 from hybrid.engine.step.decoder import StepState
 from hybrid.engine.step.forward_batch import ForwardBatch
@@ -86,8 +87,10 @@ def test_whole_step_equals_pieces(models, mode, one_call, short, defer, held, tm
     elif one_call and one_region_safe():
         assert "one parallel region" in host.describe()
     assert bridge.ready.tolist() == bridge.done.tolist() == [0] * len(program.moe_layers)
-    for _ in range(2):  # a second step: flags left from the first never pass for it
-        seq = bridge.next_seq()
+    for step in range(2):  # a second step: flags left from the first never pass for it
+        # the second as WholeStepGraphs replays it: the sequence number staged on the host and
+        # loaded by the step's first graph, the step in two parts
+        seq = bridge.next_seq() if step == 0 else bridge.stage_seq()
         errors: list[BaseException] = []
 
         def answer(seq=seq, errors=errors):
@@ -97,7 +100,13 @@ def test_whole_step_equals_pieces(models, mode, one_call, short, defer, held, tm
                 errors.append(e)
         thread = threading.Thread(target=answer)
         thread.start()
-        got = program.run_on_device(StepState(_batch(runner, decodes), num_real=2))
+        state = StepState(_batch(runner, decodes), num_real=2)
+        if step == 0:
+            got = program.run_on_device(state)
+        else:
+            bridge.load_seq()
+            assert program.run_on_device(state, 0, FIRST_PIECES) is None
+            got = program.run_on_device(state, FIRST_PIECES)
         thread.join()
         assert not errors and int(bridge.error[0]) == 0
         assert bridge.done.tolist() == [seq] * len(program.moe_layers)

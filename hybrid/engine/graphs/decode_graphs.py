@@ -50,7 +50,7 @@ class DecodeGraphs:
             static = StaticStep(b, page_size, max_pages, cache, device, attention)
             program.run(static.state)  # warm-up: compiles every kernel of this shape
             _synchronize(devices)
-            self._buckets[b] = (static, self.form.capture(static.state, pools))
+            self._buckets[b] = (static, self.form.capture(static.state, pools, static))
             _synchronize(devices)
 
     @property
@@ -72,7 +72,7 @@ class DecodeGraphs:
         logits [B, V]. beside: host work run during the step (the form says when)."""
         b = len(chunks)
         static, graphs = self._buckets[next(s for s in self.sizes if s >= b)]
-        static.load(chunks)
+        static.load(chunks, fetch_now=not self.whole_step)  # the step's graph fetches them
         self.form.replay(graphs, static.state, beside)
         return static.state.logits[:b]
 

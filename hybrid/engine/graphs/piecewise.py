@@ -20,9 +20,11 @@ class PiecewiseGraphs:
         self.program = program
         self._streams: dict = {}  # a capture stream per GPU (a model over several)
 
-    def capture(self, state: StepState, pools: dict) -> list[torch.cuda.CUDAGraph | None]:
+    def capture(self, state: StepState, pools: dict, static=None
+                ) -> list[torch.cuda.CUDAGraph | None]:
         """pools: a graph memory pool per device -> a graph per device piece, None for host
-        pieces (the kernels already compiled)."""
+        pieces (the kernels already compiled). static: the bucket's StaticStep, whose rows its
+        load fetches before the replays (not captured here)."""
         spread = len(pools) > 1  # each GPU's pieces captured with it current, on its stream
         graphs = []
         for piece in self.program.pieces:

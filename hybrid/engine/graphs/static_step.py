@@ -5,8 +5,11 @@ A decode step of B requests replays the graphs of a bucket of `size` >= B rows: 
 packed into the staging buffer (padding rows get token 0, length 0 and the cache's scratch
 slot), the attention backend rewrites what else the graphs read (prepare_for_replay), and one
 kernel reads the array from pinned memory (gpu_kernels/handshake.py's fetch: a copy would queue
-behind a long prompt's expert uploads on the host-to-device copy engine). Padding rows sample
-too; their logits are dropped.
+behind a long prompt's expert uploads on the host-to-device copy engine). That kernel is
+launched by `load`, or, for graphs that capture `fetch` as their first work (the whole-step
+form), by the replay itself: nothing is launched between staging and replaying. Either way the
+staging buffer is rewritten only after the step that read it ran (its tokens were read back).
+Padding rows sample too; their logits are dropped.
 """
 
 from __future__ import annotations
@@ -42,8 +45,9 @@ class StaticStep:
         self._sample_at = self.layout.fields["sample_rows"][0]
         self.state = StepState(fb, num_real=size, crossings={})
 
-    def load(self, chunks: list[SequenceRows]) -> None:
-        """Stage a step's decode rows (len(chunks) <= size) into the buffers the graphs read."""
+    def load(self, chunks: list[SequenceRows], fetch_now: bool = True) -> None:
+        """Stage a step's decode rows (len(chunks) <= size) into the buffers the graphs read;
+        fetch_now False: the graphs fetch the staged rows themselves (captured `fetch`)."""
         b = len(chunks)
         packed, _, _, _ = ForwardBatch.pack(chunks, self.page_size, self.cache.scratch_slot,
                                             self.layout)
@@ -52,5 +56,10 @@ class StaticStep:
         self.staging.numpy()[:] = packed
         self.attention.prepare_for_replay(self.state.fb, self._host["page_table"],
                                           self._host["seq_lens"])
-        fetch(self.staging, self.inputs)  # the previous step's read is done: its tokens came
+        if fetch_now:
+            self.fetch()
         self.state.num_real = b
+
+    def fetch(self) -> None:
+        """GPU work: the staged rows into the device buffer the graphs read."""
+        fetch(self.staging, self.inputs)

@@ -112,6 +112,21 @@ class ExpertsBridge:
             self.seq.copy_(self._seq_host)
         return self.step_seq
 
+    def stage_seq(self) -> int:
+        """A new step's sequence number, written to pinned host memory only: a whole-step graph
+        loads it onto the device itself (`load_seq`, its first work), so nothing is launched
+        before the replay. Invariant: the graph that read the last one has run (its step's
+        tokens were read back)."""
+        self.step_seq += 1
+        self._seq_np[0] = self.step_seq
+        return self.step_seq
+
+    def load_seq(self) -> None:
+        """GPU work (captured): the sequence number `stage_seq` wrote, onto the device."""
+        from gpu_kernels.handshake import fetch
+
+        fetch(self._seq_host, self.seq)
+
     def signal(self, layer: int) -> None:
         """GPU work: raise ready[layer] (after the copies of `send`, in stream order)."""
         from gpu_kernels.handshake import signal
