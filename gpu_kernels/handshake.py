@@ -88,7 +88,7 @@ def fetch(src: torch.Tensor, dst: torch.Tensor) -> None:
     memory where dst is on the CPU, as Triton's interpreter runs it), both contiguous."""
     if src.shape != dst.shape or src.dtype != dst.dtype or not (
             src.is_contiguous() and dst.is_contiguous()) or (
-            dst.device.type == "cuda" and not src.is_pinned()):
+            dst.device.type == "cuda" and src.numel() and not src.is_pinned()):
         raise ValueError(f"fetch: pinned contiguous {src.dtype}{tuple(src.shape)} into "
                          f"contiguous {dst.dtype}{tuple(dst.shape)}")
     n = dst.numel()

@@ -154,7 +154,9 @@ def main() -> int:
     prompt = [(7 * i + 3) % 1000 + 10 for i in range(args.prompt_len)]
     params = SamplingParams(temperature=0, max_tokens=args.gen_len + args.cprofile,
                             ignore_eos=True)
-    request = Request("probe", prompt, params, lambda event: None)
+    tokens: list[int] = []
+    request = Request("probe", prompt, params,
+                      lambda event: tokens.append(getattr(event, "token_id", -1)))
     llm.worker.submit(request)
     steps = 0
     while not request.is_finished and steps < args.gen_len:
@@ -172,7 +174,7 @@ def main() -> int:
     accounted = sum(v for k, v in medians.items() if k != "step")
     if args.json:
         Path(args.json).write_text(json.dumps({"gguf": args.gguf_path, "set": args.set,
-                                               "medians_us": medians, "steps": rows}, indent=1))
+                                               "medians_us": medians, "tokens": tokens, "steps": rows}, indent=1))
     print(f"\n{len(rows)} decode steps, medians (us); one stream, greedy")
     print("| phase | us | share of the step |\n|---|---|---|")
     for k in keys:

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from hybrid.engine.graphs.capture import captured
+from hybrid.engine.graphs.launch import launch
 from hybrid.engine.step.decoder import DecoderProgram, StepState
 from hybrid.engine.step.host_experts import HostExperts
 from hybrid.errors import DeviceLost
@@ -87,11 +88,11 @@ class WholeStepGraphs:
             launched.result()  # its launches done (or its error raised) before anything else
 
     def _in_context(self, stream, rest, beside: Callable[[], None] | None) -> None:
-        """rest.replay() on the caller's stream, then beside(), on a thread of its own with the
-        caller's per-thread torch state."""
+        """`rest` launched on the caller's stream, then beside(), on a thread of its own with
+        the caller's per-thread torch state."""
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # the current device is per thread
-        with torch.inference_mode(), torch.cuda.stream(stream):
-            rest.replay()
-            if beside is not None:
+        launch(rest, stream)  # without the GIL: the caller enters the driver meanwhile
+        if beside is not None:
+            with torch.inference_mode():
                 beside()
