@@ -1,9 +1,8 @@
-"""Work beside a whole-step decode graph while the CPU experts run: the launch of the rest of the
-step, then `beside` (a prompt's layers), on another thread at the same time as the CPU experts
-are driven on the caller's (the thread that warmed them up); a replay returns only after both
-finished, and a failure on either side propagates after both finished. The graphs and the
-driver are stand-ins (CUDA graphs need a GPU; tests/gpu_kernels/test_engine_gpu_path.py runs the
-real ones there)."""
+"""Work beside a whole-step decode graph (a prompt's layers launched while the CPU experts run):
+`beside` runs on another thread at the same time as the CPU experts are driven on the caller's
+(the thread that warmed them up), a replay returns only after both finished, and a failure on
+either side propagates after both finished. The graph and the driver are stand-ins (CUDA graphs need a
+GPU; tests/gpu_kernels/test_engine_gpu_path.py runs the real ones there)."""
 
 from __future__ import annotations
 
@@ -32,9 +31,6 @@ class Driver:
             raise self.fail
 
 
-GRAPHS = (SimpleNamespace(replay=lambda: None), SimpleNamespace(replay=lambda: None))
-
-
 def graphs(driver: Driver) -> WholeStepGraphs:
     g = WholeStepGraphs.__new__(WholeStepGraphs)  # no CUDA: the parts replay() reads
     g.program = SimpleNamespace(bridge=SimpleNamespace(gave_up=False, stage_seq=lambda: 7))
@@ -52,7 +48,7 @@ def test_beside_runs_while_the_experts_are_driven() -> None:
         seen.append(threading.current_thread().name)
         driver.release.set()  # would never happen if beside ran after the driver
 
-    g.replay(GRAPHS, SimpleNamespace(num_real=3), beside)
+    g.replay(SimpleNamespace(replay=lambda: None), SimpleNamespace(num_real=3), beside)
     assert seen[0].startswith("hybrid-beside-step")
     assert driver.calls == [(7, 3, threading.current_thread().name)]
 
@@ -61,7 +57,7 @@ def test_without_beside_the_caller_drives() -> None:
     driver = Driver()
     driver.release.set()
     g = graphs(driver)
-    g.replay(GRAPHS, SimpleNamespace(num_real=1))
+    g.replay(SimpleNamespace(replay=lambda: None), SimpleNamespace(num_real=1))
     assert driver.calls[0][2] == threading.current_thread().name
 
 
@@ -69,7 +65,7 @@ def test_failures_propagate_after_the_step_is_answered() -> None:
     driver = Driver(fail=DeviceLost("the GPU did not hand over MoE layer 0's rows"))
     g = graphs(driver)
     with pytest.raises(DeviceLost, match="did not hand over"):
-        g.replay(GRAPHS, SimpleNamespace(num_real=1),
+        g.replay(SimpleNamespace(replay=lambda: None), SimpleNamespace(num_real=1),
                  driver.release.set)
 
     driver = Driver()
@@ -85,7 +81,7 @@ def test_failures_propagate_after_the_step_is_answered() -> None:
         finished.append(True)
     g.host = SimpleNamespace(run=run_driver)
     with pytest.raises(RuntimeError, match="a launch failed"):
-        g.replay(GRAPHS, SimpleNamespace(num_real=1), failing)
+        g.replay(SimpleNamespace(replay=lambda: None), SimpleNamespace(num_real=1), failing)
     assert finished == [True]  # the driver answered the step before the error came up
 
     launched = []  # the driver fails first: beside's launches still finish before the raise
@@ -96,29 +92,5 @@ def test_failures_propagate_after_the_step_is_answered() -> None:
         threading.Event().wait(0.05)
         launched.append(True)
     with pytest.raises(DeviceLost):
-        g.replay(GRAPHS, SimpleNamespace(num_real=1), slow)
+        g.replay(SimpleNamespace(replay=lambda: None), SimpleNamespace(num_real=1), slow)
     assert launched == [True]
-
-
-def test_the_rest_of_the_step_launches_while_the_experts_are_driven() -> None:
-    """`first` is launched on the caller's thread before the driver starts; `rest` on the other
-    thread while the driver runs (the driver here waits for it, as the real one waits for the
-    second MoE layer's flag), then `beside`."""
-    driver = Driver()
-    g = graphs(driver)
-    order = []
-
-    def launch(name: str, release: bool = False):
-        def replay() -> None:
-            order.append((name, threading.current_thread().name))
-            if release:
-                driver.release.set()
-        return replay
-    first = SimpleNamespace(replay=launch("first"))
-    rest = SimpleNamespace(replay=launch("rest", release=True))
-    g.replay((first, rest), SimpleNamespace(num_real=1), launch("beside"))
-    here = threading.current_thread().name
-    assert order[0] == ("first", here)
-    assert [name for name, _ in order[1:]] == ["rest", "beside"]
-    assert all(thread.startswith("hybrid-beside-step") for _, thread in order[1:])
-    assert driver.calls == [(7, 1, here)]

@@ -17,7 +17,6 @@ import torch
 
 from cpu_kernels.runtime.layer_driver import one_region_safe
 from hybrid.engine.config import EngineConfig
-from hybrid.engine.graphs.whole_step import FIRST_PIECES
 from hybrid.engine.llm import LLM
 from hybrid.engine.step.decoder import StepState
 from hybrid.engine.step.forward_batch import ForwardBatch
@@ -89,7 +88,7 @@ def test_whole_step_equals_pieces(models, mode, one_call, short, defer, held, tm
     assert bridge.ready.tolist() == bridge.done.tolist() == [0] * len(program.moe_layers)
     for step in range(2):  # a second step: flags left from the first never pass for it
         # the second as WholeStepGraphs replays it: the sequence number staged on the host and
-        # loaded by the step's first graph, the step in two parts
+        # loaded by the step's graph itself
         seq = bridge.next_seq() if step == 0 else bridge.stage_seq()
         errors: list[BaseException] = []
 
@@ -100,13 +99,9 @@ def test_whole_step_equals_pieces(models, mode, one_call, short, defer, held, tm
                 errors.append(e)
         thread = threading.Thread(target=answer)
         thread.start()
-        state = StepState(_batch(runner, decodes), num_real=2)
-        if step == 0:
-            got = program.run_on_device(state)
-        else:
+        if step:
             bridge.load_seq()
-            assert program.run_on_device(state, 0, FIRST_PIECES) is None
-            got = program.run_on_device(state, FIRST_PIECES)
+        got = program.run_on_device(StepState(_batch(runner, decodes), num_real=2))
         thread.join()
         assert not errors and int(bridge.error[0]) == 0
         assert bridge.done.tolist() == [seq] * len(program.moe_layers)

@@ -4,14 +4,6 @@ answer); the host launches it and then drives every layer's CPU experts from one
 (HostExperts) while it runs. Nothing is launched per layer and no host code runs between two
 layers' experts but a spin on a flag.
 
-The step is captured as two graphs: `first`, the staged rows and sequence number fetched onto
-the device and the work up to the first MoE layer's hand-over (a few dozen nodes), and `rest`.
-Launching a graph costs the host time in proportion to its nodes (hundreds of microseconds for
-the rest of a V2-Lite step), before which the GPU starts nothing: the caller launches `first`,
-hands the launch of `rest` to the thread below, and drives the CPU experts at once, so the
-first layer's experts start while `rest` is still being launched (its first node waits for
-their answer anyway).
-
 Work `beside` the step (a prompt's layers launched on a stream of their own) runs on a thread
 of this object's while the calling thread drives the CPU experts: the driver is numba without
 the GIL, so the launches and the experts run at once instead of one after the other. The
@@ -27,13 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from hybrid.engine.graphs.capture import captured
-from hybrid.engine.graphs.launch import launch
 from hybrid.engine.step.decoder import DecoderProgram, StepState
 from hybrid.engine.step.host_experts import HostExperts
 from hybrid.errors import DeviceLost
-
-# the pieces `first` captures: the work up to the first MoE layer's router, and its hand-over
-FIRST_PIECES = 2
 
 
 class WholeStepGraphs:
@@ -49,50 +37,45 @@ class WholeStepGraphs:
         if progress is not None:
             progress(f"the CPU experts of a decode step: {self.host.describe()}")
 
-    def capture(self, state: StepState, pools: dict, static
-                ) -> tuple[torch.cuda.CUDAGraph, torch.cuda.CUDAGraph]:
+    def capture(self, state: StepState, pools: dict, static) -> torch.cuda.CUDAGraph:
         """pools: a graph memory pool per device (one here: the step runs on one GPU); static:
-        the bucket's StaticStep, whose staged rows `first` fetches. -> (first, rest)."""
-        bridge = self.program.bridge
+        the bucket's StaticStep, whose staged rows the graph fetches first, with the step's
+        sequence number (nothing is launched between staging them and the replay)."""
         # flags and seq are all 0: the waits pass at once (this compiles the hand-over kernels
         # outside the capture)
         self.program.run_on_device(state)
         torch.cuda.synchronize(self.device)
-        first, rest = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-        with captured(first, pools[self.device]):
+        g = torch.cuda.CUDAGraph()
+        with captured(g, pools[self.device]):
             static.fetch()
-            bridge.load_seq()
-            self.program.run_on_device(state, 0, FIRST_PIECES)
-        with captured(rest, pools[self.device]):
-            self.program.run_on_device(state, FIRST_PIECES)
-        return first, rest
+            self.program.bridge.load_seq()
+            self.program.run_on_device(state)
+        return g
 
-    def replay(self, graphs: tuple[torch.cuda.CUDAGraph, torch.cuda.CUDAGraph],
-               state: StepState, beside: Callable[[], None] | None = None) -> None:
-        """The step's graphs (the rows staged by StaticStep.load), its CPU experts driven
-        meanwhile on this thread; the launch of `rest`, then `beside()`, on another thread at
-        the same time (under inference mode, on this device and stream)."""
+    def replay(self, graph: torch.cuda.CUDAGraph, state: StepState,
+               beside: Callable[[], None] | None = None) -> None:
+        """The step's graph (its rows staged by StaticStep.load), its CPU experts driven
+        meanwhile on this thread; `beside()` run on another thread at the same time (under
+        inference mode, on this device)."""
         bridge = self.program.bridge
         if bridge.gave_up:
             raise DeviceLost(f"a CUDA graph stopped waiting for the CPU experts of MoE layer "
                              f"{bridge.gave_up - 1} (see the log for the failure before it); "
                              f"restart the server")
-        first, rest = graphs
-        seq = bridge.stage_seq()  # `first` loads it
-        first.replay()
-        launched = self._beside.submit(self._in_context, torch.cuda.current_stream(self.device)
-                                       if self.device.type == "cuda" else None, rest, beside)
+        seq = bridge.stage_seq()  # the graph loads it
+        graph.replay()
+        if beside is None:
+            self.host.run(seq, state.num_real)
+            return
+        launched = self._beside.submit(self._in_context, beside)
         try:
             self.host.run(seq, state.num_real)
         finally:
             launched.result()  # its launches done (or its error raised) before anything else
 
-    def _in_context(self, stream, rest, beside: Callable[[], None] | None) -> None:
-        """`rest` launched on the caller's stream, then beside(), on a thread of its own with
-        the caller's per-thread torch state."""
+    def _in_context(self, fn: Callable[[], None]) -> None:
+        """fn() on a thread of its own with the caller's per-thread torch state."""
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # the current device is per thread
-        launch(rest, stream)  # without the GIL: the caller enters the driver meanwhile
-        if beside is not None:
-            with torch.inference_mode():
-                beside()
+        with torch.inference_mode():
+            fn()

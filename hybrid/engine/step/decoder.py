@@ -160,14 +160,12 @@ class DecoderProgram:
             piece.run(st)
         return st.logits if stop == len(self.pieces) else None
 
-    def run_on_device(self, st: StepState, start: int = 0, stop: int | None = None
-                      ) -> torch.Tensor | None:
-        """Pieces [start, stop) of the step (all by default) as device work only (to capture
-        whole): host pieces become their twins, so the CPU experts must be driven by someone
-        else (HostExperts) meanwhile. -> the logits once the last piece ran, else None."""
-        for piece in self.pieces[start:stop]:
+    def run_on_device(self, st: StepState) -> torch.Tensor:
+        """The step as device work only (to capture whole): host pieces become their twins,
+        so the CPU experts must be driven by someone else (HostExperts) meanwhile."""
+        for piece in self.pieces:
             (piece.run if piece.on_device else piece.twin)(st)
-        return st.logits if stop is None or stop >= len(self.pieces) else None
+        return st.logits
 
     def _plan(self) -> list[Piece]:
         # the device work between two hand-overs, as (device, step) pairs (a device of None:
