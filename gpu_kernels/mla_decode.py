@@ -11,7 +11,7 @@ log-sum-exp. The split count is fixed at launch while the lengths are read on th
 one launch (or one captured CUDA graph) serves sequences of any length. A sequence uses only
 the splits its length fills (`_used_splits`, whole blocks each): a graph's count is sized for
 the longest sequence the cache holds, and a short one's empty splits neither store nor get
-merged (at 1 row of 128 tokens they took the call from 9 to 17 us). A sequence of length 0
+merged (docs/serving.md has what they cost). A sequence of length 0
 (a padding row) gets zeros. Products run on tensor cores in bf16x2 for a bf16 cache: its rows
 as they are, each fp32 query and probability as the sum of two bf16 (two products), so the
 output is within ~3e-6 of the float64 reference (tf32 products: ~4e-4) at the same speed

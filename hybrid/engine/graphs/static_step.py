@@ -8,7 +8,8 @@ kernel reads the array from pinned memory (gpu_kernels/handshake.py's fetch: a c
 behind a long prompt's expert uploads on the host-to-device copy engine). That kernel is
 launched by `load`, or, for graphs that capture `fetch` as their first work (the whole-step
 form), by the replay itself: nothing is launched between staging and replaying. Either way the
-staging buffer is rewritten only after the step that read it ran (its tokens were read back).
+staging buffer is rewritten only after the step that read it is past its first MoE layer (its
+fetch comes before that layer's hand-over, which the host's experts answered).
 Padding rows sample too; their logits are dropped.
 """
 

@@ -115,8 +115,8 @@ class ExpertsBridge:
     def stage_seq(self) -> int:
         """A new step's sequence number, written to pinned host memory only: a whole-step graph
         loads it onto the device itself (`load_seq`, its first work), so nothing is launched
-        before the replay. Invariant: the graph that read the last one has run (its step's
-        tokens were read back)."""
+        before the replay. Invariant: the graph that read the last one is past its first MoE
+        layer (HostExperts.run answered its flags, which carry the number it read)."""
         self.step_seq += 1
         self._seq_np[0] = self.step_seq
         return self.step_seq
