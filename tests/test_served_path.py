@@ -246,3 +246,28 @@ def test_bench_serve_peer_measures_hybrid_as_users_start_it(tmp_path, models) ->
     assert ours["decode_tok_s"] == sorted(ours["decode_samples"])[1]
     mixed = ours["mixed"]["4.0"]
     assert mixed["requests"] == 3 and 0 <= mixed["goodput_req_s"] and mixed["ttft_p99_s"] > 0
+
+
+def test_probe_decode_host_accounts_for_every_step(tmp_path, models) -> None:
+    """scripts/probe_decode_host.py at a CPU size: each step's phases add up to the step (they
+    are consecutive stretches of one clock), and its greedy tokens are the engine's."""
+    from hybrid.engine.config import EngineConfig
+    from hybrid.engine.llm import LLM
+    from hybrid.engine.sampling.sampling_params import SamplingParams
+
+    out, path = tmp_path / "probe.json", str(models.path("tiny-v3", "q4_k_m"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "scripts/probe_decode_host.py", "--gguf-path", path,
+                    "--optimize-rules", "cpu", "--gen-len", "14", "--prompt-len", "5",
+                    "--json", str(out)], cwd=ROOT, env=env, check=True, capture_output=True,
+                   timeout=600)
+    rows = json.loads(out.read_text())
+    assert len(rows["steps"]) == 14 - 8 - 1  # after the warm steps, the last one left out
+    for step in rows["steps"]:
+        parts = sum(v for k, v in step.items() if k != "step")
+        assert step["forward"] > 0 and abs(parts - step["step"]) < 1.0  # us
+    prompt = [(7 * i + 3) % 1000 + 10 for i in range(5)]  # the probe's prompt
+    llm = LLM(path, "cpu", engine_config=EngineConfig())
+    want = llm.generate(prompt_token_ids=[prompt], sampling_params=SamplingParams(
+        temperature=0, max_tokens=14, ignore_eos=True))[0].outputs[0].token_ids
+    assert rows["tokens"] == want
