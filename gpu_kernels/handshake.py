@@ -5,8 +5,8 @@ With these a whole decode step is one CUDA graph even though each MoE layer's ro
 on the CPU (cpu_kernels/runtime/layer_driver.py is the other side): nothing is launched per layer, and
 each hand-over costs a PCIe write and a few polled reads instead of a host wake-up and a launch.
 
-Flags hold a step's sequence number, read from a device int64 (`seq`) the host sets per step, so
-they never need resetting and a flag left from an earlier step never passes for this one.
+Flags hold a step's sequence number, read from a device int64 (`seq`) that each step loads
+from the host's pinned copy (by `fetch`), so they never need resetting and a flag left from an earlier step never passes for this one.
 
 - signal(flags, index, seq): flags[index] = seq, a system-scope release store. Stream order puts
   it after the copies before it, which are then complete in host memory.
@@ -14,9 +14,8 @@ they never need resetting and a flag left from an earlier step never passes for 
   `max_spins` polls (~1 us each over PCIe: the default is ~10-20 s) it gives up and sets
   error[0] = index + 1, so a host that died never hangs the GPU; the host checks `error` per
   step (and names the flag that gave up).
-- fetch(src, dst): dst = src (pinned host memory), read by a kernel over PCIe, and
-  set_seq(seq, value): seq[0] = value, the value a launch argument. Neither is a copy: a copy
-  from the host queues on a host-to-device copy engine behind whatever that engine carries
+- fetch(src, dst): dst = src (pinned host memory), read by a kernel over PCIe. Not a copy: a
+  copy from the host queues on a host-to-device copy engine behind whatever that engine carries
   (a long prompt's expert uploads, a layer's experts each), and a decode step's graph would
   wait there at every MoE layer (docs/long-prompts.md, "The copy engine").
 """
@@ -56,11 +55,6 @@ def _fetch_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
     tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=mask, volatile=True), mask=mask)
 
 
-@triton.jit(do_not_specialize=["value"])  # one variant for every step's number
-def _set_kernel(ptr, value):
-    tl.store(ptr, value)
-
-
 def _check(flags: torch.Tensor, index: int, seq: torch.Tensor) -> None:
     if flags.dtype != torch.int64 or seq.dtype != torch.int64 or not 0 <= index < flags.numel():
         raise ValueError(f"flags {flags.dtype}[{flags.numel()}] index {index}, seq {seq.dtype}")
@@ -97,19 +91,8 @@ def fetch(src: torch.Tensor, dst: torch.Tensor) -> None:
                                                      num_warps=4)
 
 
-def set_seq(seq: torch.Tensor, value: int) -> None:
-    """seq: [1] int64 on the device; set in stream order."""
-    if seq.dtype != torch.int64 or seq.numel() != 1:
-        raise ValueError(f"seq {seq.dtype}[{seq.numel()}]")
-    _set_kernel[(1,)](seq, value, num_warps=1)
-
-
 def fetch_ref(src: torch.Tensor, dst: torch.Tensor) -> None:
     dst.copy_(src)
-
-
-def set_seq_ref(seq: torch.Tensor, value: int) -> None:
-    seq.fill_(value)
 
 
 def signal_ref(flags: torch.Tensor, index: int, seq: torch.Tensor) -> None:

@@ -1,6 +1,6 @@
 """The GPU side of the CPU-experts hand-over, against its reference: signal writes the step's
 sequence number; wait passes on an equal flag and reports a stale one after its spins; fetch
-reads the experts' answer from pinned memory; set_seq sets the step's number."""
+reads the experts' answer (and the step's number) from pinned memory."""
 
 from __future__ import annotations
 
@@ -10,8 +10,6 @@ import torch
 from gpu_kernels.handshake import (
     fetch,
     fetch_ref,
-    set_seq,
-    set_seq_ref,
     signal,
     signal_ref,
     wait,
@@ -70,10 +68,3 @@ def test_fetch_refuses_what_it_cannot_read(device) -> None:
         with pytest.raises(ValueError, match="pinned"):
             fetch(torch.zeros(2, 3), torch.zeros(2, 3, device=device))
 
-
-@pytest.mark.parametrize("value", [1, 16, 12345, 1 << 40])
-def test_set_seq(value: int, device) -> None:
-    seq, ref = torch.zeros(1, dtype=torch.int64, device=device), torch.zeros(1, dtype=torch.int64)
-    set_seq(seq, value)
-    set_seq_ref(ref, value)
-    assert seq.tolist() == ref.tolist() == [value]

@@ -86,10 +86,9 @@ def test_whole_step_equals_pieces(models, mode, one_call, short, defer, held, tm
     elif one_call and one_region_safe():
         assert "one parallel region" in host.describe()
     assert bridge.ready.tolist() == bridge.done.tolist() == [0] * len(program.moe_layers)
-    for step in range(2):  # a second step: flags left from the first never pass for it
-        # the second as WholeStepGraphs replays it: the sequence number staged on the host and
-        # loaded by the step's graph itself
-        seq = bridge.next_seq() if step == 0 else bridge.stage_seq()
+    for _ in range(2):  # a second step: flags left from the first never pass for it
+        # as WholeStepGraphs replays it: the number staged on the host, loaded by the step
+        seq = bridge.stage_seq()
         errors: list[BaseException] = []
 
         def answer(seq=seq, errors=errors):
@@ -99,8 +98,7 @@ def test_whole_step_equals_pieces(models, mode, one_call, short, defer, held, tm
                 errors.append(e)
         thread = threading.Thread(target=answer)
         thread.start()
-        if step:
-            bridge.load_seq()
+        bridge.load_seq()
         got = program.run_on_device(StepState(_batch(runner, decodes), num_real=2))
         thread.join()
         assert not errors and int(bridge.error[0]) == 0

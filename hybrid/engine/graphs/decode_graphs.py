@@ -50,7 +50,7 @@ class DecodeGraphs:
             static = StaticStep(b, page_size, max_pages, cache, device, attention)
             program.run(static.state)  # warm-up: compiles every kernel of this shape
             _synchronize(devices)
-            self._buckets[b] = (static, self.form.capture(static.state, pools, static))
+            self._buckets[b] = (static, self.form.capture(static, pools))
             _synchronize(devices)
 
     @property

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from hybrid.engine.graphs.capture import captured
+from hybrid.engine.graphs.static_step import StaticStep
 from hybrid.engine.step.decoder import DecoderProgram, StepState
 
 
@@ -20,11 +21,11 @@ class PiecewiseGraphs:
         self.program = program
         self._streams: dict = {}  # a capture stream per GPU (a model over several)
 
-    def capture(self, state: StepState, pools: dict, static=None
-                ) -> list[torch.cuda.CUDAGraph | None]:
-        """pools: a graph memory pool per device -> a graph per device piece, None for host
-        pieces (the kernels already compiled). static: the bucket's StaticStep, whose rows its
-        load fetches before the replays (not captured here)."""
+    def capture(self, static: StaticStep, pools: dict) -> list[torch.cuda.CUDAGraph | None]:
+        """static: the bucket's StaticStep (its state; its rows are fetched by its load, before
+        the replays); pools: a graph memory pool per device -> a graph per device piece, None
+        for host pieces (the kernels already compiled)."""
+        state = static.state
         spread = len(pools) > 1  # each GPU's pieces captured with it current, on its stream
         graphs = []
         for piece in self.program.pieces:

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from hybrid.engine.graphs.capture import captured
+from hybrid.engine.graphs.static_step import StaticStep
 from hybrid.engine.step.decoder import DecoderProgram, StepState
 from hybrid.engine.step.host_experts import HostExperts
 from hybrid.errors import DeviceLost
@@ -37,10 +38,11 @@ class WholeStepGraphs:
         if progress is not None:
             progress(f"the CPU experts of a decode step: {self.host.describe()}")
 
-    def capture(self, state: StepState, pools: dict, static) -> torch.cuda.CUDAGraph:
-        """pools: a graph memory pool per device (one here: the step runs on one GPU); static:
-        the bucket's StaticStep, whose staged rows the graph fetches first, with the step's
-        sequence number (nothing is launched between staging them and the replay)."""
+    def capture(self, static: StaticStep, pools: dict) -> torch.cuda.CUDAGraph:
+        """static: the bucket's StaticStep, whose staged rows the graph fetches first, with the
+        step's sequence number (nothing is launched between staging them and the replay);
+        pools: a graph memory pool per device (one here: the step runs on one GPU)."""
+        state = static.state
         # flags and seq are all 0: the waits pass at once (this compiles the hand-over kernels
         # outside the capture)
         self.program.run_on_device(state)

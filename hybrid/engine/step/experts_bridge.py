@@ -20,7 +20,7 @@ On a CPU placement the buffers are plain host tensors and the event is skipped.
 A decode step captured whole (one CUDA graph for all layers) replaces mark/compute with flags in
 mapped pinned memory (gpu_kernels/handshake.py): `signal(l)` after the copies, the host side
 (host_experts.py) waits for it, runs the experts and raises done[l], which `wait(l)` waits for
-on the GPU before `receive`. Flags carry the step's sequence number (`next_seq`).
+on the GPU before `receive`. Flags carry the step's sequence number (`stage_seq`, `load_seq`).
 """
 
 from __future__ import annotations
@@ -85,32 +85,17 @@ class ExpertsBridge:
         self.done = torch.zeros(num_layers, dtype=torch.int64, pin_memory=pin)  # CPU -> GPU
         self.error = torch.zeros(1, dtype=torch.int32, pin_memory=pin)  # a wait gave up
         self.seq = torch.zeros(1, dtype=torch.int64, device=self.device)
-        if pin:  # compiled now, not in the first request's step (next_seq's kernel)
-            from gpu_kernels.handshake import set_seq
-
-            set_seq(self.seq, 0)
-        # numpy views: per step, a torch element read or write costs microseconds
         self._seq_host = torch.zeros(1, dtype=torch.int64, pin_memory=pin)
+        # numpy views: per step, a torch element read or write costs microseconds
         self._seq_np, self._error_np = self._seq_host.numpy(), self.error.numpy()
+        if pin:  # its kernel compiled now, not in a capture or the first request's step
+            self.load_seq()
 
     @property
     def gave_up(self) -> int:
         """1 + the MoE layer whose GPU wait stopped polling before its flag came, 0 while none
         did (set by the device, read here)."""
         return int(self._error_np[0])
-
-    def next_seq(self) -> int:
-        """A new step's sequence number, set on the device on the current stream (before the
-        step's graph replays: the flags of this step are compared with it)."""
-        self.step_seq += 1
-        if self.seq.device.type == "cuda":  # a launch argument: no copy engine
-            from gpu_kernels.handshake import set_seq
-
-            set_seq(self.seq, self.step_seq)
-        else:
-            self._seq_np[0] = self.step_seq
-            self.seq.copy_(self._seq_host)
-        return self.step_seq
 
     def stage_seq(self) -> int:
         """A new step's sequence number, written to pinned host memory only: a whole-step graph
@@ -122,7 +107,9 @@ class ExpertsBridge:
         return self.step_seq
 
     def load_seq(self) -> None:
-        """GPU work (captured): the sequence number `stage_seq` wrote, onto the device."""
+        """GPU work (captured): the sequence number `stage_seq` wrote, onto the device (a
+        kernel reading pinned memory: a copy would queue on the copy engine behind a long
+        prompt's expert uploads)."""
         from gpu_kernels.handshake import fetch
 
         fetch(self._seq_host, self.seq)
