@@ -12,6 +12,7 @@ variant the engine launches for sm_90, so CI catches those on a machine without 
 from __future__ import annotations
 
 import argparse
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -144,16 +145,21 @@ def variants() -> Iterator[Variant]:
                        "C": "constexpr", "BS": "constexpr"},
                       {"C": 512, "BS": mla_decode.decode_tiles(heads)[1]})
     for h in (2048, 7168):
-        for qmax, qtype in ((0.0, "*fp32"), (32767.0, "*i16")):
-            yield Variant(f"add_rmsnorm H={h}{' +int16 x' if qmax else ''}",
+        for (qmax, qtype), wait in (((0.0, "*fp32"), False), ((32767.0, "*i16"), False),
+                                    ((32767.0, "*i16"), True)):
+            yield Variant(f"add_rmsnorm H={h}{' +int16 x' if qmax else ''}"
+                          f"{' awaiting the host' if wait else ''}",
                           fused._add_rmsnorm_kernel,
-                          {**_sig("x_ptr d_ptr d2_ptr w_ptr y_ptr q_ptr qd_ptr qs_ptr H eps sx",
+                          {**_sig("x_ptr d_ptr d2_ptr w_ptr y_ptr q_ptr qd_ptr qs_ptr H eps sx "
+                                  "fl_ptr fl_index seq_ptr err_ptr max_spins",
                                   f"*fp32 *fp32 *fp32 *fp32 *fp32 {qtype} *fp32 *fp32 i32 fp32 "
-                                  "i32"),
-                           "HAS_D": "constexpr", "HAS_D2": "constexpr", "BH": "constexpr",
-                           "QMAX": "constexpr"},
-                          {"HAS_D": True, "HAS_D2": True, "BH": 8192 if h > 4096 else 2048,
-                           "QMAX": qmax}, 8 if h > 4096 else 4)
+                                  # not awaiting, x stands in for the flag's pointers
+                                  + ("i32 *i64 i32 *i64 *i32 i32" if wait
+                                     else "i32 *fp32 i32 *fp32 *fp32 i32")),
+                           **dict.fromkeys(["HAS_D", "HAS_D2", "AWAIT", "BH", "QMAX"],
+                                           "constexpr")},
+                          {"HAS_D": True, "HAS_D2": True, "AWAIT": wait,
+                           "BH": 8192 if h > 4096 else 2048, "QMAX": qmax}, 8 if h > 4096 else 4)
     yield Variant("rope_cache", fused._rope_cache_kernel,
                   {**_sig("q_ptr kv_ptr pos_ptr slot_ptr nw_ptr inv_ptr cache_ptr NH q_stride "
                           "NOPE eps rope_scale sq skv",
@@ -166,16 +172,23 @@ def variants() -> Iterator[Variant]:
                               f"*fp32 *fp32 {qtype} *fp32 *fp32 i32 fp32"),
                        "BI": "constexpr", "QMAX": "constexpr", "CLAMP": "constexpr"},
                       {"BI": 1024, "QMAX": qmax, "CLAMP": False})
-    for e, k, groups in ((64, 6, 1), (256, 8, 8), (384, 8, 1)):
+    for (e, k, groups), send in itertools.product(((64, 6, 1), (256, 8, 8), (384, 8, 1)),
+                                                  (False, True)):
         be = 1 << (e - 1).bit_length()
-        yield Variant(f"route E={e}", router._route_kernel,
-                      {**_sig("logit_ptr bias_ptr w_ptr id_ptr E scale",
-                              "*fp32 *fp32 *fp32 *i64 i32 fp32"),
+        # not sending, the logits stand in for the hand-over's pointers
+        hand = "*fp32 *fp32 *fp32 *i64 i32 *i64 i32 *i64 *i32" if send \
+            else "*fp32 *fp32 *fp32 *i64 i32 *fp32 i32 *fp32 *fp32"
+        yield Variant(f"route E={e}{' sending to the host' if send else ''}",
+                      router._route_kernel,
+                      {**_sig("logit_ptr bias_ptr w_ptr id_ptr E scale x_ptr hx_ptr hw_ptr "
+                              "hid_ptr H fl_ptr fl_index seq_ptr cnt_ptr",
+                              "*fp32 *fp32 *fp32 *i64 i32 fp32 " + hand),
                        **dict.fromkeys(["SIGMOID", "HAS_BIAS", "NORM", "K", "KP", "G", "TOPK_G",
-                                        "BE", "PER"], "constexpr")},
+                                        "BE", "PER", "SEND", "BX"], "constexpr")},
                       {"SIGMOID": groups > 1, "HAS_BIAS": groups > 1, "NORM": groups > 1,
                        "K": k, "KP": 8, "G": groups, "TOPK_G": 4 if groups > 1 else 1,
-                       "BE": be, "PER": be // groups})
+                       "BE": be, "PER": be // groups, "SEND": send,
+                       "BX": router.SEND_BLOCK})
     yield Variant("handshake signal", handshake._signal_kernel,
                   _sig("flags_ptr index seq_ptr", "*i64 i32 *i64"), {}, 1)
     yield Variant("handshake wait", handshake._wait_kernel,

@@ -1,6 +1,7 @@
 """Small fused operators of a DeepSeek layer: one launch where torch would run several.
 
-    add_rmsnorm    x += delta (+ delta2), in place; normed = x * rsqrt(mean(x^2) + eps) * w
+    add_rmsnorm    x += delta (+ delta2), in place; normed = x * rsqrt(mean(x^2) + eps) * w;
+                   delta2 may be the CPU experts' answer in pinned memory, waited for here
     rope_cache     RoPE on the queries' rope dims, in place; the latent (RMS-normed) and the
                    rotated shared key written to the paged cache rows of their tokens
     silu_mul       silu(gate) * up; with a `limit` (DeepSeek-V4's clamped SwiGLU) gate clamped
@@ -23,21 +24,26 @@ import triton
 import triton.language as tl
 
 from gpu_kernels.device_function import device_function
+from gpu_kernels.handshake import MAX_SPINS, Awaited, spin
 from gpu_kernels.qdot_i8 import _QMAX, XQ, quant_store
 from gpu_kernels.reference import add_rmsnorm_ref, rope_cache_ref, silu_mul_ref  # noqa: F401
 
 
 @triton.jit
 def _add_rmsnorm_kernel(x_ptr, d_ptr, d2_ptr, w_ptr, y_ptr, q_ptr, qd_ptr, qs_ptr, H, eps, sx,
-                        HAS_D: tl.constexpr, HAS_D2: tl.constexpr, BH: tl.constexpr,
-                        QMAX: tl.constexpr):
+                        fl_ptr, fl_index, seq_ptr, err_ptr, max_spins,
+                        HAS_D: tl.constexpr, HAS_D2: tl.constexpr, AWAIT: tl.constexpr,
+                        BH: tl.constexpr, QMAX: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BH)
     m = c < H
     x = tl.load(x_ptr + row * sx + c, mask=m, other=0.0)
     if HAS_D:
         x += tl.load(d_ptr + row * H + c, mask=m, other=0.0)
-        if HAS_D2:
+        if AWAIT:  # delta2 is the host's answer: in pinned memory once the flag is up
+            spin(fl_ptr, fl_index, seq_ptr, err_ptr, max_spins)
+            x += tl.load(d2_ptr + row * H + c, mask=m, other=0.0, volatile=True)
+        elif HAS_D2:
             x += tl.load(d2_ptr + row * H + c, mask=m, other=0.0)
         tl.store(x_ptr + row * sx + c, x, mask=m)
     inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / H + eps)
@@ -52,19 +58,31 @@ def _add_rmsnorm_kernel(x_ptr, d_ptr, d2_ptr, w_ptr, y_ptr, q_ptr, qd_ptr, qs_pt
 
 def add_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float,
                 delta: torch.Tensor | None = None, delta2: torch.Tensor | None = None,
-                out: torch.Tensor | None = None, xq: XQ | None = None) -> torch.Tensor:
+                out: torch.Tensor | None = None, xq: XQ | None = None,
+                awaited: Awaited | None = None) -> torch.Tensor:
     """x: [T, H] f32, rows may be strided (updated in place when deltas are given); deltas
-    [T, H] dense -> normed [T, H] f32 (also into xq, [T, H] quantized, when given)."""
+    [T, H] dense -> normed [T, H] f32 (also into xq, [T, H] quantized, when given).
+    `awaited` (with `delta`, not `delta2`): the second delta is the host's answer, waited for
+    and read from pinned memory by this launch (handshake.py; its `resolve` is the same in
+    two launches)."""
     t, h = x.shape
     if x.stride(-1) != 1:
         raise ValueError("add_rmsnorm needs x's rows dense")
+    if awaited is not None and (delta is None or delta2 is not None
+                                or awaited.src.shape[0] < t or awaited.src.shape[1] != h):
+        raise ValueError(f"add_rmsnorm awaits host rows {tuple(awaited.src.shape)} as its "
+                         f"second delta of [{t}, {h}], after a first one")
     out = out if out is not None else torch.empty(t, h, dtype=x.dtype, device=x.device)
     d = delta.contiguous() if delta is not None else x
-    d2 = delta2.contiguous() if delta2 is not None else d
+    d2 = awaited.src if awaited is not None else \
+        delta2.contiguous() if delta2 is not None else d
     q = xq or (out, out, out)
-    _add_rmsnorm_kernel[(t,)](x, d, d2, weight, out, *q, h, eps, x.stride(0),
-                              HAS_D=delta is not None,
-                              HAS_D2=delta2 is not None, BH=triton.next_power_of_2(h),
+    flag = (awaited.flags, awaited.index, awaited.seq, awaited.error) if awaited is not None \
+        else (x, 0, x, x)
+    _add_rmsnorm_kernel[(t,)](x, d, d2, weight, out, *q, h, eps, x.stride(0), *flag,
+                              MAX_SPINS, HAS_D=delta is not None,
+                              HAS_D2=delta2 is not None or awaited is not None,
+                              AWAIT=awaited is not None, BH=triton.next_power_of_2(h),
                               QMAX=_qmax(xq, h), num_warps=8 if h > 4096 else 4)
     return out
 

@@ -18,25 +18,40 @@ from the host's pinned copy (by `fetch`), so they never need resetting and a fla
   copy from the host queues on a host-to-device copy engine behind whatever that engine carries
   (a long prompt's expert uploads, a layer's experts each), and a decode step's graph would
   wait there at every MoE layer (docs/long-prompts.md, "The copy engine").
+
+The kernels that consume or produce a hand-over can take its two halves into their own launch
+(a whole-step graph's MoE layer then costs four launches fewer, each ~1-2 us of the GPU's time
+between two layers, during which the CPU waits): `Awaited` is a host answer that the next
+kernel waits for and reads itself (fused.add_rmsnorm), `Handover` the pinned buffers and flag
+that a kernel writes and raises itself (router.route). `spin` and `raise_flag` are the device
+functions they share with `wait` and `signal`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from gpu_kernels.device_function import device_function
+
 MAX_SPINS = 10_000_000
 
 
-@triton.jit
-def _signal_kernel(flags_ptr, index, seq_ptr):
+@device_function
+def raise_flag(flags_ptr, index, seq_ptr):
+    """flags[index] = seq: a system-scope release, so every write this program made or saw
+    before it (a barrier's, an earlier kernel's in stream order) reaches the host first."""
     seq = tl.load(seq_ptr)
     tl.atomic_xchg(flags_ptr + index, seq, sem="release", scope="sys")
 
 
-@triton.jit
-def _wait_kernel(flags_ptr, index, seq_ptr, error_ptr, max_spins):
+@device_function
+def spin(flags_ptr, index, seq_ptr, error_ptr, max_spins):
+    """Poll flags[index] until it equals seq; after max_spins polls set error[0] = index + 1
+    and return (the host checks `error`: a host that died never hangs the GPU)."""
     seq = tl.load(seq_ptr)
     seen = tl.load(flags_ptr + index, volatile=True)
     spins = 0
@@ -45,6 +60,16 @@ def _wait_kernel(flags_ptr, index, seq_ptr, error_ptr, max_spins):
         spins += 1
     if seen != seq:
         tl.store(error_ptr, index + 1)
+
+
+@triton.jit
+def _signal_kernel(flags_ptr, index, seq_ptr):
+    raise_flag(flags_ptr, index, seq_ptr)
+
+
+@triton.jit
+def _wait_kernel(flags_ptr, index, seq_ptr, error_ptr, max_spins):
+    spin(flags_ptr, index, seq_ptr, error_ptr, max_spins)
 
 
 @triton.jit(do_not_specialize=["n"])  # one variant a dtype, whatever the rows
@@ -103,3 +128,50 @@ def wait_ref(flags: torch.Tensor, index: int, seq: torch.Tensor, error: torch.Te
     """The reference never spins: a flag not yet equal is the error."""
     if int(flags[index]) != int(seq[0]):
         error[0] = index + 1
+
+
+@dataclass(frozen=True)
+class Awaited:
+    """Rows the host writes into pinned memory and then raises flags[index] = seq for: a
+    device delta that the kernel adding it waits for and reads itself (fused.add_rmsnorm's
+    `awaited`), or, where no kernel takes it, `resolve()` waits and fetches it into `dst`.
+    src: [T, H] pinned host rows; dst: [T, H] on the device (src itself off a GPU)."""
+
+    src: torch.Tensor
+    dst: torch.Tensor
+    flags: torch.Tensor  # [L] int64, mapped pinned
+    index: int
+    seq: torch.Tensor  # [1] int64 on the device
+    error: torch.Tensor  # [1] int32, mapped pinned
+
+    def resolve(self) -> torch.Tensor:
+        """GPU work: wait for the flag, then dst = src -> dst."""
+        wait(self.flags, self.index, self.seq, self.error)
+        if self.dst is not self.src:
+            fetch(self.src, self.dst)
+        return self.dst
+
+
+@dataclass(frozen=True)
+class Handover:
+    """Where a kernel that produces a hand-over writes it: the rows x [T, H] and the choices
+    ids / weights [T, K], all pinned host memory, then raises flags[index] = seq once every
+    program of its launch has written its part (the last one to count itself in `counter`,
+    a device int32 [1] that is 0 between launches)."""
+
+    x: torch.Tensor
+    ids: torch.Tensor
+    weights: torch.Tensor
+    flags: torch.Tensor
+    index: int
+    seq: torch.Tensor
+    counter: torch.Tensor
+
+    def send(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> None:
+        """GPU work, what a kernel that cannot take the hand-over does instead: three copies,
+        then the flag."""
+        n = x.shape[0]
+        self.x[:n].copy_(x, non_blocking=True)
+        self.ids[:n].copy_(ids, non_blocking=True)
+        self.weights[:n].copy_(weights, non_blocking=True)
+        signal(self.flags, self.index, self.seq)

@@ -31,6 +31,8 @@ class GateOp(nn.Module):
             self.recorder.add(self.layer_index, ids)
         return logits.to(hidden.device), weights.to(hidden.device), ids.to(hidden.device)
 
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x: [N, H] f32 on this op's device -> (logits [N, E], weights [N, K], ids [N, K])."""
-        return self.kernels.route(x, self.weight, self.quant, self.bias, self.spec)
+    def route(self, x: torch.Tensor, send=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: [N, H] f32 on this op's device -> (logits [N, E], weights [N, K], ids [N, K]).
+        send: a gpu_kernels.handshake.Handover that x and the choices then go to, its flag
+        raised (in the router's own launch on gpu_kernels)."""
+        return self.kernels.route(x, self.weight, self.quant, self.bias, self.spec, send)

@@ -1,4 +1,6 @@
-"""Fused small operators and the router against their torch references."""
+"""Fused small operators and the router against their torch references; the norm that waits for
+the CPU experts' answer and reads it itself, and the router that writes the hand-over and
+raises its flag, against the same launches without them."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from gpu_kernels.fused import (
     silu_mul,
     silu_mul_ref,
 )
+from gpu_kernels.handshake import Awaited, Handover
 from gpu_kernels.qdot_i8 import empty_xq, quantize_x_ref
 from gpu_kernels.router import route, route_ref
 from tests.gpu_kernels.conftest import rel_err
@@ -29,6 +32,48 @@ def test_add_rmsnorm(h: int, deltas: int, device) -> None:
     y = add_rmsnorm(x1, w, 1e-6, *args)
     y_ref = add_rmsnorm_ref(x2, w, 1e-6, *args)
     assert rel_err(y, y_ref) < 1e-6 and rel_err(x1, x2) < 1e-7
+
+
+def _pinned(t: torch.Tensor) -> torch.Tensor:
+    return t.pin_memory() if torch.cuda.is_available() else t
+
+
+def _awaited(src: torch.Tensor, flag: int, seq: int, device) -> Awaited:
+    flags = _pinned(torch.tensor([0, flag, 0], dtype=torch.int64))
+    error = _pinned(torch.zeros(1, dtype=torch.int32))
+    return Awaited(src, torch.empty(src.shape, device=device), flags, 1,
+                   torch.tensor([seq], device=device), error)
+
+
+@pytest.mark.parametrize("h,rows", [(64, 1), (2048, 1), (2048, 3), (7168, 2)])
+def test_add_rmsnorm_awaiting_the_host(h: int, rows: int, device) -> None:
+    """The host's rows (pinned, more than the step's) waited for and read by the norm's own
+    launch: the same x, normed rows and codes as the delta on the device; bit-equal."""
+    g = torch.Generator().manual_seed(h + rows)
+    x, d = (torch.randn(rows, h, generator=g).to(device) for _ in range(2))
+    host = _pinned(torch.randn(rows + 2, h, generator=g))
+    w = torch.rand(h, generator=g).to(device)
+    xq, xq_ref = empty_xq(rows, h, 16, device), empty_xq(rows, h, 16, device)
+    awaited = _awaited(host, 5, 5, device)
+    x1, x2 = x.clone(), x.clone()
+    y = add_rmsnorm(x1, w, 1e-6, d, out=None, xq=xq, awaited=awaited)
+    y_ref = add_rmsnorm(x2, w, 1e-6, d, host[:rows].to(device), xq=xq_ref)
+    assert torch.equal(y, y_ref) and torch.equal(x1, x2) and torch.equal(xq.q, xq_ref.q)
+    assert int(awaited.error[0]) == 0
+    got = awaited.resolve()  # the two-launch form: wait, then fetch
+    assert torch.equal(got.cpu(), host) and int(awaited.error[0]) == 0
+
+
+def test_add_rmsnorm_names_a_flag_that_never_came(device, monkeypatch) -> None:
+    from gpu_kernels import fused
+
+    monkeypatch.setattr(fused, "MAX_SPINS", 20)
+    x, d = torch.ones(1, 64, device=device), torch.ones(1, 64, device=device)
+    awaited = _awaited(_pinned(torch.ones(1, 64)), 4, 5, device)
+    add_rmsnorm(x, torch.ones(64, device=device), 1e-6, d, awaited=awaited)
+    assert int(awaited.error[0]) == 2  # index 1 + 1
+    with pytest.raises(ValueError, match="awaits host rows"):
+        add_rmsnorm(x, torch.ones(64, device=device), 1e-6, d, d, awaited=awaited)
 
 
 def _same_codes(xq, y: torch.Tensor, bits: int) -> None:
@@ -111,3 +156,35 @@ def test_route(e, k, sigmoid, groups, kept, norm, device) -> None:
     w_ref, ids_ref = route_ref(logits, bias, k, sigmoid, groups, kept, norm, 2.5)
     assert torch.equal(ids.cpu(), ids_ref.cpu())
     assert rel_err(w, w_ref) < 1e-6
+
+
+# the last: groups the kernel cannot take (route_ref's choice, then the copies and the flag)
+@pytest.mark.parametrize("e,k,sigmoid,groups,kept,norm",
+                         [ROUTERS[0], ROUTERS[1], ROUTERS[4], (40, 4, True, 5, 2, True)])
+@pytest.mark.parametrize("rows", [1, 3, 0])
+def test_route_sends_to_the_host(e, k, sigmoid, groups, kept, norm, rows, device) -> None:
+    """With a Handover the router's launch also writes the rows, ids and weights into pinned
+    memory and raises the flag once every program wrote (its counter back at 0), twice in a
+    row; the choices equal the launch without it."""
+    g = torch.Generator().manual_seed(e + rows)
+    logits = torch.randn(rows, e, generator=g).to(device)
+    bias = (torch.randn(e, generator=g) * 0.1).to(device) if sigmoid else None
+    h = 2100  # not a multiple of the copy's block
+    to = Handover(_pinned(torch.zeros(4, h)), _pinned(torch.zeros(4, k, dtype=torch.int64)),
+                  _pinned(torch.zeros(4, k)), _pinned(torch.zeros(2, dtype=torch.int64)), 1,
+                  torch.tensor([0], device=device),
+                  torch.zeros(1, dtype=torch.int32, device=device))
+    for seq in (7, 8):
+        to.seq.fill_(seq)
+        x = torch.randn(rows, h, generator=g).to(device)
+        w, ids = route(logits, bias, k, sigmoid, groups, kept, norm, 2.5, send=(x, to))
+        w_ref, ids_ref = route(logits, bias, k, sigmoid, groups, kept, norm, 2.5)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        assert torch.equal(ids, ids_ref) and torch.equal(w, w_ref)
+        assert torch.equal(to.ids[:rows], ids.cpu()) and torch.equal(to.weights[:rows], w.cpu())
+        assert torch.equal(to.x[:rows], x.cpu())
+        assert to.flags.tolist() == [0, seq] and int(to.counter[0]) == 0
+    with pytest.raises(ValueError, match="host buffers"):
+        route(torch.zeros(5, e, device=device), bias, k, sigmoid, groups, kept, norm, 2.5,
+              send=(torch.zeros(5, h, device=device), to))

@@ -6,7 +6,9 @@ logits equal the step run piece by piece (DecoderProgram.run), for the one-call 
 team is short of its workers) and the Python loop (exact experts), with expert deferral too
 (the host computes a layer's deferred experts while the device runs on), also beside GPU-held
 experts (`gpu_experts`: their slots reach the host as -1, never deferred), in device memory or
-in host memory (copied into the staging buffer inside the step)."""
+in host memory (copied into the staging buffer inside the step). The hand-overs take the
+fused launches (the router writes the rows and raises the flag; the next norm waits for the
+answer and reads it) wherever no GPU-held expert changes what the host gets."""
 
 from __future__ import annotations
 
@@ -86,6 +88,11 @@ def test_whole_step_equals_pieces(models, mode, one_call, short, defer, held, tm
     elif one_call and one_region_safe():
         assert "one parallel region" in host.describe()
     assert bridge.ready.tolist() == bridge.done.tolist() == [0] * len(program.moe_layers)
+    # the router's launch sends the rows and raises the flag (not with held experts, whose
+    # slots the host gets as -1: copies, then the flag)
+    sends = []
+    send = bridge.send
+    monkeypatch.setattr(bridge, "send", lambda *a: (sends.append(1), send(*a)))
     for _ in range(2):  # a second step: flags left from the first never pass for it
         # as WholeStepGraphs replays it: the number staged on the host, loaded by the step
         seq = bridge.stage_seq()
@@ -108,6 +115,7 @@ def test_whole_step_equals_pieces(models, mode, one_call, short, defer, held, tm
             assert len(timeline) == len(program.moe_layers)
             assert timeline[0][0] == 0 and all(w >= 0 and b > 0 for w, b in timeline)
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert len(sends) == (2 * len(program.moe_layers) if held else 0)
 
 
 def _batch(runner, chunks) -> ForwardBatch:

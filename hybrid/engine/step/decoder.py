@@ -47,9 +47,10 @@ import torch
 from torch import nn
 
 from hybrid.engine.step.device_span import cross_to, device_of, guarded, resolve
-from hybrid.engine.step.experts_bridge import ExpertsBridge
+from hybrid.engine.step.experts_bridge import FETCH_ROWS, ExpertsBridge
 from hybrid.engine.step.forward_batch import ForwardBatch
 from hybrid.ops.experts import ExpertsOp
+from hybrid.ops.kernel_sets.torch_set import resolved
 from hybrid.ops.layers import RMSNormOp
 
 # a bridged MoE layer's pieces: its mark, shared expert, routed experts (compute), then the
@@ -86,6 +87,11 @@ class StepState:
     # (the graphs on both sides read and write those); None: an eager step moves what it holds
     crossings: dict | None = None
     replaying: bool = False  # graphs replay: `residual` and `pending` are stale Python names
+    # run_on_device (a whole-step graph's capture): the hand-overs are flags, and the kernels
+    # on either side of one may take its copies, flag and wait into their own launches;
+    # `signaled`: the current layer's router launch raised its ready flag itself
+    handshake: bool = False
+    signaled: bool = False
 
     def on_host(self, i: int) -> bool:
         """Whether MoE layer i's routed experts run on the host this step."""
@@ -114,6 +120,7 @@ class DecoderProgram:
         self.stream = None  # an ExpertStream over moe_layers (set by the model runner)
         self.recorder = None  # a RoutingRecorder (set by the model runner) counts expert choices
         self.devices: list[torch.device] = []  # the devices of the device work, in step order
+        self._receive_on: list[torch.device] = []  # per bridged layer, where its answer goes
         self.pieces = self._plan()
         for device in self.devices:  # every GPU that receives the CPU experts' output
             bridge.serve(device)
@@ -163,6 +170,7 @@ class DecoderProgram:
     def run_on_device(self, st: StepState) -> torch.Tensor:
         """The step as device work only (to capture whole): host pieces become their twins,
         so the CPU experts must be driven by someone else (HostExperts) meanwhile."""
+        st.handshake = True
         for piece in self.pieces:
             (piece.run if piece.on_device else piece.twin)(st)
         return st.logits
@@ -206,11 +214,11 @@ class DecoderProgram:
             # GPU-held experts on another GPU mix the shared expert's piece (never captured)
             held_on = mlp.experts.held_device
             mixed = [(held_on, None)] if held_on not in (None, shared_on) else []
-            pieces += [Piece(False, partial(self._mark, i, here),
-                             lambda st, i=i: self.bridge.signal(i)),
+            self._receive_on.append(to)
+            pieces += [Piece(False, partial(self._mark, i, here), partial(self._signal, i)),
                        _device_piece([(shared_on, partial(self._shared, mlp))] + mixed, guard),
                        Piece(False, partial(self._experts, mlp.experts, i, cross),
-                             lambda st, i=i: self.bridge.wait(i), cross=cross),
+                             partial(self._wait, i), cross=cross),
                        _device_piece(stretch, guard)]
         return pieces
 
@@ -225,13 +233,13 @@ class DecoderProgram:
         device = getattr(norm, "device", st.residual.device)
         if st.residual.device != device:  # a layer on another GPU: the residual stream moves once
             st.residual = st.residual.to(device)
-            st.pending = [d.to(device) for d in st.pending]
+            st.pending = [resolved(d).to(device) for d in st.pending]
         bits = _input_bits(consumer, st.residual.shape[0], device)
-        if isinstance(norm, RMSNormOp):
+        if isinstance(norm, RMSNormOp):  # its kernels wait for an Awaited delta themselves
             h, hq = norm.add_norm(st.residual, *st.pending, x_bits=bits)
         else:
             for d in st.pending:
-                st.residual += d.to(st.residual.device)
+                st.residual += resolved(d).to(st.residual.device)
             h, hq = norm(st.residual), None
         st.pending = []
         return h, hq
@@ -250,8 +258,14 @@ class DecoderProgram:
         shared = getattr(layer.mlp, "shared_experts", None)
         st.normed, st.normed_q = self._norm(layer.post_attention_layernorm, st, shared)
         gate = layer.mlp.gate  # it takes the rows to its device
+        experts = layer.mlp.experts
         if gate.device == st.normed.device:
-            _, weights, ids = gate.route(st.normed)
+            # a whole step's router sends the rows and raises the flag from its own launch
+            # (no GPU-held experts: those change the ids the host gets)
+            send = self.bridge.handover(i) if st.handshake and st.on_host(i) \
+                and experts.gpu_experts is None and gate.kernels.sends_from_router else None
+            _, weights, ids = gate.route(st.normed, send)
+            st.signaled = send is not None
         else:  # a router on another device (an eager step's): its kernels launch there
             with torch.cuda.device(gate.device if gate.device.type == "cuda" else None):
                 _, weights, ids = gate.route(st.normed)
@@ -264,9 +278,9 @@ class DecoderProgram:
         if i in st.streamed:  # the experts come to the rows: nothing crosses to the host
             st.routed = self._streamed(i, st.normed, ids, weights)
             return
-        experts = layer.mlp.experts
         host_ids, held_weights = experts.hand_off(ids, weights)
-        self.bridge.send(st.normed, host_ids, weights)
+        if not st.signaled:
+            self.bridge.send(st.normed, host_ids, weights)
         # hot experts: on the GPU while the host runs the rest, so launched after the host's
         # mark (or the ready flag) that follows the copies, with the shared expert (_shared)
         st.held = None if held_weights is None else (experts, ids, held_weights)
@@ -297,8 +311,11 @@ class DecoderProgram:
             st.held = None
 
     def _receive(self, i: int, device: torch.device, st: StepState) -> None:
-        routed = self.bridge.receive(st.residual.shape[0], device) if st.on_host(i) \
-            else st.routed
+        n = st.residual.shape[0]
+        if self._awaits(i, st):  # the next norm's launch waits for it and reads it
+            routed = self.bridge.awaited(i, n, device)
+        else:
+            routed = self.bridge.receive(n, device) if st.on_host(i) else st.routed
         st.pending.append(routed)
         if st.held_out is not None:
             st.pending.append(st.held_out)
@@ -311,10 +328,29 @@ class DecoderProgram:
             return
         x = st.residual[rows]  # [R, H]: only the rows that sample reach the head
         for d in st.pending:
-            x += d.to(x.device)[rows]
+            x += resolved(d).to(x.device)[rows]
         h = self.inner.norm(x) if not isinstance(self.inner.norm, RMSNormOp) \
             else self.inner.norm.add_norm(x)[0]
         st.logits = self.model.lm_head(h)  # [R, V]
+
+    # -- a whole step's hand-overs (the host pieces' twins) -----------------------------------
+
+    def _signal(self, i: int, st: StepState) -> None:
+        """The ready flag of MoE layer i, unless its router's launch raised it."""
+        if not st.signaled:
+            self.bridge.signal(i)
+        st.signaled = False
+
+    def _wait(self, i: int, st: StepState) -> None:
+        """Hold the GPU for MoE layer i's answer, unless the kernel that adds it waits."""
+        if not self._awaits(i, st):
+            self.bridge.wait(i)
+
+    def _awaits(self, i: int, st: StepState) -> bool:
+        """Whether MoE layer i's answer goes on as an Awaited (the kernel adding it waits for
+        its flag): in a whole step, back to the bridge's GPU, few rows (read by kernels)."""
+        return st.handshake and st.on_host(i) and self._receive_on[i] == self.bridge.device \
+            and st.residual.shape[0] <= FETCH_ROWS
 
     # -- host work --------------------------------------------------------------------------
 

@@ -21,6 +21,8 @@ A decode step captured whole (one CUDA graph for all layers) replaces mark/compu
 mapped pinned memory (gpu_kernels/handshake.py): `signal(l)` after the copies, the host side
 (host_experts.py) waits for it, runs the experts and raises done[l], which `wait(l)` waits for
 on the GPU before `receive`. Flags carry the step's sequence number (`stage_seq`, `load_seq`).
+There the router's launch can do the copies and the signal itself (`handover(l)`), and the next
+norm's launch the wait and the read (`awaited(l, n)`): each takes what four launches did.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ class ExpertsBridge:
         self._np = (self.x.numpy(), self.ids.numpy(), self.weights.numpy(), self.out.numpy())
         # expert deferral: a decode row's deferred experts' sum between layers (host arrays)
         self.deferral = Deferral(hidden, top_k)
-        self.ready = self.done = self.error = self.seq = None
+        self.ready = self.done = self.error = self.seq = self._counter = None
         self._seq_host = self._seq_np = self._error_np = None
         self.step_seq = 0
 
@@ -85,11 +87,32 @@ class ExpertsBridge:
         self.done = torch.zeros(num_layers, dtype=torch.int64, pin_memory=pin)  # CPU -> GPU
         self.error = torch.zeros(1, dtype=torch.int32, pin_memory=pin)  # a wait gave up
         self.seq = torch.zeros(1, dtype=torch.int64, device=self.device)
+        # the programs of a router's launch that wrote their rows (handover): 0 between launches
+        self._counter = torch.zeros(1, dtype=torch.int32, device=self.device)
         self._seq_host = torch.zeros(1, dtype=torch.int64, pin_memory=pin)
         # numpy views: per step, a torch element read or write costs microseconds
         self._seq_np, self._error_np = self._seq_host.numpy(), self.error.numpy()
         if pin:  # its kernel compiled now, not in a capture or the first request's step
             self.load_seq()
+
+    def handover(self, layer: int):
+        """For a whole-step graph's router: where its launch writes MoE layer `layer`'s rows
+        and choices (the pinned buffers of `send`), and the ready flag it then raises."""
+        from gpu_kernels.handshake import Handover
+
+        return Handover(self.x, self.ids, self.weights, self.ready, layer, self.seq,
+                        self._counter)
+
+    def awaited(self, layer: int, n: int, device: torch.device | None = None):
+        """For a whole-step graph: the experts' sum of MoE layer `layer` for the first n rows
+        as the host will have written it (done[layer] raised), for the kernel that adds it to
+        wait for and read itself, or to `resolve()` into what `receive` returns."""
+        from gpu_kernels.handshake import Awaited
+
+        routed = self._routed.get(device, self._routed[self.device])
+        src = self.out[:n]
+        return Awaited(src, src if routed is self.out else routed[:n], self.done, layer,
+                       self.seq, self.error)
 
     @property
     def gave_up(self) -> int:

@@ -9,6 +9,7 @@ import torch
 
 from gpu_kernels.embedding import embedding
 from gpu_kernels.fused import add_rmsnorm, rope_cache, silu_mul
+from gpu_kernels.handshake import Awaited
 from gpu_kernels.hyper_connection import hc_weights
 from gpu_kernels.mla_decode import choose_splits
 from gpu_kernels.mla_index import sparse_mla_decode
@@ -18,7 +19,7 @@ from gpu_kernels.qformat import GpuQuant
 from gpu_kernels.qmatmul import qmatmul, qmatmul_t, uses_int_path
 from gpu_kernels.qtypes import F32
 from gpu_kernels.router import route as gpu_route
-from hybrid.ops.kernel_sets.torch_set import MLADims, TorchKernels
+from hybrid.ops.kernel_sets.torch_set import MLADims, TorchKernels, resolved
 
 # a prompt chunk's sparse rows run in blocks whose indexer scores [rows, keys] f32 stay within
 # this (256 MiB: 512 rows at 128K keys)
@@ -27,6 +28,7 @@ SPARSE_SCORE_BYTES = 1 << 28
 
 class GpuKernels(TorchKernels):
     name = "gpu_kernels"
+    sends_from_router = True
 
     def linear(self, x, weight, xq=None):
         quant = weight.quant
@@ -55,7 +57,12 @@ class GpuKernels(TorchKernels):
         if len(deltas) > 2:  # the fused kernel adds up to two
             return super().add_rmsnorm(x, weight, eps, deltas)
         xq = empty_xq(*x.shape, x_bits, x.device)
-        h = add_rmsnorm(x, weight, eps, *[d.to(x.device) for d in deltas], xq=xq)
+        awaited = None
+        if len(deltas) == 2 and isinstance(deltas[1], Awaited) \
+                and isinstance(deltas[0], torch.Tensor) and deltas[1].dst.device == x.device:
+            deltas, awaited = deltas[:1], deltas[1]  # waited for and read by the norm's launch
+        h = add_rmsnorm(x, weight, eps, *[resolved(d).to(x.device) for d in deltas], xq=xq,
+                        awaited=awaited)
         return h, xq
 
     def embedding(self, ids, weight, hidden):
@@ -71,11 +78,12 @@ class GpuKernels(TorchKernels):
         mid = silu_mul(qmatmul(x, gate_up, xq=xq), xq=mid_q)  # [N, I]
         return qmatmul(mid, d, xq=mid_q)
 
-    def route(self, x, weight, matrix, bias, spec):
+    def route(self, x, weight, matrix, bias, spec, send=None):
         logits = qmatmul(x, matrix)
         weights, ids = gpu_route(logits, bias, spec.num_experts_per_tok,
                                  spec.scoring_func == "sigmoid", spec.n_group, spec.topk_group,
-                                 spec.norm_topk_prob, spec.routed_scaling_factor)
+                                 spec.norm_topk_prob, spec.routed_scaling_factor,
+                                 None if send is None else (x.contiguous(), send))
         return logits, weights, ids
 
     def hc_weights(self, mix, base, scale, n, iters, eps):

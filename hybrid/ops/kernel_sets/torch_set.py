@@ -36,6 +36,8 @@ class MLADims:
 
 class TorchKernels:
     name = "torch"
+    # whether `route` writes a Handover from the router's own launch (else: copies, then a flag)
+    sends_from_router = False
 
     # -- products and norms ------------------------------------------------------------------
 
@@ -71,9 +73,10 @@ class TorchKernels:
     def add_rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
                     deltas: tuple = (), x_bits: int = 0):
         """x += sum(deltas), in place (x [N, D] f32); -> (rmsnorm(x), the same quantized to
-        x_bits for the next product's integer path, or None)."""
+        x_bits for the next product's integer path, or None). A delta may be the host's answer
+        not yet on the device (gpu_kernels.handshake.Awaited): it is waited for first."""
         for d in deltas:
-            x += d.to(x.device)
+            x += resolved(d).to(x.device)
         return self.rmsnorm(x, weight, eps), None
 
     # -- layers ------------------------------------------------------------------------------
@@ -94,14 +97,17 @@ class TorchKernels:
         stacked as one GpuQuant (stack_rows) or None; xq: x quantized for gate_up."""
         return self.linear(F.silu(self.linear(x, gate)) * self.linear(x, up), down)
 
-    def route(self, x: torch.Tensor, weight: torch.Tensor, matrix, bias, spec
+    def route(self, x: torch.Tensor, weight: torch.Tensor, matrix, bias, spec, send=None
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The router: x [N, H] f32, weight [E, H] f32 (matrix: the same as a GpuQuant, or
-        None) -> (logits [N, E], weights [N, K] f32, ids [N, K] int64)."""
+        None) -> (logits [N, E], weights [N, K] f32, ids [N, K] int64). send: a
+        gpu_kernels.handshake.Handover that x and the choices then go to, its flag raised."""
         logits = x @ weight.T
         weights, ids = route_ref(logits, bias, spec.num_experts_per_tok,
                                  spec.scoring_func == "sigmoid", spec.n_group, spec.topk_group,
                                  spec.norm_topk_prob, spec.routed_scaling_factor)
+        if send is not None:
+            send.send(x, ids, weights)
         return logits, weights, ids
 
     def hc_weights(self, mix: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, n: int,
@@ -195,3 +201,9 @@ def _sequences(fb):
 def _w_kv(kv_b, d: MLADims) -> torch.Tensor:
     """kv_b as [h, nope + v, c] f32."""
     return kv_b.get().float().view(d.heads, d.nope + d.v, d.kv_lora)
+
+
+def resolved(delta):
+    """A delta as a tensor: the host's answer (gpu_kernels.handshake.Awaited) waited for and
+    fetched to the device, a tensor as it is."""
+    return delta if isinstance(delta, torch.Tensor) else delta.resolve()
