@@ -87,11 +87,15 @@ def variants() -> Iterator[Variant]:
                            "STEP": nc * qdot.CHUNK[qtype], "L": nc * qdot.PART[qtype],
                            "DOT": dot, "STAGES": stages}, warps)
             if cols == 2048:
-                yield Variant(f"qmatmul_t {qt.name(qtype)} M={m}", qmatmul._qmm_t_kernel,
-                              {**sig, **dict.fromkeys(["QT", "BM", "BN", "BK", "DOT"],
-                                                      "constexpr")},
-                              {"QT": qtype, "BM": bm, "BN": 32 if dot else qmatmul.T_ROWS,
-                               "BK": 64, "DOT": dot}, 8 if dot else 4)
+                few = qmatmul.FEW_GROUPS_TILES  # one token, V2-Lite's 16 heads
+                for bn, bk, warps in ((32, 64, 8) if dot else (qmatmul.T_ROWS, 64, 4),
+                                      *(() if dot else (few,))):
+                    yield Variant(f"qmatmul_t {qt.name(qtype)} M={m} {bn}x{bk}",
+                                  qmatmul._qmm_t_kernel,
+                                  {**sig, **dict.fromkeys(["QT", "BM", "BN", "BK", "DOT"],
+                                                          "constexpr")},
+                                  {"QT": qtype, "BM": bm, "BN": bn, "BK": bk, "DOT": dot},
+                                  warps)
         esig = _sig("ids_ptr y_ptr p0 p1 p2 p3 p4 p5 T K", ["*i64", "*fp32", *planes, "i32", "i32"])
         yield Variant(f"embedding {qt.name(qtype)}", embedding._embedding_kernel,
                       {**esig, "QT": "constexpr", "BT": "constexpr", "BK": "constexpr"},

@@ -90,6 +90,8 @@ def _qmm_t_kernel(x_ptr, y_ptr, p0, p1, p2, p3, p4, p5, M, N, K, row0, gstride,
 
 
 T_ROWS = 32  # rows per step of the transposed product's decode path
+# with few groups (heads) the grid is small: a group's rows in one step, narrower programs
+FEW_GROUPS, FEW_GROUPS_TILES = 64, (128, 32, 4)
 
 
 def _bk(w: GpuQuant) -> int:
@@ -170,7 +172,8 @@ DECODE_TILES = {None: (2, 1024, 2, 1), qt.Q4_K: (2, 1024, 1, 1), qt.Q5_K: (2, 51
                 qt.Q6_K: (1, 1024, 1, 1), qt.Q2_K: (2, 512, 2, 1), qt.Q3_K: (2, 512, 2, 1)}
 # Per token count (BM), where measured better than DECODE_TILES (docs/kernel-tuning.md): 2-8
 # tokens take more rows per program, so each weight's dequantization serves more products.
-TOKEN_TILES = {(qt.Q8_0, 1): (1, 512, 1, 1), (qt.Q8_0, 2): (4, 1024, 4, 1),
+TOKEN_TILES = {(qt.F32, 1): (1, 2048, 4, 1), (qt.Q8_0, 1): (1, 512, 1, 1),
+               (qt.Q8_0, 2): (4, 1024, 4, 1),
                (qt.Q8_0, 4): (8, 1024, 4, 1), (qt.Q8_0, 8): (16, 1024, 8, 1),
                (qt.Q4_K, 2): (4, 1024, 4, 1), (qt.Q4_K, 4): (4, 1024, 4, 1),
                (qt.Q4_K, 8): (4, 512, 2, 1), (qt.Q6_K, 4): (4, 512, 2, 1),
@@ -210,7 +213,11 @@ def qmatmul_t(x: torch.Tensor, w: GpuQuant, in_rows: int, row0: int = 0, gstride
     y3 = y.reshape(m, g, w.cols)
     bm, dot = _tiles(m)
     # decode: the rows (a head's nope dims, 128) in 4 steps, not 8: the grid is only
-    # cols / BK x heads programs, each a chain of dependent steps
+    # cols / BK x heads programs, each a chain of dependent steps; with fewer than FEW_GROUPS
+    # heads (V2-Lite's 16) in one step over twice the programs
+    if tiles is None and not dot and g < FEW_GROUPS and in_rows <= FEW_GROUPS_TILES[0] \
+            and w.cols % FEW_GROUPS_TILES[1] == 0:
+        tiles = FEW_GROUPS_TILES
     bn, bk, warps = tiles if tiles is not None else (32 if dot else T_ROWS, _bk(w),
                                                       8 if dot else 4)
     grid = (w.cols // bk, triton.cdiv(m, bm), g)
