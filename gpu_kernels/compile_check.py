@@ -63,6 +63,7 @@ def variants() -> Iterator[Variant]:
         mla_prefill_expanded,
         qdot,
         qdot_i8,
+        qdot_i8_q6k,
         qmatmul,
         router,
     )
@@ -108,6 +109,12 @@ def variants() -> Iterator[Variant]:
                           {**i8sig, **dict.fromkeys(["BM", "BN", "NC", "X16", "ASM"],
                                                     "constexpr")},
                           {"BM": 1, "BN": bn, "NC": nc, "X16": bits == 16, "ASM": True}, warps)
+        yield Variant(f"qmatmul_i8_q6k x{bits}", qdot_i8_q6k._q6k_i8_kernel,
+                      {**_sig("xq_p xd_p y_p ql_p qh_p sc_p d_p M N G row0 gstride KL KH KX KS "
+                              "KD sym syg", "*i32 *fp32 *fp32 *i32 *i32 *i8 *fp16" + " i32" * 12),
+                       **dict.fromkeys(["BM", "BN", "NC", "X16", "ASM"], "constexpr")},
+                      {"BM": 1, "BN": qdot_i8_q6k.Q6K_TILES[0], "NC": qdot_i8_q6k.Q6K_TILES[1],
+                       "X16": bits == 16, "ASM": True}, qdot_i8_q6k.Q6K_TILES[2])
         yield Variant(f"quantize_x x{bits}", qdot_i8._quant_x_kernel,
                       {**_sig("x_ptr q_ptr d_ptr s_ptr K G sxm sxg",
                               f"*fp32 *i{bits} *fp32 *fp32 i32 i32 i32 i32"),
