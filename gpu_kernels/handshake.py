@@ -20,11 +20,11 @@ from the host's pinned copy (by `fetch`), so they never need resetting and a fla
   wait there at every MoE layer (docs/long-prompts.md, "The copy engine").
 
 The kernels that consume or produce a hand-over can take its two halves into their own launch
-(a whole-step graph's MoE layer then costs four launches fewer, each ~1-2 us of the GPU's time
-between two layers, during which the CPU waits): `Awaited` is a host answer that the next
-kernel waits for and reads itself (fused.add_rmsnorm), `Handover` the pinned buffers and flag
-that a kernel writes and raises itself (router.route). `spin` and `raise_flag` are the device
-functions they share with `wait` and `signal`.
+(a whole-step graph's MoE layer then launches two kernels where it launched eight):
+`Awaited` is a host answer that the next kernel waits for and reads itself
+(fused.add_rmsnorm), `Handover` the pinned buffers and flag that a kernel writes and raises
+itself (router.route). `spin` and `raise_flag` are the device functions they share with
+`wait` and `signal`.
 """
 
 from __future__ import annotations

@@ -259,6 +259,7 @@ class DecoderProgram:
         st.normed, st.normed_q = self._norm(layer.post_attention_layernorm, st, shared)
         gate = layer.mlp.gate  # it takes the rows to its device
         experts = layer.mlp.experts
+        st.signaled = False
         if gate.device == st.normed.device:
             # a whole step's router sends the rows and raises the flag from its own launch
             # (no GPU-held experts: those change the ids the host gets)
