@@ -239,14 +239,8 @@ def qmatmul_i8(xq: XQ, w: GpuQuant, out_rows: int | None = None, row0: int = 0,
     y[m, g, n] = x[m, g] . W[row0 + g * gstride + n] (qmatmul's contract)."""
     if w.qtype not in I8_TYPES:
         raise ValueError(f"no integer-activation product for {qt.name(w.qtype)}")
-    rows, k = xq.q.shape
-    if k != w.cols:
-        raise ValueError(f"x has {k} features, the weight takes {w.cols}")
-    m = rows // groups
-    n = w.rows - row0 if out_rows is None else out_rows
-    y = out if out is not None else torch.empty(m, groups, n, dtype=torch.float32,
-                                                 device=xq.q.device)
-    y3 = y.reshape(m, groups, n)
+    k = w.cols
+    m, n, y, y3 = product_output(xq, w, out_rows, row0, groups, out)
     bn, nc, warps = tiles or (LONG_TILES if (k // 64) % 16 == 0 else SHORT_TILES)
     nc = chunks_per_step(qt.Q4_K, k, nc)
     bm = max(1, triton.next_power_of_2(m))
@@ -257,6 +251,19 @@ def qmatmul_i8(xq: XQ, w: GpuQuant, out_rows: int | None = None, row0: int = 0,
         y3.stride(0), y3.stride(1), BM=bm, BN=bn, NC=nc, X16=xq.q.dtype == torch.int16,
         ASM=_ASM, num_warps=warps)
     return y if out is not None or groups > 1 else y.reshape(m, n)
+
+
+def product_output(xq: XQ, w: GpuQuant, out_rows: int | None, row0: int, groups: int,
+                   out: torch.Tensor | None) -> tuple:
+    """An integer product's (tokens M, rows N, y, y as [M, G, N]), x's width checked."""
+    rows, k = xq.q.shape
+    if k != w.cols:
+        raise ValueError(f"x has {k} features, the weight takes {w.cols}")
+    m = rows // groups
+    n = w.rows - row0 if out_rows is None else out_rows
+    y = out if out is not None else torch.empty(m, groups, n, dtype=torch.float32,
+                                                 device=xq.q.device)
+    return m, n, y, y.reshape(m, groups, n)
 
 
 def qmatmul_i8_ref(xq: XQ, w: GpuQuant, out_rows: int | None = None, row0: int = 0,

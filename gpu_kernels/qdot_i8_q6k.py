@@ -26,7 +26,7 @@ from gpu_kernels import qtypes as qt
 from gpu_kernels.dequant_ref import dequantize
 from gpu_kernels.device_function import device_function
 from gpu_kernels.qdot import chunks_per_step
-from gpu_kernels.qdot_i8 import _ASM, XQ, dequantize_x
+from gpu_kernels.qdot_i8 import _ASM, XQ, dequantize_x, product_output
 from gpu_kernels.qformat import GpuQuant
 
 _TOP = tl.constexpr(-0x7F7F7F80)  # 0x80808080 as an int32: each byte's top bit
@@ -125,14 +125,8 @@ def qmatmul_i8_q6k(xq: XQ, w: GpuQuant, out_rows: int | None = None, row0: int =
     fp32 (qdot_i8.qmatmul_i8's contract)."""
     if w.qtype != qt.Q6_K:
         raise ValueError(f"qmatmul_i8_q6k takes Q6_K, not {qt.name(w.qtype)}")
-    rows, k = xq.q.shape
-    if k != w.cols:
-        raise ValueError(f"x has {k} features, the weight takes {w.cols}")
-    m = rows // groups
-    n = w.rows - row0 if out_rows is None else out_rows
-    y = out if out is not None else torch.empty(m, groups, n, dtype=torch.float32,
-                                                 device=xq.q.device)
-    y3 = y.reshape(m, groups, n)
+    k = w.cols
+    m, n, y, y3 = product_output(xq, w, out_rows, row0, groups, out)
     bn, nc, warps = tiles or Q6K_TILES
     nc = chunks_per_step(qt.Q6_K, k, nc)
     bm = max(1, triton.next_power_of_2(m))

@@ -1,5 +1,6 @@
-"""Integer-activation decode products (qdot_i8) against their float64 reference, and the error
-that quantizing x adds against the exact fp32 product, over shapes, groups, tiles and bits."""
+"""Integer-activation decode products (qdot_i8; Q6_K's in qdot_i8_q6k) against their float64
+reference, and the error that quantizing x adds against the exact fp32 product, over shapes,
+groups, tiles and bits."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from gpu_kernels.qdot_i8 import (
     quantize_x,
     quantize_x_ref,
 )
+from gpu_kernels.qdot_i8_q6k import qmatmul_i8_q6k, qmatmul_i8_q6k_ref
 from gpu_kernels.qmatmul import qmatmul, qmatmul_ref
 from tests.gpu_kernels.conftest import rel_err
 from tests.gpu_kernels.test_qmatmul import weight
@@ -58,16 +60,23 @@ def test_quantize_x_strided_groups(device: torch.device) -> None:
     assert (xq.q.cpu().int() - quantize_x_ref(x.contiguous()).q.int()).abs().max() <= 1
 
 
+# each integer kernel and its reference (qdot_i8_q6k.py: Q6_K's)
+PRODUCTS = {Q.Q4_K: (qmatmul_i8, qmatmul_i8_ref), Q.Q6_K: (qmatmul_i8_q6k, qmatmul_i8_q6k_ref)}
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K])
 @pytest.mark.parametrize("bits", [16, 8])
 @pytest.mark.parametrize("rows,cols,m", [(8, 256, 1), (37, 512, 1), (13, 1536, 2),
                                          (70, 2048, 1), (5, 1024, 3)])
-def test_qmatmul_i8(bits: int, rows: int, cols: int, m: int, device: torch.device) -> None:
-    w = weight(Q.Q4_K, rows, cols, seed=rows, device=device)
+def test_qmatmul_i8(qtype, bits: int, rows: int, cols: int, m: int,
+                    device: torch.device) -> None:
+    product, ref = PRODUCTS[qtype]
+    w = weight(qtype, rows, cols, seed=rows, device=device)
     x = torch.randn(m, cols, generator=torch.Generator().manual_seed(cols)).to(device)
     xq = quantize_x(x, bits)
-    y = qmatmul_i8(xq, w)
+    y = product(xq, w)
     assert y.shape == (m, rows)
-    assert rel_err(y, qmatmul_i8_ref(xq, w)[:, 0]) < KERNEL_TOL
+    assert rel_err(y, ref(xq, w)[:, 0]) < KERNEL_TOL
     assert rel_err(y, qmatmul_ref(x, w)) < X_ERROR[bits]
 
 
