@@ -6,7 +6,8 @@ on the CPU (cpu_kernels/runtime/layer_driver.py is the other side): nothing is l
 each hand-over costs a PCIe write and a few polled reads instead of a host wake-up and a launch.
 
 Flags hold a step's sequence number, read from a device int64 (`seq`) that each step loads
-from the host's pinned copy (by `fetch`), so they never need resetting and a flag left from an earlier step never passes for this one.
+from the host's pinned copy (by `fetch`), so they never need resetting and a flag left from an
+earlier step never passes for this one.
 
 - signal(flags, index, seq): flags[index] = seq, a system-scope release store. Stream order puts
   it after the copies before it, which are then complete in host memory.

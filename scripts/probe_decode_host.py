@@ -173,8 +173,9 @@ def main() -> int:
     medians = {k: statistics.median(r[k] for r in rows) for k in keys}
     accounted = sum(v for k, v in medians.items() if k != "step")
     if args.json:
-        Path(args.json).write_text(json.dumps({"gguf": args.gguf_path, "set": args.set,
-                                               "medians_us": medians, "tokens": tokens, "steps": rows}, indent=1))
+        Path(args.json).write_text(json.dumps(
+            {"gguf": args.gguf_path, "set": args.set, "medians_us": medians, "tokens": tokens,
+             "steps": rows}, indent=1))
     print(f"\n{len(rows)} decode steps, medians (us); one stream, greedy")
     print("| phase | us | share of the step |\n|---|---|---|")
     for k in keys:
