@@ -18,7 +18,10 @@ earlier step never passes for this one.
 - fetch(src, dst): dst = src (pinned host memory), read by a kernel over PCIe. Not a copy: a
   copy from the host queues on a host-to-device copy engine behind whatever that engine carries
   (a long prompt's expert uploads, a layer's experts each), and a decode step's graph would
-  wait there at every MoE layer (docs/long-prompts.md, "The copy engine").
+  wait there at every MoE layer (docs/long-prompts.md, "The copy engine"). With `carried`, an
+  int64 fetch also takes values the host does not know yet from the device: a negative entry
+  -(j + 1) among the first `span` names carried[j] (a decode's input token that the step before
+  sampled and has not read back).
 
 The kernels that consume or produce a hand-over can take its two halves into their own launch
 (a whole-step graph's MoE layer then launches two kernels where it launched eight):
@@ -81,6 +84,17 @@ def _fetch_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
     tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=mask, volatile=True), mask=mask)
 
 
+@triton.jit(do_not_specialize=["n", "span"])
+def _fetch_carried_kernel(src_ptr, dst_ptr, n, carried_ptr, span, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    v = tl.load(src_ptr + offs, mask=mask, volatile=True)
+    take = mask & (offs < span) & (v < 0)
+    # -(j + 1) -> carried[j]; the index is only formed where taken (never negative)
+    v = tl.where(take, tl.load(carried_ptr + tl.where(take, -v - 1, 0), mask=take), v)
+    tl.store(dst_ptr + offs, v, mask=mask)
+
+
 def _check(flags: torch.Tensor, index: int, seq: torch.Tensor) -> None:
     if flags.dtype != torch.int64 or seq.dtype != torch.int64 or not 0 <= index < flags.numel():
         raise ValueError(f"flags {flags.dtype}[{flags.numel()}] index {index}, seq {seq.dtype}")
@@ -103,22 +117,39 @@ def wait(flags: torch.Tensor, index: int, seq: torch.Tensor, error: torch.Tensor
 FETCH_BLOCK = 1024
 
 
-def fetch(src: torch.Tensor, dst: torch.Tensor) -> None:
+def fetch(src: torch.Tensor, dst: torch.Tensor, carried: torch.Tensor | None = None,
+          span: int = 0) -> None:
     """dst [...] on the device = src [same shape, dtype] in pinned host memory (any host
-    memory where dst is on the CPU, as Triton's interpreter runs it), both contiguous."""
+    memory where dst is on the CPU, as Triton's interpreter runs it), both contiguous.
+    carried: [J] int64 on dst's device, for int64 src: a negative value -(j + 1) among src's
+    first `span` entries (flattened) is replaced by carried[j]; the host guarantees j < J."""
     if src.shape != dst.shape or src.dtype != dst.dtype or not (
             src.is_contiguous() and dst.is_contiguous()) or (
             dst.device.type == "cuda" and src.numel() and not src.is_pinned()):
         raise ValueError(f"fetch: pinned contiguous {src.dtype}{tuple(src.shape)} into "
                          f"contiguous {dst.dtype}{tuple(dst.shape)}")
     n = dst.numel()
+    if carried is not None:
+        if src.dtype != torch.int64 or carried.dtype != torch.int64 \
+                or carried.device != dst.device or not 0 <= span <= n:
+            raise ValueError(f"fetch: carried {carried.dtype} on {carried.device} for "
+                             f"{src.dtype} rows on {dst.device}, span {span} of {n}")
+        if n:
+            _fetch_carried_kernel[(triton.cdiv(n, FETCH_BLOCK),)](
+                src, dst, n, carried, span, BLOCK=FETCH_BLOCK, num_warps=4)
+        return
     if n:
         _fetch_kernel[(triton.cdiv(n, FETCH_BLOCK),)](src, dst, n, BLOCK=FETCH_BLOCK,
                                                      num_warps=4)
 
 
-def fetch_ref(src: torch.Tensor, dst: torch.Tensor) -> None:
+def fetch_ref(src: torch.Tensor, dst: torch.Tensor, carried: torch.Tensor | None = None,
+              span: int = 0) -> None:
     dst.copy_(src)
+    if carried is not None:
+        head = dst.view(-1)[:span]  # [span]
+        taken = head < 0
+        head[taken] = carried[(-head[taken] - 1).to(carried.device)].to(dst.device)
 
 
 def signal_ref(flags: torch.Tensor, index: int, seq: torch.Tensor) -> None:

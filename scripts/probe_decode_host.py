@@ -15,10 +15,12 @@ layers with), so the phases below add up to the step:
 - CPU experts: the layers' kernels (sum of `busy`); CPU waits between layers: the GPU's work
   from one layer's answer to the next layer's rows (sum of `waited`);
 - after the last layer: from its answer to the driver returning;
-- head, sampling, readback: the rest of engine.execute (the final norm and lm_head, the draw,
-  the token to the host, detokenizing);
-- deliver: the token to its sink, the trace, retiring;
-- between steps: the worker loop's own time.
+- head and sampling: from the driver's return to the picks launched (the final norm and
+  lm_head, the draw);
+- read back, deliver: the tokens to the host, detokenized, to their sinks, retired (with
+  overlapped decode the step before's tokens are read back inside "launch" instead, while the
+  GPU runs to the first MoE layer, and this phase only delivers them);
+- period: from one step's start to the next one's (the rate a stream sees).
 Without a whole-step graph (a CPU run, or `decode_graph: layers`) the driver's rows are absent
 and the replay phase holds them. Prints medians in microseconds; --json writes every step.
 """
@@ -71,7 +73,7 @@ def instrument(llm: LLM, stamps: Stamps):
     """Wrap the step's parts on their instances -> the whole-step graphs' host driver or None."""
     worker, engine, runner = llm.worker, llm.engine, llm.engine.runner
     stamps.wrap(worker, "_schedule", "step", "scheduled")
-    stamps.wrap(engine.outputs, "step", "outputs", "sampled")
+    stamps.wrap(engine.outputs, "launch", "outputs", "sampled")
     stamps.wrap(worker, "_deliver", None, "delivered")
     graphs = runner.graphs
     if graphs is None:  # eager steps: the forward is the "load" phase, the only one
@@ -108,8 +110,8 @@ def step_row(s: dict[str, int], host, layer_stamps, per_us: float) -> dict[str, 
     else:  # eager: "load" was the whole forward
         row["forward"] = row.pop("load")
         row |= {"to_outputs": us("loaded", "outputs")}
-    row |= {"head_sampling_readback": us("outputs", "sampled"),
-            "deliver": us("sampled", "delivered"), "step": us("step", "delivered")}
+    row |= {"head_sampling": us("outputs", "sampled"),
+            "read_back_deliver": us("sampled", "delivered"), "step": us("step", "delivered")}
     return row
 
 
@@ -158,25 +160,31 @@ def main() -> int:
     request = Request("probe", prompt, params,
                       lambda event: tokens.append(getattr(event, "token_id", -1)))
     llm.worker.submit(request)
-    steps = 0
+    steps, last_start = 0, None
     while not request.is_finished and steps < args.gen_len:
         stamps.now = {}
         llm.worker.step()
         steps += 1
+        if rows and last_start is not None:
+            rows[-1]["period"] = (stamps.now["step"] - last_start) / per_us
+        last_start = stamps.now.get("step")
         if steps > WARM_STEPS and "sampled" in stamps.now and not request.is_finished:
             rows.append(step_row(stamps.now, host, host.stamps if host else None, per_us))
+    rows = [r for r in rows if "period" in r]
     if args.cprofile:
         profiled(llm, request)
     # the loop's own time: from one step's delivery to the next step's start is not stamped
     # above; the step column is schedule-to-delivery
     keys = list(rows[0]) if rows else []
     medians = {k: statistics.median(r[k] for r in rows) for k in keys}
-    accounted = sum(v for k, v in medians.items() if k != "step")
+    accounted = sum(v for k, v in medians.items() if k not in ("step", "period"))
     if args.json:
         Path(args.json).write_text(json.dumps(
             {"gguf": args.gguf_path, "set": args.set, "medians_us": medians, "tokens": tokens,
              "steps": rows}, indent=1))
-    print(f"\n{len(rows)} decode steps, medians (us); one stream, greedy")
+    rate = 1e6 / medians["period"] if rows else 0.0
+    print(f"\n{len(rows)} decode steps, medians (us); one stream, greedy; {rate:.1f} tok/s "
+          f"from the median period")
     print("| phase | us | share of the step |\n|---|---|---|")
     for k in keys:
         print(f"| {k} | {medians[k]:.1f} | {medians[k] / medians['step']:.1%} |")

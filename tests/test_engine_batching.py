@@ -96,13 +96,13 @@ def test_one_requests_failure_fails_it_alone(llm: LLM, where: str,
              for ids in cases]
     bad = SamplingParams(temperature=0.5, max_tokens=6, ignore_eos=True, seed=1)
     if where == "sampling":  # a draw that raises for this request's settings only
-        real = engine_module.sample_batch
+        real = engine_module.launch_samples
 
-        def fussy(logits, rows, penalties=None):
+        def fussy(logits, rows, penalties=None, carry=None):
             if any(p is bad for p, *_ in rows):
                 raise RuntimeError("this request's draw failed")
-            return real(logits, rows, penalties)
-        monkeypatch.setattr(engine_module, "sample_batch", fussy)
+            return real(logits, rows, penalties, carry)
+        monkeypatch.setattr(engine_module, "launch_samples", fussy)
     events: list[list] = [[] for _ in range(5)]
     requests = [llm._submit(ids, greedy(6), events[i].append) for i, ids in enumerate(cases)]
     requests.append(llm._submit([3, 5, 99], bad, events[4].append))

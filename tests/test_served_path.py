@@ -264,8 +264,9 @@ def test_probe_decode_host_accounts_for_every_step(tmp_path, models) -> None:
     rows = json.loads(out.read_text())
     assert len(rows["steps"]) == 14 - 8 - 1  # after the warm steps, the last one left out
     for step in rows["steps"]:
-        parts = sum(v for k, v in step.items() if k != "step")
+        parts = sum(v for k, v in step.items() if k not in ("step", "period"))
         assert step["forward"] > 0 and abs(parts - step["step"]) < 1.0  # us
+        assert step["period"] >= step["step"]  # the next step starts after this one ends
     prompt = [(7 * i + 3) % 1000 + 10 for i in range(5)]  # the probe's prompt
     llm = LLM(path, "cpu", engine_config=EngineConfig())
     want = llm.generate(prompt_token_ids=[prompt], sampling_params=SamplingParams(

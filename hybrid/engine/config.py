@@ -11,6 +11,7 @@ from hybrid.settings import check_choices, setting
 DECODE_GRAPHS = ("auto", "step", "layers")
 ATTENTION_BACKENDS = ("auto", "triton", "flashinfer")  # attention/select.py
 PREFILL_EXPERTS = ("auto", "cpu", "stream")  # prefill/prefill_costs.py
+OVERLAP_DECODE = ("auto", "on", "off")  # engine.py
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,13 @@ class EngineConfig:
              "raise; layers: one graph per stretch between two MoE layers' CPU experts, "
              "replayed by the host; auto: time both at start-up and keep the faster "
              "(hybrid/engine/graphs/choice.py)")
+    overlap_decode: str = setting(
+        "auto", choices=OVERLAP_DECODE,
+        help="auto: while decoding, launch each step before the tokens of the step before are "
+             "read back, which are then detokenized and sent while the new step runs (where "
+             "decode steps replay CUDA graphs); a request that stops computes one token more, "
+             "dropped. off: each step's tokens are read back before the next is scheduled; on: "
+             "overlap on eager steps too (the CPU: no gain there, it tests the logic)")
     prefill_experts: str = setting(
         "auto", choices=PREFILL_EXPERTS,
         help="where prompt steps run the CPU-placed routed experts: auto streams a layer's "

@@ -6,6 +6,14 @@ single-threaded: the `EngineWorker` wraps it with a lock and a thread for servin
 `hybrid.LLM` drives it directly for offline generation, so both run the same code. The split into `schedule()`,
 `execute()` and `retire()` lets the worker hold its lock only while the queues change, never
 during a forward.
+
+Overlapped decode (`overlap_decode`): while every running request decodes, a step's tokens are
+decided on the device and left there (`_pending`): the next step is scheduled and launched
+with those tokens as its inputs (read on the device: the runner's carried ids), and only then
+are they read back, detokenized and checked for stops, while the new step runs. `execute`
+returns the outputs known by its end: the step before's where one was pending, its own where it
+read them back at once (a prompt's first token, a request waiting, a grammar's step that failed
+as a batch). A request that stopped at the pending step has its next row computed and dropped.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from dataclasses import replace
 import torch
 
 from hybrid.engine.config import EngineConfig
-from hybrid.engine.outputs import RequestOutputs, StepOutput
+from hybrid.engine.outputs import LaunchedOutputs, RequestOutputs, StepOutput
 from hybrid.engine.runner.model_runner import ModelRunner
 from hybrid.engine.runner.transformers_runner import TransformersRunner
 from hybrid.engine.scheduling.request import Request, RequestStatus
@@ -56,6 +64,11 @@ class Engine:
         self.scheduler.decode_chunk_size = self.runner.decode_chunk_size
         self.scheduler.in_flight_chunk_size = self.runner.in_flight_chunk_size
         self.outputs = RequestOutputs(loaded.tokenizer, loaded.spec.vocab_size)
+        # the runner's carried ids take a step's picks (ModelRunner's; not transformers')
+        self.overlap = hasattr(self.runner, "carried_ids") and (
+            config.overlap_decode == "on"
+            or (config.overlap_decode == "auto" and self.runner.graphs is not None))
+        self._pending: LaunchedOutputs | None = None  # a step's tokens not yet read back
         self._expert_layers = {"stream": 0, "cpu": 0}  # MoE layer-steps so far (/metrics)
 
     @property
@@ -82,7 +95,7 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work
+        return self.scheduler.has_work or self._pending is not None
 
     def add(self, request: Request) -> None:
         """Validate and queue; RequestRejected names the problem (the server's 400)."""
@@ -102,14 +115,24 @@ class Engine:
         return batch
 
     def execute(self, batch: ScheduledBatch) -> list[StepOutput]:
-        """Run the batch and sample; requests are not retired here (see `retire`)."""
+        """Run the batch and sample; requests are not retired here (see `retire`). Returns the
+        tokens read back by the end of the call: the pending step's (if any), then this
+        step's unless they are left pending."""
         if not batch.chunks and self.runner.job is None:
-            return []
+            return self._read_back()
         with self.runner.on_stream():  # the forward, the grammar masks, sampling
             return self._execute(batch)
 
     def _execute(self, batch: ScheduledBatch) -> list[StepOutput]:
-        step = self.runner.run(batch)
+        pending, self._pending = self._pending, None
+        earlier: list[StepOutput] = []
+        read_back = None
+        if pending is not None:
+            batch = _with_carried(batch, pending.requests)
+
+            def read_back() -> None:  # while the GPU runs this step up to its first experts
+                earlier.extend(self.outputs.finish(pending))
+        step = self.runner.run(batch, read_back)
         # a chunk may pass the layers over several steps (layered_prefill.py): it completes,
         # and samples, in the step its pass ends
         self.scheduler.complete(step.completed)
@@ -117,7 +140,38 @@ class Engine:
             self.scheduler.defer(step.deferred)
         self._expert_layers["stream"] += step.streamed_layers
         self._expert_layers["cpu"] += step.cpu_layers
-        return self.outputs.step(step.logits, [c.request for c in step.completed if c.samples])
+        requests = [c.request for c in step.completed if c.samples]
+        logits = step.logits
+        ended = {id(o.request) for o in earlier if o.status is not RequestStatus.RUNNING}
+        if ended:  # stopped at the pending step: this step's row is dropped
+            live = [i for i, r in enumerate(requests) if id(r) not in ended]
+            logits, requests = logits[live], [requests[i] for i in live]
+        launched = self.outputs.launch(logits, requests,
+                                       self.runner.carried_ids if self.overlap else None)
+        if self._may_leave_pending(launched):
+            for r in requests:
+                r.num_pending = 1
+            self._pending = launched
+            return earlier
+        return earlier + self.outputs.finish(launched)
+
+    def _may_leave_pending(self, launched: LaunchedOutputs) -> bool:
+        """Whether the next step may run before these tokens are read back: it will only
+        decode (nothing waits, no prompt is part-way), the picks went to the carried ids, and
+        none is a request's first token (its time to first token would grow by a step)."""
+        s = self.scheduler
+        return (self.overlap and launched.carried and bool(launched.requests)
+                and not s.waiting and self.runner.job is None
+                and all(not r.is_prefilling and not r.in_flight for r in s.running)
+                and all(r.num_output_tokens for r in launched.requests))
+
+    def _read_back(self) -> list[StepOutput]:
+        """The pending step's tokens (for its requests not finished since), if there is one."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return []
+        with self.runner.on_stream():
+            return self.outputs.finish(pending)
 
     def retire(self, request: Request, status: RequestStatus) -> None:
         """Finish a running request and free its pages now."""
@@ -127,9 +181,23 @@ class Engine:
 
     def abandon_in_flight(self) -> list[Request]:
         """After a failed step: the requests whose chunk was part-way through the layers (their
-        pass is lost with the step's state), for the caller to fail too."""
+        pass is lost with the step's state) or whose token was pending, for the caller to fail
+        too."""
         self.runner.drop_job()
-        return [r for r in self.scheduler.running if r.in_flight]
+        self._pending = None
+        lost = [r for r in self.scheduler.running if r.in_flight or r.num_pending]
+        for r in lost:
+            r.num_pending = 0
+        return lost
+
+
+def _with_carried(batch: ScheduledBatch, pending: list[Request]) -> ScheduledBatch:
+    """The batch with each decode whose input is pending (scheduler.PENDING) naming its row j
+    of the pending step's picks as -(j + 1) (the runner's carried_ids[j])."""
+    rows = {id(r): j for j, r in enumerate(pending)}
+    chunks = [replace(c, token_ids=[-(rows[id(c.request)] + 1)]) if c.request.num_pending
+              else c for c in batch.chunks]
+    return replace(batch, chunks=chunks)
 
 
 def _for_transformers_runner(config: EngineConfig) -> EngineConfig:

@@ -1,5 +1,7 @@
 """From a step's logits to each request's StepOutput: the grammars' masks, the batch's sampled
 tokens (sampling/sampler.py), then per request its text delta, stop strings and finish reason.
+`launch` decides the tokens on the device and `finish` reads them back, so that the engine may
+run its next step between the two (overlapped decode); `step` is both at once.
 
 Holds each running request's output state (its random generator, incremental detokenizer,
 stop-string checker, grammar matcher and penalty inputs) from its first sampled token until it
@@ -17,7 +19,12 @@ import torch
 
 from hybrid.engine.sampling.grammar import GrammarVocab, Matcher, mask_logits
 from hybrid.engine.sampling.penalties import PenaltyState
-from hybrid.engine.sampling.sampler import Sampled, make_generator, sample_batch
+from hybrid.engine.sampling.sampler import (
+    LaunchedSamples,
+    Sampled,
+    launch_samples,
+    make_generator,
+)
 from hybrid.engine.sampling.stop_checker import StopChecker
 from hybrid.engine.scheduling.request import Request, RequestFailed, RequestStatus, TokenOutput
 from hybrid.errors import is_device_lost
@@ -45,6 +52,21 @@ class StepOutput:
     status: RequestStatus
 
 
+@dataclass(frozen=True)
+class LaunchedOutputs:
+    """A step's picks launched on the device for `requests` (LaunchedSamples), or, where the
+    batch failed and each request was sampled alone, already on the host."""
+
+    requests: list[Request]
+    states: list[OutputState]
+    picks: LaunchedSamples | list[Sampled | RequestFailed]
+
+    @property
+    def carried(self) -> bool:
+        """Whether the picks went to the device's carried ids (launched as one batch)."""
+        return isinstance(self.picks, LaunchedSamples)
+
+
 class RequestOutputs:
     def __init__(self, tokenizer, vocab_size: int) -> None:
         self.tokenizer, self.vocab_size = tokenizer, vocab_size
@@ -67,31 +89,50 @@ class RequestOutputs:
     def step(self, logits: torch.Tensor, requests: list[Request]) -> list[StepOutput]:
         """logits: [R, V] on the model's device, row i for requests[i] (masked in place where a
         request has a grammar) -> each request's StepOutput, in order."""
+        return self.finish(self.launch(logits, requests))
+
+    def launch(self, logits: torch.Tensor, requests: list[Request],
+               carry: torch.Tensor | None = None) -> LaunchedOutputs:
+        """The picks of `step`, decided on the device and not waited for; carry: [>= R] int64
+        on the device that gets the picked ids (where the batch launched as one)."""
         states = [self.state(r) for r in requests]
         try:
-            picks = self._pick(logits, requests, states)
+            picks = self._pick(logits, requests, states, carry)
         except Exception as e:  # one request's trouble: find it, fail it alone
             if is_device_lost(e) or len(requests) < 2:
                 raise
             log.warning("sampling a step's %d requests failed (%s); each alone", len(requests), e)
             picks = [self._alone(logits[i:i + 1], r, s) for i, (r, s)
                      in enumerate(zip(requests, states, strict=True))]
-        return [self._output(r, s, pick) for r, s, pick in zip(requests, states, picks)]
+        return LaunchedOutputs(requests, states, picks)
 
-    def _pick(self, logits: torch.Tensor, requests: list[Request], states: list[OutputState]
-              ) -> list[Sampled]:
+    def finish(self, launched: LaunchedOutputs) -> list[StepOutput]:
+        """The launched picks read back -> the StepOutput of each request not finished since
+        (one cancelled meanwhile has none), in order."""
+        picks = launched.picks
+        if isinstance(picks, LaunchedSamples):
+            picks = picks.result()
+        out = []
+        for r, s, pick in zip(launched.requests, launched.states, picks, strict=True):
+            r.num_pending = 0
+            if not r.is_finished:
+                out.append(self._output(r, s, pick))
+        return out
+
+    def _pick(self, logits: torch.Tensor, requests: list[Request], states: list[OutputState],
+              carry: torch.Tensor | None = None) -> LaunchedSamples:
         if any(s.matcher is not None for s in states):
             mask_logits(logits, [s.matcher for s in states])
         for r, s in zip(requests, states, strict=True):
             if s.penalties is None and r.params.has_penalties:
                 s.penalties = PenaltyState(r.prompt_ids, logits.shape[1], logits.device)
-        return sample_batch(logits, [(r.params, s.generator, r.prompt_ids, r.output_ids)
-                                     for r, s in zip(requests, states, strict=True)],
-                            [s.penalties for s in states])
+        return launch_samples(logits, [(r.params, s.generator, r.prompt_ids, r.output_ids)
+                                       for r, s in zip(requests, states, strict=True)],
+                              [s.penalties for s in states], carry)
 
     def _alone(self, row: torch.Tensor, r: Request, s: OutputState) -> Sampled | RequestFailed:
         try:
-            return self._pick(row, [r], [s])[0]
+            return self._pick(row, [r], [s]).result()[0]
         except Exception as e:  # noqa: BLE001 (_own_failure raises a lost device again)
             return _own_failure(e, r, "sampling")
 

@@ -61,7 +61,36 @@ def test_fetch(rows: int, cols: int, device) -> None:
     assert torch.equal(dst.cpu(), ref)
 
 
+@pytest.mark.parametrize("n,span,placeholders", [(1, 1, [0]), (40, 16, [0, 3, 15]),
+                                                 (2100, 1100, [0, 1024, 1099]), (8, 8, []),
+                                                 (12, 4, [])])
+def test_fetch_takes_carried_ids(n: int, span: int, placeholders: list[int], device) -> None:
+    """Negative entries -(j + 1) within the span become carried[j]; the rest are copied,
+    negative ones past the span included."""
+    g = torch.Generator().manual_seed(n)
+    carried = torch.randint(0, 100_000, (max(len(placeholders), 1) + 2,), generator=g)
+    src = torch.randint(0, 100_000, (n,), generator=g)
+    for j, at in enumerate(placeholders):
+        src[at] = -(j + 2)  # any row of carried, not only the first
+    if span < n:
+        src[span] = -1  # past the span: copied as it is
+    if device.type == "cuda":
+        src = src.pin_memory()
+    dst = torch.full((n,), -7, dtype=torch.int64, device=device)
+    ref = torch.empty(n, dtype=torch.int64)
+    fetch(src, dst, carried.to(device), span)
+    fetch_ref(src, ref, carried, span)
+    expected = src.clone()
+    for j, at in enumerate(placeholders):
+        expected[at] = carried[j + 1]
+    assert torch.equal(ref, expected)
+    assert torch.equal(dst.cpu(), expected)
+
+
 def test_fetch_refuses_what_it_cannot_read(device) -> None:
+    with pytest.raises(ValueError, match="carried"):
+        fetch(torch.zeros(4), torch.zeros(4, device=device),
+              torch.zeros(2, dtype=torch.int64, device=device), 2)
     with pytest.raises(ValueError, match="fetch"):
         fetch(torch.zeros(2, 3), torch.zeros(3, 2, device=device))
     if device.type == "cuda":  # pageable host memory is not the device's to read

@@ -33,10 +33,12 @@ def bucket_sizes(max_batch_size: int) -> list[int]:
 class DecodeGraphs:
     def __init__(self, program: DecoderProgram, cache: PagedLatentCache, page_size: int,
                  max_pages: int, max_batch_size: int, device: torch.device, attention,
-                 progress: Callable[[str], None] | None = None,
+                 carried: torch.Tensor, progress: Callable[[str], None] | None = None,
                  whole_step: bool = False) -> None:
         """attention: the engine's decode attention backend (its capture and replay hooks);
-        whole_step: the "step" form (else "layers")."""
+        carried: [max_batch_size] int64 on the device, the previous step's sampled ids that
+        a decode row's input may name (static_step.py); whole_step: the "step" form (else
+        "layers")."""
         self.form = WholeStepGraphs(program, device, progress) if whole_step \
             else PiecewiseGraphs(program)
         self.sizes = bucket_sizes(max_batch_size)
@@ -47,7 +49,7 @@ class DecodeGraphs:
         for i, b in enumerate(sorted(self.sizes, reverse=True)):
             if progress is not None:
                 progress(f"capturing decode graphs: batch {b} ({i + 1}/{len(self.sizes)})")
-            static = StaticStep(b, page_size, max_pages, cache, device, attention)
+            static = StaticStep(b, page_size, max_pages, cache, device, attention, carried)
             program.run(static.state)  # warm-up: compiles every kernel of this shape
             _synchronize(devices)
             self._buckets[b] = (static, self.form.capture(static, pools))
@@ -66,14 +68,16 @@ class DecodeGraphs:
         per piece (None for host pieces) (profilers time them alone)."""
         return self._buckets[next(s for s in self.sizes if s >= batch)][1]
 
-    def run(self, chunks: list[SequenceRows], beside: Callable[[], None] | None = None
-            ) -> torch.Tensor:
-        """chunks: one decode (one token, its pages, its position, sampling) per request ->
-        logits [B, V]. beside: host work run during the step (the form says when)."""
+    def run(self, chunks: list[SequenceRows], beside: Callable[[], None] | None = None,
+            before_experts: Callable[[], None] | None = None) -> torch.Tensor:
+        """chunks: one decode (one token, its pages, its position, sampling) per request; a
+        token -(j + 1) is the carried id j -> logits [B, V]. beside: host work run during the
+        step (the form says when); before_experts: host work once the step is launched, before
+        the host drives its CPU experts (the step before's tokens read back)."""
         b = len(chunks)
         static, graphs = self._buckets[next(s for s in self.sizes if s >= b)]
         static.load(chunks, fetch_now=not self.whole_step)  # the step's graph fetches them
-        self.form.replay(graphs, static.state, beside)
+        self.form.replay(graphs, static.state, beside, before_experts)
         return static.state.logits[:b]
 
 

@@ -44,11 +44,12 @@ class PiecewiseGraphs:
         state.replaying = True  # from now on its pieces' tensors are the graphs'
         return graphs
 
-    def replay(self, graphs: list, state: StepState, beside=None) -> None:
-        """The pieces in order; `beside()` first (the host runs each layer's experts itself
-        between the pieces: nothing to overlap on it)."""
-        if beside is not None:
-            beside()
+    def replay(self, graphs: list, state: StepState, beside=None, before_experts=None) -> None:
+        """The pieces in order; `beside()` and `before_experts()` first (the host runs each
+        layer's experts itself between the pieces: nothing to overlap on it)."""
+        for first in (beside, before_experts):
+            if first is not None:
+                first()
         for piece, graph in zip(self.program.pieces, graphs):
             if graph is not None:
                 graph.replay()

@@ -82,5 +82,5 @@ def capture(runner, decode_graph: str, progress: Callable[[str], None] | None = 
 
     return DecodeGraphs(runner.program, runner.cache, runner.page_size, runner.max_pages,
                         max_batch_size or runner.config.max_batch_size, runner.device,
-                        runner.attention, progress,
+                        runner.attention, runner.carried_ids, progress,
                         whole_step=decode_graph == "step" and bool(runner.program.moe_layers))

@@ -10,7 +10,9 @@ launched by `load`, or, for graphs that capture `fetch` as their first work (the
 form), by the replay itself: nothing is launched between staging and replaying. Either way the
 staging buffer is rewritten only after the step that read it is past its first MoE layer (its
 fetch comes before that layer's hand-over, which the host's experts answered).
-Padding rows sample too; their logits are dropped.
+Padding rows sample too; their logits are dropped. A decode row's input token may be one the
+step before sampled and the host has not read back: staged as -(j + 1), the fetch takes it from
+the device's carried ids (row j of that step's samples; the engine's overlapped decode).
 """
 
 from __future__ import annotations
@@ -26,12 +28,14 @@ from hybrid.engine.step.kv_cache import PagedLatentCache
 
 class StaticStep:
     def __init__(self, size: int, page_size: int, max_pages: int, cache: PagedLatentCache,
-                 device: torch.device, attention) -> None:
+                 device: torch.device, attention, carried: torch.Tensor) -> None:
         """A decode step of `size` padding rows whose page tables hold up to max_pages pages;
-        attention: the engine's decode attention backend (prepared for capture here)."""
+        attention: the engine's decode attention backend (prepared for capture here);
+        carried: [J] int64 on the device, the sampled ids a staged -(j + 1) names."""
         self.size, self.page_size, self.cache = size, page_size, cache
-        self.attention = attention
+        self.attention, self.carried = attention, carried
         self.layout = StepLayout(size, size, max_pages, size)
+        assert self.layout.fields["input_ids"][0] == 0  # the fetch's span: the first `size`
         # [layout.size] int64: the device buffer the graphs read, and its pinned staging twin
         self.inputs, fb = ForwardBatch.scratch_decode(self.layout, page_size, cache, device)
         attention.prepare_for_capture(fb, size)
@@ -39,7 +43,7 @@ class StaticStep:
         # the capture's indices back through the staging buffer: load's kernel compiled now,
         # not in the first request's step
         self.staging.copy_(self.inputs)
-        fetch(self.staging, self.inputs)
+        self.fetch()
         # the staged fields as numpy views, and where the sampled rows sit: made once (the
         # buffer never moves), not on every replay
         self._host = self.layout.views(self.staging.numpy())
@@ -62,5 +66,6 @@ class StaticStep:
         self.state.num_real = b
 
     def fetch(self) -> None:
-        """GPU work: the staged rows into the device buffer the graphs read."""
-        fetch(self.staging, self.inputs)
+        """GPU work: the staged rows into the device buffer the graphs read (input tokens
+        staged as -(j + 1) from the carried ids)."""
+        fetch(self.staging, self.inputs, self.carried, self.size)

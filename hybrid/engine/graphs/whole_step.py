@@ -55,10 +55,12 @@ class WholeStepGraphs:
         return g
 
     def replay(self, graph: torch.cuda.CUDAGraph, state: StepState,
-               beside: Callable[[], None] | None = None) -> None:
+               beside: Callable[[], None] | None = None,
+               before_experts: Callable[[], None] | None = None) -> None:
         """The step's graph (its rows staged by StaticStep.load), its CPU experts driven
         meanwhile on this thread; `beside()` run on another thread at the same time (under
-        inference mode, on this device)."""
+        inference mode, on this device); `before_experts()` on this thread once the graph is
+        launched (the GPU runs the step up to its first MoE layer meanwhile)."""
         bridge = self.program.bridge
         if bridge.gave_up:
             raise DeviceLost(f"a CUDA graph stopped waiting for the CPU experts of MoE layer "
@@ -66,6 +68,12 @@ class WholeStepGraphs:
                              f"restart the server")
         seq = bridge.stage_seq()  # the graph loads it
         graph.replay()
+        if before_experts is not None:
+            try:
+                before_experts()
+            except BaseException:
+                self.host.run(seq, state.num_real)  # the launched graph waits on them
+                raise
         if beside is None:
             self.host.run(seq, state.num_real)
             return

@@ -57,6 +57,10 @@ class ModelRunner:
         self.recorder = runner_start_up.install_recorder(model, self.program) \
             if config.record_routing else None
         self.max_pages = -(-max_request_tokens // config.page_size)
+        # [max_batch_size] the last step's sampled ids, on the device: a decode whose input
+        # token is still only there names it as -(row + 1) (overlapped decode, engine.py)
+        self.carried_ids = torch.zeros(config.max_batch_size, dtype=torch.int64,
+                                       device=self.device)
         # The model's own stream, not CUDA's legacy default one: there, a small pinned
         # host-to-device copy (as the CPU experts' sum coming back, per layer and step)
         # waits for the expert stream's unit copies on their side stream
@@ -88,8 +92,12 @@ class ModelRunner:
         return self.layered.job
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> StepResult:
-        """One step: the batch's chunks in one forward, and the layered chunk's next layers."""
+    def run(self, batch: ScheduledBatch, before_experts: Callable[[], None] | None = None
+            ) -> StepResult:
+        """One step: the batch's chunks in one forward, and the layered chunk's next layers.
+        A decode's token -(j + 1) is carried_ids[j]. before_experts(): host work once the
+        step's GPU work is launched, before the host drives its CPU experts (called once, by
+        the time this returns)."""
         chunks, layered = batch.chunks, self.layered
         layers = len(self.program.moe_layers)
         new = finished = done = None
@@ -99,7 +107,8 @@ class ModelRunner:
             chunks = [x for x in chunks if x is not new]
         overlapped = layered.job is not None and layered.overlaps and bool(chunks)
         beside = (lambda: advanced.append(layered.advance(decodes=True))) if overlapped else None
-        logits, on_stream, on_cpu = self._run(chunks, layered.job is None and new is None, beside)
+        logits, on_stream, on_cpu = self._run(chunks, layered.job is None and new is None, beside,
+                                              before_experts)
         if advanced:
             done, streamed, finished = advanced[0]
         if new is not None:  # after the decodes are queued: the pass's first expert copies
@@ -120,21 +129,27 @@ class ModelRunner:
         step failed."""
         self.layered.drop(request)
 
-    def _run(self, batch_chunks, may_stream: bool, beside=None) -> tuple[torch.Tensor, int, int]:
+    def _run(self, batch_chunks, may_stream: bool, beside=None, before_experts=None
+             ) -> tuple[torch.Tensor, int, int]:
         """One forward over `batch_chunks` (graphs for decode-only steps) -> (their logits,
         MoE layers streamed, MoE layers on the CPU). beside(): host work during the step (a
-        whole-step graph runs its CPU experts meanwhile), else before it."""
+        whole-step graph runs its CPU experts meanwhile), else before it; before_experts():
+        see run."""
         layers = len(self.program.moe_layers)
         chunks = [SequenceRows(c.token_ids, c.request.page_ids, c.start, c.samples)
                   for c in batch_chunks]
         if chunks and self.graphs is not None and len(chunks) <= self.graphs.max_batch \
                 and all(len(c.token_ids) == 1 for c in chunks):
-            return self.graphs.run(chunks, beside), 0, layers
-        if beside is not None:
-            beside()
+            return self.graphs.run(chunks, beside, before_experts), 0, layers
+        for first in (beside, before_experts):
+            if first is not None:
+                first()
         if not chunks:
             return torch.empty(0, self.model.config.vocab_size, device=self.device), 0, 0
         fb = ForwardBatch.build(chunks, self.page_size, self.cache, self.device)
+        if any(c.token_ids[0] < 0 for c in chunks[:fb.num_decodes]):
+            ids = fb.input_ids[:fb.num_decodes]  # [B] -(j + 1): carried_ids[j]
+            ids.copy_(torch.where(ids < 0, self.carried_ids[(-ids - 1).clamp(min=0)], ids))
         self.attention.prepare(fb)
         streamed = self.placement.streamed(fb.num_tokens,
                                            any(len(c.token_ids) > 1 for c in chunks)) \

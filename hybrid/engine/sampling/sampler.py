@@ -67,12 +67,42 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
 def sample_batch(logits: torch.Tensor, rows: Sequence[tuple[SamplingParams, torch.Generator,
                                                           Sequence[int], Sequence[int]]],
                  penalties: Sequence[PenaltyState | None] | None = None) -> list[Sampled]:
+    """`launch_samples(...).result()`: the batch's picks, waited for."""
+    return launch_samples(logits, rows, penalties).result()
+
+
+@dataclass(frozen=True)
+class LaunchedSamples:
+    """A batch's picks decided on the device, on their way to the host."""
+
+    table: torch.Tensor  # [R, 2 + 2k] float64: id, logprob, top ids, top logprobs per row
+    ready: torch.cuda.Event | None  # recorded after the table's copy to the host
+    asked: tuple[int, ...]  # each row's top log-probabilities asked for (<= k)
+
+    def result(self) -> list[Sampled]:
+        """Wait for the table and read it (ids are exact in float64)."""
+        if self.ready is not None:
+            self.ready.synchronize()
+        k, out = (self.table.shape[1] - 2) // 2, []
+        for m, r in zip(self.asked, self.table.tolist()):
+            best = tuple((int(t), _reported(v)) for t, v in zip(r[2:2 + m], r[2 + k:2 + k + m])) \
+                if m else ()
+            out.append(Sampled(int(r[0]), _reported(r[1]), best))
+        return out
+
+
+def launch_samples(logits: torch.Tensor, rows: Sequence[tuple[SamplingParams, torch.Generator,
+                                                            Sequence[int], Sequence[int]]],
+                   penalties: Sequence[PenaltyState | None] | None = None,
+                   carry: torch.Tensor | None = None) -> LaunchedSamples:
     """logits: [R, V] on the model's device; rows: (params, generator, prompt ids, output ids)
     per row; penalties: the penalized rows' states kept between steps (synced here; None: made
-    for this call). Every row is decided on the device in one batch (penalties, batch_penalties;
-    then argmax, the forced token or `draw.draw`; the chosen log-probability and the top
-    log-probabilities), and only those few numbers cross to the host. A sampled row takes one
-    uniform from its request's generator. Equal in distribution to `sample` on each row."""
+    for this call); carry: [>= R] int64 on the device that gets the picked ids (the next step's
+    inputs, before the host has them). Every row is decided on the device in one batch
+    (penalties, batch_penalties; then argmax, the forced token or `draw.draw`; the chosen
+    log-probability and the top log-probabilities), and only those few numbers cross to the
+    host, in one copy that is not waited for here. A sampled row takes one uniform from its
+    request's generator. Equal in distribution to `sample` on each row."""
     n = len(rows)
     x = logits[:n].float()  # [R, V]
     lse = torch.logsumexp(x, dim=-1, keepdim=True)  # [R, 1]
@@ -97,21 +127,21 @@ def sample_batch(logits: torch.Tensor, rows: Sequence[tuple[SamplingParams, torc
     if forced:
         ids[torch.tensor(list(forced), device=x.device)] = torch.tensor(
             list(forced.values()), device=x.device)
+    if carry is not None:
+        carry[:n].copy_(ids)
     ids = ids[:, None]  # [R, 1]
     k = max((p.logprobs or 0 for p, _, _, _ in rows), default=0)
     cols = [ids.double(), (x.gather(1, ids) - lse).double()]
     if k:
         top = torch.topk(x, min(k, x.shape[1]), dim=-1)
         cols += [top.indices.double(), (top.values - lse).double()]
-    # one transfer (one wait for the device): ids are exact in float64
-    host = torch.cat(cols, dim=1).tolist()  # [R, 2 + 2k]
-    out = []
-    for (p, _, _, _), r in zip(rows, host):
-        m = p.logprobs
-        best = tuple((int(t), _reported(v)) for t, v in zip(r[2:2 + m], r[2 + k:2 + k + m])) \
-            if m else ()
-        out.append(Sampled(int(r[0]), _reported(r[1]), best))
-    return out
+    table = torch.cat(cols, dim=1)  # [R, 2 + 2k]
+    ready = None
+    if table.is_cuda:  # into pinned memory (the caching host allocator's), then an event
+        table = table.to("cpu", non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+    return LaunchedSamples(table, ready, tuple(p.logprobs or 0 for p, _, _, _ in rows))
 
 
 def sampling_probs(scores: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -74,6 +74,9 @@ class Request:
     # a prompt chunk of this request is part-way through the layers, spread over steps (the
     # model runner's layered prefill): the scheduler gives it nothing more until it is done
     in_flight: bool = False
+    # its newest token is sampled but still only on the device (the engine's overlapped
+    # decode): the scheduler counts it (1 or 0) in the request's positions and max_tokens
+    num_pending: int = 0
     _cancel_requested: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @property

@@ -8,7 +8,11 @@ Each step carries, in this order:
    still in flight, spread over steps by the model runner, gets none until it completes, and
    meanwhile a decoding step takes at most `in_flight_chunk_size` prompt tokens: they run on
    the CPU experts, inside the decode step);
-with at most `max_batch_size` requests running. A waiting request is admitted only when pages
+with at most `max_batch_size` requests running. While any request's newest token is pending
+(sampled on the device, not yet read back: the engine's overlapped decode), a step only
+decodes: its decode's input is PENDING, at the position after the computed ones, and a request
+whose pending token is its last (max_tokens) gets no step; prompts and admissions wait for the
+engine to read the tokens back, which it does before a step that has them. A waiting request is admitted only when pages
 for its prompt plus its max_tokens are free, so a running request never runs out of cache and
 nothing is ever preempted; admission is strictly FCFS (a large request at the head waits for
 pages rather than being overtaken forever). A request that could never fit is rejected at
@@ -31,6 +35,8 @@ from hybrid.engine.scheduling.prefix_cache import PrefixCache
 from hybrid.engine.scheduling.request import Request, RequestStatus
 from hybrid.errors import RequestRejected
 from hybrid.model.activations import CPU_CHUNK
+
+PENDING = -1  # a decode's input token that the step before sampled and has not read back
 
 
 @dataclass(frozen=True)
@@ -97,9 +103,10 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch:
         cancelled = self._drop_cancelled()
-        chunks = [ScheduledChunk(r, r.num_computed_tokens,
-                                 r.token_ids(r.num_computed_tokens, r.num_tokens), True)
-                  for r in self.running if not r.is_prefilling]
+        chunks = [self._decode(r) for r in self.running if not r.is_prefilling
+                  and r.num_output_tokens + r.num_pending < r.max_tokens]
+        if any(r.num_pending for r in self.running):
+            return ScheduledBatch(chunks, cancelled)
         budget = self.chunk_size
         if chunks:
             budget = min(budget, self.decode_chunk_size)
@@ -158,6 +165,13 @@ class Scheduler:
         """Take a running request out and free its pages at once."""
         self.running.remove(request)
         self._release(request, status)
+
+    @staticmethod
+    def _decode(r: Request) -> ScheduledChunk:
+        if r.num_pending:  # its input is the token in flight, at the position after the KV's
+            return ScheduledChunk(r, r.num_computed_tokens, [PENDING], True)
+        return ScheduledChunk(r, r.num_computed_tokens,
+                              r.token_ids(r.num_computed_tokens, r.num_tokens), True)
 
     def _prefill_chunk(self, r: Request, budget: int, chunks: list[ScheduledChunk]) -> int:
         start = r.num_computed_tokens

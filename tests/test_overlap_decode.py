@@ -1,0 +1,139 @@
+"""Overlapped decode (engine.py): a step launched before the step before's tokens are read back
+gives every request exactly the tokens, log-probabilities, text and finish reasons of steps
+read back one by one, whatever ends a request (EOS or a stop token, a stop string, max_tokens,
+a cancel) and whatever it samples with (seeds, penalties, forced tokens, top log-probabilities).
+The CPU engine runs it eagerly with `overlap_decode="on"` (CUDA graphs take it by default)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybrid.engine.config import EngineConfig
+from hybrid.engine.llm import LLM
+from hybrid.engine.sampling.sampling_params import SamplingParams
+from hybrid.engine.scheduling.request import RequestStatus
+from hybrid.engine.scheduling.scheduler import PENDING
+
+CONFIG = {"max_batch_size": 8, "chunk_size": 64, "cache_lens": 2048, "page_size": 16}
+
+
+@pytest.fixture(scope="module")
+def engines(models) -> dict[str, LLM]:
+    path = str(models.path("tiny-v3", "q4_k_m"))
+    return {mode: LLM(path, "cpu.yaml", engine_config=EngineConfig(**CONFIG,
+                                                                    overlap_decode=mode))
+            for mode in ("off", "on")}
+
+
+def _prompt(i: int, n: int) -> list[int]:
+    return [(11 * i + 7 * j) % 600 + 5 for j in range(n)]
+
+
+def _run(llm: LLM, cases: list[tuple[list[int], SamplingParams]], cancel_after=None):
+    """Submit every case at once, step to the end -> each request's events, the requests.
+    cancel_after: {case: n}: cancel that request once it has n tokens."""
+    events: list[list] = [[] for _ in cases]
+    requests = [llm._submit(ids, p, events[i].append) for i, (ids, p) in enumerate(cases)]
+    while llm.worker.has_work:
+        llm.worker.step()
+        for i, n in (cancel_after or {}).items():
+            if len(events[i]) >= n:
+                llm.worker.cancel(requests[i])
+    return events, requests
+
+
+def _rows(events) -> list[tuple]:
+    """What a client sees of each token, its log-probability to 1e-3 (a batch of other rows
+    sums in another order)."""
+    return [(e.token_id, pytest.approx(e.logprob, abs=1e-3), e.text, e.finish_reason,
+             tuple(t for t, _ in e.top_logprobs)) for e in events]
+
+
+def _greedy_tokens(llm: LLM, ids: list[int], n: int) -> list[int]:
+    p = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+    return llm.generate(prompt_token_ids=[ids], sampling_params=p)[0].outputs[0].token_ids
+
+
+def test_every_way_a_request_ends_and_samples_matches_steps_read_back_one_by_one(engines):
+    off, on = engines["off"], engines["on"]
+    stop_at = _greedy_tokens(off, _prompt(2, 9), 12)  # tokens it will make: stop on them
+    text = off.generate(prompt_token_ids=[_prompt(3, 6)], sampling_params=SamplingParams(
+        temperature=0, max_tokens=14, ignore_eos=True))[0].outputs[0].text
+    cases = [
+        (_prompt(0, 5), SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)),
+        (_prompt(1, 17), SamplingParams(temperature=0, max_tokens=13, ignore_eos=True,
+                                        logprobs=3)),
+        (_prompt(2, 9), SamplingParams(temperature=0, max_tokens=30, ignore_eos=True,
+                                       stop_token_ids=(stop_at[6],))),
+        (_prompt(3, 6), SamplingParams(temperature=0, max_tokens=30, ignore_eos=True,
+                                       stop=(text[len(text) // 2:len(text) // 2 + 3],))),
+        (_prompt(4, 12), SamplingParams(temperature=0.9, top_p=0.8, seed=11, max_tokens=17,
+                                        ignore_eos=True)),
+        (_prompt(5, 4), SamplingParams(temperature=0.7, seed=5, max_tokens=9, ignore_eos=True,
+                                       frequency_penalty=0.8, presence_penalty=0.3,
+                                       repetition_penalty=1.2)),
+        (_prompt(6, 8), SamplingParams(temperature=0, max_tokens=6, forced_ids=(3, 4, 5))),
+        (_prompt(7, 3), SamplingParams(temperature=0, max_tokens=20)),  # EOS may end it
+    ]
+    want, _ = _run(off, cases)
+    got, requests = _run(on, cases)
+    for w, g in zip(want, got, strict=True):
+        assert _rows(g) == _rows(w)
+    assert _rows(want[2])[-1][0] == stop_at[6] and want[2][-1].finish_reason == "stop"
+    assert want[3][-1].finish_reason == "stop" and len(want[3]) < 30
+    assert all(r.num_pending == 0 for r in requests)
+    stats = on.worker.stats()
+    assert stats.kv_pages_used == 0 and stats.num_running == 0
+
+
+def test_a_request_arriving_mid_decode_and_one_cancelled_mid_decode(engines):
+    """A new prompt waits at most one step for the pending tokens to be read back; a cancelled
+    request stops (its pending token is dropped) and the others go on unchanged."""
+    def cases():
+        return [(_prompt(10, 7), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)),
+                (_prompt(11, 5), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))]
+
+    results = {}
+    for mode, llm in engines.items():
+        events: list[list] = [[], [], []]
+        requests = [llm._submit(ids, p, events[i].append) for i, (ids, p) in enumerate(cases())]
+        steps = 0
+        while llm.worker.has_work:
+            llm.worker.step()
+            steps += 1
+            if steps == 6:  # both decoding by now: the newcomer has a prompt to prefill
+                requests.append(llm._submit(_prompt(12, 40), SamplingParams(
+                    temperature=0, max_tokens=8, ignore_eos=True), events[2].append))
+            if len(events[1]) >= 10 and not requests[1].is_cancel_requested:
+                llm.worker.cancel(requests[1])
+        results[mode] = events, requests
+    (want, _), (got, requests) = results["off"], results["on"]
+    assert _rows(got[0]) == _rows(want[0]) and len(got[0]) == 24
+    assert _rows(got[2]) == _rows(want[2]) and len(got[2]) == 8
+    # cancelled after 10 tokens: at most the token then pending reaches it, all of them right
+    assert 10 <= len(got[1]) <= 11 and _rows(got[1]) == _rows(want[1])[:len(got[1])]
+    assert requests[1].status is RequestStatus.FINISHED_CANCELLED
+    assert engines["on"].worker.stats().kv_pages_used == 0
+
+
+def test_decodes_run_with_their_input_still_pending(engines):
+    """The overlap happens: steps are scheduled with PENDING inputs, and only decode."""
+    llm = engines["on"]
+    seen = []
+    schedule = llm.engine.scheduler.schedule
+
+    def spy():
+        batch = schedule()
+        seen.append([c.token_ids for c in batch.chunks])
+        return batch
+    llm.engine.scheduler.schedule = spy
+    try:
+        _run(llm, [(_prompt(20, 6), SamplingParams(temperature=0, max_tokens=10,
+                                                    ignore_eos=True))])
+    finally:
+        del llm.engine.scheduler.schedule
+    pending = [s for s in seen if s and s[0] == [PENDING]]
+    # the prompt, the first decode (its input read back: a first token), then pending ones;
+    # the tenth token's step is scheduled while the ninth is pending
+    assert len(pending) == 8 and all(len(s) == 1 for s in pending)
+    assert seen[-1] == []  # the last step only reads the pending tokens back
