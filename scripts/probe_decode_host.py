@@ -161,7 +161,7 @@ def main() -> int:
                       lambda event: tokens.append(getattr(event, "token_id", -1)))
     llm.worker.submit(request)
     steps, last_start = 0, None
-    while not request.is_finished and steps < args.gen_len:
+    while not request.is_finished and len(tokens) < args.gen_len:
         stamps.now = {}
         llm.worker.step()
         steps += 1

@@ -88,8 +88,9 @@ def test_fetch_takes_carried_ids(n: int, span: int, placeholders: list[int], dev
 
 
 def test_fetch_refuses_what_it_cannot_read(device) -> None:
-    with pytest.raises(ValueError, match="carried"):
-        fetch(torch.zeros(4), torch.zeros(4, device=device),
+    src = torch.zeros(4).pin_memory() if device.type == "cuda" else torch.zeros(4)
+    with pytest.raises(ValueError, match="carried"):  # float rows cannot take ids
+        fetch(src, torch.zeros(4, device=device),
               torch.zeros(2, dtype=torch.int64, device=device), 2)
     with pytest.raises(ValueError, match="fetch"):
         fetch(torch.zeros(2, 3), torch.zeros(3, 2, device=device))
