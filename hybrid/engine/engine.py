@@ -128,7 +128,7 @@ class Engine:
         earlier: list[StepOutput] = []
         read_back = None
         if pending is not None:
-            batch = _with_carried(batch, pending.requests)
+            batch = _with_carried(batch, pending)
 
             def read_back() -> None:  # while the GPU runs this step up to its first experts
                 earlier.extend(self.outputs.finish(pending))
@@ -141,13 +141,14 @@ class Engine:
         self._expert_layers["stream"] += step.streamed_layers
         self._expert_layers["cpu"] += step.cpu_layers
         requests = [c.request for c in step.completed if c.samples]
-        logits = step.logits
+        logits, picks = step.logits, step.picks
         ended = {id(o.request) for o in earlier if o.status is not RequestStatus.RUNNING}
         if ended:  # stopped at the pending step: this step's row is dropped
             live = [i for i, r in enumerate(requests) if id(r) not in ended]
             logits, requests = logits[live], [requests[i] for i in live]
+            picks = picks.select(live) if picks is not None else None
         launched = self.outputs.launch(logits, requests,
-                                       self.runner.carried_ids if self.overlap else None)
+                                       self.runner.carried_ids if self.overlap else None, picks)
         if self._may_leave_pending(launched):
             for r in requests:
                 r.num_pending = 1
@@ -191,10 +192,10 @@ class Engine:
         return lost
 
 
-def _with_carried(batch: ScheduledBatch, pending: list[Request]) -> ScheduledBatch:
+def _with_carried(batch: ScheduledBatch, pending: LaunchedOutputs) -> ScheduledBatch:
     """The batch with each decode whose input is pending (scheduler.PENDING) naming its row j
-    of the pending step's picks as -(j + 1) (the runner's carried_ids[j])."""
-    rows = {id(r): j for j, r in enumerate(pending)}
+    of the runner's carried ids (where the pending step's picks went) as -(j + 1)."""
+    rows = {id(r): j for r, j in zip(pending.requests, pending.rows, strict=True)}
     chunks = [replace(c, token_ids=[-(rows[id(c.request)] + 1)]) if c.request.num_pending
               else c for c in batch.chunks]
     return replace(batch, chunks=chunks)

@@ -54,17 +54,19 @@ class StepOutput:
 
 @dataclass(frozen=True)
 class LaunchedOutputs:
-    """A step's picks launched on the device for `requests` (LaunchedSamples), or, where the
-    batch failed and each request was sampled alone, already on the host."""
+    """A step's picks for `requests`: on their way from the device (LaunchedSamples, or a
+    graph's greedy picks: anything with `result() -> list[Sampled]`), or, where the batch
+    failed and each request was sampled alone, already on the host."""
 
     requests: list[Request]
     states: list[OutputState]
-    picks: LaunchedSamples | list[Sampled | RequestFailed]
+    picks: object
+    rows: list[int] | None = None  # each request's row of the device's carried ids
 
     @property
     def carried(self) -> bool:
-        """Whether the picks went to the device's carried ids (launched as one batch)."""
-        return isinstance(self.picks, LaunchedSamples)
+        """Whether the picks went to the device's carried ids (rows says where)."""
+        return self.rows is not None
 
 
 class RequestOutputs:
@@ -92,10 +94,14 @@ class RequestOutputs:
         return self.finish(self.launch(logits, requests))
 
     def launch(self, logits: torch.Tensor, requests: list[Request],
-               carry: torch.Tensor | None = None) -> LaunchedOutputs:
+               carry: torch.Tensor | None = None, picked=None) -> LaunchedOutputs:
         """The picks of `step`, decided on the device and not waited for; carry: [>= R] int64
-        on the device that gets the picked ids (where the batch launched as one)."""
+        on the device that gets the picked ids (where the batch launched as one); picked: the
+        rows' greedy picks made already (graphs/device_picks.py's StepPicks), taken where
+        every request decodes greedily and asks for nothing else of its logits."""
         states = [self.state(r) for r in requests]
+        if picked is not None and all(_greedy_only(r, s) for r, s in zip(requests, states)):
+            return LaunchedOutputs(requests, states, picked, picked.rows)
         try:
             picks = self._pick(logits, requests, states, carry)
         except Exception as e:  # one request's trouble: find it, fail it alone
@@ -104,13 +110,15 @@ class RequestOutputs:
             log.warning("sampling a step's %d requests failed (%s); each alone", len(requests), e)
             picks = [self._alone(logits[i:i + 1], r, s) for i, (r, s)
                      in enumerate(zip(requests, states, strict=True))]
-        return LaunchedOutputs(requests, states, picks)
+        rows = list(range(len(requests))) if carry is not None \
+            and isinstance(picks, LaunchedSamples) else None
+        return LaunchedOutputs(requests, states, picks, rows)
 
     def finish(self, launched: LaunchedOutputs) -> list[StepOutput]:
         """The launched picks read back -> the StepOutput of each request not finished since
         (one cancelled meanwhile has none), in order."""
         picks = launched.picks
-        if isinstance(picks, LaunchedSamples):
+        if not isinstance(picks, list):
             picks = picks.result()
         out = []
         for r, s, pick in zip(launched.requests, launched.states, picks, strict=True):
@@ -175,6 +183,14 @@ class RequestOutputs:
                             r.num_cached_tokens)
         status = RequestStatus.RUNNING if finished is None else RequestStatus(finished)
         return StepOutput(r, token, status)
+
+
+def _greedy_only(r: Request, s: OutputState) -> bool:
+    """Whether the request's next token is its logits' argmax and it reports at most that
+    token's log-probability (what a graph's greedy picks give)."""
+    p = r.params
+    return (p.is_greedy and not p.has_penalties and s.matcher is None and not p.logprobs
+            and len(r.output_ids) >= len(p.forced_ids))
 
 
 def _own_failure(e: Exception, r: Request, what: str) -> RequestFailed:

@@ -8,7 +8,8 @@ team is short of its workers) and the Python loop (exact experts), with expert d
 experts (`gpu_experts`: their slots reach the host as -1, never deferred), in device memory or
 in host memory (copied into the staging buffer inside the step). The hand-overs take the
 fused launches (the router writes the rows and raises the flag; the next norm waits for the
-answer and reads it) wherever no GPU-held expert changes what the host gets."""
+answer and reads it) wherever no GPU-held expert changes what the host gets. The step's greedy
+picks (the graph's last kernel) are the logits' argmax, read by the host after their flag."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import torch
 
 from cpu_kernels.runtime.layer_driver import one_region_safe
 from hybrid.engine.config import EngineConfig
+from hybrid.engine.graphs.device_picks import DevicePicks
 from hybrid.engine.llm import LLM
 from hybrid.engine.step.decoder import StepState
 from hybrid.engine.step.forward_batch import ForwardBatch
@@ -90,6 +92,7 @@ def test_whole_step_equals_pieces(models, mode, one_call, short, defer, held, tm
     assert bridge.ready.tolist() == bridge.done.tolist() == [0] * len(program.moe_layers)
     # the router's launch sends the rows and raises the flag (not with held experts, whose
     # slots the host gets as -1: copies, then the flag)
+    picks = DevicePicks(2, runner.carried_ids, bridge)  # the graph's last kernel
     sends = []
     send = bridge.send
     monkeypatch.setattr(bridge, "send", lambda *a: (sends.append(1), send(*a)))
@@ -115,6 +118,13 @@ def test_whole_step_equals_pieces(models, mode, one_call, short, defer, held, tm
             assert len(timeline) == len(program.moe_layers)
             assert timeline[0][0] == 0 and all(w >= 0 and b > 0 for w, b in timeline)
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+        picks.pick(got)  # the greedy tokens the next step reads, and the host with them
+        picked = picks.of_step(seq, [1, 0]).result()
+        ids = want.argmax(-1).tolist()
+        assert [p.token_id for p in picked] == ids[::-1] == runner.carried_ids[:2].tolist()[::-1]
+        logprobs = torch.log_softmax(want.double(), -1)
+        assert [p.logprob for p in picked] == pytest.approx(
+            [float(logprobs[r, ids[r]]) for r in (1, 0)], abs=1e-5)
     assert len(sends) == (2 * len(program.moe_layers) if held else 0)
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 
+from hybrid.engine.graphs.device_picks import StepPicks
 from hybrid.engine.graphs.piecewise import PiecewiseGraphs
 from hybrid.engine.graphs.static_step import StaticStep
 from hybrid.engine.graphs.whole_step import WholeStepGraphs
@@ -39,7 +40,7 @@ class DecodeGraphs:
         carried: [max_batch_size] int64 on the device, the previous step's sampled ids that
         a decode row's input may name (static_step.py); whole_step: the "step" form (else
         "layers")."""
-        self.form = WholeStepGraphs(program, device, progress) if whole_step \
+        self.form = WholeStepGraphs(program, device, carried, progress) if whole_step \
             else PiecewiseGraphs(program)
         self.sizes = bucket_sizes(max_batch_size)
         devices = program.devices if program.spans_devices else [device]
@@ -69,16 +70,20 @@ class DecodeGraphs:
         return self._buckets[next(s for s in self.sizes if s >= batch)][1]
 
     def run(self, chunks: list[SequenceRows], beside: Callable[[], None] | None = None,
-            before_experts: Callable[[], None] | None = None) -> torch.Tensor:
+            before_experts: Callable[[], None] | None = None
+            ) -> tuple[torch.Tensor, StepPicks | None]:
         """chunks: one decode (one token, its pages, its position, sampling) per request; a
-        token -(j + 1) is the carried id j -> logits [B, V]. beside: host work run during the
-        step (the form says when); before_experts: host work once the step is launched, before
-        the host drives its CPU experts (the step before's tokens read back)."""
+        token -(j + 1) is the carried id j -> (logits [B, V], the rows' greedy picks where the
+        form makes them). beside: host work run during the step (the form says when);
+        before_experts: host work once the step is launched, before the host drives its CPU
+        experts (the step before's tokens read back)."""
         b = len(chunks)
         static, graphs = self._buckets[next(s for s in self.sizes if s >= b)]
         static.load(chunks, fetch_now=not self.whole_step)  # the step's graph fetches them
         self.form.replay(graphs, static.state, beside, before_experts)
-        return static.state.logits[:b]
+        picks = self.form.picks.of_step(self.form.program.bridge.step_seq, list(range(b))) \
+            if self.whole_step else None
+        return static.state.logits[:b], picks
 
 
 def _synchronize(devices: list[torch.device]) -> None:

@@ -2,7 +2,8 @@
 flag when a MoE layer's rows are in pinned memory and waits for the flag of the experts'
 answer); the host launches it and then drives every layer's CPU experts from one call
 (HostExperts) while it runs. Nothing is launched per layer and no host code runs between two
-layers' experts but a spin on a flag.
+layers' experts but a spin on a flag. The graph ends with the rows' greedy picks
+(device_picks.py), which a greedy step reads instead of sampling its logits.
 
 Work `beside` the step (a prompt's layers launched on a stream of their own) runs on a thread
 of this object's while the calling thread drives the CPU experts: the driver is numba without
@@ -19,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from hybrid.engine.graphs.capture import captured
+from hybrid.engine.graphs.device_picks import DevicePicks
 from hybrid.engine.graphs.static_step import StaticStep
 from hybrid.engine.step.decoder import DecoderProgram, StepState
 from hybrid.engine.step.host_experts import HostExperts
@@ -26,10 +28,13 @@ from hybrid.errors import DeviceLost
 
 
 class WholeStepGraphs:
-    def __init__(self, program: DecoderProgram, device: torch.device,
+    def __init__(self, program: DecoderProgram, device: torch.device, carried: torch.Tensor,
                  progress: Callable[[str], None] | None = None) -> None:
+        """carried: [most rows a step has] int64, the runner's carried ids (the picks go
+        there too)."""
         self.program, self.device = program, device
         program.bridge.use_flags(len(program.moe_layers))
+        self.picks = DevicePicks(carried.numel(), carried, program.bridge)
         self.host = HostExperts(program.moe_layers, program.bridge)
         self._beside = ThreadPoolExecutor(1, thread_name_prefix="hybrid-beside-step")
         if progress is not None:
@@ -43,15 +48,15 @@ class WholeStepGraphs:
         step's sequence number (nothing is launched between staging them and the replay);
         pools: a graph memory pool per device (one here: the step runs on one GPU)."""
         state = static.state
-        # flags and seq are all 0: the waits pass at once (this compiles the hand-over kernels
-        # outside the capture)
-        self.program.run_on_device(state)
+        # flags and seq are all 0: the waits pass at once (this compiles the hand-over and
+        # pick kernels outside the capture)
+        self.picks.pick(self.program.run_on_device(state))
         torch.cuda.synchronize(self.device)
         g = torch.cuda.CUDAGraph()
         with captured(g, pools[self.device]):
             static.fetch()
             self.program.bridge.load_seq()
-            self.program.run_on_device(state)
+            self.picks.pick(self.program.run_on_device(state))
         return g
 
     def replay(self, graph: torch.cuda.CUDAGraph, state: StepState,

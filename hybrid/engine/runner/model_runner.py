@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from hybrid.engine.config import EngineConfig
+from hybrid.engine.graphs.device_picks import StepPicks
 from hybrid.engine.prefill import layered_prefill
 from hybrid.engine.prefill.layered_passes import LayeredPasses
 from hybrid.engine.runner import runner_start_up
@@ -107,8 +108,8 @@ class ModelRunner:
             chunks = [x for x in chunks if x is not new]
         overlapped = layered.job is not None and layered.overlaps and bool(chunks)
         beside = (lambda: advanced.append(layered.advance(decodes=True))) if overlapped else None
-        logits, on_stream, on_cpu = self._run(chunks, layered.job is None and new is None, beside,
-                                              before_experts)
+        logits, picks, on_stream, on_cpu = self._run(
+            chunks, layered.job is None and new is None, beside, before_experts)
         if advanced:
             done, streamed, finished = advanced[0]
         if new is not None:  # after the decodes are queued: the pass's first expert copies
@@ -118,11 +119,11 @@ class ModelRunner:
             done, streamed, finished = layered.advance(decodes=bool(chunks))
         layered.settle()  # the job's last pieces before its logits are read
         if done is not None:
-            logits = torch.cat([logits, done])
+            logits, picks = torch.cat([logits, done]), None
         completed = [c for c in batch.chunks if c is not new]
         if finished is not None:
             completed.append(finished)
-        return StepResult(logits, completed, new, streamed + on_stream, on_cpu)
+        return StepResult(logits, completed, new, streamed + on_stream, on_cpu, picks)
 
     def drop_job(self, request=None) -> None:
         """Forget the layered chunk (of `request`, or any): its request was cancelled or its
@@ -130,9 +131,9 @@ class ModelRunner:
         self.layered.drop(request)
 
     def _run(self, batch_chunks, may_stream: bool, beside=None, before_experts=None
-             ) -> tuple[torch.Tensor, int, int]:
+             ) -> tuple[torch.Tensor, StepPicks | None, int, int]:
         """One forward over `batch_chunks` (graphs for decode-only steps) -> (their logits,
-        MoE layers streamed, MoE layers on the CPU). beside(): host work during the step (a
+        the graph's greedy picks of them or None, MoE layers streamed, MoE layers on the CPU). beside(): host work during the step (a
         whole-step graph runs its CPU experts meanwhile), else before it; before_experts():
         see run."""
         layers = len(self.program.moe_layers)
@@ -140,12 +141,12 @@ class ModelRunner:
                   for c in batch_chunks]
         if chunks and self.graphs is not None and len(chunks) <= self.graphs.max_batch \
                 and all(len(c.token_ids) == 1 for c in chunks):
-            return self.graphs.run(chunks, beside, before_experts), 0, layers
+            return *self.graphs.run(chunks, beside, before_experts), 0, layers
         for first in (beside, before_experts):
             if first is not None:
                 first()
         if not chunks:
-            return torch.empty(0, self.model.config.vocab_size, device=self.device), 0, 0
+            return torch.empty(0, self.model.config.vocab_size, device=self.device), None, 0, 0
         fb = ForwardBatch.build(chunks, self.page_size, self.cache, self.device)
         if any(c.token_ids[0] < 0 for c in chunks[:fb.num_decodes]):
             ids = fb.input_ids[:fb.num_decodes]  # [B] -(j + 1): carried_ids[j]
@@ -160,5 +161,5 @@ class ModelRunner:
                       len(streamed), len(self.program.moe_layers))
         logits = self.program.run(StepState(fb, num_real=fb.num_tokens,
                                             streamed=frozenset(streamed)))
-        return logits, len(streamed), layers - len(streamed)
+        return logits, None, len(streamed), layers - len(streamed)
 

@@ -22,7 +22,8 @@ from hybrid.engine.sampling.sampling_params import SamplingParams
 MIN_LOGPROB = -9999.0
 
 
-def _reported(logprob: float) -> float:
+def reported(logprob: float) -> float:
+    """A log-probability as reported: at least MIN_LOGPROB (JSON carries no -inf)."""
     return max(MIN_LOGPROB, logprob)
 
 
@@ -60,8 +61,8 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     top: tuple[tuple[int, float], ...] = ()
     if params.logprobs:
         values, ids = torch.topk(logprobs, params.logprobs)
-        top = tuple((int(i), _reported(float(v))) for i, v in zip(ids, values))
-    return Sampled(token, _reported(float(logprobs[token])), top)
+        top = tuple((int(i), reported(float(v))) for i, v in zip(ids, values))
+    return Sampled(token, reported(float(logprobs[token])), top)
 
 
 def sample_batch(logits: torch.Tensor, rows: Sequence[tuple[SamplingParams, torch.Generator,
@@ -85,9 +86,9 @@ class LaunchedSamples:
             self.ready.synchronize()
         k, out = (self.table.shape[1] - 2) // 2, []
         for m, r in zip(self.asked, self.table.tolist()):
-            best = tuple((int(t), _reported(v)) for t, v in zip(r[2:2 + m], r[2 + k:2 + k + m])) \
+            best = tuple((int(t), reported(v)) for t, v in zip(r[2:2 + m], r[2 + k:2 + k + m])) \
                 if m else ()
-            out.append(Sampled(int(r[0]), _reported(r[1]), best))
+            out.append(Sampled(int(r[0]), reported(r[1]), best))
         return out
 
 
