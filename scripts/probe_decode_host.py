@@ -20,7 +20,9 @@ layers with), so the phases below add up to the step:
 - read back, deliver: the tokens to the host, detokenized, to their sinks, retired (with
   overlapped decode the step before's tokens are read back inside "launch" instead, while the
   GPU runs to the first MoE layer, and this phase only delivers them);
-- period: from one step's start to the next one's (the rate a stream sees).
+- period: from one step's start to the next one's (the rate a stream sees). Where the engine
+  schedules and launches a step during the one before (greedy decodes on a whole-step graph),
+  its schedule and load phases happen there: such steps have a period only.
 Without a whole-step graph (a CPU run, or `decode_graph: layers`) the driver's rows are absent
 and the replay phase holds them. Prints medians in microseconds; --json writes every step.
 """
@@ -160,23 +162,27 @@ def main() -> int:
     request = Request("probe", prompt, params,
                       lambda event: tokens.append(getattr(event, "token_id", -1)))
     llm.worker.submit(request)
-    steps, last_start = 0, None
+    steps, last_begin = 0, None
     while not request.is_finished and len(tokens) < args.gen_len:
         stamps.now = {}
+        begin = now_cycles()
         llm.worker.step()
         steps += 1
-        if rows and last_start is not None:
-            rows[-1]["period"] = (stamps.now["step"] - last_start) / per_us
-        last_start = stamps.now.get("step")
+        if rows and last_begin is not None:
+            rows[-1]["period"] = (begin - last_begin) / per_us
+        last_begin = begin
         if steps > WARM_STEPS and "sampled" in stamps.now and not request.is_finished:
-            rows.append(step_row(stamps.now, host, host.stamps if host else None, per_us))
+            try:
+                rows.append(step_row(stamps.now, host, host.stamps if host else None, per_us))
+            except KeyError:  # scheduled and launched ahead, during the step before
+                rows.append({})
     rows = [r for r in rows if "period" in r]
     if args.cprofile:
         profiled(llm, request)
     # the loop's own time: from one step's delivery to the next step's start is not stamped
     # above; the step column is schedule-to-delivery
-    keys = list(rows[0]) if rows else []
-    medians = {k: statistics.median(r[k] for r in rows) for k in keys}
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    medians = {k: statistics.median(r[k] for r in rows if k in r) for k in keys}
     accounted = sum(v for k, v in medians.items() if k not in ("step", "period"))
     if args.json:
         Path(args.json).write_text(json.dumps(
@@ -185,9 +191,9 @@ def main() -> int:
     rate = 1e6 / medians["period"] if rows else 0.0
     print(f"\n{len(rows)} decode steps, medians (us); one stream, greedy; {rate:.1f} tok/s "
           f"from the median period")
-    print("| phase | us | share of the step |\n|---|---|---|")
+    print("| phase | us | share of the period |\n|---|---|---|")
     for k in keys:
-        print(f"| {k} | {medians[k]:.1f} | {medians[k] / medians['step']:.1%} |")
+        print(f"| {k} | {medians[k]:.1f} | {medians[k] / medians['period']:.1%} |")
     print(f"| (sum of the phases' medians) | {accounted:.1f} | |")
     return 0
 

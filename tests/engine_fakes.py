@@ -40,7 +40,8 @@ class FakeEngine:
     def schedule(self) -> ScheduledBatch:
         return self.scheduler.schedule()
 
-    def execute(self, batch: ScheduledBatch) -> list[FakeStepOutput]:
+    def execute(self, batch: ScheduledBatch, schedule_ahead=None) -> list[FakeStepOutput]:
+        """Engine.execute's contract without a model (it never schedules ahead)."""
         self.batches.append(batch)
         if any(t == self.fail_on for c in batch.chunks for t in c.token_ids):
             raise self.error

@@ -2,11 +2,13 @@
 gives every request exactly the tokens, log-probabilities, text and finish reasons of steps
 read back one by one, whatever ends a request (EOS or a stop token, a stop string, max_tokens,
 a cancel) and whatever it samples with (seeds, penalties, forced tokens, top log-probabilities).
-The CPU engine runs it eagerly with `overlap_decode="on"` (CUDA graphs take it by default)."""
+The CPU engine runs it eagerly with `overlap_decode="on"`; on a GPU machine the bundled rules
+run it as served, on CUDA graphs (`"auto"`), greedy rows picked inside the graph."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.llm import LLM
@@ -20,9 +22,11 @@ CONFIG = {"max_batch_size": 8, "chunk_size": 64, "cache_lens": 2048, "page_size"
 @pytest.fixture(scope="module")
 def engines(models) -> dict[str, LLM]:
     path = str(models.path("tiny-v3", "q4_k_m"))
-    return {mode: LLM(path, "cpu.yaml", engine_config=EngineConfig(**CONFIG,
-                                                                    overlap_decode=mode))
-            for mode in ("off", "on")}
+    cuda = torch.cuda.is_available()  # whole-step graphs: greedy steps launched ahead
+    rules, overlap = ("DeepSeek-V3", "auto") if cuda else ("cpu.yaml", "on")
+    return {name: LLM(path, rules, engine_config=EngineConfig(
+        **CONFIG, overlap_decode=mode, **({"decode_graph": "step"} if cuda else {})))
+        for name, mode in (("off", "off"), ("on", overlap))}
 
 
 def _prompt(i: int, n: int) -> list[int]:
@@ -117,7 +121,8 @@ def test_a_request_arriving_mid_decode_and_one_cancelled_mid_decode(engines):
 
 
 def test_decodes_run_with_their_input_still_pending(engines):
-    """The overlap happens: steps are scheduled with PENDING inputs, and only decode."""
+    """The overlap happens: steps are scheduled with PENDING inputs, and only decode (on a
+    whole-step graph, scheduled and launched beside the step before's CPU experts)."""
     llm = engines["on"]
     seen = []
     schedule = llm.engine.scheduler.schedule
@@ -127,13 +132,23 @@ def test_decodes_run_with_their_input_still_pending(engines):
         seen.append([c.token_ids for c in batch.chunks])
         return batch
     llm.engine.scheduler.schedule = spy
+    launched = []
+    launch = llm.engine.runner.launch
+    llm.engine.runner.launch = lambda batch: launched.append(launch(batch)) or launched[-1]
     try:
-        _run(llm, [(_prompt(20, 6), SamplingParams(temperature=0, max_tokens=10,
-                                                    ignore_eos=True))])
+        events, _ = _run(llm, [(_prompt(20, 6), SamplingParams(temperature=0, max_tokens=10,
+                                                                ignore_eos=True))])
     finally:
-        del llm.engine.scheduler.schedule
+        del llm.engine.scheduler.schedule, llm.engine.runner.launch
+    assert len(events[0]) == 10
     pending = [s for s in seen if s and s[0] == [PENDING]]
     # the prompt, the first decode (its input read back: a first token), then pending ones;
     # the tenth token's step is scheduled while the ninth is pending
     assert len(pending) == 8 and all(len(s) == 1 for s in pending)
     assert seen[-1] == []  # the last step only reads the pending tokens back
+    # with whole-step graphs each of those is launched during the step before, its CPU experts
+    # driven by the next step's call
+    if llm.engine.runner.launches_ahead:
+        assert len(launched) == 8 and all(g is not None for g in launched)
+    else:
+        assert not launched

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -69,6 +69,7 @@ class Engine:
             config.overlap_decode == "on"
             or (config.overlap_decode == "auto" and self.runner.graphs is not None))
         self._pending: LaunchedOutputs | None = None  # a step's tokens not yet read back
+        self._launched: _LaunchedAhead | None = None  # the next step, launched already
         self._expert_layers = {"stream": 0, "cpu": 0}  # MoE layer-steps so far (/metrics)
 
     @property
@@ -95,7 +96,8 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work or self._pending is not None
+        return self.scheduler.has_work or self._pending is not None \
+            or self._launched is not None
 
     def add(self, request: Request) -> None:
         """Validate and queue; RequestRejected names the problem (the server's 400)."""
@@ -114,25 +116,35 @@ class Engine:
             self.runner.drop_job(r)  # before its freed pages go to anyone else
         return batch
 
-    def execute(self, batch: ScheduledBatch) -> list[StepOutput]:
+    def execute(self, batch: ScheduledBatch,
+                schedule_ahead: Callable[[], ScheduledBatch] | None = None
+                ) -> list[StepOutput]:
         """Run the batch and sample; requests are not retired here (see `retire`). Returns the
         tokens read back by the end of the call: the pending step's (if any), then this
-        step's unless they are left pending."""
-        if not batch.chunks and self.runner.job is None:
+        step's unless they are left pending. schedule_ahead(): the next batch, scheduled
+        while this one's CPU experts run, which is then launched at once where it can be (a
+        greedy decode that follows a greedy decode) and passed to the next call."""
+        batch = replace(batch, chunks=[c for c in batch.chunks if not c.request.is_finished])
+        if not batch.chunks and self.runner.job is None and self._launched is None:
             return self._read_back()
         with self.runner.on_stream():  # the forward, the grammar masks, sampling
-            return self._execute(batch)
+            return self._execute(batch, schedule_ahead)
 
-    def _execute(self, batch: ScheduledBatch) -> list[StepOutput]:
+    def _execute(self, batch: ScheduledBatch, schedule_ahead) -> list[StepOutput]:
         pending, self._pending = self._pending, None
+        launched, self._launched = self._launched, None
         earlier: list[StepOutput] = []
         read_back = None
+        if launched is not None:  # its rows were resolved when it was launched
+            batch = launched.batch
+        elif pending is not None:
+            batch = _with_carried(batch, _rows_of(pending))
         if pending is not None:
-            batch = _with_carried(batch, pending)
-
             def read_back() -> None:  # while the GPU runs this step up to its first experts
                 earlier.extend(self.outputs.finish(pending))
-        step = self.runner.run(batch, read_back)
+        ahead = _Ahead(self, batch, schedule_ahead) if schedule_ahead is not None \
+            and self._may_launch_ahead(batch) else None
+        step = self.runner.run(batch, read_back, ahead, launched.graph if launched else None)
         # a chunk may pass the layers over several steps (layered_prefill.py): it completes,
         # and samples, in the step its pass ends
         self.scheduler.complete(step.completed)
@@ -143,18 +155,33 @@ class Engine:
         requests = [c.request for c in step.completed if c.samples]
         logits, picks = step.logits, step.picks
         ended = {id(o.request) for o in earlier if o.status is not RequestStatus.RUNNING}
-        if ended:  # stopped at the pending step: this step's row is dropped
-            live = [i for i, r in enumerate(requests) if id(r) not in ended]
+        live = [i for i, r in enumerate(requests) if id(r) not in ended and not r.is_finished]
+        if len(live) < len(requests):  # stopped at the pending step: this step's row is dropped
             logits, requests = logits[live], [requests[i] for i in live]
             picks = picks.select(live) if picks is not None else None
-        launched = self.outputs.launch(logits, requests,
-                                       self.runner.carried_ids if self.overlap else None, picks)
-        if self._may_leave_pending(launched):
+        out = self.outputs.launch(logits, requests,
+                                  self.runner.carried_ids if self.overlap else None, picks)
+        scheduled_ahead = ahead is not None and ahead.scheduled
+        if scheduled_ahead or self._may_leave_pending(out):
+            # the next batch was scheduled with these tokens pending: they stay so (its graph
+            # reads them from the picks this step's graph made)
+            assert not scheduled_ahead or out.picks is picks, "scheduled ahead of a greedy step"
             for r in requests:
                 r.num_pending = 1
-            self._pending = launched
+            self._pending = out
             return earlier
-        return earlier + self.outputs.finish(launched)
+        return earlier + self.outputs.finish(out)
+
+    def _may_launch_ahead(self, batch: ScheduledBatch) -> bool:
+        """Whether the next step may be scheduled and launched while this one's CPU experts
+        run: this one is a whole-step graph's greedy decode of requests past their first token
+        (its tokens are then left on the device for the next one, which reads them there)."""
+        chunks = batch.chunks
+        live = [c.request for c in chunks if not c.request.is_finished]
+        return (self.overlap and self.runner.launches_ahead and bool(live)
+                and self.runner.job is None
+                and all(len(c.token_ids) == 1 and not c.request.is_prefilling for c in chunks)
+                and all(r.num_output_tokens for r in live) and self.outputs.greedy_only(live))
 
     def _may_leave_pending(self, launched: LaunchedOutputs) -> bool:
         """Whether the next step may run before these tokens are read back: it will only
@@ -183,22 +210,73 @@ class Engine:
     def abandon_in_flight(self) -> list[Request]:
         """After a failed step: the requests whose chunk was part-way through the layers (their
         pass is lost with the step's state) or whose token was pending, for the caller to fail
-        too."""
+        too. A step launched ahead is run to its end first (its graph waits for its CPU
+        experts), its tokens dropped."""
         self.runner.drop_job()
-        self._pending = None
+        self._pending, launched, self._launched = None, self._launched, None
+        if launched is not None:
+            try:
+                with self.runner.on_stream():
+                    self.runner.run(launched.batch, launched=launched.graph)
+            except Exception:  # the step already failed; its cause is logged
+                log.exception("the step launched ahead of a failed one failed too")
         lost = [r for r in self.scheduler.running if r.in_flight or r.num_pending]
         for r in lost:
             r.num_pending = 0
         return lost
 
 
-def _with_carried(batch: ScheduledBatch, pending: LaunchedOutputs) -> ScheduledBatch:
+def _rows_of(pending: LaunchedOutputs) -> dict[int, int]:
+    """id(request) -> its row of the runner's carried ids."""
+    return {id(r): j for r, j in zip(pending.requests, pending.rows, strict=True)}
+
+
+def _with_carried(batch: ScheduledBatch, rows: dict[int, int]) -> ScheduledBatch:
     """The batch with each decode whose input is pending (scheduler.PENDING) naming its row j
-    of the runner's carried ids (where the pending step's picks went) as -(j + 1)."""
-    rows = {id(r): j for r, j in zip(pending.requests, pending.rows, strict=True)}
-    chunks = [replace(c, token_ids=[-(rows[id(c.request)] + 1)]) if c.request.num_pending
-              else c for c in batch.chunks]
+    of the runner's carried ids (where the pending step's picks went) as -(j + 1); a request
+    without a row stopped at the pending step (its row here runs on token 0, dropped)."""
+    chunks = [replace(c, token_ids=[-(rows[id(c.request)] + 1)] if id(c.request) in rows
+                      else [0]) if c.request.num_pending else c for c in batch.chunks]
     return replace(batch, chunks=chunks)
+
+
+@dataclass(frozen=True)
+class _LaunchedAhead:
+    """The next step's batch (its pending inputs resolved) and its launched graph: the next
+    `execute` drives it, whatever batch it is passed (the same requests, or fewer where some
+    finished since: their rows run and are dropped)."""
+
+    batch: ScheduledBatch
+    graph: object  # graphs/decode_graphs.py's LaunchedGraph
+
+
+class _Ahead:
+    """Beside a greedy decode step's CPU experts (once its graph read its staged rows): its
+    chunks completed (their KV is written before any later step reads it) and its tokens
+    counted pending, the next batch scheduled, and launched where it can run as a graph (its
+    pending inputs read from this step's picks, graph row i for chunk i)."""
+
+    def __init__(self, engine: Engine, batch: ScheduledBatch,
+                 schedule: Callable[[], ScheduledBatch]) -> None:
+        self.engine, self.batch, self.schedule = engine, batch, schedule
+        self.scheduled = False
+
+    def __call__(self) -> None:
+        engine, chunks = self.engine, self.batch.chunks
+        if engine.scheduler.waiting:  # a prompt comes next: these tokens are read back first
+            return
+        engine.scheduler.complete(chunks)
+        for c in chunks:
+            c.request.num_pending = 1
+        self.scheduled = True
+        nxt = self.schedule()
+        if not nxt.chunks or not all(c.request.num_pending for c in nxt.chunks):
+            return
+        resolved = _with_carried(nxt, {id(c.request): i for i, c in enumerate(chunks)})
+        with engine.runner.on_stream():  # this thread's stream: the model's, as the step's
+            graph = engine.runner.launch(resolved)
+        if graph is not None:
+            engine._launched = _LaunchedAhead(resolved, graph)
 
 
 def _for_transformers_runner(config: EngineConfig) -> EngineConfig:

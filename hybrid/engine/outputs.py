@@ -93,6 +93,11 @@ class RequestOutputs:
         request has a grammar) -> each request's StepOutput, in order."""
         return self.finish(self.launch(logits, requests))
 
+    def greedy_only(self, requests: list[Request]) -> bool:
+        """Whether every request's next token is its logits' argmax, reported with at most
+        that token's log-probability (what a graph's greedy picks give)."""
+        return all(_greedy_only(r, self.state(r)) for r in requests)
+
     def launch(self, logits: torch.Tensor, requests: list[Request],
                carry: torch.Tensor | None = None, picked=None) -> LaunchedOutputs:
         """The picks of `step`, decided on the device and not waited for; carry: [>= R] int64

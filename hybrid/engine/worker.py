@@ -77,6 +77,7 @@ class EngineWorker:
         self._counts = dict.fromkeys(_COUNTERS, 0)
         self.step_log: deque[tuple[int, int, int]] = deque(maxlen=64)  # (requests, decodes, tokens)
         self.trace = None  # a step_trace.StepTrace every step writes to (`--trace-steps`)
+        self._ahead = None  # the next step's batch, when the engine scheduled it ahead
 
     # -- any thread --------------------------------------------------------------------------
 
@@ -150,19 +151,28 @@ class EngineWorker:
             self.step()
 
     def step(self) -> int:
-        """schedule -> execute -> update; returns the number of tokens generated."""
+        """schedule -> execute -> update; returns the number of tokens delivered. A batch the
+        step before scheduled ahead (engine.execute's schedule_ahead) is this step's."""
         assert self._thread is None or threading.current_thread() is self._thread, \
             "only the worker thread steps a started engine"
-        batch = self._schedule()
+        batch = self._ahead if self._ahead is not None else self._schedule()
+        self._ahead = None
         start = time.perf_counter()
         try:
-            outputs = self.engine.execute(batch)
+            outputs = self.engine.execute(batch, self._schedule_ahead)
         except Exception as e:  # a failing forward must not take the server down
             log.exception("a step of %d requests failed", len(batch.chunks))
+            self._ahead = None
             self._fail_step(batch, e)
             return 0
         self._deliver(outputs, batch, time.perf_counter() - start)
         return len(outputs)
+
+    def _schedule_ahead(self):
+        """The next step's batch, scheduled during this one (on the engine's beside thread,
+        while the worker thread drives the CPU experts)."""
+        self._ahead = self._schedule()
+        return self._ahead
 
     def _schedule(self):
         """The next batch (cancelled requests dropped), counted for /health."""

@@ -10,6 +10,8 @@ never live twice.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -70,20 +72,56 @@ class DecodeGraphs:
         return self._buckets[next(s for s in self.sizes if s >= batch)][1]
 
     def run(self, chunks: list[SequenceRows], beside: Callable[[], None] | None = None,
-            before_experts: Callable[[], None] | None = None
+            before_experts: Callable[[], None] | None = None,
+            ahead: Callable[[], None] | None = None
             ) -> tuple[torch.Tensor, StepPicks | None]:
         """chunks: one decode (one token, its pages, its position, sampling) per request; a
         token -(j + 1) is the carried id j -> (logits [B, V], the rows' greedy picks where the
         form makes them). beside: host work run during the step (the form says when);
         before_experts: host work once the step is launched, before the host drives its CPU
-        experts (the step before's tokens read back)."""
-        b = len(chunks)
-        static, graphs = self._buckets[next(s for s in self.sizes if s >= b)]
-        static.load(chunks, fetch_now=not self.whole_step)  # the step's graph fetches them
+        experts (the step before's tokens read back); ahead: host work beside the CPU experts
+        of a whole-step graph once it is past its first MoE layer (the next step launched),
+        instead of `beside`."""
+        if self.whole_step:
+            return self.drive(self.launch(chunks), beside, before_experts, ahead)
+        static, graphs = self._bucket(len(chunks))
+        static.load(chunks)
         self.form.replay(graphs, static.state, beside, before_experts)
-        picks = self.form.picks.of_step(self.form.program.bridge.step_seq, list(range(b))) \
-            if self.whole_step else None
-        return static.state.logits[:b], picks
+        return static.state.logits[:len(chunks)], None
+
+    def launch(self, chunks: list[SequenceRows]) -> LaunchedGraph:
+        """A whole step's graph staged and launched, its CPU experts not yet driven (`drive`)."""
+        static, graph = self._bucket(len(chunks))
+        static.load(chunks, fetch_now=False)  # the step's graph fetches them
+        return LaunchedGraph(static, self.form.launch(graph), len(chunks))
+
+    def drive(self, launched: LaunchedGraph, beside: Callable[[], None] | None = None,
+              before_experts: Callable[[], None] | None = None,
+              ahead: Callable[[], None] | None = None
+              ) -> tuple[torch.Tensor, StepPicks]:
+        """The launched step's CPU experts (see run) -> (logits [B, V], greedy picks)."""
+        seq, state = launched.seq, launched.static.state
+        if ahead is not None:  # in beside's place, once the step read its staged rows
+            beside = partial(self._once_started, seq, ahead)
+        self.form.drive(seq, state, beside, before_experts)
+        b = launched.rows
+        return state.logits[:b], self.form.picks.of_step(seq, list(range(b)))
+
+    def _once_started(self, seq: int, fn: Callable[[], None]) -> None:
+        self.form.started(seq)
+        fn()
+
+    def _bucket(self, b: int):
+        return self._buckets[next(s for s in self.sizes if s >= b)]
+
+
+@dataclass(frozen=True)
+class LaunchedGraph:
+    """A whole-step graph launched with `rows` decodes staged in `static`, as step `seq`."""
+
+    static: StaticStep
+    seq: int
+    rows: int
 
 
 def _synchronize(devices: list[torch.device]) -> None:

@@ -14,6 +14,7 @@ returns only after both finished, whatever either raised."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -23,7 +24,7 @@ from hybrid.engine.graphs.capture import captured
 from hybrid.engine.graphs.device_picks import DevicePicks
 from hybrid.engine.graphs.static_step import StaticStep
 from hybrid.engine.step.decoder import DecoderProgram, StepState
-from hybrid.engine.step.host_experts import HostExperts
+from hybrid.engine.step.host_experts import TIMEOUT_S, HostExperts
 from hybrid.errors import DeviceLost
 
 
@@ -35,6 +36,7 @@ class WholeStepGraphs:
         self.program, self.device = program, device
         program.bridge.use_flags(len(program.moe_layers))
         self.picks = DevicePicks(carried.numel(), carried, program.bridge)
+        self._ready = program.bridge.ready.numpy()  # the layers' ready flags, read by started
         self.host = HostExperts(program.moe_layers, program.bridge)
         self._beside = ThreadPoolExecutor(1, thread_name_prefix="hybrid-beside-step")
         if progress is not None:
@@ -63,9 +65,12 @@ class WholeStepGraphs:
                beside: Callable[[], None] | None = None,
                before_experts: Callable[[], None] | None = None) -> None:
         """The step's graph (its rows staged by StaticStep.load), its CPU experts driven
-        meanwhile on this thread; `beside()` run on another thread at the same time (under
-        inference mode, on this device); `before_experts()` on this thread once the graph is
-        launched (the GPU runs the step up to its first MoE layer meanwhile)."""
+        meanwhile on this thread (`launch`, then `drive`)."""
+        self.drive(self.launch(graph), state, beside, before_experts)
+
+    def launch(self, graph: torch.cuda.CUDAGraph) -> int:
+        """The step's graph launched (its rows staged) -> its sequence number, for `drive`.
+        Invariant: the step before was driven, or is past its first MoE layer (started)."""
         bridge = self.program.bridge
         if bridge.gave_up:
             raise DeviceLost(f"a CUDA graph stopped waiting for the CPU experts of MoE layer "
@@ -73,6 +78,13 @@ class WholeStepGraphs:
                              f"restart the server")
         seq = bridge.stage_seq()  # the graph loads it
         graph.replay()
+        return seq
+
+    def drive(self, seq: int, state: StepState, beside: Callable[[], None] | None = None,
+              before_experts: Callable[[], None] | None = None) -> None:
+        """Step `seq`'s CPU experts on this thread; `before_experts()` on this thread first
+        (the GPU runs the step up to its first MoE layer meanwhile), `beside()` on another
+        thread at the same time (under inference mode, on this device)."""
         if before_experts is not None:
             try:
                 before_experts()
@@ -87,6 +99,19 @@ class WholeStepGraphs:
             self.host.run(seq, state.num_real)
         finally:
             launched.result()  # its launches done (or its error raised) before anything else
+
+    def started(self, seq: int) -> None:
+        """Return once step `seq` is past its first MoE layer's hand-over (it read its staged
+        rows and sequence number: the next step's may be staged); raises DeviceLost after
+        TIMEOUT_S."""
+        ready = self._ready
+        if ready[0] == seq:
+            return
+        deadline = time.monotonic() + TIMEOUT_S
+        while ready[0] != seq:
+            if time.monotonic() > deadline:
+                raise DeviceLost(f"a decode step's graph did not reach its first MoE layer "
+                                 f"within {TIMEOUT_S:.0f} s; the CUDA device may have failed")
 
     def _in_context(self, fn: Callable[[], None]) -> None:
         """fn() on a thread of its own with the caller's per-thread torch state."""

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from hybrid.engine.config import EngineConfig
+from hybrid.engine.graphs.decode_graphs import LaunchedGraph
 from hybrid.engine.graphs.device_picks import StepPicks
 from hybrid.engine.prefill import layered_prefill
 from hybrid.engine.prefill.layered_passes import LayeredPasses
@@ -92,13 +93,38 @@ class ModelRunner:
         """The chunk passing the layers over several steps (layered_prefill.py), or None."""
         return self.layered.job
 
+    @property
+    def launches_ahead(self) -> bool:
+        """Whether a decode step can be launched while the step before runs (`launch`: a
+        whole-step graph form)."""
+        return self.graphs is not None and self.graphs.whole_step
+
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch, before_experts: Callable[[], None] | None = None
+    def launch(self, batch: ScheduledBatch) -> LaunchedGraph | None:
+        """Launch a decode-only batch's whole-step graph now, its CPU experts driven by the
+        `run` that gets it back as `launched`; None (nothing launched) where the batch would
+        not run as one. Called beside the CPU experts of the step before (its `ahead`)."""
+        chunks = batch.chunks
+        if not (self.launches_ahead and chunks and len(chunks) <= self.graphs.max_batch
+                and self.layered.job is None and all(len(c.token_ids) == 1 for c in chunks)):
+            return None
+        return self.graphs.launch([SequenceRows(c.token_ids, c.request.page_ids, c.start,
+                                                c.samples) for c in chunks])
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch, before_experts: Callable[[], None] | None = None,
+            ahead: Callable[[], None] | None = None, launched: LaunchedGraph | None = None
             ) -> StepResult:
         """One step: the batch's chunks in one forward, and the layered chunk's next layers.
         A decode's token -(j + 1) is carried_ids[j]. before_experts(): host work once the
         step's GPU work is launched, before the host drives its CPU experts (called once, by
-        the time this returns)."""
+        the time this returns). ahead(): host work beside the CPU experts of a whole-step
+        graph once it read its staged rows (the next step launched), else not called.
+        launched: this batch's graph, launched already (`launch`)."""
+        if launched is not None:
+            logits, picks = self.graphs.drive(launched, None, before_experts, ahead)
+            return StepResult(logits, list(batch.chunks), None, 0, len(self.program.moe_layers),
+                              picks)
         chunks, layered = batch.chunks, self.layered
         layers = len(self.program.moe_layers)
         new = finished = done = None
@@ -108,8 +134,10 @@ class ModelRunner:
             chunks = [x for x in chunks if x is not new]
         overlapped = layered.job is not None and layered.overlaps and bool(chunks)
         beside = (lambda: advanced.append(layered.advance(decodes=True))) if overlapped else None
+        if layered.job is not None or new is not None:
+            ahead = None  # the next step waits for the pass
         logits, picks, on_stream, on_cpu = self._run(
-            chunks, layered.job is None and new is None, beside, before_experts)
+            chunks, layered.job is None and new is None, beside, before_experts, ahead)
         if advanced:
             done, streamed, finished = advanced[0]
         if new is not None:  # after the decodes are queued: the pass's first expert copies
@@ -130,8 +158,8 @@ class ModelRunner:
         step failed."""
         self.layered.drop(request)
 
-    def _run(self, batch_chunks, may_stream: bool, beside=None, before_experts=None
-             ) -> tuple[torch.Tensor, StepPicks | None, int, int]:
+    def _run(self, batch_chunks, may_stream: bool, beside=None, before_experts=None,
+             ahead=None) -> tuple[torch.Tensor, StepPicks | None, int, int]:
         """One forward over `batch_chunks` (graphs for decode-only steps) -> (their logits,
         the graph's greedy picks of them or None, MoE layers streamed, MoE layers on the CPU). beside(): host work during the step (a
         whole-step graph runs its CPU experts meanwhile), else before it; before_experts():
@@ -141,7 +169,8 @@ class ModelRunner:
                   for c in batch_chunks]
         if chunks and self.graphs is not None and len(chunks) <= self.graphs.max_batch \
                 and all(len(c.token_ids) == 1 for c in chunks):
-            return *self.graphs.run(chunks, beside, before_experts), 0, layers
+            return *self.graphs.run(chunks, beside, before_experts,
+                                    None if beside is not None else ahead), 0, layers
         for first in (beside, before_experts):
             if first is not None:
                 first()

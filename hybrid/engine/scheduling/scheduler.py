@@ -146,9 +146,12 @@ class Scheduler:
 
     def complete(self, chunks: list[ScheduledChunk]) -> None:
         """These chunks ran (all of a step's, or a layered chunk some steps later): their
-        tokens' KV is in the cache (and their full pages join the prefix cache)."""
+        tokens' KV is in the cache (and their full pages join the prefix cache). Calling it
+        again for the same chunks changes nothing."""
         for c in chunks:
             r = c.request
+            if r.is_finished:  # it ran after its end (overlapped decode): its pages are gone
+                continue
             r.num_computed_tokens = c.start + len(c.token_ids)
             r.in_flight = False
             full = r.num_computed_tokens // self.pages.page_size
