@@ -98,10 +98,10 @@ def test_one_requests_failure_fails_it_alone(llm: LLM, where: str,
     if where == "sampling":  # a draw that raises for this request's settings only
         real = engine_module.launch_samples
 
-        def fussy(logits, rows, penalties=None, carry=None):
+        def fussy(logits, rows, penalties=None, carry=None, carry_rows=None):
             if any(p is bad for p, *_ in rows):
                 raise RuntimeError("this request's draw failed")
-            return real(logits, rows, penalties, carry)
+            return real(logits, rows, penalties, carry, carry_rows)
         monkeypatch.setattr(engine_module, "launch_samples", fussy)
     events: list[list] = [[] for _ in range(5)]
     requests = [llm._submit(ids, greedy(6), events[i].append) for i, ids in enumerate(cases)]

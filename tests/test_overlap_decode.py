@@ -115,7 +115,8 @@ def test_a_request_arriving_mid_decode_and_one_cancelled_mid_decode(engines):
     assert _rows(got[0]) == _rows(want[0]) and len(got[0]) == 24
     assert _rows(got[2]) == _rows(want[2]) and len(got[2]) == 8
     # cancelled after 10 tokens: at most the token then pending reaches it, all of them right
-    assert 10 <= len(got[1]) <= 11 and _rows(got[1]) == _rows(want[1])[:len(got[1])]
+    whole = _greedy_tokens(engines["off"], cases()[1][0], 24)
+    assert 10 <= len(got[1]) <= 11 and [e.token_id for e in got[1]] == whole[:len(got[1])]
     assert requests[1].status is RequestStatus.FINISHED_CANCELLED
     assert engines["on"].worker.stats().kv_pages_used == 0
 
@@ -152,3 +153,57 @@ def test_decodes_run_with_their_input_still_pending(engines):
         assert len(launched) == 8 and all(g is not None for g in launched)
     else:
         assert not launched
+
+
+def test_greedy_streams_ending_at_different_steps(engines):
+    """Greedy streams run launched ahead of each other's reads: requests ending on a stop token
+    or max_tokens at different steps (their rows in the step already launched dropped, their
+    pages freed) leave the others' tokens exactly as steps read back one by one give them."""
+    off, on = engines["off"], engines["on"]
+    cases = []
+    for i in range(6):
+        ids = _prompt(30 + i, 3 + 2 * i)
+        made = _greedy_tokens(off, ids, 16)
+        cases.append((ids, SamplingParams(temperature=0, max_tokens=6 + 3 * i, ignore_eos=True,
+                                          logprobs=0 if i % 2 else None,
+                                          stop_token_ids=(made[2 + i],) if i in (1, 4) else ())))
+    want, _ = _run(off, cases)
+    launched = []
+    launch = on.engine.runner.launch
+    on.engine.runner.launch = lambda batch: launched.append(launch(batch)) or launched[-1]
+    try:
+        got, requests = _run(on, cases)
+    finally:
+        del on.engine.runner.launch
+    for w, g in zip(want, got, strict=True):
+        assert _rows(g) == _rows(w)
+    assert {len(w) for w in want} != {len(want[0])}  # they did end at different steps
+    assert sum(g is not None for g in launched) > 10
+    assert all(r.num_pending == 0 for r in requests)
+    assert on.worker.stats().kv_pages_used == 0
+
+
+def test_cancelled_while_its_last_token_is_pending(engines):
+    """A request cancelled while its last token is still pending is dropped by the schedule
+    made ahead before that token is delivered: the token still reaches it, nothing is retired
+    twice, the other stream goes on."""
+    llm = engines["on"]
+    greedy = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    events: list[list] = [[], []]
+    long = llm._submit(_prompt(40, 5), greedy, events[0].append)
+    short = llm._submit(_prompt(41, 7), SamplingParams(temperature=0, max_tokens=5,
+                                                        ignore_eos=True), events[1].append)
+    cancelled_at = None
+    while llm.worker.has_work:
+        llm.worker.step()
+        if cancelled_at is None and short.num_pending and short.num_output_tokens == 4:
+            llm.worker.cancel(short)
+            cancelled_at = len(events[1])
+    assert cancelled_at == 4 or not llm.engine.runner.launches_ahead
+    assert [e.token_id for e in events[0]] == _greedy_tokens(llm, _prompt(40, 5), 20)
+    assert [e.token_id for e in events[1]] == _greedy_tokens(llm, _prompt(41, 7), 5)[:len(
+        events[1])] and len(events[1]) >= 4
+    assert short.is_finished and long.status is RequestStatus.FINISHED_LENGTH
+    stats = llm.worker.stats()
+    assert stats.kv_pages_used == 0 and stats.num_running == 0
+    assert stats.num_finished + stats.num_cancelled == stats.num_submitted - stats.num_failed

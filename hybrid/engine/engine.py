@@ -7,13 +7,14 @@ single-threaded: the `EngineWorker` wraps it with a lock and a thread for servin
 `execute()` and `retire()` lets the worker hold its lock only while the queues change, never
 during a forward.
 
-Overlapped decode (`overlap_decode`): while every running request decodes, a step's tokens are
-decided on the device and left there (`_pending`): the next step is scheduled and launched
-with those tokens as its inputs (read on the device: the runner's carried ids), and only then
-are they read back, detokenized and checked for stops, while the new step runs. `execute`
-returns the outputs known by its end: the step before's where one was pending, its own where it
-read them back at once (a prompt's first token, a request waiting, a grammar's step that failed
-as a batch). A request that stopped at the pending step has its next row computed and dropped.
+Overlapped decode (`overlap_decode`): while every running request decodes greedily, the next
+step is scheduled and launched beside this step's CPU experts (`_Ahead`, on the whole-step
+graph's beside thread), its inputs this step's tokens as the graph picks them on the device (the
+runner's carried ids). This step's tokens stay pending (`_pending`) and are read back, detokenized
+and checked for stops by the next call, while its step runs up to its first MoE layer. `execute`
+returns the outputs known by its end: the step before's where one was pending, else its own. A
+request that stopped at the pending step has its next row computed and dropped. Any other step
+(a prompt, a sampled or constrained request, a request waiting) reads its tokens back at once.
 """
 
 from __future__ import annotations
@@ -159,39 +160,30 @@ class Engine:
         if len(live) < len(requests):  # stopped at the pending step: this step's row is dropped
             logits, requests = logits[live], [requests[i] for i in live]
             picks = picks.select(live) if picks is not None else None
-        out = self.outputs.launch(logits, requests,
-                                  self.runner.carried_ids if self.overlap else None, picks)
         scheduled_ahead = ahead is not None and ahead.scheduled
-        if scheduled_ahead or self._may_leave_pending(out):
-            # the next batch was scheduled with these tokens pending: they stay so (its graph
-            # reads them from the picks this step's graph made)
-            assert not scheduled_ahead or out.picks is picks, "scheduled ahead of a greedy step"
-            for r in requests:
-                r.num_pending = 1
-            self._pending = out
-            return earlier
-        return earlier + self.outputs.finish(out)
+        out = self.outputs.launch(logits, requests,
+                                  self.runner.carried_ids if scheduled_ahead else None, picks,
+                                  live)
+        if not scheduled_ahead:
+            return earlier + self.outputs.finish(out)
+        # the next batch was scheduled with these tokens pending (its inputs the carried ids,
+        # row i for this batch's chunk i): they stay so until it runs
+        assert out.carried, "a step scheduled ahead picks into the carried ids"
+        for r in requests:
+            r.num_pending = 1
+        self._pending = out
+        return earlier
 
     def _may_launch_ahead(self, batch: ScheduledBatch) -> bool:
         """Whether the next step may be scheduled and launched while this one's CPU experts
-        run: this one is a whole-step graph's greedy decode of requests past their first token
-        (its tokens are then left on the device for the next one, which reads them there)."""
+        run: this one is a greedy decode of requests past their first token (a whole-step
+        graph picks its tokens itself, into the carried ids the next one reads)."""
         chunks = batch.chunks
         live = [c.request for c in chunks if not c.request.is_finished]
         return (self.overlap and self.runner.launches_ahead and bool(live)
                 and self.runner.job is None
                 and all(len(c.token_ids) == 1 and not c.request.is_prefilling for c in chunks)
                 and all(r.num_output_tokens for r in live) and self.outputs.greedy_only(live))
-
-    def _may_leave_pending(self, launched: LaunchedOutputs) -> bool:
-        """Whether the next step may run before these tokens are read back: it will only
-        decode (nothing waits, no prompt is part-way), the picks went to the carried ids, and
-        none is a request's first token (its time to first token would grow by a step)."""
-        s = self.scheduler
-        return (self.overlap and launched.carried and bool(launched.requests)
-                and not s.waiting and self.runner.job is None
-                and all(not r.is_prefilling and not r.in_flight for r in s.running)
-                and all(r.num_output_tokens for r in launched.requests))
 
     def _read_back(self) -> list[StepOutput]:
         """The pending step's tokens (for its requests not finished since), if there is one."""
@@ -267,7 +259,8 @@ class _Ahead:
             return
         engine.scheduler.complete(chunks)
         for c in chunks:
-            c.request.num_pending = 1
+            if not c.request.is_finished:  # a request retired since runs its row, dropped
+                c.request.num_pending = 1
         self.scheduled = True
         nxt = self.schedule()
         if not nxt.chunks or not all(c.request.num_pending for c in nxt.chunks):

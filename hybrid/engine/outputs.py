@@ -99,25 +99,27 @@ class RequestOutputs:
         return all(_greedy_only(r, self.state(r)) for r in requests)
 
     def launch(self, logits: torch.Tensor, requests: list[Request],
-               carry: torch.Tensor | None = None, picked=None) -> LaunchedOutputs:
-        """The picks of `step`, decided on the device and not waited for; carry: [>= R] int64
-        on the device that gets the picked ids (where the batch launched as one); picked: the
-        rows' greedy picks made already (graphs/device_picks.py's StepPicks), taken where
-        every request decodes greedily and asks for nothing else of its logits."""
+               carry: torch.Tensor | None = None, picked=None, rows: list[int] | None = None
+               ) -> LaunchedOutputs:
+        """The picks of `step`, decided on the device and not waited for. carry: int64 on the
+        device whose row rows[i] gets requests[i]'s pick (where the batch launched as one;
+        rows default to 0..R-1); picked: the rows' greedy picks made already, into the carried
+        ids at their rows (graphs/device_picks.py's StepPicks), taken where every request
+        decodes greedily and asks for nothing else of its logits."""
         states = [self.state(r) for r in requests]
         if picked is not None and all(_greedy_only(r, s) for r, s in zip(requests, states)):
             return LaunchedOutputs(requests, states, picked, picked.rows)
+        rows = list(range(len(requests))) if rows is None else rows
         try:
-            picks = self._pick(logits, requests, states, carry)
+            picks = self._pick(logits, requests, states, carry, rows)
         except Exception as e:  # one request's trouble: find it, fail it alone
             if is_device_lost(e) or len(requests) < 2:
                 raise
             log.warning("sampling a step's %d requests failed (%s); each alone", len(requests), e)
             picks = [self._alone(logits[i:i + 1], r, s) for i, (r, s)
                      in enumerate(zip(requests, states, strict=True))]
-        rows = list(range(len(requests))) if carry is not None \
-            and isinstance(picks, LaunchedSamples) else None
-        return LaunchedOutputs(requests, states, picks, rows)
+        carried = carry is not None and isinstance(picks, LaunchedSamples)
+        return LaunchedOutputs(requests, states, picks, rows if carried else None)
 
     def finish(self, launched: LaunchedOutputs) -> list[StepOutput]:
         """The launched picks read back -> the StepOutput of each request not finished since
@@ -133,7 +135,8 @@ class RequestOutputs:
         return out
 
     def _pick(self, logits: torch.Tensor, requests: list[Request], states: list[OutputState],
-              carry: torch.Tensor | None = None) -> LaunchedSamples:
+              carry: torch.Tensor | None = None, rows: list[int] | None = None
+              ) -> LaunchedSamples:
         if any(s.matcher is not None for s in states):
             mask_logits(logits, [s.matcher for s in states])
         for r, s in zip(requests, states, strict=True):
@@ -141,7 +144,7 @@ class RequestOutputs:
                 s.penalties = PenaltyState(r.prompt_ids, logits.shape[1], logits.device)
         return launch_samples(logits, [(r.params, s.generator, r.prompt_ids, r.output_ids)
                                        for r, s in zip(requests, states, strict=True)],
-                              [s.penalties for s in states], carry)
+                              [s.penalties for s in states], carry, rows)
 
     def _alone(self, row: torch.Tensor, r: Request, s: OutputState) -> Sampled | RequestFailed:
         try:

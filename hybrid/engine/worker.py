@@ -252,6 +252,8 @@ class EngineWorker:
 
     def _retire(self, request: Request, status: RequestStatus) -> None:
         with self._lock:
+            if request.is_finished:  # dropped as cancelled (and counted) by a schedule made
+                return  # ahead of the delivery of its last token
             self.engine.retire(request, status)
             key = {RequestStatus.FINISHED_FAILED: "failed",
                    RequestStatus.FINISHED_CANCELLED: "cancelled"}.get(status, "finished")

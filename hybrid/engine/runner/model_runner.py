@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -95,38 +96,44 @@ class ModelRunner:
 
     @property
     def launches_ahead(self) -> bool:
-        """Whether a decode step can be launched while the step before runs (`launch`: a
-        whole-step graph form)."""
-        return self.graphs is not None and self.graphs.whole_step
+        """Whether a decode step can be launched while the step before runs (`launch`): a
+        whole-step graph form, or eager steps (whose launch runs when driven)."""
+        return self.graphs is None or self.graphs.whole_step
 
     @torch.inference_mode()
-    def launch(self, batch: ScheduledBatch) -> LaunchedGraph | None:
-        """Launch a decode-only batch's whole-step graph now, its CPU experts driven by the
-        `run` that gets it back as `launched`; None (nothing launched) where the batch would
-        not run as one. Called beside the CPU experts of the step before (its `ahead`)."""
+    def launch(self, batch: ScheduledBatch) -> LaunchedGraph | EagerLaunch | None:
+        """Launch a decode-only batch now, its CPU experts driven by the `run` that gets it back
+        as `launched`: its whole-step graph, or, for eager steps, its rows as they are now (the
+        forward runs when driven, as a stream would run it then); None (nothing launched) where
+        it cannot. Called beside the CPU experts of the step before (its `ahead`)."""
         chunks = batch.chunks
-        if not (self.launches_ahead and chunks and len(chunks) <= self.graphs.max_batch
-                and self.layered.job is None and all(len(c.token_ids) == 1 for c in chunks)):
+        if not (self.launches_ahead and chunks and self.layered.job is None
+                and all(len(c.token_ids) == 1 for c in chunks)):
             return None
-        return self.graphs.launch([SequenceRows(c.token_ids, c.request.page_ids, c.start,
-                                                c.samples) for c in chunks])
+        rows = _rows(chunks)
+        if self.graphs is None:
+            return EagerLaunch(rows)
+        return self.graphs.launch(rows) if len(rows) <= self.graphs.max_batch else None
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch, before_experts: Callable[[], None] | None = None,
-            ahead: Callable[[], None] | None = None, launched: LaunchedGraph | None = None
-            ) -> StepResult:
+            ahead: Callable[[], None] | None = None,
+            launched: LaunchedGraph | EagerLaunch | None = None) -> StepResult:
         """One step: the batch's chunks in one forward, and the layered chunk's next layers.
         A decode's token -(j + 1) is carried_ids[j]. before_experts(): host work once the
         step's GPU work is launched, before the host drives its CPU experts (called once, by
         the time this returns). ahead(): host work beside the CPU experts of a whole-step
-        graph once it read its staged rows (the next step launched), else not called.
-        launched: this batch's graph, launched already (`launch`)."""
-        if launched is not None:
-            logits, picks = self.graphs.drive(launched, None, before_experts, ahead)
-            return StepResult(logits, list(batch.chunks), None, 0, len(self.program.moe_layers),
-                              picks)
-        chunks, layered = batch.chunks, self.layered
+        graph once it read its staged rows (after an eager forward), where the next step may
+        be launched (never beside a layered chunk). launched: this batch, launched already."""
         layers = len(self.program.moe_layers)
+        if isinstance(launched, LaunchedGraph):
+            logits, picks = self.graphs.drive(launched, None, before_experts, ahead)
+            return StepResult(logits, list(batch.chunks), None, 0, layers, picks)
+        if launched is not None:
+            logits, picks, _, on_cpu = self._run(launched.rows, False, None, before_experts,
+                                                 ahead)
+            return StepResult(logits, list(batch.chunks), None, 0, on_cpu, picks)
+        chunks, layered = batch.chunks, self.layered
         new = finished = done = None
         streamed, advanced = 0, []  # advanced: the pass's pieces launched during the decodes
         if layered.job is None and self.stream is not None \
@@ -137,7 +144,7 @@ class ModelRunner:
         if layered.job is not None or new is not None:
             ahead = None  # the next step waits for the pass
         logits, picks, on_stream, on_cpu = self._run(
-            chunks, layered.job is None and new is None, beside, before_experts, ahead)
+            _rows(chunks), layered.job is None and new is None, beside, before_experts, ahead)
         if advanced:
             done, streamed, finished = advanced[0]
         if new is not None:  # after the decodes are queued: the pass's first expert copies
@@ -158,15 +165,13 @@ class ModelRunner:
         step failed."""
         self.layered.drop(request)
 
-    def _run(self, batch_chunks, may_stream: bool, beside=None, before_experts=None,
-             ahead=None) -> tuple[torch.Tensor, StepPicks | None, int, int]:
-        """One forward over `batch_chunks` (graphs for decode-only steps) -> (their logits,
-        the graph's greedy picks of them or None, MoE layers streamed, MoE layers on the CPU). beside(): host work during the step (a
-        whole-step graph runs its CPU experts meanwhile), else before it; before_experts():
-        see run."""
+    def _run(self, chunks: list[SequenceRows], may_stream: bool, beside=None,
+             before_experts=None, ahead=None) -> tuple[torch.Tensor, StepPicks | None, int, int]:
+        """One forward over `chunks` (graphs for decode-only steps) -> (their logits, the
+        graph's greedy picks of them or None, MoE layers streamed, MoE layers on the CPU).
+        beside(): host work during the step (a whole-step graph runs its CPU experts
+        meanwhile), else before it; before_experts(), ahead(): see run."""
         layers = len(self.program.moe_layers)
-        chunks = [SequenceRows(c.token_ids, c.request.page_ids, c.start, c.samples)
-                  for c in batch_chunks]
         if chunks and self.graphs is not None and len(chunks) <= self.graphs.max_batch \
                 and all(len(c.token_ids) == 1 for c in chunks):
             return *self.graphs.run(chunks, beside, before_experts,
@@ -190,5 +195,19 @@ class ModelRunner:
                       len(streamed), len(self.program.moe_layers))
         logits = self.program.run(StepState(fb, num_real=fb.num_tokens,
                                             streamed=frozenset(streamed)))
+        if ahead is not None:
+            ahead()
         return logits, None, len(streamed), layers - len(streamed)
+
+
+@dataclass(frozen=True)
+class EagerLaunch:
+    """An eager decode step launched ahead: its rows, packed when it is driven."""
+
+    rows: list[SequenceRows]
+
+
+def _rows(chunks) -> list[SequenceRows]:
+    """Scheduled chunks as the forward takes them (their pages as they are now)."""
+    return [SequenceRows(c.token_ids, c.request.page_ids, c.start, c.samples) for c in chunks]
 

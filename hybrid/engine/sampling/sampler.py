@@ -95,11 +95,12 @@ class LaunchedSamples:
 def launch_samples(logits: torch.Tensor, rows: Sequence[tuple[SamplingParams, torch.Generator,
                                                             Sequence[int], Sequence[int]]],
                    penalties: Sequence[PenaltyState | None] | None = None,
-                   carry: torch.Tensor | None = None) -> LaunchedSamples:
+                   carry: torch.Tensor | None = None, carry_rows: Sequence[int] | None = None
+                   ) -> LaunchedSamples:
     """logits: [R, V] on the model's device; rows: (params, generator, prompt ids, output ids)
     per row; penalties: the penalized rows' states kept between steps (synced here; None: made
-    for this call); carry: [>= R] int64 on the device that gets the picked ids (the next step's
-    inputs, before the host has them). Every row is decided on the device in one batch
+    for this call); carry: int64 on the device whose row carry_rows[i] (default i) gets row
+    i's pick (the next step's inputs, before the host has them). Every row is decided on the device in one batch
     (penalties, batch_penalties; then argmax, the forced token or `draw.draw`; the chosen
     log-probability and the top log-probabilities), and only those few numbers cross to the
     host, in one copy that is not waited for here. A sampled row takes one uniform from its
@@ -128,8 +129,10 @@ def launch_samples(logits: torch.Tensor, rows: Sequence[tuple[SamplingParams, to
     if forced:
         ids[torch.tensor(list(forced), device=x.device)] = torch.tensor(
             list(forced.values()), device=x.device)
-    if carry is not None:
+    if carry is not None and (carry_rows is None or list(carry_rows) == list(range(n))):
         carry[:n].copy_(ids)
+    elif carry is not None:
+        carry[torch.tensor(list(carry_rows), device=carry.device)] = ids
     ids = ids[:, None]  # [R, 1]
     k = max((p.logprobs or 0 for p, _, _, _ in rows), default=0)
     cols = [ids.double(), (x.gather(1, ids) - lse).double()]

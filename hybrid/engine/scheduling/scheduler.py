@@ -198,5 +198,5 @@ class Scheduler:
         if self.cache is not None:
             own = self.cache.release(id(request), request.page_ids)
         self.pages.free(own)
-        request.page_ids = []
+        request.page_ids, request.num_pending = [], 0
         request.finish(status)
