@@ -72,11 +72,12 @@ class EngineConfig:
              "(hybrid/engine/graphs/choice.py)")
     overlap_decode: str = setting(
         "auto", choices=OVERLAP_DECODE,
-        help="auto: while decoding, launch each step before the tokens of the step before are "
-             "read back, which are then detokenized and sent while the new step runs (where "
-             "decode steps replay CUDA graphs); a request that stops computes one token more, "
-             "dropped. off: each step's tokens are read back before the next is scheduled; on: "
-             "overlap on eager steps too (the CPU: no gain there, it tests the logic)")
+        help="auto: while every running request decodes greedily on whole-step CUDA graphs, "
+             "schedule and launch each step beside the CPU experts of the one before, its "
+             "input tokens read on the GPU from that step's picks (a request that stops "
+             "computes one token more, dropped); off: each step's tokens are read back before "
+             "the next is scheduled; on: eager steps too (no gain there: it tests the logic on "
+             "the CPU)")
     prefill_experts: str = setting(
         "auto", choices=PREFILL_EXPERTS,
         help="where prompt steps run the CPU-placed routed experts: auto streams a layer's "
