@@ -5,17 +5,18 @@ operators find their sequences and cache rows in a `ForwardBatch`, built on the 
 to the device once. Only the rows that sample (the last token of each chunk that reaches its
 request's newest token) go through the final norm and lm_head. Decode-only steps replay CUDA
 graphs (graphs/) when the model runs on one CUDA device with every MoE layer's routed experts
-on the CPU, unless `cuda_graphs` is off; everything else runs the same DecoderProgram eagerly. A step with prompt tokens may stream some MoE layers'
-routed experts to the GPU instead of handing its rows to the CPU (`--prefill-experts`,
-expert_stream.py, the choice per layer from prefill_costs.py). Start-up (runner_start_up.py)
-runs every shape a step can take once, so no request pays for compiling a kernel.
+on the CPU, unless `cuda_graphs` is off; everything else runs the same DecoderProgram eagerly.
+A step with prompt tokens may stream some MoE layers'
+routed experts to the GPU instead of handing its rows to the CPU (eager_step.py). A greedy
+decode step may be launched while the step before runs (`launch`, engine.py's launch-ahead).
+Start-up (runner_start_up.py) runs every shape a step can take once, so no request pays for
+compiling a kernel.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -25,11 +26,12 @@ from hybrid.engine.graphs.decode_graphs import LaunchedGraph
 from hybrid.engine.graphs.device_picks import StepPicks
 from hybrid.engine.prefill import layered_prefill
 from hybrid.engine.prefill.layered_passes import LayeredPasses
-from hybrid.engine.runner import runner_start_up
+from hybrid.engine.runner import eager_step, runner_start_up
+from hybrid.engine.runner.eager_step import EagerLaunch
 from hybrid.engine.scheduling.scheduler import ScheduledBatch
-from hybrid.engine.step.decoder import DecoderProgram, StepState
+from hybrid.engine.step.decoder import DecoderProgram
 from hybrid.engine.step.experts_bridge import ExpertsBridge
-from hybrid.engine.step.forward_batch import ForwardBatch, SequenceRows
+from hybrid.engine.step.forward_batch import SequenceRows
 from hybrid.engine.step.kv_cache import PagedLatentCache
 from hybrid.engine.step.step_result import StepResult
 
@@ -60,21 +62,18 @@ class ModelRunner:
         self.recorder = runner_start_up.install_recorder(model, self.program) \
             if config.record_routing else None
         self.max_pages = -(-max_request_tokens // config.page_size)
-        # [max_batch_size] the last step's sampled ids, on the device: a decode whose input
-        # token is still only there names it as -(row + 1) (overlapped decode, engine.py)
+        # [max_batch_size] a step's picks on the device, which the next step launched ahead
+        # reads as its decodes' inputs (-(row + 1): engine.py)
         self.carried_ids = torch.zeros(config.max_batch_size, dtype=torch.int64,
                                        device=self.device)
-        # The model's own stream, not CUDA's legacy default one: there, a small pinned
-        # host-to-device copy (as the CPU experts' sum coming back, per layer and step)
-        # waits for the expert stream's unit copies on their side stream
-        # (scripts/probe_stream_overlap.py; docs/long-prompts.md). Start-up (warm-up, costs,
-        # capture) and every step run on it.
+        # The model's own stream, not CUDA's legacy default one, where a small pinned copy (the
+        # CPU experts' sum coming back) waits for the expert stream's uploads on their stream
+        # (docs/long-prompts.md). Start-up and every step run on it.
         self.model_stream = torch.cuda.Stream(self.device, priority=-1) \
             if self.device.type == "cuda" else None
         # A prompt chunk passed over steps (layered_prefill.py) runs its layers on a stream of
-        # its own, launched before the step's decodes: the GPU runs them while the host runs
-        # the decodes' CPU experts (the GPU otherwise idles there), not after them
-        # (docs/serving.md). The model stream's higher priority keeps decode kernels first.
+        # its own while the host runs the decodes' CPU experts (docs/serving.md); the model
+        # stream's higher priority keeps decode kernels first.
         job_stream = torch.cuda.Stream(self.device, priority=0) \
             if self.device.type == "cuda" and config.overlap_prefill \
             and not config.record_routing else None
@@ -110,7 +109,7 @@ class ModelRunner:
         if not (self.launches_ahead and chunks and self.layered.job is None
                 and all(len(c.token_ids) == 1 for c in chunks)):
             return None
-        rows = _rows(chunks)
+        rows = SequenceRows.of(chunks)
         if self.graphs is None:
             return EagerLaunch(rows)
         return self.graphs.launch(rows) if len(rows) <= self.graphs.max_batch else None
@@ -144,7 +143,7 @@ class ModelRunner:
         if layered.job is not None or new is not None:
             ahead = None  # the next step waits for the pass
         logits, picks, on_stream, on_cpu = self._run(
-            _rows(chunks), layered.job is None and new is None, beside, before_experts, ahead)
+            SequenceRows.of(chunks), layered.job is None and new is None, beside, before_experts, ahead)
         if advanced:
             done, streamed, finished = advanced[0]
         if new is not None:  # after the decodes are queued: the pass's first expert copies
@@ -181,33 +180,8 @@ class ModelRunner:
                 first()
         if not chunks:
             return torch.empty(0, self.model.config.vocab_size, device=self.device), None, 0, 0
-        fb = ForwardBatch.build(chunks, self.page_size, self.cache, self.device)
-        if any(c.token_ids[0] < 0 for c in chunks[:fb.num_decodes]):
-            ids = fb.input_ids[:fb.num_decodes]  # [B] -(j + 1): carried_ids[j]
-            ids.copy_(torch.where(ids < 0, self.carried_ids[(-ids - 1).clamp(min=0)], ids))
-        self.attention.prepare(fb)
-        streamed = self.placement.streamed(fb.num_tokens,
-                                           any(len(c.token_ids) > 1 for c in chunks)) \
-            if may_stream else ()
-        if streamed:
-            self.stream.begin(streamed)
-            log.debug("step of %d tokens streams %d of %d MoE layers' experts", fb.num_tokens,
-                      len(streamed), len(self.program.moe_layers))
-        logits = self.program.run(StepState(fb, num_real=fb.num_tokens,
-                                            streamed=frozenset(streamed)))
+        logits, streamed, on_cpu = eager_step.run(self, chunks, may_stream)
         if ahead is not None:
             ahead()
-        return logits, None, len(streamed), layers - len(streamed)
-
-
-@dataclass(frozen=True)
-class EagerLaunch:
-    """An eager decode step launched ahead: its rows, packed when it is driven."""
-
-    rows: list[SequenceRows]
-
-
-def _rows(chunks) -> list[SequenceRows]:
-    """Scheduled chunks as the forward takes them (their pages as they are now)."""
-    return [SequenceRows(c.token_ids, c.request.page_ids, c.start, c.samples) for c in chunks]
+        return logits, None, streamed, on_cpu
 

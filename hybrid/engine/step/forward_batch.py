@@ -38,6 +38,12 @@ class SequenceRows(NamedTuple):
     start: int  # the position of its first new token
     samples: bool  # its last row goes through the head and samples a token
 
+    @classmethod
+    def of(cls, chunks) -> list[SequenceRows]:
+        """Scheduled chunks (scheduler.ScheduledChunk) as a step takes them: their request's
+        pages as they are now."""
+        return [cls(c.token_ids, c.request.page_ids, c.start, c.samples) for c in chunks]
+
 
 def _aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
