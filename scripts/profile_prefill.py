@@ -64,7 +64,10 @@ def main() -> int:
     path = args.gguf_path or build_model(args.preset, Path(tempfile.mkdtemp()))
     config = EngineConfig(max_batch_size=2, chunk_size=args.tokens, decode_chunk_size=args.tokens,
                           cache_lens=max(16 * 1024, 2 * args.tokens), prefix_cache=False,
-                          decode_gap=args.decode_gap)
+                          decode_gap=args.decode_gap,
+                          # each decode graph's events bracket that step alone: a step launched
+                          # ahead would sit between them
+                          overlap_decode="off")
     llm = LLM(path, rules_with_mode(args.optimize_rules, args.mode), engine_config=config,
               status=lambda m: print("start-up:", m, flush=True))
     runner = llm.engine.runner
@@ -156,18 +159,24 @@ def itl_steps(llm: LLM, n: int, top: int) -> None:
     whole = form is not None and hasattr(form, "host")
     experts, graph_events = [], []
     if whole:  # the decode's CPU experts (host wall) and its graph on the GPU (events)
-        host_run, replay = form.host.run, form.replay
+        host_run, launch, drive = form.host.run, form.launch, form.drive
         form.host.run = _timed(host_run, experts)
+        started: list = []
 
-        def evented_replay(*a, **k):
-            ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-            ev[0].record()
+        def evented_launch(*a, **k):  # an event before the graph, one after its experts
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            started.append(ev)
+            return launch(*a, **k)
+
+        def evented_drive(*a, **k):
             try:
-                return replay(*a, **k)
+                return drive(*a, **k)
             finally:
-                ev[1].record()
-                graph_events.append(ev)
-        form.replay = evented_replay
+                end = torch.cuda.Event(enable_timing=True)
+                end.record()
+                graph_events.append((started.pop(0), end))
+        form.launch, form.drive = evented_launch, evented_drive
     for profiled in (False, True):
         prompt = llm._submit([2000 + (j * 37 + profiled) % 90000 for j in range(n)],
                              SamplingParams(temperature=0, max_tokens=1, ignore_eos=True),
@@ -205,7 +214,7 @@ def itl_steps(llm: LLM, n: int, top: int) -> None:
               f"ms (computing {_computing_ms(form):.1f}), graph on the GPU {gpu:.1f} ms")
     layered.advance = advance
     if whole:
-        form.host.run, form.replay = host_run, replay
+        form.host.run, form.launch, form.drive = host_run, launch, drive
     stream.cancel()
     while llm.engine.has_work:
         llm.worker.step()

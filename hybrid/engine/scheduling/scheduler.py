@@ -11,8 +11,8 @@ Each step carries, in this order:
 with at most `max_batch_size` requests running. While any request's newest token is pending
 (sampled on the device, not yet read back: the engine's overlapped decode), a step only
 decodes: its decode's input is PENDING, at the position after the computed ones, and a request
-whose pending token is its last (max_tokens) gets no step; prompts and admissions wait for the
-engine to read the tokens back, which it does before a step that has them. A waiting request is admitted only when pages
+whose pending token is its last (max_tokens) gets no step; prompts and admissions wait until
+the engine has read the tokens back. A waiting request is admitted only when pages
 for its prompt plus its max_tokens are free, so a running request never runs out of cache and
 nothing is ever preempted; admission is strictly FCFS (a large request at the head waits for
 pages rather than being overtaken forever). A request that could never fit is rejected at
