@@ -100,9 +100,15 @@ class TransformersRunner:
                 self.store.put(request.token_ids(0, held.length), held.cache)
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> StepResult:
+    def run(self, batch: ScheduledBatch, before_experts=None, ahead=None, launched=None
+            ) -> StepResult:
         """Every chunk of the batch through the model on its request's cache -> one logits
-        row per sampling chunk, in order."""
+        row per sampling chunk, in order. ModelRunner.run's contract: before_experts() runs
+        first; nothing is launched ahead here (ahead and launched are never given: the engine
+        overlaps no step of this runner)."""
+        assert ahead is None and launched is None, "this runner launches nothing ahead"
+        if before_experts is not None:
+            before_experts()
         rows = []
         for chunk in batch.chunks:
             # a decode feeds back a generated token; a chunk of prompt tokens is prefill
