@@ -145,3 +145,17 @@ def test_the_check_sees_circles_and_every_package() -> None:
     assert {m.split(".")[1] for m in EDGES if m.startswith("cpu_kernels.")} == set(CPU)
     # imports inside functions count too
     assert "hybrid.engine.graphs.choice" in EDGES["hybrid.engine.graphs.setup"]
+
+
+def test_the_served_engine_imports_no_triton_kernel() -> None:
+    """The engine and the server import gpu_kernels' Triton kernels only where a step runs them:
+    a module-level import would define them before tests/gpu_kernels/conftest.py sets
+    TRITON_INTERPRET in the same process (CPU kernels then fail), and costs every CPU start."""
+    import subprocess
+    import sys
+
+    code = ("import sys, hybrid.engine.engine, hybrid.engine.llm, server.serve; "
+            "print(sorted(m for m in sys.modules if m == 'triton' or m.startswith('triton.')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         check=True, timeout=300).stdout
+    assert out.strip() == "[]"

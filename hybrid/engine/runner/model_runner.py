@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from hybrid.engine.config import EngineConfig
-from hybrid.engine.graphs.decode_graphs import LaunchedGraph
-from hybrid.engine.graphs.device_picks import StepPicks
 from hybrid.engine.prefill import layered_prefill
 from hybrid.engine.prefill.layered_passes import LayeredPasses
 from hybrid.engine.runner import eager_step, runner_start_up
@@ -34,6 +33,10 @@ from hybrid.engine.step.experts_bridge import ExpertsBridge
 from hybrid.engine.step.forward_batch import SequenceRows
 from hybrid.engine.step.kv_cache import PagedLatentCache
 from hybrid.engine.step.step_result import StepResult
+
+if TYPE_CHECKING:  # graphs/ imports the kernels (Triton): only where a GPU captures them
+    from hybrid.engine.graphs.decode_graphs import LaunchedGraph
+    from hybrid.engine.graphs.device_picks import StepPicks
 
 log = logging.getLogger("hybrid.engine")
 
@@ -125,13 +128,13 @@ class ModelRunner:
         graph once it read its staged rows (after an eager forward), where the next step may
         be launched (never beside a layered chunk). launched: this batch, launched already."""
         layers = len(self.program.moe_layers)
-        if isinstance(launched, LaunchedGraph):
-            logits, picks = self.graphs.drive(launched, None, before_experts, ahead)
-            return StepResult(logits, list(batch.chunks), None, 0, layers, picks)
-        if launched is not None:
+        if isinstance(launched, EagerLaunch):
             logits, picks, _, on_cpu = self._run(launched.rows, False, None, before_experts,
                                                  ahead)
             return StepResult(logits, list(batch.chunks), None, 0, on_cpu, picks)
+        if launched is not None:  # a whole-step graph's
+            logits, picks = self.graphs.drive(launched, None, before_experts, ahead)
+            return StepResult(logits, list(batch.chunks), None, 0, layers, picks)
         chunks, layered = batch.chunks, self.layered
         new = finished = done = None
         streamed, advanced = 0, []  # advanced: the pass's pieces launched during the decodes
