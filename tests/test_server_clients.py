@@ -156,11 +156,11 @@ def test_a_failing_step_ends_its_requests_with_a_500_naming_it_and_serving_goes_
     runner = live_server.state.worker.engine.runner
     real, calls = runner.run, []
 
-    def fails_once(batch):
+    def fails_once(batch, *args, **kwargs):
         calls.append(1)
         if len(calls) == 1:
             raise RuntimeError("injected kernel fault")
-        return real(batch)
+        return real(batch, *args, **kwargs)
 
     monkeypatch.setattr(runner, "run", fails_once)
     body = {"model": live_server.state.model.name, "prompt": [1, 2, 3], "max_tokens": 3}
