@@ -23,9 +23,8 @@ import torch
 from gpu_kernels.greedy_pick import greedy_pick
 from hybrid.engine.sampling.sampler import Sampled, reported
 from hybrid.engine.step.experts_bridge import ExpertsBridge
+from hybrid.engine.step.host_experts import TIMEOUT_S
 from hybrid.errors import DeviceLost
-
-TIMEOUT_S = 60.0  # the flag comes a step after the host's last experts; this is a lost GPU
 
 
 class DevicePicks:
@@ -67,11 +66,17 @@ class StepPicks:
     def result(self) -> list[Sampled]:
         """Wait for the step's flag (the GPU's last kernel of the step), then read the rows."""
         ids, logprobs, flag = self.arrays
-        if flag[0] != self.seq:
-            deadline = time.monotonic() + TIMEOUT_S
-            while flag[0] != self.seq:
-                if time.monotonic() > deadline:
-                    raise DeviceLost(f"a decode step's graph did not finish within "
-                                     f"{TIMEOUT_S:.0f} s after its last MoE layer; the CUDA "
-                                     f"device may have failed (see the log), restart the server")
+        wait_for_flag(flag, 0, self.seq, "finish after its last MoE layer")
         return [Sampled(int(ids[r]), reported(float(logprobs[r])), ()) for r in self.rows]
+
+
+def wait_for_flag(flags: np.ndarray, index: int, seq: int, what: str) -> None:
+    """Spin until flags[index] == seq (a word the GPU raises in mapped pinned memory); after
+    TIMEOUT_S the GPU is taken for lost: DeviceLost says the decode step's graph did not `what`."""
+    if flags[index] == seq:
+        return
+    deadline = time.monotonic() + TIMEOUT_S
+    while flags[index] != seq:
+        if time.monotonic() > deadline:
+            raise DeviceLost(f"a decode step's graph did not {what} within {TIMEOUT_S:.0f} s; "
+                             f"the CUDA device may have failed (see the log), restart the server")

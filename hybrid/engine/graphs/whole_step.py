@@ -14,17 +14,16 @@ returns only after both finished, whatever either raised."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from hybrid.engine.graphs.capture import captured
-from hybrid.engine.graphs.device_picks import DevicePicks
+from hybrid.engine.graphs.device_picks import DevicePicks, wait_for_flag
 from hybrid.engine.graphs.static_step import StaticStep
 from hybrid.engine.step.decoder import DecoderProgram, StepState
-from hybrid.engine.step.host_experts import TIMEOUT_S, HostExperts
+from hybrid.engine.step.host_experts import HostExperts
 from hybrid.errors import DeviceLost
 
 
@@ -103,15 +102,8 @@ class WholeStepGraphs:
     def started(self, seq: int) -> None:
         """Return once step `seq` is past its first MoE layer's hand-over (it read its staged
         rows and sequence number: the next step's may be staged); raises DeviceLost after
-        TIMEOUT_S."""
-        ready = self._ready
-        if ready[0] == seq:
-            return
-        deadline = time.monotonic() + TIMEOUT_S
-        while ready[0] != seq:
-            if time.monotonic() > deadline:
-                raise DeviceLost(f"a decode step's graph did not reach its first MoE layer "
-                                 f"within {TIMEOUT_S:.0f} s; the CUDA device may have failed")
+        host_experts.TIMEOUT_S."""
+        wait_for_flag(self._ready, 0, seq, "reach its first MoE layer")
 
     def _in_context(self, fn: Callable[[], None]) -> None:
         """fn() on a thread of its own with the caller's per-thread torch state."""
