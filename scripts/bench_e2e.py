@@ -22,6 +22,9 @@ DeepSeek vocabulary). Rows:
 - with --llama-bench, llama.cpp's `llama-bench -ngl 99 -ot exps=CPU -fa 1` on the same file
   (tg = decode, pp = prefill; tg at `-d N` for the --decode-context rows), and ours over theirs.
 `--mode fast|exact` rewrites the rule file's experts mode (fast: int8/bf16 CPU experts).
+`--defer K,..` adds one stream's decode with expert deferral at each k (ops.experts.set_deferral
+in the same engine), round by round with k = 0 (`--defer-rounds`), medians per k: deferral's
+effect is smaller than this shared host's drift between calls.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from hybrid.engine.heap import freeze_start_up_heap
 from hybrid.engine.llm import LLM
 from hybrid.engine.prefill.prefill_costs import ExpertPlacement
 from hybrid.engine.sampling.sampling_params import SamplingParams
-from hybrid.ops.experts import ExpertsOp
+from hybrid.ops.experts import ExpertsOp, set_deferral
 
 
 def build_model(preset: str, out: Path, layers: int | None = None) -> str:
@@ -301,6 +304,10 @@ def main() -> int:
                     help="also time a chat's third turn with and without the prefix cache")
     ap.add_argument("--attention-backend", choices=["auto", "triton", "flashinfer"],
                     default="auto")
+    ap.add_argument("--defer", default="",
+                    help="also decode one stream with defer_experts at each k (comma list)")
+    ap.add_argument("--defer-rounds", type=int, default=3,
+                    help="rounds of the deferral rows (k = 0 and each --defer k per round)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     path = args.gguf_path or build_model(args.preset, Path(tempfile.mkdtemp()), args.layers)
@@ -372,11 +379,35 @@ def main() -> int:
         runner.graphs = None
         result["decode_eager"] = decode(llm, 1, 32, args.gen)
         runner.graphs = graphs
+    ks = [int(k) for k in args.defer.split(",") if k]
+    if ks:
+        result["decode_defer"] = decode_deferred(llm, [0, *ks], args.defer_rounds, args.gen)
     print(json.dumps(result, indent=1), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     print_table(result)
     return 0
+
+
+def decode_deferred(llm: LLM, ks: list[int], rounds: int, gen: int) -> list[dict]:
+    """One stream's decode at each defer_experts k, the ks interleaved round by round in one
+    engine; per k the median round by tok/s and every round's rate."""
+    import statistics
+
+    runs: dict[int, list[dict]] = {k: [] for k in ks}
+    try:
+        for _ in range(rounds):
+            for k in ks:
+                set_deferral(llm.engine.runner.model, k)
+                runs[k].append(decode(llm, 1, 32, gen))
+    finally:
+        set_deferral(llm.engine.runner.model, 0)
+    rows = []
+    for k, done in runs.items():
+        rates = [d["tok_s"] for d in done]
+        median = statistics.median_low(rates)
+        rows.append({"defer": k, **done[rates.index(median)], "rounds": rates})
+    return rows
 
 
 def print_table(r: dict) -> None:
@@ -408,6 +439,12 @@ def print_table(r: dict) -> None:
     if "decode_eager" in r:
         d = r["decode_eager"]
         print(f"| decode x1, no CUDA graphs | {d['tok_s']:.1f} | | | {d['step_ms']:.2f} | "
+              f"{d['experts_ms']:.2f} | {d['gpu_share']:.0%} | {_calls(d)} |")
+    tg = llama.get(next((k for k in llama if k.startswith("tg") and "@" not in k), ""), None)
+    for d in r.get("decode_defer", []):
+        rounds = " / ".join(f"{v:.1f}" for v in d["rounds"])
+        print(f"| decode x1, defer_experts={d['defer']} (median of {rounds}) | {d['tok_s']:.1f} "
+              f"| {_f(tg)} | {_ratio(d['tok_s'], tg)} | {d['step_ms']:.2f} | "
               f"{d['experts_ms']:.2f} | {d['gpu_share']:.0%} | {_calls(d)} |")
     cpu_rows = {p["tokens"]: p for p in r.get("prefill_cpu", [])}
     for p in r["prefill"]:
