@@ -16,10 +16,11 @@ import torch
 
 from hybrid.engine.prefill import layered_prefill
 from hybrid.engine.prefill.prefill_costs import ExpertPlacement
-from hybrid.engine.scheduling.scheduler import ScheduledChunk
+from hybrid.engine.scheduling.scheduler import ScheduledBatch, ScheduledChunk
 from hybrid.engine.step.decoder import DecoderProgram, StepState
 from hybrid.engine.step.forward_batch import ForwardBatch, SequenceRows
 from hybrid.engine.step.kv_cache import PagedLatentCache
+from hybrid.engine.step.step_result import StepResult
 
 log = logging.getLogger("hybrid.engine")
 
@@ -41,6 +42,43 @@ class LayeredPasses:
     def overlaps(self) -> bool:
         """A job's pieces run on a stream of their own, beside the step's decodes."""
         return self.job_stream is not None
+
+    def run_step(self, batch: ScheduledBatch, placement: ExpertPlacement | None, forward,
+                 before_experts=None, ahead=None) -> StepResult:
+        """One step of the batch beside the job: a prompt chunk that should pass the layers
+        over steps (`placement` given, no job yet) is taken out and started after the rest's
+        forward is queued; the job's next layers run beside the decodes' CPU experts (on its
+        own stream) or after them. forward(rows, may_stream, beside, before_experts, ahead)
+        -> (logits, picks, MoE layers streamed, MoE layers on the CPU) runs the rest; no step
+        is launched ahead (`ahead` dropped) while a job runs or starts."""
+        layers = len(self.program.moe_layers)
+        chunks, new = batch.chunks, None
+        done = finished = None
+        streamed, advanced = 0, []  # advanced: the pass's pieces launched during the decodes
+        if self.job is None and placement is not None \
+                and (new := layered_prefill.candidate(batch, placement, layers)) is not None:
+            chunks = [x for x in chunks if x is not new]
+        overlapped = self.job is not None and self.overlaps and bool(chunks)
+        beside = (lambda: advanced.append(self.advance(decodes=True))) if overlapped else None
+        if self.job is not None or new is not None:
+            ahead = None  # the next step waits for the pass
+        logits, picks, on_stream, on_cpu = forward(
+            SequenceRows.of(chunks), self.job is None and new is None, beside, before_experts,
+            ahead)
+        if advanced:
+            done, streamed, finished = advanced[0]
+        if new is not None:  # after the decodes are queued: the pass's first expert copies
+            # would otherwise stand ahead of their per-layer copies back (docs/serving.md)
+            self.start(new, placement)
+        if self.job is not None and not overlapped:
+            done, streamed, finished = self.advance(decodes=bool(chunks))
+        self.settle()  # the job's last pieces before its logits are read
+        if done is not None:
+            logits, picks = torch.cat([logits, done]), None
+        completed = [c for c in batch.chunks if c is not new]
+        if finished is not None:
+            completed.append(finished)
+        return StepResult(logits, completed, new, streamed + on_stream, on_cpu, picks)
 
     def start(self, chunk: ScheduledChunk, placement: ExpertPlacement) -> None:
         """Take `chunk` out of the step: its forward state built, every MoE layer's expert

@@ -1,16 +1,12 @@
 """Run one scheduled batch, mixed prefill chunks and decodes, as a single forward.
 
-All N tokens of the step go through the model as rows [N, H] (decodes first); the attention
-operators find their sequences and cache rows in a `ForwardBatch`, built on the host and copied
-to the device once. Only the rows that sample (the last token of each chunk that reaches its
-request's newest token) go through the final norm and lm_head. Decode-only steps replay CUDA
-graphs (graphs/) when the model runs on one CUDA device with every MoE layer's routed experts
-on the CPU, unless `cuda_graphs` is off; everything else runs the same DecoderProgram eagerly.
-A step with prompt tokens may stream some MoE layers'
-routed experts to the GPU instead of handing its rows to the CPU (eager_step.py). A greedy
-decode step may be launched while the step before runs (`launch`, engine.py's launch-ahead).
-Start-up (runner_start_up.py) runs every shape a step can take once, so no request pays for
-compiling a kernel.
+All N tokens of the step go through the model as rows [N, H] (decodes first) in a
+`ForwardBatch` built on the host and copied to the device once; only the rows that sample go
+through the final norm and lm_head. Decode-only steps replay CUDA graphs (graphs/) where
+start-up captured them, others run the same DecoderProgram eagerly (eager_step.py), a prompt
+chunk may pass the layers over several steps (layered_passes.py), and a greedy decode step may
+be launched while the step before runs (`launch`). Start-up (runner_start_up.py) runs every
+shape a step can take once, so no request pays for compiling a kernel.
 """
 
 from __future__ import annotations
@@ -23,7 +19,6 @@ import torch
 from torch import nn
 
 from hybrid.engine.config import EngineConfig
-from hybrid.engine.prefill import layered_prefill
 from hybrid.engine.prefill.layered_passes import LayeredPasses
 from hybrid.engine.runner import eager_step, runner_start_up
 from hybrid.engine.runner.eager_step import EagerLaunch
@@ -54,13 +49,12 @@ class ModelRunner:
         attention = runner_start_up.attention_ops(model)
         self.cache = PagedLatentCache(attention, config.num_pages * config.page_size)
         self.device = attention[0].device
-        hf = model.config
         self.chunk_size = config.chunk_size or runner_start_up.auto_chunk_size(
             self, max_request_tokens, progress)
         # a step carries at most max_batch_size decodes plus chunk_size prompt tokens
         self.max_tokens = self.chunk_size + config.max_batch_size
-        self.bridge = ExpertsBridge(self.max_tokens, hf.hidden_size, hf.num_experts_per_tok,
-                                    self.device)
+        self.bridge = ExpertsBridge(self.max_tokens, model.config.hidden_size,
+                                    model.config.num_experts_per_tok, self.device)
         self.program = DecoderProgram(model, self.bridge)
         self.recorder = runner_start_up.install_recorder(model, self.program) \
             if config.record_routing else None
@@ -69,17 +63,7 @@ class ModelRunner:
         # reads as its decodes' inputs (-(row + 1): engine.py)
         self.carried_ids = torch.zeros(config.max_batch_size, dtype=torch.int64,
                                        device=self.device)
-        # The model's own stream, not CUDA's legacy default one, where a small pinned copy (the
-        # CPU experts' sum coming back) waits for the expert stream's uploads on their stream
-        # (docs/long-prompts.md). Start-up and every step run on it.
-        self.model_stream = torch.cuda.Stream(self.device, priority=-1) \
-            if self.device.type == "cuda" else None
-        # A prompt chunk passed over steps (layered_prefill.py) runs its layers on a stream of
-        # its own while the host runs the decodes' CPU experts (docs/serving.md); the model
-        # stream's higher priority keeps decode kernels first.
-        job_stream = torch.cuda.Stream(self.device, priority=0) \
-            if self.device.type == "cuda" and config.overlap_prefill \
-            and not config.record_routing else None
+        self.model_stream, job_stream = runner_start_up.streams(self.device, config)
         self.layered = LayeredPasses(self.program, self.cache, self.page_size, self.device,
                                      self.model_stream, job_stream, config.prompt_share)
         with self.on_stream():
@@ -108,11 +92,10 @@ class ModelRunner:
         as `launched`: its whole-step graph, or, for eager steps, its rows as they are now (the
         forward runs when driven, as a stream would run it then); None (nothing launched) where
         it cannot. Called beside the CPU experts of the step before (its `ahead`)."""
-        chunks = batch.chunks
-        if not (self.launches_ahead and chunks and self.layered.job is None
-                and all(len(c.token_ids) == 1 for c in chunks)):
+        if not (self.launches_ahead and batch.chunks and self.layered.job is None
+                and all(len(c.token_ids) == 1 for c in batch.chunks)):
             return None
-        rows = SequenceRows.of(chunks)
+        rows = SequenceRows.of(batch.chunks)
         if self.graphs is None:
             return EagerLaunch(rows)
         return self.graphs.launch(rows) if len(rows) <= self.graphs.max_batch else None
@@ -135,32 +118,8 @@ class ModelRunner:
         if launched is not None:  # a whole-step graph's
             logits, picks = self.graphs.drive(launched, None, before_experts, ahead)
             return StepResult(logits, list(batch.chunks), None, 0, layers, picks)
-        chunks, layered = batch.chunks, self.layered
-        new = finished = done = None
-        streamed, advanced = 0, []  # advanced: the pass's pieces launched during the decodes
-        if layered.job is None and self.stream is not None \
-                and (new := layered_prefill.candidate(batch, self.placement, layers)) is not None:
-            chunks = [x for x in chunks if x is not new]
-        overlapped = layered.job is not None and layered.overlaps and bool(chunks)
-        beside = (lambda: advanced.append(layered.advance(decodes=True))) if overlapped else None
-        if layered.job is not None or new is not None:
-            ahead = None  # the next step waits for the pass
-        logits, picks, on_stream, on_cpu = self._run(
-            SequenceRows.of(chunks), layered.job is None and new is None, beside, before_experts, ahead)
-        if advanced:
-            done, streamed, finished = advanced[0]
-        if new is not None:  # after the decodes are queued: the pass's first expert copies
-            # would otherwise stand ahead of their per-layer copies back (docs/serving.md)
-            layered.start(new, self.placement)
-        if layered.job is not None and not overlapped:
-            done, streamed, finished = layered.advance(decodes=bool(chunks))
-        layered.settle()  # the job's last pieces before its logits are read
-        if done is not None:
-            logits, picks = torch.cat([logits, done]), None
-        completed = [c for c in batch.chunks if c is not new]
-        if finished is not None:
-            completed.append(finished)
-        return StepResult(logits, completed, new, streamed + on_stream, on_cpu, picks)
+        placement = self.placement if self.stream is not None else None
+        return self.layered.run_step(batch, placement, self._run, before_experts, ahead)
 
     def drop_job(self, request=None) -> None:
         """Forget the layered chunk (of `request`, or any): its request was cancelled or its

@@ -48,6 +48,22 @@ def attention_ops(model: nn.Module) -> list[MLAAttentionOp]:
     return attention
 
 
+def streams(device: torch.device, config: EngineConfig) -> tuple:
+    """(the model's stream, the layered prefill's stream or None); both None on the CPU.
+
+    The model's own stream, not CUDA's legacy default one, where a small pinned copy (the CPU
+    experts' sum coming back) waits for the expert stream's uploads on their stream
+    (docs/long-prompts.md); start-up and every step run on it. A prompt chunk passed over steps
+    (layered_prefill.py) runs its layers on a stream of its own while the host runs the
+    decodes' CPU experts (docs/serving.md); the model stream's higher priority keeps decode
+    kernels first."""
+    if device.type != "cuda":
+        return None, None
+    job = torch.cuda.Stream(device, priority=0) \
+        if config.overlap_prefill and not config.record_routing else None
+    return torch.cuda.Stream(device, priority=-1), job
+
+
 def auto_chunk_size(runner, max_request_tokens: int,
                      progress: Callable[[str], None] | None) -> int:
     """prefill_chunk.py's choice for this model and device, after weights and KV cache."""
