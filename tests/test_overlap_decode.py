@@ -207,3 +207,26 @@ def test_cancelled_while_its_last_token_is_pending(engines):
     stats = llm.worker.stats()
     assert stats.kv_pages_used == 0 and stats.num_running == 0
     assert stats.num_finished + stats.num_cancelled == stats.num_submitted - stats.num_failed
+
+
+def test_dropped_rows_are_selected_without_waiting_for_the_device():
+    """A request that stopped at the pending step has its row dropped from the logits while a
+    step launched ahead sits queued behind them, its CPU experts not yet driven: the index
+    must reach the device without waiting for its queue (on CUDA the stream is still busy when
+    it returns), or the engine waits for a step only it can finish."""
+    from hybrid.engine.engine import _device_index, _live_rows
+
+    logits = torch.arange(12.0).view(4, 3)
+    requests = ["a", "b", "c", "d"]
+    kept, names, picks = _live_rows(logits, requests, None, [0, 2, 3])
+    assert torch.equal(kept, logits[[0, 2, 3]]) and names == ["a", "c", "d"] and picks is None
+    assert _live_rows(logits, requests, None, [0, 1, 2, 3])[0] is logits
+    if not torch.cuda.is_available():
+        return
+    device = torch.device("cuda")
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)  # a queued step that does not end on its own soon
+    index = _device_index([2, 0], device)
+    assert not torch.cuda.current_stream().query()  # returned while the stream was busy
+    torch.cuda.synchronize()
+    assert index.tolist() == [2, 0]

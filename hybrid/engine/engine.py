@@ -154,13 +154,10 @@ class Engine:
         self._expert_layers["stream"] += step.streamed_layers
         self._expert_layers["cpu"] += step.cpu_layers
         requests = [c.request for c in step.completed if c.samples]
-        logits, picks = step.logits, step.picks
         ended = {id(o.request) for o in earlier if o.status is not RequestStatus.RUNNING}
         live = [i for i, r in enumerate(requests) if id(r) not in ended and not r.is_finished]
-        if len(live) < len(requests):  # stopped at the pending step: this step's row is dropped
-            logits, requests = logits[live], [requests[i] for i in live]
-            picks = picks.select(live) if picks is not None else None
         scheduled_ahead = ahead is not None and ahead.scheduled
+        logits, requests, picks = _live_rows(step.logits, requests, step.picks, live)
         out = self.outputs.launch(logits, requests,
                                   self.runner.carried_ids if scheduled_ahead else None, picks,
                                   live)
@@ -216,6 +213,25 @@ class Engine:
         for r in lost:
             r.num_pending = 0
         return lost
+
+
+def _live_rows(logits: torch.Tensor, requests: list[Request], picks, live: list[int]
+               ) -> tuple[torch.Tensor, list[Request], object]:
+    """The step's logits rows, requests and picks (StepPicks or None) of the requests `live`
+    indexes; the others stopped at the pending step, their rows dropped."""
+    if len(live) == len(requests):
+        return logits, requests, picks
+    picks = picks.select(live) if picks is not None else None
+    return logits.index_select(0, _device_index(live, logits.device)), \
+        [requests[i] for i in live], picks
+
+
+def _device_index(rows: list[int], device: torch.device) -> torch.Tensor:
+    """rows as int64 on `device`, copied without waiting for the device's queue: a copy from
+    pageable memory (what `logits[rows]` makes) first waits for the stream, and a step launched
+    ahead sits there until this thread drives its CPU experts."""
+    index = torch.tensor(rows, dtype=torch.int64)
+    return index.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else index
 
 
 def _rows_of(pending: LaunchedOutputs) -> dict[int, int]:

@@ -78,5 +78,6 @@ def wait_for_flag(flags: np.ndarray, index: int, seq: int, what: str) -> None:
     deadline = time.monotonic() + TIMEOUT_S
     while flags[index] != seq:
         if time.monotonic() > deadline:
-            raise DeviceLost(f"a decode step's graph did not {what} within {TIMEOUT_S:.0f} s; "
+            raise DeviceLost(f"a decode step's graph did not {what} within {TIMEOUT_S:.0f} s "
+                             f"(step {seq} awaited, the flag holds step {int(flags[index])}); "
                              f"the CUDA device may have failed (see the log), restart the server")
