@@ -15,6 +15,8 @@ and checked for stops by the next call, while its step runs up to its first MoE 
 returns the outputs known by its end: the step before's where one was pending, else its own. A
 request that stopped at the pending step has its next row computed and dropped. Any other step
 (a prompt, a sampled or constrained request, a request waiting) reads its tokens back at once.
+Invariant: from launching a step ahead until its CPU experts are driven, this thread never waits
+for the device (no synchronizing copy or read on its stream): the launched step waits for it.
 """
 
 from __future__ import annotations
