@@ -209,12 +209,13 @@ def test_cancelled_while_its_last_token_is_pending(engines):
     assert stats.num_finished + stats.num_cancelled == stats.num_submitted - stats.num_failed
 
 
-def test_dropped_rows_are_selected_without_waiting_for_the_device():
-    """A request that stopped at the pending step has its row dropped from the logits while a
-    step launched ahead sits queued behind them, its CPU experts not yet driven: the index
-    must reach the device without waiting for its queue (on CUDA the stream is still busy when
-    it returns), or the engine waits for a step only it can finish."""
-    from hybrid.engine.engine import _device_index, _live_rows
+def test_dropped_rows_and_carried_picks_are_queued_without_waiting_for_the_device():
+    """A request that stopped at the pending step has its row dropped from the logits, and an
+    eager step's greedy picks go into the carried ids, while a step launched ahead may sit on
+    the stream, its CPU experts not yet driven: neither may wait for the device (on CUDA the
+    stream is still busy when they return), or the engine waits for a step only it can end."""
+    from hybrid.engine.engine import _live_rows
+    from hybrid.engine.sampling.sampler import launch_samples
 
     logits = torch.arange(12.0).view(4, 3)
     requests = ["a", "b", "c", "d"]
@@ -224,9 +225,14 @@ def test_dropped_rows_are_selected_without_waiting_for_the_device():
     if not torch.cuda.is_available():
         return
     device = torch.device("cuda")
+    logits = torch.randn(4, 64, device=device)
+    carry = torch.zeros(8, dtype=torch.int64, device=device)
+    greedy = SamplingParams(temperature=0, max_tokens=4)
     torch.cuda.synchronize()
     torch.cuda._sleep(2_000_000_000)  # a queued step that does not end on its own soon
-    index = _device_index([2, 0], device)
+    kept, _, _ = _live_rows(logits, requests, None, [2, 0])
+    launched = launch_samples(kept, [(greedy, None, [], [])] * 2, carry=carry, carry_rows=[5, 1])
     assert not torch.cuda.current_stream().query()  # returned while the stream was busy
     torch.cuda.synchronize()
-    assert index.tolist() == [2, 0]
+    want = logits[[2, 0]].argmax(-1).tolist()
+    assert [s.token_id for s in launched.result()] == want and carry[[5, 1]].tolist() == want

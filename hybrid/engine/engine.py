@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from hybrid.engine.config import EngineConfig
+from hybrid.engine.device_values import on_device
 from hybrid.engine.outputs import LaunchedOutputs, RequestOutputs, StepOutput
 from hybrid.engine.runner.model_runner import ModelRunner
 from hybrid.engine.runner.transformers_runner import TransformersRunner
@@ -220,20 +221,13 @@ class Engine:
 def _live_rows(logits: torch.Tensor, requests: list[Request], picks, live: list[int]
                ) -> tuple[torch.Tensor, list[Request], object]:
     """The step's logits rows, requests and picks (StepPicks or None) of the requests `live`
-    indexes; the others stopped at the pending step, their rows dropped."""
+    indexes; the others stopped at the pending step, their rows dropped (the index queued, not
+    waited for: a step launched ahead may sit on the stream)."""
     if len(live) == len(requests):
         return logits, requests, picks
     picks = picks.select(live) if picks is not None else None
-    return logits.index_select(0, _device_index(live, logits.device)), \
+    return logits.index_select(0, on_device(live, logits.device)), \
         [requests[i] for i in live], picks
-
-
-def _device_index(rows: list[int], device: torch.device) -> torch.Tensor:
-    """rows as int64 on `device`, copied without waiting for the device's queue: a copy from
-    pageable memory (what `logits[rows]` makes) first waits for the stream, and a step launched
-    ahead sits there until this thread drives its CPU experts."""
-    index = torch.tensor(rows, dtype=torch.int64)
-    return index.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else index
 
 
 def _rows_of(pending: LaunchedOutputs) -> dict[int, int]:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
+from hybrid.engine.device_values import on_device
 from hybrid.engine.sampling.sampling_params import SamplingParams
 
 # Tokens a top_k/top_p row sorts first: a nucleus is usually far smaller.
@@ -31,8 +32,8 @@ def draw(scores: torch.Tensor, params: Sequence[SamplingParams], u: torch.Tensor
     row i is the first whose cumulative kept probability exceeds u[i] times the kept mass."""
     s, vocab = scores.shape
     dev = scores.device
-    table = torch.tensor([[p.temperature, p.min_p, p.top_k if 0 < p.top_k < vocab else 0,
-                           p.top_p] for p in params], dtype=torch.float32).to(dev)  # [S, 4]
+    table = on_device([[p.temperature, p.min_p, p.top_k if 0 < p.top_k < vocab else 0, p.top_p]
+                       for p in params], dev, torch.float32)  # [S, 4]
     scaled = scores / table[:, :1]  # [S, V]
     if any(p.min_p > 0 for p in params):
         # p < min_p * p_max  <=>  scaled < max + log(min_p); min_p 0 gives -inf: keeps all
@@ -49,9 +50,9 @@ def draw(scores: torch.Tensor, params: Sequence[SamplingParams], u: torch.Tensor
     if not whole:
         return _ranked(scaled, table, u, most)
     tokens = torch.empty(s, dtype=torch.long, device=dev)
-    rows = torch.tensor(whole, device=dev)
+    rows = on_device(whole, dev)
     tokens[rows] = _inverse_cdf(_unnormalized(scaled[rows]), u[rows])
-    rows = torch.tensor(rest, device=dev)
+    rows = on_device(rest, dev)
     tokens[rows] = _ranked(scaled[rows], table[rows], u[rows], most)
     return tokens
 

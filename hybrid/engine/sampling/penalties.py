@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
+from hybrid.engine.device_values import on_device
 from hybrid.engine.sampling.sampling_params import SamplingParams
 
 
@@ -46,15 +47,14 @@ class PenaltyState:
     def __init__(self, prompt_ids: Sequence[int], vocab: int, device: torch.device) -> None:
         self.seen = torch.zeros(vocab, dtype=torch.bool, device=device)  # [V]
         if len(prompt_ids):
-            self.seen[torch.as_tensor(prompt_ids, dtype=torch.long).to(device)] = True
+            self.seen[on_device(list(prompt_ids), device)] = True
         self.counts = torch.zeros(vocab, dtype=torch.float32, device=device)  # [V]
         self.applied = 0  # output tokens already in seen and counts
 
     def sync(self, output_ids: Sequence[int]) -> PenaltyState:
         """Take in the output tokens since the last sync (usually one); -> self."""
         if len(output_ids) > self.applied:
-            new = torch.as_tensor(output_ids[self.applied:], dtype=torch.long).to(
-                self.seen.device)  # [N]
+            new = on_device(list(output_ids[self.applied:]), self.seen.device)  # [N]
             self.seen[new] = True
             # index_put_ with accumulate, not bincount: nothing is read back from a GPU
             self.counts.index_put_((new,), torch.ones(new.shape, device=new.device),
@@ -68,8 +68,8 @@ def batch_penalties(logits: torch.Tensor, params: Sequence[SamplingParams],
     """logits: [P, V] float32, a row per request with penalties, states: theirs, synced ->
     [P, V], equal to apply_penalties on each row."""
     dev = logits.device
-    table = torch.tensor([[q.repetition_penalty, q.frequency_penalty, q.presence_penalty]
-                          for q in params], dtype=logits.dtype).to(dev)  # [P, 3]
+    table = on_device([[q.repetition_penalty, q.frequency_penalty, q.presence_penalty]
+                       for q in params], dev, logits.dtype)  # [P, 3]
     counts = torch.stack([s.counts for s in states])  # [P, V]
     if any(q.repetition_penalty != 1.0 for q in params):
         seen = torch.stack([s.seen for s in states])  # [P, V]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hybrid.engine.device_values import on_device
 from hybrid.engine.sampling.draw import draw
 from hybrid.engine.sampling.penalties import PenaltyState, apply_penalties, batch_penalties
 from hybrid.engine.sampling.sampling_params import SamplingParams
@@ -112,7 +113,7 @@ def launch_samples(logits: torch.Tensor, rows: Sequence[tuple[SamplingParams, to
     penalized = [i for i, (p, _, _, _) in enumerate(rows) if p.has_penalties]
     if penalized:
         scores = x.clone()
-        at = torch.tensor(penalized, device=x.device)
+        at = on_device(penalized, x.device)
         states = [(penalties[i] if penalties is not None and penalties[i] is not None
                    else PenaltyState(rows[i][2], x.shape[1], x.device)).sync(rows[i][3])
                   for i in penalized]
@@ -122,17 +123,16 @@ def launch_samples(logits: torch.Tensor, rows: Sequence[tuple[SamplingParams, to
               if len(done) < len(p.forced_ids)}
     drawn = [i for i, (p, _, _, _) in enumerate(rows) if not p.is_greedy and i not in forced]
     if drawn:
-        u = torch.tensor([float(torch.rand((), dtype=torch.float64, generator=rows[i][1]))
-                          for i in drawn], dtype=torch.float64).to(x.device)  # [D]
-        at = torch.tensor(drawn, device=x.device)
+        u = on_device([float(torch.rand((), dtype=torch.float64, generator=rows[i][1]))
+                       for i in drawn], x.device, torch.float64)  # [D]
+        at = on_device(drawn, x.device)
         ids[at] = draw(scores[at], [rows[i][0] for i in drawn], u)
     if forced:
-        ids[torch.tensor(list(forced), device=x.device)] = torch.tensor(
-            list(forced.values()), device=x.device)
+        ids[on_device(list(forced), x.device)] = on_device(list(forced.values()), x.device)
     if carry is not None and (carry_rows is None or list(carry_rows) == list(range(n))):
         carry[:n].copy_(ids)
     elif carry is not None:
-        carry[torch.tensor(list(carry_rows), device=carry.device)] = ids
+        carry[on_device(list(carry_rows), carry.device)] = ids
     ids = ids[:, None]  # [R, 1]
     k = max((p.logprobs or 0 for p, _, _, _ in rows), default=0)
     cols = [ids.double(), (x.gather(1, ids) - lse).double()]
