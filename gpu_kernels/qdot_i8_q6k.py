@@ -113,9 +113,9 @@ def _q6k_i8_kernel(xq_p, xd_p, y_p, ql_p, qh_p, sc_p, d_p, M, N, G, row0, gstrid
              mask=(m < M)[:, None] & (n < N)[None, :])
 
 
-# (rows per program, halves per K step, warps): a start, to be swept on the GPU machine
-# (scripts/probe_int_products.py --qtype Q6_K)
-Q6K_TILES = (4, 8, 2)
+# (rows per program, halves per K step, warps): first or second of the sweep on every one-token
+# shape, heads to ffn_down (scripts/probe_int_products.py --qtype Q6_K, docs/kernel-tuning.md)
+Q6K_TILES = (4, 8, 1)
 
 
 def qmatmul_i8_q6k(xq: XQ, w: GpuQuant, out_rows: int | None = None, row0: int = 0,
