@@ -142,3 +142,31 @@ def test_prompt_that_can_never_fit_is_a_400_naming_the_limit(small: LiveServer) 
             "ignore_eos": True}
     r = httpx.post(f"{small.url}/v1/completions", json=body, headers=AUTH, timeout=60).json()
     assert r["usage"]["completion_tokens"] == 4 and r["choices"][0]["finish_reason"] == "length"
+
+
+def test_streams_ending_at_different_steps_under_launch_ahead(models) -> None:
+    """`--overlap-decode on` (the GPU's default with whole-step graphs; eager steps here): 12
+    concurrent greedy streams of different lengths, some stopping while the others' next step
+    is already scheduled, give each request its tokens alone and free every page."""
+    server = start(models, max_batch_size=16, chunk_size=32, cache_lens=2048, page_size=16,
+                   overlap_decode="on")
+    try:
+        client, model = client_for(server), server.state.model.name
+        assert server.state.worker.engine.overlap
+        cases = [([(13 * i + j) % 400 + 3 for j in range(3 + 4 * i)], 4 + (i * 7) % 13)
+                 for i in range(12)]
+
+        def ask(prompt, n, stream):
+            return client.completions.create(model=model, prompt=prompt, max_tokens=n,
+                                             temperature=0, logprobs=0, stream=stream)
+
+        alone = [ask(p, n, False).choices[0].logprobs.tokens for p, n in cases]
+        together = run_concurrently(
+            lambda i: [t for c in ask(*cases[i], True) for t in c.choices[0].logprobs.tokens],
+            12)
+        assert together == alone
+        assert len({len(t) for t in alone}) > 3  # they end at different steps
+        assert max(d for _, d, _ in server.state.worker.step_log) > 1
+        assert server.wait_idle()["kv_pages_used"] == 0
+    finally:
+        server.close()
