@@ -22,9 +22,9 @@ HYBRID = {"errors": 0, "env": 0, "settings": 1, "gguf": 1, "tokenizer": 2, "mode
 # MoE entry choosing among them, and the pool that runs it
 CPU = {"cache_lock": 0, "formats": 1, "simd": 2, "exact": 3, "fast": 4, "amx": 5, "moe": 6,
        "runtime": 7}
-ENGINE = {"config": 0, "heap": 0, "step_trace": 0, "device_values": 0, "sampling": 1, "scheduling": 2, "outputs": 3,
-          "attention": 3, "step": 3, "graphs": 4, "prefill": 4, "runner": 5, "worker": 6,
-          "engine": 6, "llm": 7}
+ENGINE = {"config": 0, "heap": 0, "step_trace": 0, "device_values": 0, "sampling": 1,
+          "scheduling": 2, "outputs": 3, "attention": 3, "step": 3, "graphs": 4, "prefill": 4,
+          "runner": 5, "launch_ahead": 5, "worker": 6, "engine": 6, "llm": 7}
 
 
 def _modules() -> dict[str, Path]:

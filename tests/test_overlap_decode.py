@@ -214,14 +214,14 @@ def test_dropped_rows_and_carried_picks_are_queued_without_waiting_for_the_devic
     eager step's greedy picks go into the carried ids, while a step launched ahead may sit on
     the stream, its CPU experts not yet driven: neither may wait for the device (on CUDA the
     stream is still busy when they return), or the engine waits for a step only it can end."""
-    from hybrid.engine.engine import _live_rows
+    from hybrid.engine.launch_ahead import live_rows
     from hybrid.engine.sampling.sampler import launch_samples
 
     logits = torch.arange(12.0).view(4, 3)
     requests = ["a", "b", "c", "d"]
-    kept, names, picks = _live_rows(logits, requests, None, [0, 2, 3])
+    kept, names, picks = live_rows(logits, requests, None, [0, 2, 3])
     assert torch.equal(kept, logits[[0, 2, 3]]) and names == ["a", "c", "d"] and picks is None
-    assert _live_rows(logits, requests, None, [0, 1, 2, 3])[0] is logits
+    assert live_rows(logits, requests, None, [0, 1, 2, 3])[0] is logits
     if not torch.cuda.is_available():
         return
     device = torch.device("cuda")
@@ -230,7 +230,7 @@ def test_dropped_rows_and_carried_picks_are_queued_without_waiting_for_the_devic
     greedy = SamplingParams(temperature=0, max_tokens=4)
     torch.cuda.synchronize()
     torch.cuda._sleep(2_000_000_000)  # a queued step that does not end on its own soon
-    kept, _, _ = _live_rows(logits, requests, None, [2, 0])
+    kept, _, _ = live_rows(logits, requests, None, [2, 0])
     launched = launch_samples(kept, [(greedy, None, [], [])] * 2, carry=carry, carry_rows=[5, 1])
     assert not torch.cuda.current_stream().query()  # returned while the stream was busy
     torch.cuda.synchronize()

@@ -8,7 +8,7 @@ single-threaded: the `EngineWorker` wraps it with a lock and a thread for servin
 during a forward.
 
 Overlapped decode (`overlap_decode`): while every running request decodes greedily, the next
-step is scheduled and launched beside this step's CPU experts (`_Ahead`, on the whole-step
+step is scheduled and launched beside this step's CPU experts (launch_ahead.py, on the whole-step
 graph's beside thread), its inputs this step's tokens as the graph picks them on the device (the
 runner's carried ids). This step's tokens stay pending (`_pending`) and are read back, detokenized
 and checked for stops by the next call, while its step runs up to its first MoE layer. `execute`
@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
 from hybrid.engine.config import EngineConfig
-from hybrid.engine.device_values import on_device
+from hybrid.engine.launch_ahead import Ahead, LaunchedAhead, live_rows, rows_of, with_carried
 from hybrid.engine.outputs import LaunchedOutputs, RequestOutputs, StepOutput
 from hybrid.engine.runner.model_runner import ModelRunner
 from hybrid.engine.runner.transformers_runner import TransformersRunner
@@ -73,7 +73,7 @@ class Engine:
             config.overlap_decode == "on"
             or (config.overlap_decode == "auto" and self.runner.graphs is not None))
         self._pending: LaunchedOutputs | None = None  # a step's tokens not yet read back
-        self._launched: _LaunchedAhead | None = None  # the next step, launched already
+        self._launched: LaunchedAhead | None = None  # the next step, launched already
         self._expert_layers = {"stream": 0, "cpu": 0}  # MoE layer-steps so far (/metrics)
 
     @property
@@ -142,13 +142,16 @@ class Engine:
         if launched is not None:  # its rows were resolved when it was launched
             batch = launched.batch
         elif pending is not None:
-            batch = _with_carried(batch, _rows_of(pending))
+            batch = with_carried(batch, rows_of(pending))
         if pending is not None:
             def read_back() -> None:  # while the GPU runs this step up to its first experts
                 earlier.extend(self.outputs.finish(pending))
-        ahead = _Ahead(self, batch, schedule_ahead) if schedule_ahead is not None \
-            and self._may_launch_ahead(batch) else None
-        step = self.runner.run(batch, read_back, ahead, launched.graph if launched else None)
+        ahead = Ahead(self.scheduler, self.runner, batch, schedule_ahead) \
+            if schedule_ahead is not None and self._may_launch_ahead(batch) else None
+        try:
+            step = self.runner.run(batch, read_back, ahead, launched.graph if launched else None)
+        finally:  # known even if the step failed: abandon_in_flight drives it to its end
+            self._launched = ahead.launched if ahead is not None else None
         # a chunk may pass the layers over several steps (layered_prefill.py): it completes,
         # and samples, in the step its pass ends
         self.scheduler.complete(step.completed)
@@ -160,7 +163,7 @@ class Engine:
         ended = {id(o.request) for o in earlier if o.status is not RequestStatus.RUNNING}
         live = [i for i, r in enumerate(requests) if id(r) not in ended and not r.is_finished]
         scheduled_ahead = ahead is not None and ahead.scheduled
-        logits, requests, picks = _live_rows(step.logits, requests, step.picks, live)
+        logits, requests, picks = live_rows(step.logits, requests, step.picks, live)
         out = self.outputs.launch(logits, requests,
                                   self.runner.carried_ids if scheduled_ahead else None, picks,
                                   live)
@@ -216,72 +219,6 @@ class Engine:
         for r in lost:
             r.num_pending = 0
         return lost
-
-
-def _live_rows(logits: torch.Tensor, requests: list[Request], picks, live: list[int]
-               ) -> tuple[torch.Tensor, list[Request], object]:
-    """The step's logits rows, requests and picks (StepPicks or None) of the requests `live`
-    indexes; the others stopped at the pending step, their rows dropped (the index queued, not
-    waited for: a step launched ahead may sit on the stream)."""
-    if len(live) == len(requests):
-        return logits, requests, picks
-    picks = picks.select(live) if picks is not None else None
-    return logits.index_select(0, on_device(live, logits.device)), \
-        [requests[i] for i in live], picks
-
-
-def _rows_of(pending: LaunchedOutputs) -> dict[int, int]:
-    """id(request) -> its row of the runner's carried ids."""
-    return {id(r): j for r, j in zip(pending.requests, pending.rows, strict=True)}
-
-
-def _with_carried(batch: ScheduledBatch, rows: dict[int, int]) -> ScheduledBatch:
-    """The batch with each decode whose input is pending (scheduler.PENDING) naming its row j
-    of the runner's carried ids (where the pending step's picks went) as -(j + 1); a request
-    without a row stopped at the pending step (its row here runs on token 0, dropped)."""
-    chunks = [replace(c, token_ids=[-(rows[id(c.request)] + 1)] if id(c.request) in rows
-                      else [0]) if c.request.num_pending else c for c in batch.chunks]
-    return replace(batch, chunks=chunks)
-
-
-@dataclass(frozen=True)
-class _LaunchedAhead:
-    """The next step's batch (its pending inputs resolved) and its launched graph: the next
-    `execute` drives it, whatever batch it is passed (the same requests, or fewer where some
-    finished since: their rows run and are dropped)."""
-
-    batch: ScheduledBatch
-    graph: object  # graphs/decode_graphs.py's LaunchedGraph
-
-
-class _Ahead:
-    """Beside a greedy decode step's CPU experts (once its graph read its staged rows): its
-    chunks completed (their KV is written before any later step reads it) and its tokens
-    counted pending, the next batch scheduled, and launched where it can run as a graph (its
-    pending inputs read from this step's picks, graph row i for chunk i)."""
-
-    def __init__(self, engine: Engine, batch: ScheduledBatch,
-                 schedule: Callable[[], ScheduledBatch]) -> None:
-        self.engine, self.batch, self.schedule = engine, batch, schedule
-        self.scheduled = False
-
-    def __call__(self) -> None:
-        engine, chunks = self.engine, self.batch.chunks
-        if engine.scheduler.waiting:  # a prompt comes next: these tokens are read back first
-            return
-        engine.scheduler.complete(chunks)
-        for c in chunks:
-            if not c.request.is_finished:  # a request retired since runs its row, dropped
-                c.request.num_pending = 1
-        self.scheduled = True
-        nxt = self.schedule()
-        if not nxt.chunks or not all(c.request.num_pending for c in nxt.chunks):
-            return
-        resolved = _with_carried(nxt, {id(c.request): i for i, c in enumerate(chunks)})
-        with engine.runner.on_stream():  # this thread's stream: the model's, as the step's
-            graph = engine.runner.launch(resolved)
-        if graph is not None:
-            engine._launched = _LaunchedAhead(resolved, graph)
 
 
 def _for_transformers_runner(config: EngineConfig) -> EngineConfig:
