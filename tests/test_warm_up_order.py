@@ -134,7 +134,7 @@ def test_a_step_with_the_routed_experts_left_out_runs_no_host_piece(models) -> N
     gives every layer's routed output as zeros; the next real step is as before it."""
     from hybrid.engine.config import EngineConfig
     from hybrid.engine.llm import LLM
-    from hybrid.engine.step.decoder import StepState
+    from hybrid.engine.step.step_state import StepState
 
     path = str(models.path("tiny-v3", "q4_k_m"))
     runner = LLM(path, "cpu", engine_config=EngineConfig(cache_lens=1024)).engine.runner

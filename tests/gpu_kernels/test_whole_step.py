@@ -22,9 +22,9 @@ from cpu_kernels.runtime.layer_driver import one_region_safe
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.graphs.device_picks import DevicePicks
 from hybrid.engine.llm import LLM
-from hybrid.engine.step.decoder import StepState
 from hybrid.engine.step.forward_batch import ForwardBatch
 from hybrid.engine.step.host_experts import HostExperts
+from hybrid.engine.step.step_state import StepState
 from hybrid.rules.planner import with_deferral, with_experts_mode, with_gpu_experts
 
 pytestmark = pytest.mark.usefixtures("wide_tiles")  # see conftest.WIDE_TILES

@@ -13,7 +13,8 @@ import torch
 
 from hybrid.engine.graphs.capture import captured
 from hybrid.engine.graphs.static_step import StaticStep
-from hybrid.engine.step.decoder import DecoderProgram, StepState
+from hybrid.engine.step.decoder import DecoderProgram
+from hybrid.engine.step.step_state import StepState
 
 
 class PiecewiseGraphs:

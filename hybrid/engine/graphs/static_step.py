@@ -21,9 +21,9 @@ import numpy as np
 import torch
 
 from gpu_kernels.handshake import fetch
-from hybrid.engine.step.decoder import StepState
 from hybrid.engine.step.forward_batch import ForwardBatch, SequenceRows, StepLayout
 from hybrid.engine.step.kv_cache import PagedLatentCache
+from hybrid.engine.step.step_state import StepState
 
 
 class StaticStep:

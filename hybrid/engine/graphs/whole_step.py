@@ -22,8 +22,9 @@ import torch
 from hybrid.engine.graphs.capture import captured
 from hybrid.engine.graphs.device_picks import DevicePicks, wait_for_flag
 from hybrid.engine.graphs.static_step import StaticStep
-from hybrid.engine.step.decoder import DecoderProgram, StepState
+from hybrid.engine.step.decoder import DecoderProgram
 from hybrid.engine.step.host_experts import HostExperts
+from hybrid.engine.step.step_state import StepState
 from hybrid.errors import DeviceLost
 
 

@@ -17,10 +17,11 @@ import torch
 from hybrid.engine.prefill import layered_prefill
 from hybrid.engine.prefill.prefill_costs import ExpertPlacement
 from hybrid.engine.scheduling.scheduler import ScheduledBatch, ScheduledChunk
-from hybrid.engine.step.decoder import DecoderProgram, StepState
+from hybrid.engine.step.decoder import DecoderProgram
 from hybrid.engine.step.forward_batch import ForwardBatch, SequenceRows
 from hybrid.engine.step.kv_cache import PagedLatentCache
 from hybrid.engine.step.step_result import StepResult
+from hybrid.engine.step.step_state import StepState
 
 log = logging.getLogger("hybrid.engine")
 

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 @dataclass
 class LayeredPrefill:
     chunk: ScheduledChunk
-    state: object  # the chunk's decoder.StepState, on the device between steps
+    state: object  # the chunk's step_state.StepState, on the device between steps
     layers_per_step: int
     pieces: int = 0  # the step's pieces run so far (decoder.DecoderProgram.run_pieces)
     waited: bool = False  # the step that started it has passed (it runs no piece)

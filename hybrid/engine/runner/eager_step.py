@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from hybrid.engine.step.decoder import StepState
 from hybrid.engine.step.forward_batch import ForwardBatch, SequenceRows
+from hybrid.engine.step.step_state import StepState
 
 log = logging.getLogger("hybrid.engine")
 

@@ -22,8 +22,8 @@ from collections.abc import Callable
 import torch
 
 from hybrid.engine.prefill import prefill_setup
-from hybrid.engine.step.decoder import StepState
 from hybrid.engine.step.forward_batch import ForwardBatch, StepLayout
+from hybrid.engine.step.step_state import StepState
 from hybrid.ops.experts import ExpertsOp
 
 log = logging.getLogger("hybrid.engine")

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from hybrid.engine.step.decoder import StepState
+    from hybrid.engine.step.step_state import StepState
 
 
 def cross_to(key: int, to: torch.device, st: StepState) -> None:
