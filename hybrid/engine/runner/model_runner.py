@@ -108,8 +108,9 @@ class ModelRunner:
         A decode's token -(j + 1) is carried_ids[j]. before_experts(): host work once the
         step's GPU work is launched, before the host drives its CPU experts (called once, by
         the time this returns). ahead(): host work beside the CPU experts of a whole-step
-        graph once it read its staged rows (after an eager forward), where the next step may
-        be launched (never beside a layered chunk). launched: this batch, launched already."""
+        graph once it read its staged rows (after an eager forward where no graphs are), where
+        the next step may be launched (never beside a layered chunk). launched: this batch,
+        launched already."""
         layers = len(self.program.moe_layers)
         if isinstance(launched, EagerLaunch):
             logits, picks, _, on_cpu = self._run(launched.rows, False, None, before_experts,
@@ -143,7 +144,7 @@ class ModelRunner:
         if not chunks:
             return torch.empty(0, self.model.config.vocab_size, device=self.device), None, 0, 0
         logits, streamed, on_cpu = eager_step.run(self, chunks, may_stream)
-        if ahead is not None:
-            ahead()
+        if ahead is not None and self.graphs is None:  # a graph launched now would run
+            ahead()  # before this step's sampling, which writes its inputs
         return logits, None, streamed, on_cpu
 
