@@ -71,12 +71,17 @@ class StepPicks:
 
 
 def wait_for_flag(flags: np.ndarray, index: int, seq: int, what: str) -> None:
-    """Spin until flags[index] == seq (a word the GPU raises in mapped pinned memory); after
-    TIMEOUT_S the GPU is taken for lost: DeviceLost says the decode step's graph did not `what`."""
+    """Spin until flags[index] == seq (a word the GPU raises in mapped pinned memory, steps in
+    increasing order); after TIMEOUT_S the GPU is taken for lost: DeviceLost says the decode
+    step's graph did not `what`. A flag already past seq raises at once: a later step ended
+    first, so this one's (its buffers rewritten since) can never be read."""
     if flags[index] == seq:
         return
     deadline = time.monotonic() + TIMEOUT_S
     while flags[index] != seq:
+        if flags[index] > seq:
+            raise DeviceLost(f"a decode step's graph was overtaken by step {int(flags[index])} "
+                             f"before step {seq} could be read (see the log); restart the server")
         if time.monotonic() > deadline:
             raise DeviceLost(f"a decode step's graph did not {what} within {TIMEOUT_S:.0f} s "
                              f"(step {seq} awaited, the flag holds step {int(flags[index])}); "
