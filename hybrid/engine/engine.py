@@ -34,6 +34,7 @@ from hybrid.engine.runner.model_runner import ModelRunner
 from hybrid.engine.runner.transformers_runner import TransformersRunner
 from hybrid.engine.scheduling.request import Request, RequestStatus
 from hybrid.engine.scheduling.scheduler import ScheduledBatch, Scheduler
+from hybrid.engine.step.step_result import StepResult
 from hybrid.errors import HybridError, RequestRejected
 from hybrid.model.spec_v4 import V4Spec
 
@@ -135,47 +136,62 @@ class Engine:
             return self._execute(batch, schedule_ahead)
 
     def _execute(self, batch: ScheduledBatch, schedule_ahead) -> list[StepOutput]:
+        """The step: its inputs resolved where the step before's tokens are pending (those read
+        back once it is launched), run, then its tokens read back or left pending."""
+        batch, launched, earlier, read_back = self._resume(batch)
+        ahead = Ahead(self.scheduler, self.runner, batch, schedule_ahead) \
+            if schedule_ahead is not None and self._may_launch_ahead(batch) else None
+        try:
+            step = self.runner.run(batch, read_back, ahead, launched)
+        finally:  # known even if the step failed: abandon_in_flight drives it to its end
+            self._launched = ahead.launched if ahead is not None else None
+        self._complete(step)
+        return earlier + self._sample(step, earlier, ahead is not None and ahead.scheduled)
+
+    def _resume(self, batch: ScheduledBatch) -> tuple:
+        """-> (the batch to run: the one launched ahead, or `batch` with its pending inputs
+        naming their carried rows; its launched graph or None; the list the read-back fills;
+        the read-back of the pending step's tokens, or None)."""
         pending, self._pending = self._pending, None
         launched, self._launched = self._launched, None
         earlier: list[StepOutput] = []
-        read_back = None
         if launched is not None:  # its rows were resolved when it was launched
             batch = launched.batch
         elif pending is not None:
             batch = with_carried(batch, rows_of(pending))
-        if pending is not None:
-            def read_back() -> None:  # while the GPU runs this step up to its first experts
-                earlier.extend(self.outputs.finish(pending))
-        ahead = Ahead(self.scheduler, self.runner, batch, schedule_ahead) \
-            if schedule_ahead is not None and self._may_launch_ahead(batch) else None
-        try:
-            step = self.runner.run(batch, read_back, ahead, launched.graph if launched else None)
-        finally:  # known even if the step failed: abandon_in_flight drives it to its end
-            self._launched = ahead.launched if ahead is not None else None
-        # a chunk may pass the layers over several steps (layered_prefill.py): it completes,
-        # and samples, in the step its pass ends
+        read_back = None if pending is None else \
+            (lambda: earlier.extend(self.outputs.finish(pending)))  # beside the GPU's first piece
+        return batch, launched.graph if launched else None, earlier, read_back
+
+    def _complete(self, step: StepResult) -> None:
+        """The scheduler told which chunks ran (a chunk may pass the layers over several steps,
+        layered_prefill.py: it completes, and samples, in the step its pass ends)."""
         self.scheduler.complete(step.completed)
         if step.deferred is not None:
             self.scheduler.defer(step.deferred)
         self._expert_layers["stream"] += step.streamed_layers
         self._expert_layers["cpu"] += step.cpu_layers
+
+    def _sample(self, step: StepResult, earlier: list[StepOutput], scheduled_ahead: bool
+                ) -> list[StepOutput]:
+        """The step's tokens for its requests still running (`earlier` holds the pending step's
+        outputs, read back during it): read back now, or, where the next batch was scheduled
+        ahead with them pending (its inputs the carried ids, row i for this batch's chunk i),
+        left pending until it runs (-> [])."""
         requests = [c.request for c in step.completed if c.samples]
         ended = {id(o.request) for o in earlier if o.status is not RequestStatus.RUNNING}
         live = [i for i, r in enumerate(requests) if id(r) not in ended and not r.is_finished]
-        scheduled_ahead = ahead is not None and ahead.scheduled
         logits, requests, picks = live_rows(step.logits, requests, step.picks, live)
         out = self.outputs.launch(logits, requests,
                                   self.runner.carried_ids if scheduled_ahead else None, picks,
                                   live)
         if not scheduled_ahead:
-            return earlier + self.outputs.finish(out)
-        # the next batch was scheduled with these tokens pending (its inputs the carried ids,
-        # row i for this batch's chunk i): they stay so until it runs
+            return self.outputs.finish(out)
         assert out.carried, "a step scheduled ahead picks into the carried ids"
         for r in requests:
             r.num_pending = 1
         self._pending = out
-        return earlier
+        return []
 
     def _may_launch_ahead(self, batch: ScheduledBatch) -> bool:
         """Whether the next step may be scheduled and launched while this one's CPU experts
