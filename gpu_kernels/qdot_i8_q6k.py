@@ -114,7 +114,7 @@ def _q6k_i8_kernel(xq_p, xd_p, y_p, ql_p, qh_p, sc_p, d_p, M, N, G, row0, gstrid
 
 
 # (rows per program, halves per K step, warps): first or second of the sweep on every one-token
-# shape, heads to ffn_down (scripts/probe_int_products.py --qtype Q6_K, docs/kernel-tuning.md)
+# shape but V3's dense down (scripts/probe_int_products.py --qtype Q6_K, docs/kernel-tuning.md)
 Q6K_TILES = (4, 8, 1)
 
 

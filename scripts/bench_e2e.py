@@ -416,9 +416,9 @@ def print_table(r: dict) -> None:
     print("| row | hybrid tok/s | llama.cpp tok/s | ratio | step ms | experts ms | GPU share | "
           "experts call / kernel us |")
     print("|---|---|---|---|---|---|---|---|")
+    tg = llama.get(next((k for k in llama if k.startswith("tg") and "@" not in k), ""), None)
     for d in r["decode"]:
-        peer = llama.get(next((k for k in llama if k.startswith("tg") and "@" not in k), ""), None)
-        peer = peer if d["streams"] == 1 else None
+        peer = tg if d["streams"] == 1 else None
         print(f"| decode x{d['streams']} | {d['tok_s']:.1f} | {_f(peer)} | "
               f"{_ratio(d['tok_s'], peer)} | {d['step_ms']:.2f} | {d['experts_ms']:.2f} | "
               f"{d['gpu_share']:.0%} | {_calls(d)} |")
@@ -440,7 +440,6 @@ def print_table(r: dict) -> None:
         d = r["decode_eager"]
         print(f"| decode x1, no CUDA graphs | {d['tok_s']:.1f} | | | {d['step_ms']:.2f} | "
               f"{d['experts_ms']:.2f} | {d['gpu_share']:.0%} | {_calls(d)} |")
-    tg = llama.get(next((k for k in llama if k.startswith("tg") and "@" not in k), ""), None)
     for d in r.get("decode_defer", []):
         rounds = " / ".join(f"{v:.1f}" for v in d["rounds"])
         print(f"| decode x1, defer_experts={d['defer']} (median of {rounds}) | {d['tok_s']:.1f} "

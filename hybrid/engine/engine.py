@@ -187,9 +187,8 @@ class Engine:
                                   live)
         if not scheduled_ahead:
             return self.outputs.finish(out)
+        # its requests were counted pending when the next batch was scheduled (Ahead)
         assert out.carried, "a step scheduled ahead picks into the carried ids"
-        for r in requests:
-            r.num_pending = 1
         self._pending = out
         return []
 
