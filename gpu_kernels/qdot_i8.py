@@ -35,7 +35,6 @@ from gpu_kernels.qdot import chunks_per_step
 from gpu_kernels.qformat import GpuQuant
 
 QBLOCK = 32  # columns per x scale
-I8_TYPES = (qt.Q4_K,)  # weight types with an integer-activation product
 
 
 class XQ(NamedTuple):
@@ -237,8 +236,8 @@ def qmatmul_i8(xq: XQ, w: GpuQuant, out_rows: int | None = None, row0: int = 0,
                tiles: tuple[int, int, int] | None = None) -> torch.Tensor:
     """xq (quantize_x of x [M, K] or [M, G, K]) times W's rows -> [M, N] or [M, G, N] fp32:
     y[m, g, n] = x[m, g] . W[row0 + g * gstride + n] (qmatmul's contract)."""
-    if w.qtype not in I8_TYPES:
-        raise ValueError(f"no integer-activation product for {qt.name(w.qtype)}")
+    if w.qtype != qt.Q4_K:
+        raise ValueError(f"qmatmul_i8 takes Q4_K, not {qt.name(w.qtype)}")
     k = w.cols
     m, n, y, y3 = product_output(xq, w, out_rows, row0, groups, out)
     bn, nc, warps = tiles or (LONG_TILES if (k // 64) % 16 == 0 else SHORT_TILES)

@@ -43,7 +43,7 @@ class GpuQuant:
     cols: int
     planes: tuple[torch.Tensor, ...]
     # 16 or 8: one-token products quantize x to this many bits per 32 columns and take
-    # integer dot products where the type has them (qdot_i8.I8_TYPES); 0: fp32 x throughout
+    # integer dot products where the type has them (qmatmul.INT_PRODUCTS); 0: fp32 x throughout
     x_bits: int = 0
     # products of many tokens (dequant_rows.SCRATCH_MIN_TOKENS and more): True rounds x (rows
     # scaled by powers of two) and the weights to fp16 for tensor cores with fp32 sums; False

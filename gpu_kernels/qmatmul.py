@@ -7,8 +7,9 @@ W is a `GpuQuant` [rows, K]; g batches groups of rows (MLA's per-head products: 
 kv_b, k_b or v_b), row0 skips rows (the value half of a legacy kv_b). x and y are fp32.
 
 How a tile is multiplied depends on the token count M:
-- M = 1 on a weight with `x_bits` of a type in qdot_i8.I8_TYPES: x quantized per 32 columns,
-  integer dot products (qdot_i8.py; int16 x: ~3e-5 relative error, 1.5-3.8x the fp32 speed).
+- M = 1 on a weight with `x_bits` of a type in INT_PRODUCTS (Q4_K, Q6_K): x quantized per 32
+  columns, integer dot products (qdot_i8.py, qdot_i8_q6k.py; int16 x: ~3e-5 relative error,
+  1.5-3.8x the fp32 speed).
 - M <= 8 (decode): fp32 products summed over k in registers: exact to fp32 rounding.
 - M > 8: tensor cores, `tl.dot` in tf32x3 (three tf32 products: fp32 accuracy, ~1e-6).
 - M >= dequant_rows.SCRATCH_MIN_TOKENS (long prompts): the rows dequantized once into an fp32
@@ -30,10 +31,13 @@ from gpu_kernels.dequant_ref import dequantize
 from gpu_kernels.dequant_rows import SCRATCH_MIN_TOKENS, scratch_matmul
 from gpu_kernels.dequant_tile import dequant_tile, plane_args
 from gpu_kernels.qdot import CHUNK, PART, chunks_per_step, qdot_step
-from gpu_kernels.qdot_i8 import I8_TYPES, XQ, qmatmul_i8, quantize_x
+from gpu_kernels.qdot_i8 import XQ, qmatmul_i8, quantize_x
+from gpu_kernels.qdot_i8_q6k import qmatmul_i8_q6k
 from gpu_kernels.qformat import GpuQuant
 
 DOT_MIN_TOKENS = 9  # from this many tokens on, tiles go through tensor cores
+# one-token products on integer activations, by weight type (each beside its float64 reference)
+INT_PRODUCTS = {qt.Q4_K: qmatmul_i8, qt.Q6_K: qmatmul_i8_q6k}
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -147,7 +151,7 @@ def qmatmul(x: torch.Tensor, w: GpuQuant, out_rows: int | None = None, row0: int
     if tiles is None and uses_int_path(w, m):
         if xq is None or xq.q.element_size() * 8 != w.x_bits:
             xq = quantize_x(x3, w.x_bits)
-        qmatmul_i8(xq, w, n_rows, row0, gstride, g, out=y3)
+        INT_PRODUCTS[w.qtype](xq, w, n_rows, row0, gstride, g, out=y3)
         return y
     bn, step, warps, stages = _product_tiles(w.qtype, bm, dot, tiles, w.cols)
     nc = chunks_per_step(w.qtype, w.cols, max(1, step // CHUNK[w.qtype]))
@@ -161,7 +165,7 @@ def qmatmul(x: torch.Tensor, w: GpuQuant, out_rows: int | None = None, row0: int
 
 def uses_int_path(w: GpuQuant, tokens: int) -> bool:
     """Whether a product of `tokens` rows of x with w takes integer activations."""
-    return tokens == 1 and w.x_bits > 0 and w.qtype in I8_TYPES
+    return tokens == 1 and w.x_bits > 0 and w.qtype in INT_PRODUCTS
 
 
 # (rows per program, weights per K step, warps, pipeline stages). Decode is bound by memory

@@ -64,7 +64,7 @@ def _product_options() -> dict[str, Option]:
     """How a GPU operator's quantized products take x: one token, and long prompts."""
     return {"activations": Option(
         str, "int16", tuple(ACTIVATIONS),
-        "x of one-token products on Q4_K blocks (GPU): int16 or int8 per 32 columns with "
+        "x of one-token products on Q4_K and Q6_K blocks (GPU): int16 or int8 per 32 columns with "
         "integer dot products (relative error ~3e-5 / ~1e-2), or fp32 (exact to rounding)"),
         "prompt_products": Option(
             str, "fp16", ("fp16", "fp32"),

@@ -101,11 +101,12 @@ def test_grouped(m: int, device: torch.device) -> None:
     assert rel_err(o, qmatmul_ref(o_lat, w, v, nope, nope + v)) < X_ERROR[16]
 
 
-def test_qmatmul_takes_the_integer_path_at_one_token(device: torch.device) -> None:
-    w = replace(weight(Q.Q4_K, 24, 512, seed=2, device=device), x_bits=16)
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K])
+def test_qmatmul_takes_the_integer_path_at_one_token(qtype, device: torch.device) -> None:
+    w = replace(weight(qtype, 24, 512, seed=2, device=device), x_bits=16)
     x1 = torch.randn(1, 512).to(device)
     y1 = qmatmul(x1, w)
-    assert torch.equal(y1, qmatmul_i8(quantize_x(x1), w))
+    assert torch.equal(y1, PRODUCTS[qtype][0](quantize_x(x1), w))
     assert rel_err(y1, qmatmul_ref(x1, w)) < X_ERROR[16]
     x2 = torch.randn(2, 512).to(device)  # two tokens: fp32 products
     assert rel_err(qmatmul(x2, w), qmatmul_ref(x2, w)) < 1e-5
