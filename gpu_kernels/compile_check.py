@@ -147,7 +147,8 @@ def variants() -> Iterator[Variant]:
                               "*fp32 *fp32 *bf16 *fp32 *i64 *fp32 fp32" + " i32" * 9),
                        **dict.fromkeys(["NOPE", "R", "V", "BQ", "BS", "PREC", "STAGES"],
                                        "constexpr")},
-                      {"NOPE": 128, "R": 64, "V": 128, "BQ": bq, "BS": bs, "PREC": prec,
+                      {"NOPE": 128, "R": 64, "V": 128, "BQ": bq, "BS": bs,
+                       "PREC": mla_prefill_expanded.KERNEL_PRECISION[prec],
                        "STAGES": stages}, warps)
     for heads in (16, 128):
         yield Variant(f"mla_decode merge H={heads}", mla_decode._merge_kernel,

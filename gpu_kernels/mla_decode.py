@@ -57,7 +57,7 @@ def dot_bf16x2(x_hi, x_lo, y):
 def softmax_step(s, kv, m_i, l_i, acc, PREC: tl.constexpr):
     """One block of keys into a running softmax (flash attention): s [rows, BS] scaled scores
     (-inf where a key is not seen; every row must see a key of its first block), kv [BS, C]
-    values (bf16 for PREC "bf16x2", fp16 for "fp16"); m_i, l_i [rows] the running max and sum,
+    values (bf16 for PREC "bf16x2", fp16 for "fp16ops"); m_i, l_i [rows] the running max and sum,
     acc [rows, C] -> the three updated."""
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     p = tl.exp(s - m_new[:, None])
@@ -66,7 +66,7 @@ def softmax_step(s, kv, m_i, l_i, acc, PREC: tl.constexpr):
     if PREC == "bf16x2":
         p_hi, p_lo = split_bf16(p)
         acc = acc * alpha[:, None] + dot_bf16x2(p_hi, p_lo, kv)
-    elif PREC == "fp16":  # p in [0, 1] rounded to fp16: tf32's 10-bit mantissa, 2x its rate
+    elif PREC == "fp16ops":  # p in [0, 1] rounded to fp16: tf32's 10-bit mantissa, 2x its rate
         acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), kv)
     else:
         acc = acc * alpha[:, None] + tl.dot(p, kv, input_precision=PREC)

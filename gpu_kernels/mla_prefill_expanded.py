@@ -32,6 +32,10 @@ PRECISION = "fp16"
 # spills on sm_90 (python -m gpu_kernels.compile_check); fp16 (keys and values in fp16): the
 # fastest measured (scripts/bench_gpu_kernels.py --prefill-sweep). Both: docs/long-prompts.md.
 TILES = {"tf32": (32, 32, 8, 1), "fp16": (128, 128, 8, 1)}
+# The kernel's PREC for fp16 operands is "fp16ops", not "fp16": JITFunction.preload (which
+# precompile.py compiles from) reads back a string constexpr that names a Triton dtype as that
+# dtype, and the kernel compiled from it took the tf32 branch with a dtype and failed.
+KERNEL_PRECISION = {"fp16": "fp16ops", "tf32": "tf32"}
 
 
 @triton.jit
@@ -46,7 +50,7 @@ def _keys_block(t0, qn, qr, pos, end, m_i, l_i, acc, kn_ptr, kr_ptr, v_ptr, kv_o
     kn = tl.load(kn_ptr + key * skn + hd * skh + dn[None, :], mask=tmask, other=0.0)
     kr = tl.load(kr_ptr + key * skr + dr[None, :], mask=tmask, other=0.0)
     v = tl.load(v_ptr + key * svn + hd * svh + dv[None, :], mask=tmask, other=0.0)
-    if PREC == "fp16":
+    if PREC == "fp16ops":
         kn, kr, v = kn.to(tl.float16), kr.to(tl.float16), v.to(tl.float16)
         s = tl.dot(qn, tl.trans(kn)) + tl.dot(qr, tl.trans(kr))  # [BQ, BS] fp32 sums
     else:  # fp32 operands whatever the keys' and values' dtype
@@ -79,7 +83,7 @@ def _expanded_kernel(q_ptr, kn_ptr, kr_ptr, v_ptr, meta_ptr, o_ptr, scale, sqn, 
     q_row = q_ptr + row * sqn + hd * sqh
     qn = tl.load(q_row + dn[None, :], mask=imask[:, None], other=0.0)  # [BQ, NOPE]
     qr = tl.load(q_row + NOPE + dr[None, :], mask=imask[:, None], other=0.0)  # [BQ, R]
-    if PREC == "fp16":
+    if PREC == "fp16ops":
         qn, qr = qn.to(tl.float16), qr.to(tl.float16)
     pos = kv_len - q_len + i  # [BQ] each token's position: it sees keys 0..pos
     # the keys the block's last token sees; none for a block past the span's end
@@ -128,7 +132,8 @@ def mla_prefill_expanded(q: torch.Tensor, k_nope: torch.Tensor, k_rope: torch.Te
     _expanded_kernel[grid](q, k_nope, k_rope, v, meta, out, scale, q.stride(0), q.stride(1),
                            k_nope.stride(0), k_nope.stride(1), k_rope.stride(0), v.stride(0),
                            v.stride(1), out.stride(0), out.stride(1), NOPE=nope, R=r, V=dv,
-                           BQ=bq, BS=bs, PREC=precision, STAGES=stages, num_warps=warps)
+                           BQ=bq, BS=bs, PREC=KERNEL_PRECISION[precision], STAGES=stages,
+                           num_warps=warps)
     return out
 
 

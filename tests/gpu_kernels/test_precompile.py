@@ -83,3 +83,16 @@ def test_a_variant_that_fails_twice_is_counted_and_left_to_its_launch(fresh_silu
     bad = {("bad",): (fresh_silu_mul, "{not json", torch.cuda.current_device())}
     assert precompile.Precompile(bad, threads=2).wait() == 1
     assert _compiled(fresh_silu_mul) == 0
+
+
+def test_no_string_constexpr_reads_back_as_a_dtype() -> None:
+    """JITFunction.preload (the pool's compile) turns a string constexpr that names a Triton
+    dtype ("fp16", "bf16") into that dtype: the variant compiled from the record would not be
+    the one launched (mla_prefill_expanded's fp16 variant failed so)."""
+    import triton.language as tl
+
+    from gpu_kernels.compile_check import variants
+
+    named = [(v.name, k, c) for v in variants() for k, c in v.constexprs.items()
+             if isinstance(c, str) and tl.dtype.is_dtype(c)]
+    assert not named
