@@ -46,10 +46,16 @@ def _run(llm: LLM, cases: list[tuple[list[int], SamplingParams]], cancel_after=N
     return events, requests
 
 
+# A batch of other rows sums in another order. On CUDA a newcomer's prompt joins the batch a
+# step later when the step before was launched ahead, so a decode row's step that shares it
+# takes the prompt's kernels (tf32 attention products: ~3e-3 in a log-probability) on another
+# token than with steps read back one by one.
+LOGPROB_TOL = 1e-2 if torch.cuda.is_available() else 1e-3
+
+
 def _rows(events) -> list[tuple]:
-    """What a client sees of each token, its log-probability to 1e-3 (a batch of other rows
-    sums in another order)."""
-    return [(e.token_id, pytest.approx(e.logprob, abs=1e-3), e.text, e.finish_reason,
+    """What a client sees of each token, its log-probability to LOGPROB_TOL."""
+    return [(e.token_id, pytest.approx(e.logprob, abs=LOGPROB_TOL), e.text, e.finish_reason,
              tuple(t for t, _ in e.top_logprobs)) for e in events]
 
 
