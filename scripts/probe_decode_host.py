@@ -4,9 +4,10 @@ it with its defaults (the loop `hybrid serve` runs on its main thread, without H
     python scripts/probe_decode_host.py [--gguf-path P] [--optimize-rules R] [--gen-len 256]
         [--set NAME=VALUE] [--json FILE]
 
-One greedy request decodes --gen-len tokens; every step after the first few is stamped on the
-CPU's time-stamp counter (cpu_kernels.simd.clock, the clock the CPU experts' driver stamps its
-layers with), so the phases below add up to the step:
+One greedy request (or, given --temperature and --top-p, a seeded sampled one) decodes
+--gen-len tokens; every step after the first few is stamped on the CPU's time-stamp counter
+(cpu_kernels.simd.clock, the clock the CPU experts' driver stamps its layers with), so the
+phases below add up to the step:
 - schedule: the worker's lock and the scheduler;
 - load: the step's rows packed and fetched into the graph's buffers (StaticStep.load);
 - launch: graph.replay() returning;
@@ -143,6 +144,9 @@ def main() -> int:
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="an EngineConfig field (repeatable)")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="sample the stream (seeded) at this temperature instead of greedily")
+    ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--json", default=None)
     ap.add_argument("--cprofile", type=int, default=0, metavar="N",
                     help="after the stamped steps, N more under cProfile: the host's functions "
@@ -156,8 +160,8 @@ def main() -> int:
     per_us = cycles_per_us()
     rows: list[dict[str, float]] = []
     prompt = [(7 * i + 3) % 1000 + 10 for i in range(args.prompt_len)]
-    params = SamplingParams(temperature=0, max_tokens=args.gen_len + args.cprofile,
-                            ignore_eos=True)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=1,
+                            max_tokens=args.gen_len + args.cprofile, ignore_eos=True)
     tokens: list[int] = []
     request = Request("probe", prompt, params,
                       lambda event: tokens.append(getattr(event, "token_id", -1)))
@@ -189,7 +193,8 @@ def main() -> int:
             {"gguf": args.gguf_path, "set": args.set, "medians_us": medians, "tokens": tokens,
              "steps": rows}, indent=1))
     rate = 1e6 / medians["period"] if rows else 0.0
-    print(f"\n{len(rows)} decode steps, medians (us); one stream, greedy; {rate:.1f} tok/s "
+    kind = f"temperature {args.temperature}" if args.temperature else "greedy"
+    print(f"\n{len(rows)} decode steps, medians (us); one stream, {kind}; {rate:.1f} tok/s "
           f"from the median period")
     print("| phase | us | share of the period |\n|---|---|---|")
     for k in keys:

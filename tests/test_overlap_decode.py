@@ -242,3 +242,66 @@ def test_dropped_rows_and_carried_picks_are_queued_without_waiting_for_the_devic
     torch.cuda.synchronize()
     want = logits[[2, 0]].argmax(-1).tolist()
     assert [s.token_id for s in launched.result()] == want and carry[[5, 1]].tolist() == want
+
+
+def test_sampled_streams_are_launched_ahead_with_the_tokens_of_steps_read_back(engines):
+    """Seeded sampled streams (top_p, top_k, min_p, penalties, top log-probabilities) and a
+    greedy one run launched ahead: each step's draw is queued on the device into the carried
+    ids before the next step launches, and every stream gets exactly the tokens of steps read
+    back one by one (one uniform a step from its generator either way)."""
+    off, on = engines["off"], engines["on"]
+    cases = [(_prompt(50, 7), SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=14,
+                                             ignore_eos=True)),
+             (_prompt(51, 4), SamplingParams(temperature=1.1, top_k=20, min_p=0.02, seed=4,
+                                             max_tokens=11, ignore_eos=True, logprobs=2)),
+             (_prompt(52, 9), SamplingParams(temperature=0.6, seed=5, max_tokens=16,
+                                             ignore_eos=True, presence_penalty=0.5,
+                                             repetition_penalty=1.1)),
+             (_prompt(53, 5), SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))]
+    want, _ = _run(off, cases)
+    launched = []
+    launch = on.engine.runner.launch
+    on.engine.runner.launch = lambda batch: launched.append(launch(batch)) or launched[-1]
+    try:
+        got, requests = _run(on, cases)
+    finally:
+        del on.engine.runner.launch
+    for w, g in zip(want, got, strict=True):
+        assert _rows(g) == _rows(w)
+    assert sum(g is not None for g in launched) >= 8
+    assert all(r.num_pending == 0 for r in requests)
+    assert on.worker.stats().kv_pages_used == 0
+
+
+def test_a_sampled_draw_is_queued_without_waiting_for_the_device():
+    """The draw of top_p / top_k / min_p rows, with penalties and top log-probabilities, into
+    the carried ids returns while the stream is still busy (a step launched ahead may sit on
+    it), and draws what it draws on an idle device."""
+    from hybrid.engine.sampling.penalties import PenaltyState
+    from hybrid.engine.sampling.sampler import launch_samples, make_generator
+
+    if not torch.cuda.is_available():
+        pytest.skip("a busy stream needs CUDA")
+    device = torch.device("cuda")
+    logits = torch.randn(3, 5000, device=device) * torch.tensor([[6.0], [0.01], [1.0]],
+                                                                device=device)
+    params = [SamplingParams(temperature=0.7, top_p=0.9, seed=1),
+              SamplingParams(temperature=1.0, top_p=0.5, seed=2, logprobs=3),  # flat: sorted whole
+              SamplingParams(temperature=0.9, top_k=40, min_p=0.05, seed=3,
+                             frequency_penalty=0.4)]
+
+    def launch(carry):
+        rows = [(p, make_generator(p), [1, 2], [3]) for p in params]
+        states = [PenaltyState([1, 2], 5000, device) if p.has_penalties else None
+                  for p in params]
+        return launch_samples(logits, rows, states, carry=carry, carry_rows=[4, 0, 2])
+
+    want = [s.token_id for s in launch(torch.zeros(8, dtype=torch.int64, device=device))
+            .result()]
+    carry = torch.zeros(8, dtype=torch.int64, device=device)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)  # a queued step that does not end on its own soon
+    launched = launch(carry)
+    assert not torch.cuda.current_stream().query()  # returned while the stream was busy
+    torch.cuda.synchronize()
+    assert [s.token_id for s in launched.result()] == want and carry[[4, 0, 2]].tolist() == want

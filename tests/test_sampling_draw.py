@@ -75,6 +75,23 @@ def test_large_vocabularies_use_the_candidates() -> None:
         assert (got - sampling_probs(row, params).double()).abs().max() <= 1.0 / GRID + 1e-5
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_sorting_every_row_whole_draws_the_same_tokens(seed: int) -> None:
+    """A GPU's draw sorts every top_k/top_p row whole beside its candidates instead of asking
+    which rows the candidates cover (a wait for the device): the same tokens, row for row."""
+    g = torch.Generator().manual_seed(seed)
+    vocab, rows = 3000, 24
+    scale = torch.where(torch.rand(rows, 1, generator=g) < 0.5, 6.0, 0.01)  # peaked and flat
+    scaled = torch.randn(rows, vocab, generator=g) * scale  # [R, V]
+    params = [random_params(g, vocab) for _ in range(rows)]
+    table = torch.tensor([[p.temperature, p.min_p, p.top_k if 0 < p.top_k < vocab else 0,
+                           p.top_p] for p in params])  # [R, 4], as draw builds it
+    u = torch.rand(rows, dtype=torch.float64, generator=g)
+    for most in (16, 256):
+        asked = draw_module._ranked(scaled, table, u, most, sort_all=False)
+        assert torch.equal(draw_module._ranked(scaled, table, u, most, sort_all=True), asked)
+
+
 def test_a_mixed_batch_decides_each_row_as_its_request_asks() -> None:
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(5, 50, generator=g) * 2  # [R, V]

@@ -7,14 +7,15 @@ single-threaded: the `EngineWorker` wraps it with a lock and a thread for servin
 `execute()` and `retire()` lets the worker hold its lock only while the queues change, never
 during a forward.
 
-Overlapped decode (`overlap_decode`): while every running request decodes greedily, the next
-step is scheduled and launched beside this step's CPU experts (launch_ahead.py, on the whole-step
-graph's beside thread), its inputs this step's tokens as the graph picks them on the device (the
-runner's carried ids). This step's tokens stay pending (`_pending`) and are read back, detokenized
-and checked for stops by the next call, while its step runs up to its first MoE layer. `execute`
-returns the outputs known by its end: the step before's where one was pending, else its own. A
-request that stopped at the pending step has its next row computed and dropped. Any other step
-(a prompt, a sampled or constrained request, a request waiting) reads its tokens back at once.
+Overlapped decode (`overlap_decode`): while every running request decodes without a grammar, the
+next step is scheduled and launched beside this step's CPU experts (launch_ahead.py, on the
+whole-step graph's beside thread), its inputs this step's tokens as they are decided on the device
+(the graph's greedy picks, or the draw queued after it, into the runner's carried ids). This
+step's tokens stay pending (`_pending`) and are read back, detokenized and checked for stops by
+the next call, while its step runs up to its first MoE layer. `execute` returns the outputs known
+by its end: the step before's where one was pending, else its own. A request that stopped at the
+pending step has its next row computed and dropped. Any other step (a prompt, a constrained
+request, a request waiting) reads its tokens back at once.
 Invariant: from launching a step ahead until its CPU experts are driven, this thread never waits
 for the device (no synchronizing copy or read on its stream): the launched step waits for it.
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 
 import torch
 
@@ -139,14 +141,16 @@ class Engine:
         """The step: its inputs resolved where the step before's tokens are pending (those read
         back once it is launched), run, then its tokens read back or left pending."""
         batch, launched, earlier, read_back = self._resume(batch)
-        ahead = Ahead(self.scheduler, self.runner, batch, schedule_ahead) \
+        ahead = Ahead(self.scheduler, self.runner, batch, schedule_ahead,
+                      partial(self._launch_picks, [c.request for c in batch.chunks if c.samples],
+                              earlier, carry=True)) \
             if schedule_ahead is not None and self._may_launch_ahead(batch) else None
         try:
             step = self.runner.run(batch, read_back, ahead, launched)
         finally:  # known even if the step failed: abandon_in_flight drives it to its end
             self._launched = ahead.launched if ahead is not None else None
         self._complete(step)
-        return earlier + self._sample(step, earlier, ahead is not None and ahead.scheduled)
+        return earlier + self._sample(step, earlier, ahead if ahead and ahead.scheduled else None)
 
     def _resume(self, batch: ScheduledBatch) -> tuple:
         """-> (the batch to run: the one launched ahead, or `batch` with its pending inputs
@@ -172,36 +176,42 @@ class Engine:
         self._expert_layers["stream"] += step.streamed_layers
         self._expert_layers["cpu"] += step.cpu_layers
 
-    def _sample(self, step: StepResult, earlier: list[StepOutput], scheduled_ahead: bool
+    def _sample(self, step: StepResult, earlier: list[StepOutput], ahead: Ahead | None
                 ) -> list[StepOutput]:
         """The step's tokens for its requests still running (`earlier` holds the pending step's
         outputs, read back during it): read back now, or, where the next batch was scheduled
-        ahead with them pending (its inputs the carried ids, row i for this batch's chunk i),
-        left pending until it runs (-> [])."""
-        requests = [c.request for c in step.completed if c.samples]
+        `ahead` with them pending (its inputs the carried ids, row i for this batch's chunk i,
+        where Ahead had them decided), left pending until it runs (-> [])."""
+        if ahead is None:
+            return self.outputs.finish(self._launch_picks(
+                [c.request for c in step.completed if c.samples], earlier, step.logits,
+                step.picks))
+        # its requests were counted pending when the next batch was scheduled (Ahead)
+        assert ahead.sampled.carried, "a step scheduled ahead picks into the carried ids"
+        self._pending = ahead.sampled
+        return []
+
+    def _launch_picks(self, requests: list[Request], earlier: list[StepOutput],
+                      logits: torch.Tensor, picks, carry: bool = False) -> LaunchedOutputs:
+        """The tokens of `requests` (logits' rows; picks: a graph's greedy picks or None)
+        decided on the device, not waited for, for those still running (none ended in
+        `earlier`); carry: each into the runner's carried ids at its row."""
         ended = {id(o.request) for o in earlier if o.status is not RequestStatus.RUNNING}
         live = [i for i, r in enumerate(requests) if id(r) not in ended and not r.is_finished]
-        logits, requests, picks = live_rows(step.logits, requests, step.picks, live)
-        out = self.outputs.launch(logits, requests,
-                                  self.runner.carried_ids if scheduled_ahead else None, picks,
-                                  live)
-        if not scheduled_ahead:
-            return self.outputs.finish(out)
-        # its requests were counted pending when the next batch was scheduled (Ahead)
-        assert out.carried, "a step scheduled ahead picks into the carried ids"
-        self._pending = out
-        return []
+        logits, requests, picks = live_rows(logits, requests, picks, live)
+        return self.outputs.launch(logits, requests,
+                                   self.runner.carried_ids if carry else None, picks, live)
 
     def _may_launch_ahead(self, batch: ScheduledBatch) -> bool:
         """Whether the next step may be scheduled and launched while this one's CPU experts
-        run: this one is a greedy decode of requests past their first token (a whole-step
-        graph picks its tokens itself, into the carried ids the next one reads)."""
+        run: this one is a decode of requests past their first token whose tokens the device
+        decides without waiting for it (no grammar), into the carried ids the next reads."""
         chunks = batch.chunks
         live = [c.request for c in chunks if not c.request.is_finished]
         return (self.overlap and self.runner.launches_ahead and bool(live)
                 and self.runner.job is None
                 and all(len(c.token_ids) == 1 and not c.request.is_prefilling for c in chunks)
-                and all(r.num_output_tokens for r in live) and self.outputs.greedy_only(live))
+                and all(r.num_output_tokens for r in live) and self.outputs.decided_on_device(live))
 
     def _read_back(self) -> list[StepOutput]:
         """The pending step's tokens (for its requests not finished since), if there is one."""

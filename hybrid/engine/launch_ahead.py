@@ -1,14 +1,16 @@
 """Launching the next decode step beside this one's CPU experts (engine.py's overlapped decode).
 
-While every running request decodes greedily, `Ahead` runs on the whole-step graph's beside
-thread once the step's graph read its staged rows: it completes the step's chunks, counts their
-tokens pending, schedules the next batch (its decodes' inputs `PENDING`) and launches it, each
-pending input naming the row of the runner's carried ids where this step's graph puts its pick
-(`with_carried`: -(row + 1)). The engine drives that launched step in its next call, after
-reading this step's tokens back.
+While every running request decodes without a grammar, `Ahead` runs on the whole-step graph's
+beside thread once the step's graph read its staged rows: it decides the step's tokens on the
+device (a greedy step's graph picked them; other rows are sampled, queued after the graph), each
+into its row of the runner's carried ids, completes the step's chunks, counts their tokens
+pending, schedules the next batch (its decodes' inputs `PENDING`) and launches it, each pending
+input naming its carried row (`with_carried`: -(row + 1)). The engine drives that launched step
+in its next call, after reading this step's tokens back.
 
 Invariant: from the launch until its CPU experts are driven, the thread that drives them never
-waits for the device (`live_rows` queues its index: device_values.py).
+waits for the device (`live_rows` queues its index, the sampler its settings: device_values.py;
+the draw asks the device nothing: draw.py).
 """
 
 from __future__ import annotations
@@ -35,23 +37,31 @@ class LaunchedAhead:
 
 
 class Ahead:
-    """Beside a greedy decode step's CPU experts (once its graph read its staged rows): its
-    chunks completed (their KV is written before any later step reads it) and its tokens
-    counted pending, the next batch scheduled (`scheduled`), and launched where it can run as
-    a graph (`launched`; its pending inputs read from this step's picks, graph row i for
-    chunk i)."""
+    """Beside a decode step's CPU experts (once its graph read its staged rows): its tokens
+    decided on the device into the carried ids (`sampled`), its chunks completed (their KV is
+    written before any later step reads it) and its tokens counted pending, the next batch
+    scheduled (`scheduled`), and launched where it can run as a graph (`launched`; its pending
+    inputs read from this step's picks, graph row i for chunk i)."""
 
     def __init__(self, scheduler: Scheduler, runner, batch: ScheduledBatch,
-                 schedule: Callable[[], ScheduledBatch]) -> None:
-        """runner: the ModelRunner (its `launch`, on its stream); schedule(): the next batch."""
+                 schedule: Callable[[], ScheduledBatch],
+                 sample: Callable[[torch.Tensor, object], LaunchedOutputs]) -> None:
+        """runner: the ModelRunner (its `launch`, on its stream); schedule(): the next batch;
+        sample(logits, picks): the step's tokens decided on the device, graph row i's into
+        carried row i, not waited for (picks: the graph's greedy picks, or None)."""
         self.scheduler, self.runner, self.batch, self.schedule = scheduler, runner, batch, schedule
+        self.sample = sample
+        self.sampled: LaunchedOutputs | None = None
         self.scheduled = False
         self.launched: LaunchedAhead | None = None
 
-    def __call__(self) -> None:
+    def __call__(self, logits: torch.Tensor, picks) -> None:
+        """logits: the step's [B, V] (a graph's: written by the time the queued work runs)."""
         chunks = self.batch.chunks
         if self.scheduler.waiting:  # a prompt comes next: these tokens are read back first
             return
+        with self.runner.on_stream():  # after the step's graph, before the next one
+            self.sampled = self.sample(logits, picks)
         self.scheduler.complete(chunks)
         for c in chunks:
             if not c.request.is_finished:  # a request retired since runs its row, dropped

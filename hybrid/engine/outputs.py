@@ -93,10 +93,10 @@ class RequestOutputs:
         request has a grammar) -> each request's StepOutput, in order."""
         return self.finish(self.launch(logits, requests))
 
-    def greedy_only(self, requests: list[Request]) -> bool:
-        """Whether every request's next token is its logits' argmax, reported with at most
-        that token's log-probability (what a graph's greedy picks give)."""
-        return all(_greedy_only(r, self.state(r)) for r in requests)
+    def decided_on_device(self, requests: list[Request]) -> bool:
+        """Whether `launch` decides every request's next token without waiting for the device
+        (none has a grammar: its mask reaches the device by a copy that waits for it)."""
+        return all(self.state(r).matcher is None for r in requests)
 
     def launch(self, logits: torch.Tensor, requests: list[Request],
                carry: torch.Tensor | None = None, picked=None, rows: list[int] | None = None

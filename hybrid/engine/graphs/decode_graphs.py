@@ -73,15 +73,15 @@ class DecodeGraphs:
 
     def run(self, chunks: list[SequenceRows], beside: Callable[[], None] | None = None,
             before_experts: Callable[[], None] | None = None,
-            ahead: Callable[[], None] | None = None
+            ahead: Callable[[torch.Tensor, StepPicks], None] | None = None
             ) -> tuple[torch.Tensor, StepPicks | None]:
         """chunks: one decode (one token, its pages, its position, sampling) per request; a
         token -(j + 1) is the carried id j -> (logits [B, V], the rows' greedy picks where the
         form makes them). beside: host work run during the step (the form says when);
         before_experts: host work once the step is launched, before the host drives its CPU
-        experts (the step before's tokens read back); ahead: host work beside the CPU experts
-        of a whole-step graph once it is past its first MoE layer (the next step launched),
-        instead of `beside`."""
+        experts (the step before's tokens read back); ahead(logits, picks): host work beside the
+        CPU experts of a whole-step graph once it is past its first MoE layer (this step's
+        tokens decided on the device, the next step launched), instead of `beside`."""
         if self.whole_step:
             return self.drive(self.launch(chunks), beside, before_experts, ahead)
         static, graphs = self._bucket(len(chunks))
@@ -97,15 +97,15 @@ class DecodeGraphs:
 
     def drive(self, launched: LaunchedGraph, beside: Callable[[], None] | None = None,
               before_experts: Callable[[], None] | None = None,
-              ahead: Callable[[], None] | None = None
+              ahead: Callable[[torch.Tensor, StepPicks], None] | None = None
               ) -> tuple[torch.Tensor, StepPicks]:
         """The launched step's CPU experts (see run) -> (logits [B, V], greedy picks)."""
-        seq, state = launched.seq, launched.static.state
+        seq, state, b = launched.seq, launched.static.state, launched.rows
+        logits, picks = state.logits[:b], self.form.picks.of_step(seq, list(range(b)))
         if ahead is not None:  # in beside's place, once the step read its staged rows
-            beside = partial(self._once_started, seq, ahead)
+            beside = partial(self._once_started, seq, partial(ahead, logits, picks))
         self.form.drive(seq, state, beside, before_experts)
-        b = launched.rows
-        return state.logits[:b], self.form.picks.of_step(seq, list(range(b)))
+        return logits, picks
 
     def _once_started(self, seq: int, fn: Callable[[], None]) -> None:
         self.form.started(seq)

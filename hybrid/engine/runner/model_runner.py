@@ -102,14 +102,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch, before_experts: Callable[[], None] | None = None,
-            ahead: Callable[[], None] | None = None,
+            ahead: Callable[[torch.Tensor, StepPicks | None], None] | None = None,
             launched: LaunchedGraph | EagerLaunch | None = None) -> StepResult:
         """One step: the batch's chunks in one forward, and the layered chunk's next layers.
         A decode's token -(j + 1) is carried_ids[j]. before_experts(): host work once the
         step's GPU work is launched, before the host drives its CPU experts (called once, by
-        the time this returns). ahead(): host work beside the CPU experts of a whole-step
-        graph once it read its staged rows (after an eager forward where no graphs are), where
-        the next step may be launched (never beside a layered chunk). launched: this batch,
+        the time this returns). ahead(logits, picks): host work beside the CPU experts of a
+        whole-step graph once it read its staged rows (after an eager forward where no graphs
+        are), given the step's logits and greedy picks (None) to come, where this step's tokens
+        are decided and the next step may be launched (never beside a layered chunk). launched: this batch,
         launched already."""
         layers = len(self.program.moe_layers)
         if isinstance(launched, EagerLaunch):
@@ -132,7 +133,7 @@ class ModelRunner:
         """One forward over `chunks` (graphs for decode-only steps) -> (their logits, the
         graph's greedy picks of them or None, MoE layers streamed, MoE layers on the CPU).
         beside(): host work during the step (a whole-step graph runs its CPU experts
-        meanwhile), else before it; before_experts(), ahead(): see run."""
+        meanwhile), else before it; before_experts, ahead: see run."""
         layers = len(self.program.moe_layers)
         if chunks and self.graphs is not None and len(chunks) <= self.graphs.max_batch \
                 and all(len(c.token_ids) == 1 for c in chunks):
@@ -145,6 +146,6 @@ class ModelRunner:
             return torch.empty(0, self.model.config.vocab_size, device=self.device), None, 0, 0
         logits, streamed, on_cpu = eager_step.run(self, chunks, may_stream)
         if ahead is not None and self.graphs is None:  # a graph launched now would run
-            ahead()  # before this step's sampling, which writes its inputs
+            ahead(logits, None)  # before this step's eager sampling, which writes its inputs
         return logits, None, streamed, on_cpu
 

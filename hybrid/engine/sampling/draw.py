@@ -62,20 +62,28 @@ def _unnormalized(scaled: torch.Tensor) -> torch.Tensor:
     return torch.exp(scaled - scaled.amax(-1, keepdim=True))
 
 
-def _ranked(scaled: torch.Tensor, table: torch.Tensor, u: torch.Tensor, most: int
-            ) -> torch.Tensor:
+def _ranked(scaled: torch.Tensor, table: torch.Tensor, u: torch.Tensor, most: int,
+            sort_all: bool | None = None) -> torch.Tensor:
     """Rows under top_k and/or top_p: their `most` best tokens sorted, then the whole row
-    sorted where those may miss a kept token."""
+    sorted where those may miss a kept token. sort_all (default: on a GPU): every row is also
+    sorted whole and the covered rows keep their candidates' token, the same tokens without
+    asking the device which rows are covered (a wait that a step launched ahead, sitting on
+    the stream, would make endless: engine.py's invariant)."""
     vocab = scaled.shape[1]
     c = min(vocab, most)
     probs, ids, covered = _filtered(scaled, table, c)
-    if c < vocab and not bool(covered.all()):
+    tokens = ids.gather(1, _inverse_cdf(probs, u)[:, None]).flatten()  # [R]
+    if c == vocab:
+        return tokens
+    if scaled.is_cuda if sort_all is None else sort_all:
+        probs_all, ids_all, _ = _filtered(scaled, table, vocab)
+        whole = ids_all.gather(1, _inverse_cdf(probs_all, u)[:, None]).flatten()  # [R]
+        return torch.where(covered, tokens, whole)
+    if not bool(covered.all()):
         rest = (~covered).nonzero().flatten()
         probs_all, ids_all, _ = _filtered(scaled[rest], table[rest], vocab)
-        tokens = ids.gather(1, _inverse_cdf(probs, u)[:, None]).flatten()
         tokens[rest] = ids_all.gather(1, _inverse_cdf(probs_all, u[rest])[:, None]).flatten()
-        return tokens
-    return ids.gather(1, _inverse_cdf(probs, u)[:, None]).flatten()
+    return tokens
 
 
 def _filtered(scaled: torch.Tensor, table: torch.Tensor, c: int
