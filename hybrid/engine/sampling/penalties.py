@@ -56,9 +56,9 @@ class PenaltyState:
         if len(output_ids) > self.applied:
             new = on_device(list(output_ids[self.applied:]), self.seen.device)  # [N]
             self.seen[new] = True
-            # index_put_ with accumulate, not bincount: nothing is read back from a GPU
-            self.counts.index_put_((new,), torch.ones(new.shape, device=new.device),
-                                   accumulate=True)
+            # scatter_add_ (atomic adds of ones: exact in any order), not bincount, whose
+            # size is read back from a GPU, nor an accumulating index_put_, which sorts
+            self.counts.scatter_add_(0, new, torch.ones(new.shape, device=new.device))
             self.applied = len(output_ids)
         return self
 
