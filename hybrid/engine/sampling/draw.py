@@ -6,9 +6,10 @@ a row by the inverse of the kept tokens' cumulative distribution.
 
 Why not a row at a time on the host: a row of a 100k-token vocabulary sorted for top_p costs
 milliseconds on a CPU whose cores run the experts, and every sampled stream pays it every step.
-Here each filter is a few batched launches, and top_k/top_p rows sort only their CANDIDATES
-best tokens, which is exact whenever those hold the kept set; the rows where they do not (a
-flat distribution under top_p) are sorted whole.
+Here each filter is a few batched launches, and top_k/top_p rows sort their CANDIDATES best
+tokens, which is exact whenever those hold the kept set; the rows where they do not (a flat
+distribution under top_p) are sorted whole (on a GPU every such row is, beside its candidates,
+so that nothing is read back: a draw may be queued behind a step that waits for the host).
 """
 
 from __future__ import annotations
