@@ -109,9 +109,8 @@ class ModelRunner:
         step's GPU work is launched, before the host drives its CPU experts (called once, by
         the time this returns). ahead(logits, picks): host work beside the CPU experts of a
         whole-step graph once it read its staged rows (after an eager forward where no graphs
-        are), given the step's logits and greedy picks (None) to come, where this step's tokens
-        are decided and the next step may be launched (never beside a layered chunk). launched: this batch,
-        launched already."""
+        are) on the step's logits and greedy picks (or None) to come: this step's tokens
+        decided, the next launched (never beside a layered chunk). launched: this batch's."""
         layers = len(self.program.moe_layers)
         if isinstance(launched, EagerLaunch):
             logits, picks, _, on_cpu = self._run(launched.rows, False, None, before_experts,
