@@ -59,6 +59,25 @@ def _rows(events) -> list[tuple]:
              tuple(t for t, _ in e.top_logprobs)) for e in events]
 
 
+def _same_launched_ahead(off: LLM, on: LLM, cases) -> tuple[list, int]:
+    """Run `cases` on both engines: every client sees the same on `on` (its steps launched
+    ahead) as on `off`, nothing is left pending or holding pages -> (off's events, how many
+    steps `on` launched ahead)."""
+    want, _ = _run(off, cases)
+    launched = []
+    launch = on.engine.runner.launch
+    on.engine.runner.launch = lambda batch: launched.append(launch(batch)) or launched[-1]
+    try:
+        got, requests = _run(on, cases)
+    finally:
+        del on.engine.runner.launch
+    for w, g in zip(want, got, strict=True):
+        assert _rows(g) == _rows(w)
+    assert all(r.num_pending == 0 for r in requests)
+    assert on.worker.stats().kv_pages_used == 0
+    return want, sum(g is not None for g in launched)
+
+
 def _greedy_tokens(llm: LLM, ids: list[int], n: int) -> list[int]:
     p = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     return llm.generate(prompt_token_ids=[ids], sampling_params=p)[0].outputs[0].token_ids
@@ -173,20 +192,9 @@ def test_greedy_streams_ending_at_different_steps(engines):
         cases.append((ids, SamplingParams(temperature=0, max_tokens=6 + 3 * i, ignore_eos=True,
                                           logprobs=0 if i % 2 else None,
                                           stop_token_ids=(made[2 + i],) if i in (1, 4) else ())))
-    want, _ = _run(off, cases)
-    launched = []
-    launch = on.engine.runner.launch
-    on.engine.runner.launch = lambda batch: launched.append(launch(batch)) or launched[-1]
-    try:
-        got, requests = _run(on, cases)
-    finally:
-        del on.engine.runner.launch
-    for w, g in zip(want, got, strict=True):
-        assert _rows(g) == _rows(w)
+    want, launched = _same_launched_ahead(off, on, cases)
     assert {len(w) for w in want} != {len(want[0])}  # they did end at different steps
-    assert sum(g is not None for g in launched) > 10
-    assert all(r.num_pending == 0 for r in requests)
-    assert on.worker.stats().kv_pages_used == 0
+    assert launched > 10
 
 
 def test_cancelled_while_its_last_token_is_pending(engines):
@@ -258,19 +266,7 @@ def test_sampled_streams_are_launched_ahead_with_the_tokens_of_steps_read_back(e
                                              ignore_eos=True, presence_penalty=0.5,
                                              repetition_penalty=1.1)),
              (_prompt(53, 5), SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))]
-    want, _ = _run(off, cases)
-    launched = []
-    launch = on.engine.runner.launch
-    on.engine.runner.launch = lambda batch: launched.append(launch(batch)) or launched[-1]
-    try:
-        got, requests = _run(on, cases)
-    finally:
-        del on.engine.runner.launch
-    for w, g in zip(want, got, strict=True):
-        assert _rows(g) == _rows(w)
-    assert sum(g is not None for g in launched) >= 8
-    assert all(r.num_pending == 0 for r in requests)
-    assert on.worker.stats().kv_pages_used == 0
+    assert _same_launched_ahead(off, on, cases)[1] >= 8
 
 
 def test_a_sampled_draw_is_queued_without_waiting_for_the_device():
