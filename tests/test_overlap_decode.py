@@ -292,6 +292,11 @@ def test_a_sampled_draw_is_queued_without_waiting_for_the_device():
                   for p in params]
         return launch_samples(logits, rows, states, carry=carry, carry_rows=[4, 0, 2])
 
+    # a first draw behind a busy stream too: the pinned blocks its copies take stay in use
+    # until the stream reaches them, so this fills the host allocator's cache as the steps
+    # before fill it while serving (a new pinned block may wait for the device)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)
     want = [s.token_id for s in launch(torch.zeros(8, dtype=torch.int64, device=device))
             .result()]
     carry = torch.zeros(8, dtype=torch.int64, device=device)
