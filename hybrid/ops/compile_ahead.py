@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from hybrid.gguf.reader import GGUFModelFile
 from hybrid.model.spec import ModelSpec
-from hybrid.ops.experts import expert_tensors
+from hybrid.ops.experts_build import expert_tensors
 
 if TYPE_CHECKING:
     from cpu_kernels.runtime.precompile import BackgroundCompile, BackgroundPackers

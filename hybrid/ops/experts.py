@@ -11,47 +11,21 @@ then runs asynchronously, overlapping the gpu_experts.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
 
-from hybrid.errors import HybridError
 from hybrid.ops.context import BuildContext
-from hybrid.ops.device_experts import (
-    DeviceExperts,
-    expert_types,
-    gpu_kernels_cover,
-    torch_experts,
+from hybrid.ops.device_experts import DeviceExperts, gpu_kernels_cover, torch_experts
+from hybrid.ops.experts_build import (
+    check_deferral,
+    cpu_expert_weights,
+    cpu_kernels_cover,
+    held_experts,
 )
-
-if TYPE_CHECKING:
-    from hybrid.model.spec import ModelSpec
-
-log = logging.getLogger(__name__)
-
-
-def _quant_matrix(ctx: BuildContext, gguf_name: str, rows: slice | None = None):
-    from cpu_kernels.formats.weights import QuantMatrix
-
-    qt = ctx.gguf.tensor(gguf_name)
-    raw = qt.data.reshape(qt.shape[0], qt.shape[1], -1)  # [E, rows, row bytes or elements]
-    shape = qt.shape
-    if rows is not None:
-        raw = raw[:, rows]
-        shape = (shape[0], raw.shape[1], shape[2])
-    return QuantMatrix.from_raw(qt.qtype, shape, raw)
-
-
-def _cpu_kernels_cover(ctx: BuildContext, prefix: str) -> bool:
-    from cpu_kernels.formats.qtypes import is_supported
-
-    return all(is_supported(t) for t in expert_types(ctx, prefix))
-
 
 # The pairs a step must hand host-memory GPU experts on average for their copy over PCIe to
 # pay: fewer, and the copy's fixed cost and the spread of the experts one token picks leave
@@ -69,7 +43,7 @@ class ExpertsOp(nn.Module):
         gpu_ids = sorted(set(opts.get("gpu_experts") or []))
         layer = ctx.layer_index
         p = f"blk.{layer}."
-        if self.backend == "cpu" and not _cpu_kernels_cover(ctx, p):
+        if self.backend == "cpu" and not cpu_kernels_cover(ctx, p):
             # Types cpu_kernels has no kernel for (F32 experts, Q4_1/Q5_1, IQ types): same math
             # in torch on dequantized weights, so the plan still runs.
             self.backend = "torch"
@@ -82,23 +56,8 @@ class ExpertsOp(nn.Module):
         limit = getattr(ctx.module, "limit", None)
         self.swiglu_limit = math.inf if limit is None else float(limit)
         if self.backend == "cpu":
-            from cpu_kernels.formats.weights import ExpertWeights
-
-            if spec.fused_gate_up_experts:
-                fused, i = p + "ffn_gate_up_exps.weight", spec.moe_intermediate_size
-                gate, up = _quant_matrix(ctx, fused, slice(0, i)), _quant_matrix(ctx, fused, slice(i, 2 * i))
-            else:
-                gate, up = _quant_matrix(ctx, p + "ffn_gate_exps.weight"), _quant_matrix(ctx, p + "ffn_up_exps.weight")
-            down = _quant_matrix(ctx, p + "ffn_down_exps.weight")
-            self.cpu_weights = ExpertWeights(gate, up, down, swiglu_limit=self.swiglu_limit)
-            # the GGUF's tensors whole, as a long prompt's step may stream them to the GPU
-            # (engine/expert_stream.py): the fused layout stays one tensor there
-            self.stream_parts = ((_quant_matrix(ctx, fused),) if spec.fused_gate_up_experts
-                                 else (gate, up)) + (down,)
-            if self.mode == "fast":
-                # fast mode reads a load-time repack (<= 1.1x the GGUF bytes): build it now, not
-                # on the first forward
-                _pack(ctx, layer, self.cpu_weights)
+            self.cpu_weights, self.stream_parts = cpu_expert_weights(ctx, layer, self.mode,
+                                                                     self.swiglu_limit)
         elif gpu_kernels_cover(ctx, p, self.device):
             # every expert's blocks on the device, all tokens in grouped launches
             self.on_device = DeviceExperts(ctx, p, list(range(spec.num_experts)), self.device,
@@ -108,11 +67,11 @@ class ExpertsOp(nn.Module):
             self.down = ctx.weight("down_proj").get()  # [E, H, I]
         # expert deferral (cpu_kernels/runtime/deferral.py): run by the CPU experts' drivers
         self.defer_experts = int(opts.get("defer_experts", 0))
-        _check_deferral(ctx.path, self.defer_experts, self.top_k, self.backend)
+        check_deferral(ctx.path, self.defer_experts, self.top_k, self.backend)
         mask = torch.zeros(spec.num_experts, dtype=torch.bool)
         mask[gpu_ids] = True
         self.gpu_held = mask  # [E] bool: the experts held on the GPU (`gpu_experts`)
-        self.gpu_experts = _held_experts(ctx, p, gpu_ids, self.swiglu_limit)
+        self.gpu_experts = held_experts(ctx, p, gpu_ids, self.swiglu_limit)
         if self.gpu_experts is None:
             mask[:] = False
         # host-memory held experts: the fewest rows a step hands them (rows * K * held >=
@@ -249,75 +208,14 @@ class ExpertsOp(nn.Module):
         return lambda: res
 
 
-def _held_experts(ctx: BuildContext, prefix: str, ids: list[int], limit: float
-                  ) -> DeviceExperts | None:
-    """The rule's gpu_experts, or None: none listed, or their host memory could not be
-    page-locked (a warning; the CPU, which keeps every expert, computes them: a default rule
-    file's pcie_experts never stops a start)."""
-    if not ids:
-        return None
-    from gpu_kernels.expert_gather import HostMemoryUnavailable
-
-    try:
-        return DeviceExperts(ctx, prefix, ids, torch.device(ctx.options["gpu_device"]), limit,
-                             ctx.options["gpu_experts_memory"], ctx.expert_staging)
-    except HostMemoryUnavailable as e:
-        log.warning("%s: its gpu_experts in host memory need %s; the CPU computes every expert "
-                    "of the layer (lower pcie_experts, or set it to 0)", ctx.path, e)
-        return None
-
-
 def set_deferral(model: nn.Module, k: int) -> int:
     """Give every CPU ExpertsOp of `model` `defer_experts` k (what the rule option does; for
     A/B measurements within one process: the next step runs with it). -> layers set."""
     ops = [m for m in model.modules() if isinstance(m, ExpertsOp) and m.runs_on_host]
     for op in ops:
-        _check_deferral("set_deferral", k, op.top_k, op.backend)
+        check_deferral("set_deferral", k, op.top_k, op.backend)
         op.defer_experts = k
     return len(ops)
-
-
-def _check_deferral(path: str, k: int, top_k: int, backend: str) -> None:
-    """Raise unless `defer_experts` k fits the layer. With `gpu_experts` a row defers among its
-    CPU experts only: the held slots reach the host as -1, which split_deferred never defers."""
-    if k == 0:
-        return
-    if not 0 < k < top_k:
-        raise HybridError(f"{path}: defer_experts is {k}; it must be between 0 and "
-                          f"{top_k - 1} (the model routes {top_k} experts a token)")
-    if backend != "cpu":
-        raise HybridError(f"{path}: defer_experts needs the experts on the CPU kernels "
-                          f"(backend cpu; this layer's run in torch): drop defer_experts here")
-
-
-def _pack(ctx: BuildContext, layer: int, experts) -> None:
-    """Give `experts` its packed copy: the disk cache's memory map when there is one (made now
-    if missing), else packed in memory. Once the copy is in place the GGUF's expert pages are
-    released from the process (fast mode never reads them again; the page cache keeps them)."""
-    from cpu_kernels.fast.packed import PackedExperts
-    from cpu_kernels.runtime.placement import packs
-
-    if not packs(experts):
-        return  # types without a packed layout run on the blocks themselves
-    cache = ctx.packed_cache
-    found = cache.load(layer, experts) if cache is not None else None
-    if found is None:
-        if ctx.packers is not None:  # their compile started before the plan: read it from cache
-            ctx.packers.wait()
-        found = PackedExperts.of(experts)
-        if cache is not None:
-            found = cache.store(layer, found)
-    experts.use_packed(found)
-    for name in expert_tensors(ctx.spec, f"blk.{layer}."):
-        ctx.gguf.release(name)
-
-
-def expert_tensors(spec: ModelSpec, prefix: str) -> list[str]:
-    """A layer's routed-expert tensors (`prefix` "blk.L."): gate, up, down, or gate_up, down
-    in the fused layout."""
-    if spec.fused_gate_up_experts:
-        return [prefix + "ffn_gate_up_exps.weight", prefix + "ffn_down_exps.weight"]
-    return [prefix + f"ffn_{n}_exps.weight" for n in ("gate", "up", "down")]
 
 
 def use_cpu_pool(model: nn.Module, pool) -> int:
