@@ -6,7 +6,8 @@ backend "cpu": cpu_kernels on the GGUF's own blocks (memory-mapped, never dequan
 memory, or with `gpu_experts_memory: host` in page-locked host memory, the ones a step uses
 copied over PCIe) while the rest run on the CPU; the two partial sums are added.
 `use_cpu_pool` hands the CPU part to a cpu_kernels MoEPool (kernel threads, NUMA groups): it
-then runs asynchronously, overlapping the gpu_experts.
+then runs asynchronously, overlapping the gpu_experts. The parts made at load (the CPU
+kernels' weights, the held experts) come from experts_build.py.
 """
 
 from __future__ import annotations
