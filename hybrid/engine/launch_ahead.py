@@ -52,8 +52,13 @@ class Ahead:
         self.scheduler, self.runner, self.batch, self.schedule = scheduler, runner, batch, schedule
         self.sample = sample
         self.sampled: LaunchedOutputs | None = None
-        self.scheduled = False
         self.launched: LaunchedAhead | None = None
+
+    @property
+    def scheduled(self) -> bool:
+        """Whether the step's tokens were left pending and the next batch scheduled (Ahead
+        samples the step first, and then goes on to the end unless it raises)."""
+        return self.sampled is not None
 
     def __call__(self, logits: torch.Tensor, picks) -> None:
         """logits: the step's [B, V] (a graph's: written by the time the queued work runs)."""
@@ -66,7 +71,6 @@ class Ahead:
         for c in chunks:
             if not c.request.is_finished:  # a request retired since runs its row, dropped
                 c.request.num_pending = 1
-        self.scheduled = True
         nxt = self.schedule()
         if not nxt.chunks or not all(c.request.num_pending for c in nxt.chunks):
             return
