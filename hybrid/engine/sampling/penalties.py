@@ -47,7 +47,9 @@ class PenaltyState:
     def __init__(self, prompt_ids: Sequence[int], vocab: int, device: torch.device) -> None:
         self.seen = torch.zeros(vocab, dtype=torch.bool, device=device)  # [V]
         if len(prompt_ids):
-            self.seen[on_device(list(prompt_ids), device)] = True
+            # index_fill_, not `seen[ids] = True`: setting a CUDA tensor's items to a Python
+            # scalar copies the scalar from the host and waits for the stream to get there
+            self.seen.index_fill_(0, on_device(list(prompt_ids), device), True)
         self.counts = torch.zeros(vocab, dtype=torch.float32, device=device)  # [V]
         self.applied = 0  # output tokens already in seen and counts
 
@@ -55,7 +57,7 @@ class PenaltyState:
         """Take in the output tokens since the last sync (usually one); -> self."""
         if len(output_ids) > self.applied:
             new = on_device(list(output_ids[self.applied:]), self.seen.device)  # [N]
-            self.seen[new] = True
+            self.seen.index_fill_(0, new, True)
             # scatter_add_ (atomic adds of ones: exact in any order), not bincount, whose
             # size is read back from a GPU, nor an accumulating index_put_, which sorts
             self.counts.scatter_add_(0, new, torch.ones(new.shape, device=new.device))
