@@ -30,7 +30,7 @@ import triton.language as tl
 
 from gpu_kernels import qtypes as qt
 from gpu_kernels.dequant_ref import dequantize
-from gpu_kernels.device_function import INTERPRETED, device_function
+from gpu_kernels.device_function import INTERPRETED, device_function, interpreter_rows
 from gpu_kernels.qdot import chunks_per_step
 from gpu_kernels.qformat import GpuQuant
 
@@ -241,6 +241,7 @@ def qmatmul_i8(xq: XQ, w: GpuQuant, out_rows: int | None = None, row0: int = 0,
     k = w.cols
     m, n, y, y3 = product_output(xq, w, out_rows, row0, groups, out)
     bn, nc, warps = tiles or (LONG_TILES if (k // 64) % 16 == 0 else SHORT_TILES)
+    bn = bn if tiles is not None else interpreter_rows(bn)
     nc = chunks_per_step(qt.Q4_K, k, nc)
     bm = max(1, triton.next_power_of_2(m))
     qs, sc, mn, d, dmin = w.planes

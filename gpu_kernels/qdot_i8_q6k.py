@@ -24,7 +24,7 @@ import triton.language as tl
 
 from gpu_kernels import qtypes as qt
 from gpu_kernels.dequant_ref import dequantize
-from gpu_kernels.device_function import device_function
+from gpu_kernels.device_function import device_function, interpreter_rows
 from gpu_kernels.qdot import chunks_per_step
 from gpu_kernels.qdot_i8 import _ASM, XQ, dequantize_x, product_output
 from gpu_kernels.qformat import GpuQuant
@@ -128,6 +128,7 @@ def qmatmul_i8_q6k(xq: XQ, w: GpuQuant, out_rows: int | None = None, row0: int =
     k = w.cols
     m, n, y, y3 = product_output(xq, w, out_rows, row0, groups, out)
     bn, nc, warps = tiles or Q6K_TILES
+    bn = bn if tiles is not None else interpreter_rows(bn)
     nc = chunks_per_step(qt.Q6_K, k, nc)
     bm = max(1, triton.next_power_of_2(m))
     ql, qh, sc, d = w.planes

@@ -30,6 +30,7 @@ from gpu_kernels import qtypes as qt
 from gpu_kernels.dequant_ref import dequantize
 from gpu_kernels.dequant_rows import SCRATCH_MIN_TOKENS, scratch_matmul
 from gpu_kernels.dequant_tile import dequant_tile, plane_args
+from gpu_kernels.device_function import interpreter_rows
 from gpu_kernels.qdot import CHUNK, PART, chunks_per_step, qdot_step
 from gpu_kernels.qdot_i8 import XQ, qmatmul_i8, quantize_x
 from gpu_kernels.qdot_i8_q6k import qmatmul_i8_q6k
@@ -154,6 +155,7 @@ def qmatmul(x: torch.Tensor, w: GpuQuant, out_rows: int | None = None, row0: int
         INT_PRODUCTS[w.qtype](xq, w, n_rows, row0, gstride, g, out=y3)
         return y
     bn, step, warps, stages = _product_tiles(w.qtype, bm, dot, tiles, w.cols)
+    bn = bn if tiles is not None else interpreter_rows(bn)
     nc = chunks_per_step(w.qtype, w.cols, max(1, step // CHUNK[w.qtype]))
     grid = (triton.cdiv(n_rows, bn), triton.cdiv(m, bm), g)
     _qmm_kernel[grid](x3, y3, *plane_args(w.planes), m, n_rows, w.cols, row0, gstride,
