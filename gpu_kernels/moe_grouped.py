@@ -29,6 +29,7 @@ import triton.language as tl
 
 from gpu_kernels.dequant_ref import dequantize
 from gpu_kernels.dequant_tile import plane_args
+from gpu_kernels.device_function import interpreter_rows
 from gpu_kernels.fused import silu_mul
 from gpu_kernels.qdot import CHUNK, PART, chunks_per_step, qdot_step
 from gpu_kernels.qformat import GpuQuant
@@ -128,6 +129,7 @@ def grouped_matmul(x: torch.Tensor, w: GpuQuant, rows: int, slots: torch.Tensor,
     dot = bm > 8
     bn, step, warps, stages = _product_tiles(w.qtype, bm, dot,
                                              tiles or (DOT_TILES if dot else None), w.cols)
+    bn = bn if tiles is not None else interpreter_rows(bn)
     nc = chunks_per_step(w.qtype, w.cols, max(1, step // CHUNK[w.qtype]))
     grid = (triton.cdiv(rows, bn), block_expert.shape[0])
     _grouped_kernel[grid](x, out, slots, block_expert, *plane_args(w.planes), rows, w.cols,
