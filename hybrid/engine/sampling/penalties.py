@@ -26,8 +26,9 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt_ids: Se
     out_ids = torch.as_tensor(output_ids, dtype=torch.long).reshape(-1).to(logits.device)  # [O]
     if params.repetition_penalty != 1.0:
         seen = torch.zeros(vocab, dtype=torch.bool, device=logits.device)  # [V]: prompt or output
-        seen[torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1).to(logits.device)] = True
-        seen[out_ids] = True
+        seen.index_fill_(0, torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1)
+                         .to(logits.device), True)
+        seen.index_fill_(0, out_ids, True)
         rp = params.repetition_penalty
         penalized = torch.where(logits > 0, logits / rp, logits * rp)
         logits = torch.where(seen, penalized, logits)
