@@ -116,3 +116,23 @@ def test_a_schema_without_additional_properties_takes_no_invented_key(llm: LLM) 
     assert takes('{"zone": "a"}', lenient=False)
     assert not takes('{"zone": "a", "extra": 1}', lenient=False)
     assert takes('{"zone": "a", "extra": 1}', lenient=True)
+
+
+@pytest.mark.parametrize("vocab", [1, 31, 32, 33, 100, 1000])
+def test_apply_bitmask_keeps_the_tokens_whose_bits_are_set(vocab: int) -> None:
+    """Token t of a row is kept iff bit t % 32 of word t // 32 is set (llguidance's layout),
+    every bit of a word, the sign bit and a last partial word included."""
+    import torch
+
+    from hybrid.engine.sampling.grammar import apply_bitmask
+
+    g = torch.Generator().manual_seed(vocab)
+    bits = torch.randint(-2**31, 2**31 - 1, (3, (vocab + 31) // 32), dtype=torch.int32,
+                         generator=g)
+    bits[0] = -1  # every token kept
+    logits = torch.randn(3, vocab, generator=g)
+    got = logits.clone()
+    apply_bitmask(got, bits)
+    want = [[logits[r, t].item() if (int(bits[r, t // 32]) >> (t % 32)) & 1 else float("-inf")
+             for t in range(vocab)] for r in range(3)]
+    assert got.tolist() == want

@@ -29,6 +29,17 @@ def engines(models) -> dict[str, LLM]:
         for name, mode in (("off", "off"), ("on", overlap))}
 
 
+@pytest.fixture(scope="module")
+def grammar_engines(models) -> dict[str, LLM]:
+    """`engines` on the DeepSeek vocabulary (a grammar needs the real tokenizer's tokens)."""
+    path = str(models.path("tiny-v3", "q4_k_m", vocab="deepseek"))
+    cuda = torch.cuda.is_available()
+    rules, overlap = ("DeepSeek-V3", "auto") if cuda else ("cpu.yaml", "on")
+    return {name: LLM(path, rules, engine_config=EngineConfig(
+        **CONFIG, overlap_decode=mode, **({"decode_graph": "step"} if cuda else {})))
+        for name, mode in (("off", "off"), ("on", overlap))}
+
+
 def _prompt(i: int, n: int) -> list[int]:
     return [(11 * i + 7 * j) % 600 + 5 for j in range(n)]
 
@@ -59,14 +70,21 @@ def _rows(events) -> list[tuple]:
              tuple(t for t, _ in e.top_logprobs)) for e in events]
 
 
-def _same_launched_ahead(off: LLM, on: LLM, cases) -> tuple[list, int]:
+def _same_launched_ahead(off: LLM, on: LLM, cases, batches: list | None = None
+                         ) -> tuple[list, int]:
     """Run `cases` on both engines: every client sees the same on `on` (its steps launched
     ahead) as on `off`, nothing is left pending or holding pages -> (off's events, how many
-    steps `on` launched ahead)."""
+    steps `on` launched ahead). batches: gets each batch launched ahead."""
     want, _ = _run(off, cases)
     launched = []
-    launch = on.engine.runner.launch
-    on.engine.runner.launch = lambda batch: launched.append(launch(batch)) or launched[-1]
+
+    def launch(batch, launch=on.engine.runner.launch):
+        launched.append(launch(batch))
+        if launched[-1] is not None and batches is not None:
+            batches.append(batch)
+        return launched[-1]
+
+    on.engine.runner.launch = launch
     try:
         got, requests = _run(on, cases)
     finally:
@@ -267,6 +285,60 @@ def test_sampled_streams_are_launched_ahead_with_the_tokens_of_steps_read_back(e
                                              repetition_penalty=1.1)),
              (_prompt(53, 5), SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))]
     assert _same_launched_ahead(off, on, cases)[1] >= 8
+
+
+def test_grammar_streams_are_launched_ahead_with_the_tokens_of_steps_read_back(grammar_engines):
+    """Requests under a grammar (a seeded sampled schema, a greedy JSON object) beside a free
+    sampled one run launched ahead: each step's mask is built from the matcher that took the
+    step before's token while the step ran up to its first MoE layer, queued with the draw, and
+    every stream gets the tokens of steps read back one by one; the finished ones parse."""
+    import json
+
+    from hybrid.engine.sampling.grammar import json_grammar
+
+    schema = {"type": "object", "properties": {
+        "n": {"type": "integer", "minimum": 0, "maximum": 99},
+        "tag": {"enum": ["a", "bb", "ccc"]}}, "required": ["n", "tag"],
+        "additionalProperties": False}
+    off, on = grammar_engines["off"], grammar_engines["on"]
+    cases = [(_prompt(60, 6), SamplingParams(temperature=0.9, seed=7, max_tokens=40,
+                                             grammar=json_grammar(schema), logprobs=1)),
+             (_prompt(61, 3), SamplingParams(temperature=0, max_tokens=24,
+                                             grammar=json_grammar(None))),
+             (_prompt(62, 8), SamplingParams(temperature=0.7, top_p=0.9, seed=2, max_tokens=14,
+                                             ignore_eos=True))]
+    batches: list = []
+    want, _ = _same_launched_ahead(off, on, cases, batches)
+    assert sum(any(c.request.params.grammar for c in b.chunks) for b in batches) >= 8
+    text = "".join(e.text for e in want[0])
+    assert want[0][-1].finish_reason == "stop" and set(json.loads(text)) == {"n", "tag"}
+
+
+def test_a_grammar_mask_is_queued_without_waiting_for_the_device(grammar_engines):
+    """Masking a step's rows by their grammars (some rows free) returns while the stream is
+    still busy, and masks as on an idle device."""
+    from hybrid.engine.sampling.grammar import GrammarVocab, json_grammar, mask_logits
+
+    if not torch.cuda.is_available():
+        pytest.skip("a busy stream needs CUDA")
+    outputs = grammar_engines["on"].engine.outputs
+    tok = outputs.tokenizer
+    vocab = GrammarVocab(tok.hf_json(), outputs.vocab_size, tok.eos_token_id)
+    matchers = [vocab.matcher(json_grammar(None)), None, vocab.matcher(json_grammar(None))]
+    logits = torch.randn(3, outputs.vocab_size, device="cuda")
+    want = logits.clone()
+    mask_logits(want, matchers)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)  # the pinned blocks taken behind a busy stream, as serving
+    mask_logits(logits.clone(), matchers)
+    got = logits.clone()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)  # a queued step that does not end on its own soon
+    mask_logits(got, matchers)
+    assert not torch.cuda.current_stream().query()  # returned while the stream was busy
+    torch.cuda.synchronize()
+    assert torch.equal(got, want) and torch.equal(got[1], logits[1])
+    assert bool(torch.isinf(got[0]).any()) and bool(torch.isinf(got[2]).any())
 
 
 def test_a_sampled_draw_is_queued_without_waiting_for_the_device():

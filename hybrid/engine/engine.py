@@ -7,15 +7,15 @@ single-threaded: the `EngineWorker` wraps it with a lock and a thread for servin
 `execute()` and `retire()` lets the worker hold its lock only while the queues change, never
 during a forward.
 
-Overlapped decode (`overlap_decode`): while every running request decodes without a grammar, the
-next step is scheduled and launched beside this step's CPU experts (launch_ahead.py, on the
+Overlapped decode (`overlap_decode`): while every running request decodes, the next step is scheduled and launched beside this step's CPU experts (launch_ahead.py, on the
 whole-step graph's beside thread), its inputs this step's tokens as they are decided on the device
 (the graph's greedy picks, or the draw queued after it, into the runner's carried ids). This
 step's tokens stay pending (`_pending`) and are read back, detokenized and checked for stops by
-the next call, while its step runs up to its first MoE layer. `execute` returns the outputs known
+the next call, while its step runs up to its first MoE layer (a grammar's matcher takes the
+token there, before the step launched ahead masks its row). `execute` returns the outputs known
 by its end: the step before's where one was pending, else its own. A request that stopped at the
-pending step has its next row computed and dropped. Any other step (a prompt, a constrained
-request, a request waiting) reads its tokens back at once.
+pending step has its next row computed and dropped. Any other step (a prompt, a request
+waiting) reads its tokens back at once.
 Invariant: from launching a step ahead until its CPU experts are driven, this thread never waits
 for the device (no synchronizing copy or read on its stream): the launched step waits for it.
 """
@@ -204,14 +204,14 @@ class Engine:
 
     def _may_launch_ahead(self, batch: ScheduledBatch) -> bool:
         """Whether the next step may be scheduled and launched while this one's CPU experts
-        run: this one is a decode of requests past their first token whose tokens the device
-        decides without waiting for it (no grammar), into the carried ids the next reads."""
+        run: this one is a decode of requests past their first token, whose tokens the device
+        decides into the carried ids the next reads."""
         chunks = batch.chunks
         live = [c.request for c in chunks if not c.request.is_finished]
         return (self.overlap and self.runner.launches_ahead and bool(live)
                 and self.runner.job is None
                 and all(len(c.token_ids) == 1 and not c.request.is_prefilling for c in chunks)
-                and all(r.num_output_tokens for r in live) and self.outputs.decided_on_device(live))
+                and all(r.num_output_tokens for r in live))
 
     def _read_back(self) -> list[StepOutput]:
         """The pending step's tokens (for its requests not finished since), if there is one."""

@@ -93,11 +93,6 @@ class RequestOutputs:
         request has a grammar) -> each request's StepOutput, in order."""
         return self.finish(self.launch(logits, requests))
 
-    def decided_on_device(self, requests: list[Request]) -> bool:
-        """Whether `launch` decides every request's next token without waiting for the device
-        (none has a grammar: its mask reaches the device by a copy that waits for it)."""
-        return all(self.state(r).matcher is None for r in requests)
-
     def launch(self, logits: torch.Tensor, requests: list[Request],
                carry: torch.Tensor | None = None, picked=None, rows: list[int] | None = None
                ) -> LaunchedOutputs:

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from hybrid.engine.device_values import on_device
 from hybrid.errors import RequestRejected
 
 # llguidance is imported where a grammar is first used: an engine that never sees one (and a
@@ -119,23 +120,37 @@ class Matcher:
 
 def mask_logits(logits: torch.Tensor, matchers: list[Matcher | None]) -> None:
     """Set to -inf, in place, every logit row i's tokens that matchers[i] forbids (None: no
-    grammar). logits: [R, V] on any device; the bitmask is built on the CPU and moved once."""
+    grammar). logits: [R, V] on any device; the bitmask is built on the CPU (page-locked where
+    CUDA is) and queued to the device with the row index: nothing here waits for the device,
+    so a step launched ahead may decide a grammar's token too (launch_ahead.py's invariant)."""
     rows = [i for i, m in enumerate(matchers) if m is not None]
     if not rows:
         return
     import llguidance.torch as llg_torch
 
-    vocab = logits.shape[1]
-    bitmask = llg_torch.allocate_token_bitmask(len(rows), vocab)
+    bitmask = llg_torch.allocate_token_bitmask(len(rows), logits.shape[1])  # [G, W] int32
     for j, i in enumerate(rows):
         llg_torch.fill_next_token_bitmask(matchers[i]._m, bitmask, j)
+    # from page-locked memory a copy is queued; the host allocator keeps the block until the
+    # stream has read it
+    bits = bitmask.to(logits.device, non_blocking=bitmask.is_pinned())
     with torch.inference_mode():  # the logits are the forward's inference tensor
         if len(rows) == logits.shape[0]:  # every row constrained: no gather, no scatter
-            llg_torch.apply_token_bitmask_inplace(logits, bitmask.to(logits.device))
+            apply_bitmask(logits, bits)
             return
-        sub = logits[rows]  # [G, V]
-        llg_torch.apply_token_bitmask_inplace(sub, bitmask.to(logits.device))
-        logits[rows] = sub
+        at = on_device(rows, logits.device)  # [G]
+        sub = logits.index_select(0, at)  # [G, V]
+        apply_bitmask(sub, bits)
+        logits.index_copy_(0, at, sub)
+
+
+def apply_bitmask(logits: torch.Tensor, bits: torch.Tensor) -> None:
+    """logits [G, V] float, in place: token t of row g is kept iff bit t % 32 of bits[g, t // 32]
+    is set (llguidance's layout; bits [G, ceil(V / 32)] int32 on logits' device). Plain torch
+    launches: llguidance's own apply is torch.compile'd, which compiles at a first grammar."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bits.device)  # [32]
+    kept = ((bits[:, :, None] >> shifts) & 1).flatten(1)[:, :logits.shape[1]]  # [G, V]
+    logits.masked_fill_(kept == 0, float("-inf"))
 
 
 def schema_of(response_format: dict[str, Any]) -> dict[str, Any] | None:
