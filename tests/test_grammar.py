@@ -136,3 +136,24 @@ def test_apply_bitmask_keeps_the_tokens_whose_bits_are_set(vocab: int) -> None:
     want = [[logits[r, t].item() if (int(bits[r, t // 32]) >> (t % 32)) & 1 else float("-inf")
              for t in range(vocab)] for r in range(3)]
     assert got.tolist() == want
+
+
+def test_a_matcher_made_on_one_thread_masks_on_another(llm: LLM) -> None:
+    """On a GPU a step launched ahead masks its grammar rows on the whole-step graph's beside
+    thread, after the engine's thread made the matcher and fed it the step before's token."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    from hybrid.engine.sampling.grammar import GrammarVocab, mask_logits
+
+    tok = llm.tokenizer
+    vocab = GrammarVocab(tok.hf_json(), llm.loaded.spec.vocab_size, tok.eos_token_id)
+    m = vocab.matcher(json_grammar(None))
+    assert all(m.accept(t) for t in tok.encode("{", add_bos=False))
+    logits = torch.zeros(1, llm.loaded.spec.vocab_size)
+    with ThreadPoolExecutor(1) as beside:
+        beside.submit(mask_logits, logits, [m]).result()
+    kept = torch.isfinite(logits[0]).nonzero().flatten().tolist()
+    assert 0 < len(kept) < logits.shape[1]
+    assert m.accept(kept[0])  # the engine's thread goes on with a token the mask kept
