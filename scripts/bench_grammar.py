@@ -25,7 +25,7 @@ from bench_e2e import build_model, rules_with_mode
 
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.llm import LLM
-from hybrid.engine.sampling.grammar import json_grammar, mask_logits
+from hybrid.engine.sampling.grammar import GrammarVocab, json_grammar, mask_logits
 from hybrid.tuning.measure import step_ms
 
 SCHEMA = {"type": "object", "properties": {"notes": {"type": "array", "items": {"type": "string"}}},
@@ -40,6 +40,9 @@ def main() -> int:
                     help="the CPU experts' mode (the rule file's when left out)")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--overlap-decode", choices=["auto", "on", "off"],
+                    default=EngineConfig.overlap_decode,
+                    help="the engine's overlap_decode (its default: as served)")
     args = ap.parse_args()
     path = args.gguf_path or build_model("tiny-v3", Path(tempfile.mkdtemp()))
     rules = args.optimize_rules
@@ -48,13 +51,15 @@ def main() -> int:
             ap.error("--mode rewrites a rule file: name it with --optimize-rules")
         rules = rules_with_mode(rules, args.mode)
     llm = LLM(str(path), rules,
-              engine_config=EngineConfig(max_batch_size=args.batch, prefix_cache=False))
+              engine_config=EngineConfig(max_batch_size=args.batch, prefix_cache=False,
+                                         overlap_decode=args.overlap_decode))
     grammar = json_grammar(SCHEMA)
     free = step_ms(llm, args.batch, args.steps)
     constrained = step_ms(llm, args.batch, args.steps, grammar)
     # the masks alone: a batch of matchers mid-string, over the model's vocabulary
-    engine = llm.engine
-    matchers = [engine._matcher(grammar) for _ in range(args.batch)]
+    tok = llm.tokenizer
+    vocab = GrammarVocab(tok.hf_json(), llm.loaded.spec.vocab_size, tok.eos_token_id)
+    matchers = [vocab.matcher(grammar) for _ in range(args.batch)]
     for m in matchers:
         for t in llm.tokenizer.encode('{"notes": ["', add_bos=False):
             m.accept(t)
@@ -65,6 +70,7 @@ def main() -> int:
         mask_logits(logits, matchers)
         times.append(time.perf_counter() - t)
     mask = sorted(times)[len(times) // 2] * 1e3
+    print(f"overlap_decode={args.overlap_decode}")
     print(f"| batch {args.batch} | decode step ms | with grammars ms | overhead | masks alone ms |")
     print("|---|---|---|---|---|")
     print(f"| {llm.loaded.spec.vocab_size} tokens | {free:.2f} | {constrained:.2f} | "
