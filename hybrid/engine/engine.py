@@ -7,9 +7,10 @@ single-threaded: the `EngineWorker` wraps it with a lock and a thread for servin
 `execute()` and `retire()` lets the worker hold its lock only while the queues change, never
 during a forward.
 
-Overlapped decode (`overlap_decode`): while every running request decodes, the next step is scheduled and launched beside this step's CPU experts (launch_ahead.py, on the
-whole-step graph's beside thread), its inputs this step's tokens as they are decided on the device
-(the graph's greedy picks, or the draw queued after it, into the runner's carried ids). This
+Overlapped decode (`overlap_decode`): while every running request decodes, the next step is
+scheduled and launched beside this step's CPU experts (launch_ahead.py, on the whole-step
+graph's beside thread), its inputs this step's tokens as they are decided on the device (the
+graph's greedy picks, or the draw queued after it, into the runner's carried ids). This
 step's tokens stay pending (`_pending`) and are read back, detokenized and checked for stops by
 the next call, while its step runs up to its first MoE layer (a grammar's matcher takes the
 token there, before the step launched ahead masks its row). `execute` returns the outputs known

@@ -4,11 +4,10 @@ While every running request decodes, `Ahead` runs on the whole-step graph's besi
 the step's graph read its staged rows (and the engine's thread read the step before's tokens
 back, its grammars' matchers taking them): it decides the step's tokens on the device (a greedy
 step's graph picked them; other rows are masked by their grammar and sampled, queued after the
-graph), each
-into its row of the runner's carried ids, completes the step's chunks, counts their tokens
-pending, schedules the next batch (its decodes' inputs `PENDING`) and launches it, each pending
-input naming its carried row (`with_carried`: -(row + 1)). The engine drives that launched step
-in its next call, after reading this step's tokens back.
+graph), each into its row of the runner's carried ids, completes the step's chunks, counts
+their tokens pending, schedules the next batch (its decodes' inputs `PENDING`) and launches it,
+each pending input naming its carried row (`with_carried`: -(row + 1)). The engine drives that
+launched step in its next call, after reading this step's tokens back.
 
 Invariant: from the launch until its CPU experts are driven, the thread that drives them never
 waits for the device (`live_rows` queues its index, the sampler its settings and a grammar's
