@@ -1,7 +1,8 @@
 """Overlapped decode (engine.py): a step launched before the step before's tokens are read back
 gives every request exactly the tokens, log-probabilities, text and finish reasons of steps
 read back one by one, whatever ends a request (EOS or a stop token, a stop string, max_tokens,
-a cancel) and whatever it samples with (seeds, penalties, forced tokens, top log-probabilities).
+a cancel) and whatever it samples with (seeds, penalties, forced tokens, top log-probabilities,
+a grammar).
 The CPU engine runs it eagerly with `overlap_decode="on"`; on a GPU machine the bundled rules
 run it as served, on CUDA graphs (`"auto"`), greedy rows picked inside the graph."""
 
