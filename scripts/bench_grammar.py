@@ -25,7 +25,7 @@ from bench_e2e import build_model, rules_with_mode
 
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.llm import LLM
-from hybrid.engine.sampling.grammar import GrammarVocab, json_grammar, mask_logits
+from hybrid.engine.sampling.grammar import json_grammar, mask_logits
 from hybrid.tuning.measure import step_ms
 
 SCHEMA = {"type": "object", "properties": {"notes": {"type": "array", "items": {"type": "string"}}},
@@ -57,9 +57,7 @@ def main() -> int:
     free = step_ms(llm, args.batch, args.steps)
     constrained = step_ms(llm, args.batch, args.steps, grammar)
     # the masks alone: a batch of matchers mid-string, over the model's vocabulary
-    tok = llm.tokenizer
-    vocab = GrammarVocab(tok.hf_json(), llm.loaded.spec.vocab_size, tok.eos_token_id)
-    matchers = [vocab.matcher(grammar) for _ in range(args.batch)]
+    matchers = [llm.engine.outputs.grammar_vocab.matcher(grammar) for _ in range(args.batch)]
     for m in matchers:
         for t in llm.tokenizer.encode('{"notes": ["', add_bos=False):
             m.accept(t)

@@ -103,10 +103,8 @@ def test_objects_are_closed_unless_the_schema_opens_them() -> None:
 
 def test_a_schema_without_additional_properties_takes_no_invented_key(llm: LLM) -> None:
     """The grammar accepts the listed key and refuses another, unless lenient."""
-    from hybrid.engine.sampling.grammar import GrammarVocab
-
     tok = llm.tokenizer
-    vocab = GrammarVocab(tok.hf_json(), llm.loaded.spec.vocab_size, tok.eos_token_id)
+    vocab = llm.engine.outputs.grammar_vocab
     schema = {"type": "object", "properties": {"zone": {"type": "string"}}}
 
     def takes(text: str, lenient: bool) -> bool:
@@ -145,11 +143,10 @@ def test_a_matcher_made_on_one_thread_masks_on_another(llm: LLM) -> None:
 
     import torch
 
-    from hybrid.engine.sampling.grammar import GrammarVocab, mask_logits
+    from hybrid.engine.sampling.grammar import mask_logits
 
     tok = llm.tokenizer
-    vocab = GrammarVocab(tok.hf_json(), llm.loaded.spec.vocab_size, tok.eos_token_id)
-    m = vocab.matcher(json_grammar(None))
+    m = llm.engine.outputs.grammar_vocab.matcher(json_grammar(None))
     assert all(m.accept(t) for t in tok.encode("{", add_bos=False))
     logits = torch.zeros(1, llm.loaded.spec.vocab_size)
     with ThreadPoolExecutor(1) as beside:

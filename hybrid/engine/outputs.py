@@ -156,13 +156,16 @@ class RequestOutputs:
             return StepOutput(r, _own_failure(e, r, f"its token {pick.token_id}"),
                               RequestStatus.FINISHED_FAILED)
 
-    def _matcher(self, grammar: str | None) -> Matcher | None:
-        if grammar is None:
-            return None
+    @property
+    def grammar_vocab(self) -> GrammarVocab:
+        """The tokenizer as the grammars see it, built at the first use and kept."""
         if self._grammar_vocab is None:
             t = self.tokenizer
             self._grammar_vocab = GrammarVocab(t.hf_json(), self.vocab_size, t.eos_token_id)
-        return self._grammar_vocab.matcher(grammar)
+        return self._grammar_vocab
+
+    def _matcher(self, grammar: str | None) -> Matcher | None:
+        return None if grammar is None else self.grammar_vocab.matcher(grammar)
 
     def _next_token(self, r: Request, state: OutputState, s: Sampled) -> StepOutput:
         p = r.params
