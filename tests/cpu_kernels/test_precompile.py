@@ -96,7 +96,9 @@ def test_a_failed_background_compile_is_logged_and_start_up_goes_on(caplog) -> N
     with caplog.at_level("WARNING", logger="hybrid.engine"):
         wait()
     assert said == ["waiting for the CPU experts' kernels compiling in the background"]
-    assert "background compile" in caplog.text and "exited [1]" in caplog.text
+    # a process a token count: one, or two where this CPU runs prompt steps on AMX
+    exited = f"exited {[1] * len(job.procs)}"
+    assert "background compile" in caplog.text and exited in caplog.text
     wait()
     assert len(said) == 1
 
