@@ -9,7 +9,8 @@ DeepSeek vocabulary). Rows:
   per step, the time the CPU experts took and the rest (the GPU's share);
 - prefill tok/s of one prompt of 128, 512, 2048 tokens (time to its first token), as
   `--prefill-experts` chooses (default auto: streamed to the GPU or on the CPU per layer, by the
-  cost model measured at start-up) and again with the CPU experts only;
+  cost model measured at start-up) and again with the CPU experts only; medians of
+  `--prefill-rounds` runs, the first (cold) shown apart;
 - `--itl-prompt N`: a running stream's inter-token latency while a prompt of N tokens
   prefills, against its idle value, and the time each step spent in Python's cyclic collector
   (`--gc both` times the row before and after freezing start-up's heap, as `hybrid serve` does;
@@ -33,6 +34,7 @@ import argparse
 import gc
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -171,6 +173,18 @@ def prefill(llm: LLM, n: int) -> dict:
     return {"tokens": n, "tok_s": n / dt, "ttft_s": dt}
 
 
+def prefill_rows(llm: LLM, prompts: list[int], rounds: int) -> list[dict]:
+    """prefill() of each length `rounds` times: the median, and the first run apart (the first
+    prompt after start-up runs cold; llama-bench warms up before its rows)."""
+    rows = []
+    for n in prompts:
+        runs = [prefill(llm, n) for _ in range(rounds)]
+        ttft = statistics.median(r["ttft_s"] for r in runs)
+        rows.append({"tokens": n, "tok_s": n / ttft, "ttft_s": ttft,
+                     "first_ttft_s": runs[0]["ttft_s"], "rounds": [r["ttft_s"] for r in runs]})
+    return rows
+
+
 IDLE_GAPS = 128
 
 
@@ -291,6 +305,8 @@ def main() -> int:
                     help="CUDA graphs of the decode rows (the other kind is timed at 1 stream)")
     ap.add_argument("--streams", default="1,4,8,16")
     ap.add_argument("--prefill", default="128,512,2048")
+    ap.add_argument("--prefill-rounds", type=int, default=3,
+                    help="runs of each prefill row (the median; the first run shown apart)")
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--decode-context", default="",
                     help="also decode one stream after prompts of these lengths (comma list)")
@@ -350,7 +366,7 @@ def main() -> int:
         "stream_ms": costs.stream_ms if costs else None, "cpu_ms": costs.cpu_ms if costs else None}
     print("streamed experts:", result["stream"], flush=True)
     compiled = _variants()
-    result["prefill"] = [prefill(llm, n) for n in prompts]
+    result["prefill"] = prefill_rows(llm, prompts, args.prefill_rounds)
     if args.itl_prompt and args.gc == "both":
         result["itl_unfrozen"] = [itl_during_prefill(llm, args.itl_prompt)
                                   for _ in range(2)]
@@ -361,7 +377,7 @@ def main() -> int:
             result["itl_frozen"] = [itl_during_prefill(llm, args.itl_prompt)]
     if runner.stream is not None and args.prefill_experts != "cpu":
         placement, runner.placement = runner.placement, ExpertPlacement("cpu", ())
-        result["prefill_cpu"] = [prefill(llm, n) for n in prompts]
+        result["prefill_cpu"] = prefill_rows(llm, prompts, args.prefill_rounds)
         if args.itl_prompt:
             result["itl_cpu"] = itl_during_prefill(llm, args.itl_prompt)
         runner.placement = placement
@@ -448,7 +464,8 @@ def print_table(r: dict) -> None:
     cpu_rows = {p["tokens"]: p for p in r.get("prefill_cpu", [])}
     for p in r["prefill"]:
         peer = llama.get(f"pp{p['tokens']}")
-        print(f"| prefill {p['tokens']} (TTFT {p['ttft_s']:.2f} s) | {p['tok_s']:.0f} | "
+        print(f"| prefill {p['tokens']} (TTFT {p['ttft_s']:.2f} s, first {p['first_ttft_s']:.2f}) "
+              f"| {p['tok_s']:.0f} | "
               f"{_f(peer)} | {_ratio(p['tok_s'], peer)} | | | | |")
         if p["tokens"] in cpu_rows:
             c = cpu_rows[p["tokens"]]
