@@ -2,7 +2,7 @@
 it with its defaults (the loop `hybrid serve` runs on its main thread, without HTTP).
 
     python scripts/probe_decode_host.py [--gguf-path P] [--optimize-rules R] [--gen-len 256]
-        [--set NAME=VALUE] [--json FILE]
+        [--set NAME=VALUE] [--defer K,..] [--json FILE]
 
 One greedy request (or, given --temperature and --top-p, a seeded sampled one) decodes
 --gen-len tokens; every step after the first few is stamped on the CPU's time-stamp counter
@@ -24,6 +24,8 @@ phases below add up to the step:
 - period: from one step's start to the next one's (the rate a stream sees). Where the engine
   schedules and launches a step during the one before (greedy decodes on a whole-step graph),
   its schedule and load phases happen there: such steps have a period only.
+`--defer K,..` runs the request once a k in the same engine (defer_experts k on every CPU experts
+layer): a deferred pass runs after its layer's done flag, so it shows in the layer's wait.
 Without a whole-step graph (a CPU run, or `decode_graph: layers`) the driver's rows are absent
 and the replay phase holds them. Prints medians in microseconds; --json writes every step.
 """
@@ -44,6 +46,7 @@ from hybrid.engine.config import EngineConfig
 from hybrid.engine.llm import LLM
 from hybrid.engine.sampling.sampling_params import SamplingParams
 from hybrid.engine.scheduling.request import Request
+from hybrid.ops.experts import set_deferral
 
 WARM_STEPS = 8  # the first steps (prefill, the first decodes) are left out
 
@@ -136,34 +139,16 @@ def profiled(llm: LLM, request: Request) -> None:
     stats.sort_stats("cumtime").print_stats(35)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gguf-path", default=None, help="default: the demo model")
-    ap.add_argument("--optimize-rules", default=None)
-    ap.add_argument("--gen-len", type=int, default=256)
-    ap.add_argument("--prompt-len", type=int, default=32)
-    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                    help="an EngineConfig field (repeatable)")
-    ap.add_argument("--temperature", type=float, default=0.0,
-                    help="sample the stream (seeded) at this temperature instead of greedily")
-    ap.add_argument("--top-p", type=float, default=1.0)
-    ap.add_argument("--json", default=None)
-    ap.add_argument("--cprofile", type=int, default=0, metavar="N",
-                    help="after the stamped steps, N more under cProfile: the host's functions "
-                    "by own time and by time inside")
-    args = ap.parse_args()
-    fields = {k: ast.literal_eval(v) if v[:1].isdigit() or v in ("True", "False", "None")
-              else v for k, v in (s.split("=", 1) for s in args.set)}
-    llm = LLM(args.gguf_path, args.optimize_rules, engine_config=EngineConfig(**fields))
-    stamps = Stamps()
-    host = instrument(llm, stamps)
+def probe(llm: LLM, stamps: Stamps, host, args, name: str, cprofile: int) -> dict:
+    """One request of --gen-len tokens (plus `cprofile` under cProfile) stamped step by step
+    -> {"medians_us", "accounted" (their sum less step and period), "tokens", "steps"}."""
     per_us = cycles_per_us()
     rows: list[dict[str, float]] = []
     prompt = [(7 * i + 3) % 1000 + 10 for i in range(args.prompt_len)]
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=1,
-                            max_tokens=args.gen_len + args.cprofile, ignore_eos=True)
+                            max_tokens=args.gen_len + cprofile, ignore_eos=True)
     tokens: list[int] = []
-    request = Request("probe", prompt, params,
+    request = Request(name, prompt, params,
                       lambda event: tokens.append(getattr(event, "token_id", -1)))
     llm.worker.submit(request)
     steps, last_begin = 0, None
@@ -181,25 +166,68 @@ def main() -> int:
             except KeyError:  # scheduled and launched ahead, during the step before
                 rows.append({})
     rows = [r for r in rows if "period" in r]
-    if args.cprofile:
+    if cprofile:
         profiled(llm, request)
+    while not request.is_finished:  # the rest of its tokens, so the next run starts alone
+        llm.worker.step()
     # the loop's own time: from one step's delivery to the next step's start is not stamped
     # above; the step column is schedule-to-delivery
     keys = list(dict.fromkeys(k for r in rows for k in r))
     medians = {k: statistics.median(r[k] for r in rows if k in r) for k in keys}
     accounted = sum(v for k, v in medians.items() if k not in ("step", "period"))
+    return {"medians_us": medians, "accounted": accounted, "tokens": tokens, "steps": rows}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gguf-path", default=None, help="default: the demo model")
+    ap.add_argument("--optimize-rules", default=None)
+    ap.add_argument("--gen-len", type=int, default=256)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="an EngineConfig field (repeatable)")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="sample the stream (seeded) at this temperature instead of greedily")
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--defer", default="",
+                    help="one run a k (comma list, in one engine): defer_experts k on every "
+                         "CPU experts layer (ops.experts.set_deferral), the phases side by side")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--cprofile", type=int, default=0, metavar="N",
+                    help="after the stamped steps, N more under cProfile: the host's functions "
+                    "by own time and by time inside")
+    args = ap.parse_args()
+    fields = {k: ast.literal_eval(v) if v[:1].isdigit() or v in ("True", "False", "None")
+              else v for k, v in (s.split("=", 1) for s in args.set)}
+    llm = LLM(args.gguf_path, args.optimize_rules, engine_config=EngineConfig(**fields))
+    stamps = Stamps()
+    host = instrument(llm, stamps)
+    ks = [int(k) for k in args.defer.split(",")] if args.defer else [None]
+    runs = {}
+    for i, k in enumerate(ks):
+        if k is not None:
+            set_deferral(llm.engine.runner.model, k)
+        runs[k] = probe(llm, stamps, host, args, f"probe{i}",
+                        args.cprofile if i == len(ks) - 1 else 0)
     if args.json:
         Path(args.json).write_text(json.dumps(
-            {"gguf": args.gguf_path, "set": args.set, "medians_us": medians, "tokens": tokens,
-             "steps": rows}, indent=1))
-    rate = 1e6 / medians["period"] if rows else 0.0
+            {"gguf": args.gguf_path, "set": args.set,
+             "runs": {"rules" if k is None else f"defer_experts={k}": run
+                      for k, run in runs.items()}}, indent=1))
     kind = f"temperature {args.temperature}" if args.temperature else "greedy"
-    print(f"\n{len(rows)} decode steps, medians (us); one stream, {kind}; {rate:.1f} tok/s "
-          f"from the median period")
-    print("| phase | us | share of the period |\n|---|---|---|")
-    for k in keys:
-        print(f"| {k} | {medians[k]:.1f} | {medians[k] / medians['period']:.1%} |")
-    print(f"| (sum of the phases' medians) | {accounted:.1f} | |")
+    first = next(iter(runs.values()))
+    print(f"\n{len(first['steps'])} decode steps a run, medians (us); one stream, {kind}")
+    heads = ["us" if k is None else f"defer_experts={k}, us" for k in runs]
+    print(f"| phase | {' | '.join(heads)} |\n|---|{'---|' * len(heads)}")
+    keys = list(dict.fromkeys(key for run in runs.values() for key in run["medians_us"]))
+    for key in keys:
+        cells = [f"{run['medians_us'][key]:.1f}" if key in run["medians_us"] else ""
+                 for run in runs.values()]
+        print(f"| {key} | {' | '.join(cells)} |")
+    sums = [f"{run['accounted']:.1f}" for run in runs.values()]
+    rates = [f"{1e6 / run['medians_us']['period']:.1f}" for run in runs.values()]
+    print(f"| (sum of the phases' medians) | {' | '.join(sums)} |")
+    print(f"| tok/s from the median period | {' | '.join(rates)} |")
     return 0
 
 
