@@ -203,21 +203,21 @@ def main() -> int:
     stamps = Stamps()
     host = instrument(llm, stamps)
     ks = [int(k) for k in args.defer.split(",")] if args.defer else [None]
-    runs = {}
+    runs = {}  # a column a run, in order: a k may repeat (drift between runs)
     for i, k in enumerate(ks):
         if k is not None:
             set_deferral(llm.engine.runner.model, k)
-        runs[k] = probe(llm, stamps, host, args, f"probe{i}",
-                        args.cprofile if i == len(ks) - 1 else 0)
+        label = "rules" if k is None else f"defer_experts={k}"
+        runs[f"{label} (run {i + 1})" if ks.count(k) > 1 else label] = probe(
+            llm, stamps, host, args, f"probe{i}", args.cprofile if i == len(ks) - 1 else 0)
     if args.json:
         Path(args.json).write_text(json.dumps(
             {"gguf": args.gguf_path, "set": args.set,
-             "runs": {"rules" if k is None else f"defer_experts={k}": run
-                      for k, run in runs.items()}}, indent=1))
+             "runs": runs}, indent=1))
     kind = f"temperature {args.temperature}" if args.temperature else "greedy"
     first = next(iter(runs.values()))
     print(f"\n{len(first['steps'])} decode steps a run, medians (us); one stream, {kind}")
-    heads = ["us" if k is None else f"defer_experts={k}, us" for k in runs]
+    heads = [f"{label}, us" for label in runs]
     print(f"| phase | {' | '.join(heads)} |\n|---|{'---|' * len(heads)}")
     keys = list(dict.fromkeys(key for run in runs.values() for key in run["medians_us"]))
     for key in keys:
