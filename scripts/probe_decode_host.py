@@ -6,24 +6,29 @@ it with its defaults (the loop `hybrid serve` runs on its main thread, without H
 
 One greedy request (or, given --temperature and --top-p, a seeded sampled one) decodes
 --gen-len tokens; every step after the first few is stamped on the CPU's time-stamp counter
-(cpu_kernels.simd.clock, the clock the CPU experts' driver stamps its layers with), so the
-phases below add up to the step:
-- schedule: the worker's lock and the scheduler;
-- load: the step's rows packed and fetched into the graph's buffers (StaticStep.load);
-- launch: graph.replay() returning;
-- GPU to the first MoE layer: from the launch to the CPU seeing the first layer's rows (the
-  embedding, the dense layers, the first attention and router, and the hand-over);
-- CPU experts: the layers' kernels (sum of `busy`); CPU waits between layers: the GPU's work
-  from one layer's answer to the next layer's rows (sum of `waited`);
-- after the last layer: from its answer to the driver returning;
-- head and sampling: from the driver's return to the picks launched (the final norm and
-  lm_head, the draw);
-- read back, deliver: the tokens to the host, detokenized, to their sinks, retired (with
-  overlapped decode the step before's tokens are read back inside "launch" instead, while the
-  GPU runs to the first MoE layer, and this phase only delivers them);
-- period: from one step's start to the next one's (the rate a stream sees). Where the engine
-  schedules and launches a step during the one before (greedy decodes on a whole-step graph),
-  its schedule and load phases happen there: such steps have a period only.
+(cpu_kernels.simd.clock, the clock the CPU experts' driver stamps its layers with). Phases, in
+microseconds, on the engine's thread (the one `hybrid serve` steps):
+- schedule: the worker's lock and the scheduler (absent where the step was scheduled ahead);
+- load, launch: the step's rows staged (StaticStep.load) and its graph launched (absent where
+  the step was launched ahead, during the step before);
+- read_back: tokens read back: the step before's where they were left pending (launch-ahead,
+  before the driver), else this step's (after it, inside `deliver`);
+- to_drive: from the step's start to the CPU experts' driver entered (all of the above);
+- gpu_to_first_layer: from there to the driver's first worker seeing the first MoE layer's
+  rows (the GPU's embedding, dense layers, first attention and router, and the hand-over, or
+  what is left of them);
+- cpu_experts: the layers' kernels (sum of `busy`); cpu_waits_between_layers: from one layer's
+  answer to the next layer's rows seen (the GPU's work between them, or a deferred pass);
+- after_last_layer: from the last answer to the driver returning;
+- head_sampling: the picks launched after the driver (absent where the beside thread did it);
+- deliver: from the driver's return to the step's tokens delivered (completing the chunks,
+  detokenizing, the sinks, retiring);
+- period: from one step's start to the next one's (the rate a stream sees).
+On the beside thread (`Ahead`, launch-ahead: this step's tokens decided and the next step
+launched while this one's CPU experts run), each from the driver's entry: ahead_saw_first_layer
+(its wait for the first MoE layer's hand-over returning: against gpu_to_first_layer, how late
+the driver's workers saw the same flag), ahead_sampled, ahead_scheduled, ahead_launched (the
+next step's graph launched).
 `--defer K,..` runs the request once a k in the same engine (defer_experts k on every CPU experts
 layer): a deferred pass runs after its layer's done flag, so it shows in the layer's wait.
 Without a whole-step graph (a CPU run, or `decode_graph: layers`) the driver's rows are absent
@@ -37,6 +42,7 @@ import ast
 import json
 import statistics
 import sys
+import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -49,17 +55,21 @@ from hybrid.engine.scheduling.request import Request
 from hybrid.ops.experts import set_deferral
 
 WARM_STEPS = 8  # the first steps (prefill, the first decodes) are left out
+# a whole-step graph's step on the engine's thread, from its start to its tokens delivered
+DRIVEN_STEP = ("to_drive", "gpu_to_first_layer", "cpu_experts", "cpu_waits_between_layers",
+               "after_last_layer", "deliver")
 
 
 class Stamps:
-    """Named cycle stamps of the current step, and the steps so far."""
+    """Named cycle stamps of the current step; a thread other than the one that made this
+    (the beside thread's `Ahead`) marks its names with "ahead_"."""
 
     def __init__(self) -> None:
         self.now: dict[str, int] = {}
-        self.steps: list[dict[str, int]] = []
+        self._main = threading.get_ident()
 
     def mark(self, name: str) -> None:
-        self.now[name] = now_cycles()
+        self.now[name if threading.get_ident() == self._main else "ahead_" + name] = now_cycles()
 
     def wrap(self, owner, name: str, before: str | None, after: str | None) -> None:
         fn = getattr(owner, name)
@@ -78,8 +88,9 @@ class Stamps:
 def instrument(llm: LLM, stamps: Stamps):
     """Wrap the step's parts on their instances -> the whole-step graphs' host driver or None."""
     worker, engine, runner = llm.worker, llm.engine, llm.engine.runner
-    stamps.wrap(worker, "_schedule", "step", "scheduled")
+    stamps.wrap(worker, "_schedule", "schedule", "scheduled")
     stamps.wrap(engine.outputs, "launch", "outputs", "sampled")
+    stamps.wrap(engine.outputs, "finish", "read", "read_back")
     stamps.wrap(worker, "_deliver", None, "delivered")
     graphs = runner.graphs
     if graphs is None:  # eager steps: the forward is the "load" phase, the only one
@@ -91,34 +102,39 @@ def instrument(llm: LLM, stamps: Stamps):
     if not graphs.whole_step:
         stamps.wrap(graphs.form, "replay", "replay", "replayed")
         return None
+    stamps.wrap(graphs.form, "launch", None, "launched")
+    stamps.wrap(graphs.form, "started", None, "started")
     host = graphs.form.host
-    stamps.wrap(host, "run", "launched", "driven")
+    stamps.wrap(host, "run", "drive", "driven")
     return host
 
 
 def step_row(s: dict[str, int], host, layer_stamps, per_us: float) -> dict[str, float]:
-    def us(a: str, b: str) -> float:
-        return (s[b] - s[a]) / per_us
-    row = {"schedule": us("step", "scheduled"), "to_load": us("scheduled", "load"),
-           "load": us("load", "loaded")}
-    if host is not None:
+    def us(a: str, b: str) -> float | None:
+        return (s[b] - s[a]) / per_us if a in s and b in s else None
+
+    row = {"schedule": us("schedule", "scheduled"), "load": us("load", "loaded"),
+           "launch": us("loaded", "launched")}
+    if host is not None and "drive" in s:
         first_ready, last_done = int(layer_stamps[0, 0]), int(layer_stamps[-1, 1])
         busy = float(((layer_stamps[:, 1] - layer_stamps[:, 0])).sum()) / per_us
         waited = float((layer_stamps[1:, 0] - layer_stamps[:-1, 1]).sum()) / per_us
-        row |= {"launch": us("loaded", "launched"),
-                "gpu_to_first_layer": (first_ready - s["launched"]) / per_us,
+        row |= {"read_back": us("read", "read_back"), "to_drive": us("step", "drive"),
+                "gpu_to_first_layer": (first_ready - s["drive"]) / per_us,
                 "cpu_experts": busy, "cpu_waits_between_layers": waited,
                 "after_last_layer": (s["driven"] - last_done) / per_us,
-                "to_outputs": us("driven", "outputs")}
+                "head_sampling": us("outputs", "sampled"), "deliver": us("driven", "delivered")}
+        row |= {name: us("drive", "ahead_" + stamp) for name, stamp in (
+            ("ahead_saw_first_layer", "started"), ("ahead_sampled", "sampled"),
+            ("ahead_scheduled", "scheduled"), ("ahead_launched", "launched"))}
     elif "replay" in s:
         row |= {"to_replay": us("loaded", "replay"), "replay": us("replay", "replayed"),
-                "to_outputs": us("replayed", "outputs")}
+                "head_sampling": us("outputs", "sampled"), "deliver": us("sampled", "delivered")}
     else:  # eager: "load" was the whole forward
         row["forward"] = row.pop("load")
-        row |= {"to_outputs": us("loaded", "outputs")}
-    row |= {"head_sampling": us("outputs", "sampled"),
-            "read_back_deliver": us("sampled", "delivered"), "step": us("step", "delivered")}
-    return row
+        row |= {"head_sampling": us("outputs", "sampled"), "deliver": us("sampled", "delivered")}
+    row["step"] = us("step", "delivered")
+    return {k: v for k, v in row.items() if v is not None}
 
 
 def profiled(llm: LLM, request: Request) -> None:
@@ -141,7 +157,8 @@ def profiled(llm: LLM, request: Request) -> None:
 
 def probe(llm: LLM, stamps: Stamps, host, args, name: str, cprofile: int) -> dict:
     """One request of --gen-len tokens (plus `cprofile` under cProfile) stamped step by step
-    -> {"medians_us", "accounted" (their sum less step and period), "tokens", "steps"}."""
+    -> {"medians_us", "accounted" (the sum of the phases that make up a step), "tokens",
+    "steps"}."""
     per_us = cycles_per_us()
     rows: list[dict[str, float]] = []
     prompt = [(7 * i + 3) % 1000 + 10 for i in range(args.prompt_len)]
@@ -154,17 +171,15 @@ def probe(llm: LLM, stamps: Stamps, host, args, name: str, cprofile: int) -> dic
     steps, last_begin = 0, None
     while not request.is_finished and len(tokens) < args.gen_len:
         stamps.now = {}
-        begin = now_cycles()
+        stamps.mark("step")
+        begin = stamps.now["step"]
         llm.worker.step()
         steps += 1
         if rows and last_begin is not None:
             rows[-1]["period"] = (begin - last_begin) / per_us
         last_begin = begin
-        if steps > WARM_STEPS and "sampled" in stamps.now and not request.is_finished:
-            try:
-                rows.append(step_row(stamps.now, host, host.stamps if host else None, per_us))
-            except KeyError:  # scheduled and launched ahead, during the step before
-                rows.append({})
+        if steps > WARM_STEPS and "delivered" in stamps.now and not request.is_finished:
+            rows.append(step_row(stamps.now, host, host.stamps if host else None, per_us))
     rows = [r for r in rows if "period" in r]
     if cprofile:
         profiled(llm, request)
@@ -174,7 +189,10 @@ def probe(llm: LLM, stamps: Stamps, host, args, name: str, cprofile: int) -> dic
     # above; the step column is schedule-to-delivery
     keys = list(dict.fromkeys(k for r in rows for k in r))
     medians = {k: statistics.median(r[k] for r in rows if k in r) for k in keys}
-    accounted = sum(v for k, v in medians.items() if k not in ("step", "period"))
+    # with a driver, the engine thread's phases that add up to its step; else every phase
+    parts = DRIVEN_STEP if "to_drive" in medians else \
+        [k for k in medians if k not in ("step", "period")]
+    accounted = sum(medians[k] for k in parts if k in medians)
     return {"medians_us": medians, "accounted": accounted, "tokens": tokens, "steps": rows}
 
 
