@@ -55,6 +55,14 @@ from hybrid.engine.scheduling.request import Request
 from hybrid.ops.experts import set_deferral
 
 WARM_STEPS = 8  # the first steps (prefill, the first decodes) are left out
+# a step on the engine's thread without a whole-step graph: (stamp, the phase that ends there)
+# in order; a step has the stretches between the stamps it has (one launched ahead has no
+# schedule, one whose tokens Ahead decided no head_sampling), which add up to it
+EAGER_STEP = (("scheduled", "schedule"), ("load", "to_load"), ("loaded", "forward"),
+              ("outputs", "to_outputs"), ("sampled", "head_sampling"), ("delivered", "deliver"))
+REPLAYED_STEP = (("scheduled", "schedule"), ("load", "to_load"), ("loaded", "load"),
+                 ("replay", "to_replay"), ("replayed", "replay"), ("outputs", "to_outputs"),
+                 ("sampled", "head_sampling"), ("delivered", "deliver"))
 # a whole-step graph's step on the engine's thread, from its start to its tokens delivered
 DRIVEN_STEP = ("to_drive", "gpu_to_first_layer", "cpu_experts", "cpu_waits_between_layers",
                "after_last_layer", "deliver")
@@ -127,12 +135,14 @@ def step_row(s: dict[str, int], host, layer_stamps, per_us: float) -> dict[str, 
         row |= {name: us("drive", "ahead_" + stamp) for name, stamp in (
             ("ahead_saw_first_layer", "started"), ("ahead_sampled", "sampled"),
             ("ahead_scheduled", "scheduled"), ("ahead_launched", "launched"))}
-    elif "replay" in s:
-        row |= {"to_replay": us("loaded", "replay"), "replay": us("replay", "replayed"),
-                "head_sampling": us("outputs", "sampled"), "deliver": us("sampled", "delivered")}
-    else:  # eager: "load" was the whole forward
-        row["forward"] = row.pop("load")
-        row |= {"head_sampling": us("outputs", "sampled"), "deliver": us("sampled", "delivered")}
+    else:  # layer graphs or eager steps: the stretches between the stamps this step has
+        stops = REPLAYED_STEP if "replay" in s else EAGER_STEP
+        row = {}
+        last = "step"
+        for stamp, phase in stops:
+            if stamp in s:
+                row[phase] = us(last, stamp)
+                last = stamp
     row["step"] = us("step", "delivered")
     return {k: v for k, v in row.items() if v is not None}
 
