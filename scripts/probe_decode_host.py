@@ -22,7 +22,7 @@ microseconds, on the engine's thread (the one `hybrid serve` steps):
 - after_last_layer: from the last answer to the driver returning;
 - head_sampling: the picks launched after the driver (absent where the beside thread did it);
 - deliver: from the driver's return to the step's tokens delivered (completing the chunks,
-  detokenizing, the sinks, retiring);
+  detokenizing, the sinks, retiring; head_sampling and a read back after the driver are in it);
 - period: from one step's start to the next one's (the rate a stream sees).
 On the beside thread (`Ahead`, launch-ahead: this step's tokens decided and the next step
 launched while this one's CPU experts run), each from the driver's entry: ahead_saw_first_layer
@@ -195,8 +195,8 @@ def probe(llm: LLM, stamps: Stamps, host, args, name: str, cprofile: int) -> dic
         profiled(llm, request)
     while not request.is_finished:  # the rest of its tokens, so the next run starts alone
         llm.worker.step()
-    # the loop's own time: from one step's delivery to the next step's start is not stamped
-    # above; the step column is schedule-to-delivery
+    # the loop's own time, from one step's delivery to the next step's start, is in the period
+    # only: the step column runs from the step's start to its delivery
     keys = list(dict.fromkeys(k for r in rows for k in r))
     medians = {k: statistics.median(r[k] for r in rows if k in r) for k in keys}
     # with a driver, the engine thread's phases that add up to its step; else every phase
