@@ -181,7 +181,7 @@ def prefill_rows(llm: LLM, prompts: list[int], rounds: int) -> list[dict]:
         runs = [prefill(llm, n) for _ in range(rounds)]
         ttft = statistics.median(r["ttft_s"] for r in runs)
         rows.append({"tokens": n, "tok_s": n / ttft, "ttft_s": ttft,
-                     "first_ttft_s": runs[0]["ttft_s"], "rounds": [r["ttft_s"] for r in runs]})
+                     "rounds": [r["ttft_s"] for r in runs]})  # in order: the first is cold
     return rows
 
 
@@ -326,6 +326,8 @@ def main() -> int:
                     help="rounds of the deferral rows (k = 0 and each --defer k per round)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.prefill_rounds < 1:
+        ap.error("--prefill-rounds must be at least 1")
     path = args.gguf_path or build_model(args.preset, Path(tempfile.mkdtemp()), args.layers)
     prompts = [int(n) for n in args.prefill.split(",")]
     streams = [int(n) for n in args.streams.split(",")]
@@ -464,7 +466,7 @@ def print_table(r: dict) -> None:
     cpu_rows = {p["tokens"]: p for p in r.get("prefill_cpu", [])}
     for p in r["prefill"]:
         peer = llama.get(f"pp{p['tokens']}")
-        print(f"| prefill {p['tokens']} (TTFT {p['ttft_s']:.2f} s, first {p['first_ttft_s']:.2f}) "
+        print(f"| prefill {p['tokens']} (TTFT {p['ttft_s']:.2f} s, first {p['rounds'][0]:.2f}) "
               f"| {p['tok_s']:.0f} | "
               f"{_f(peer)} | {_ratio(p['tok_s'], peer)} | | | | |")
         if p["tokens"] in cpu_rows:

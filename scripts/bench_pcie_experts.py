@@ -33,13 +33,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_e2e import prefill
+from bench_e2e import prefill_rows
 from deferral_accuracy import batch_rate, corpus, decode_rate, greedy
 
 
 def ttft(llm, length: int) -> float:
-    """Median of 3 prompts of `length` tokens (bench_e2e.prefill; the engine caches no prefix)."""
-    return statistics.median(prefill(llm, length)["ttft_s"] for _ in range(3))
+    """Median of 3 prompts of `length` tokens (bench_e2e.prefill_rows; the engine caches no
+    prefix)."""
+    return prefill_rows(llm, [length], 3)[0]["ttft_s"]
 
 
 def one(args) -> dict:

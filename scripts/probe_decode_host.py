@@ -121,17 +121,17 @@ def step_row(s: dict[str, int], host, layer_stamps, per_us: float) -> dict[str, 
     def us(a: str, b: str) -> float | None:
         return (s[b] - s[a]) / per_us if a in s and b in s else None
 
-    row = {"schedule": us("schedule", "scheduled"), "load": us("load", "loaded"),
-           "launch": us("loaded", "launched")}
     if host is not None and "drive" in s:
         first_ready, last_done = int(layer_stamps[0, 0]), int(layer_stamps[-1, 1])
         busy = float(((layer_stamps[:, 1] - layer_stamps[:, 0])).sum()) / per_us
         waited = float((layer_stamps[1:, 0] - layer_stamps[:-1, 1]).sum()) / per_us
-        row |= {"read_back": us("read", "read_back"), "to_drive": us("step", "drive"),
-                "gpu_to_first_layer": (first_ready - s["drive"]) / per_us,
-                "cpu_experts": busy, "cpu_waits_between_layers": waited,
-                "after_last_layer": (s["driven"] - last_done) / per_us,
-                "head_sampling": us("outputs", "sampled"), "deliver": us("driven", "delivered")}
+        row = {"schedule": us("schedule", "scheduled"), "load": us("load", "loaded"),
+               "launch": us("loaded", "launched"),
+               "read_back": us("read", "read_back"), "to_drive": us("step", "drive"),
+               "gpu_to_first_layer": (first_ready - s["drive"]) / per_us,
+               "cpu_experts": busy, "cpu_waits_between_layers": waited,
+               "after_last_layer": (s["driven"] - last_done) / per_us,
+               "head_sampling": us("outputs", "sampled"), "deliver": us("driven", "delivered")}
         row |= {name: us("drive", "ahead_" + stamp) for name, stamp in (
             ("ahead_saw_first_layer", "started"), ("ahead_sampled", "sampled"),
             ("ahead_scheduled", "scheduled"), ("ahead_launched", "launched"))}
