@@ -16,7 +16,8 @@ microseconds, on the engine's thread (the one `hybrid serve` steps):
 - to_drive: from the step's start to the CPU experts' driver entered (all of the above);
 - gpu_to_first_layer: from there to the driver's first worker seeing the first MoE layer's
   rows (the GPU's embedding, dense layers, first attention and router, and the hand-over, or
-  what is left of them);
+  what is left of them); inside it, from the driver's entry: in_numba (the one-region driver's
+  numba call entered), first_worker and last_worker (its team's workers at their meeting);
 - cpu_experts: the layers' kernels (sum of `busy`); cpu_waits_between_layers: from one layer's
   answer to the next layer's rows seen (the GPU's work between them, or a deferred pass);
 - after_last_layer: from the last answer to the driver returning;
@@ -117,6 +118,18 @@ def instrument(llm: LLM, stamps: Stamps):
     return host
 
 
+def region_start(starts, drive: int, per_us: float) -> dict[str, float]:
+    """The one-region driver's start in this step, each from the driver's entry: the numba
+    call entered (`in_numba`), its first and last worker at the meeting (`first_worker`,
+    `last_worker`); empty where no region started this step (the layer loop ran)."""
+    if starts[0] < drive:
+        return {}
+    arrivals = starts[1:][starts[1:] >= starts[0]]
+    return {"in_numba": (starts[0] - drive) / per_us,
+            "first_worker": (arrivals.min() - drive) / per_us,
+            "last_worker": (arrivals.max() - drive) / per_us}
+
+
 def step_row(s: dict[str, int], host, layer_stamps, per_us: float) -> dict[str, float]:
     def us(a: str, b: str) -> float | None:
         return (s[b] - s[a]) / per_us if a in s and b in s else None
@@ -132,6 +145,7 @@ def step_row(s: dict[str, int], host, layer_stamps, per_us: float) -> dict[str, 
                "cpu_experts": busy, "cpu_waits_between_layers": waited,
                "after_last_layer": (s["driven"] - last_done) / per_us,
                "head_sampling": us("outputs", "sampled"), "deliver": us("driven", "delivered")}
+        row |= region_start(host.starts, s["drive"], per_us)
         row |= {name: us("drive", "ahead_" + stamp) for name, stamp in (
             ("ahead_saw_first_layer", "started"), ("ahead_sampled", "sampled"),
             ("ahead_scheduled", "scheduled"), ("ahead_launched", "launched"))}

@@ -24,7 +24,9 @@ Tasks are claimed singly (packed_moe claims 4): at decode sizes a phase is ~9 ta
 the phase ends when its slowest worker does.
 The math, and each element's order of operations, is packed_moe_kernel's: out is bit-identical.
 Every layer must have the same H and I (DeepSeek's do; layer_table checks).
-stamps[l] = (worker 0 saw ready[l], the last worker raised done[l]), cycle counter.
+stamps[l] = (worker 0 saw ready[l], the last worker raised done[l]), cycle counter; starts =
+(the call entered, then each worker's arrival at the meeting below): where a step's first layer
+is seen late, whether the call or its team started late.
 
 Before the first layer the workers meet: worker 0 waits (up to `meet_cycles`) for all of them
 and publishes whether they came. Where the layer gave the region fewer threads than iterations
@@ -166,10 +168,12 @@ def _experts(tiles, table, qtypes, limits, layer, x, ids, weights, out, add, car
 
 @njit(parallel=True, nogil=True, cache=True)
 def drive_in_one_region(tiles, ready, done, seq, n, x, ids, weights, out, table, qtypes, limits,
-                        deferred, rows, threads, timeout_cycles, stamps, meet_cycles):
+                        deferred, rows, threads, timeout_cycles, stamps, starts, meet_cycles):
     # x: [T, H] f32  ids: [T, K] int64  weights: [T, K] f32  out: [T, H] f32 (rows :n used)
     # table, qtypes, limits: layer_table's  deferred: [L] int64 (deferral.py)  stamps: [L, 2]
-    # -> layers completed (as layer_driver._drive), or NOT_TOGETHER (no flag touched)
+    # starts: [>= threads + 1] int64  -> layers completed (as layer_driver._drive), or
+    # NOT_TOGETHER (no flag touched)
+    starts[0] = cycles()
     num_layers = table.shape[0]
     hidden, top_k = x.shape[1], ids.shape[1]
     inter = 8 * table[0, 0, 2]
@@ -194,6 +198,7 @@ def drive_in_one_region(tiles, ready, done, seq, n, x, ids, weights, out, table,
     reached = np.full(threads, num_layers, np.int64)
     meet = np.zeros(2, np.int64)  # workers arrived, worker 0's word (GO / ABORT)
     for worker in prange(threads):
+        starts[1 + worker] = cycles()
         claim(meet)
         if worker == 0:
             start = cycles()

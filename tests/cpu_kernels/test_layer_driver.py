@@ -174,6 +174,8 @@ def test_a_region_short_of_threads_answers_not_together(layers):
     ready, done = np.ones(3, np.int64), np.zeros(3, np.int64)
     got = drive_in_one_region(packed.tiles, ready, done, 1, 1, x, ids, w, out, *packed.table,
                               np.zeros(3, np.int64), 0, numba.get_num_threads() + 1, SECOND,
-                              np.zeros((3, 2), np.int64), SECOND // 100)
+                              np.zeros((3, 2), np.int64),
+                              np.zeros(numba.get_num_threads() + 2, np.int64),
+                              SECOND // 100)
     assert got == NOT_TOGETHER
     assert done.tolist() == [0, 0, 0] and not out.any()

@@ -53,6 +53,8 @@ class HostExperts:
             self._packed = packed_layers([op.placed for op in layers])
         # [L, 2] cycle stamps of each layer's kernel in the last step (one numba call only)
         self.stamps = np.zeros((len(layers), 2), np.int64)
+        # the one region's start in the last step: its entry, then each worker's arrival
+        self.starts = np.zeros(numba.config.NUMBA_NUM_THREADS + 1, np.int64)
         self._one_region: bool | None = None  # drive_layers' choice until it answers NOT_TOGETHER
 
     def warm_up(self) -> None:
@@ -127,14 +129,14 @@ class HostExperts:
         deferred = self.deferred
         reached = drive_layers(ready, done, seq, n, x, ids, w, out, self._packed, self._timeout,
                                self.stamps, one_region=self._one_region,
-                               deferred=deferred, rows=n)
+                               deferred=deferred, rows=n, starts=self.starts)
         if reached == NOT_TOGETHER:
             log.warning("the CPU experts' workers did not all start together (OMP_DYNAMIC or a "
                         "thread limit?): each MoE layer runs its own parallel kernel from now on")
             self._one_region = False
             reached = drive_layers(ready, done, seq, n, x, ids, w, out, self._packed,
                                    self._timeout, self.stamps, one_region=False,
-                                   deferred=deferred, rows=n)
+                                   deferred=deferred, rows=n, starts=self.starts)
         return reached
 
     def _loop(self, seq: int, n: int) -> int:
