@@ -44,6 +44,7 @@ import json
 import statistics
 import sys
 import threading
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -270,7 +271,18 @@ def main() -> int:
     rates = [f"{1e6 / run['medians_us']['period']:.1f}" for run in runs.values()]
     print(f"| (sum of the phases' medians) | {' | '.join(sums)} |")
     print(f"| tok/s from the median period | {' | '.join(rates)} |")
+    print(f"\nthis process's threads (OpenMP teams: one a thread that starts parallel kernels): "
+          f"{thread_names()}")
     return 0
+
+
+def thread_names() -> str:
+    """The process's threads by name, counted (Linux; else empty)."""
+    tasks = Path("/proc/self/task")
+    if not tasks.is_dir():
+        return ""
+    names = Counter((t / "comm").read_text().strip() for t in tasks.iterdir())
+    return ", ".join(f"{name} x{count}" for name, count in names.most_common())
 
 
 if __name__ == "__main__":
