@@ -38,7 +38,7 @@ from cpu_kernels.fast.packed_tiles import prefetch_start
 from cpu_kernels.formats import qtypes as qt
 from cpu_kernels.simd.amx import HAS_AMX, tile_shapes_bf16
 from cpu_kernels.simd.clock import cycles
-from cpu_kernels.simd.task_queue import claim
+from cpu_kernels.simd.task_queue import claim, counters
 
 f32 = np.float32
 TILE_CONFIG_BF16 = tile_shapes_bf16()
@@ -99,7 +99,7 @@ def amx_bf16_moe_kernel(tiles, gate_type: int, gate_pk: np.ndarray, up_type: int
     blocks_i = (groups_i + 1) // 2
     num_tasks = num_used * blocks_i
     lim = f32(limit)
-    counter = np.zeros(1, np.int64)
+    counter = counters(1)
     # AMX and VNNI experts' tasks differ in cost: claimed CHUNK at a time (task_queue.py)
     for _ in prange(threads):
         tid = numba.get_thread_id()

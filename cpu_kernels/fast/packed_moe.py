@@ -20,7 +20,7 @@ from cpu_kernels.fast.packed_tiles import prefetch_start
 from cpu_kernels.fast.q8_activations import quantize_row
 from cpu_kernels.fast.tile_set import TileSet, check_covers, tile_family, tile_of
 from cpu_kernels.simd.clock import cycles
-from cpu_kernels.simd.task_queue import claim
+from cpu_kernels.simd.task_queue import claim, counters
 
 f32 = np.float32
 TILE = 4
@@ -47,7 +47,7 @@ def packed_moe_kernel(tiles: TileSet, gate_type: int, gate_pk: np.ndarray, up_ty
     h = np.empty((num_slots, inter), f32)  # [N, I]
     num_tasks = num_used * ((gate_pk.shape[1] + 1) // 2)  # gate_up_task's: 16 rows each
     lim = f32(limit)
-    counter = np.zeros(1, np.int64)
+    counter = counters(1)
     # tasks cost what their expert's tokens cost: claimed CHUNK at a time (task_queue.py)
     for _ in prange(threads):
         c = claim(counter)

@@ -49,7 +49,7 @@ from cpu_kernels.fast.q8_activations import quantize_row
 from cpu_kernels.runtime.deferral import split_deferred
 from cpu_kernels.runtime.handshake import load_acquire, spin_pause, store_release, wait_equal
 from cpu_kernels.simd.clock import cycles
-from cpu_kernels.simd.task_queue import claim
+from cpu_kernels.simd.task_queue import claim, counters
 
 f32 = np.float32
 GO, ABORT = 1, 2  # worker 0's word per layer (0: not yet decided)
@@ -85,6 +85,16 @@ def quantize_groups(x: np.ndarray, lo_off: int, xq: np.ndarray, dx: np.ndarray,
         lo = xq[lo_rows + t, c0:c0 + 32] if lo_off else xq[t, :0]
         quantize_row(x[t, c0:c0 + 32], xq[t, c0:c0 + 32], lo, dx[t, g:g + 1],
                      xqsum[t, g:g + 1], xsum16[t, 2 * g:2 * g + 2])
+
+
+@njit(nogil=True, cache=True)
+def least(values: np.ndarray) -> int:
+    """values.min() of an int64 array, as a serial loop (in the parallel function, a reduction
+    would be a parallel loop: simd/task_queue.py)."""
+    low = values[0]
+    for v in values[1:]:
+        low = min(low, v)
+    return low
 
 
 @intrinsic
@@ -191,14 +201,16 @@ def drive_in_one_region(tiles, ready, done, seq, n, x, ids, weights, out, table,
     carry = np.empty((n, hidden), f32)  # [n, H] the last layer's deferred sum
     x_later, w_later = np.empty((n, hidden), f32), np.empty((n, top_k), f32)
     now, later = np.empty((n, top_k), np.int64), np.empty((n, top_k), np.int64)
-    go = np.zeros(num_layers, np.int64)  # GO / ABORT, worker 0's decision
-    claims = np.zeros((num_layers, 4), np.int64)  # next task: phases 1, 2; deferred 1, 2
-    finished = np.zeros(num_layers, np.int64)
-    bar = np.zeros(2, np.int64)
-    reached = np.full(threads, num_layers, np.int64)
-    meet = np.zeros(2, np.int64)  # workers arrived, worker 0's word (GO / ABORT)
+    # counters, not np.zeros: each np.zeros here would be a parallel loop (task_queue.py)
+    go = counters(num_layers)  # GO / ABORT, worker 0's decision
+    claims = counters((num_layers, 4))  # next task: phases 1, 2; deferred 1, 2
+    finished = counters(num_layers)
+    bar = counters(2)
+    reached = counters(threads)  # per worker: the layers it completed, or NOT_TOGETHER
+    meet = counters(2)  # workers arrived, worker 0's word (GO / ABORT)
     for worker in prange(threads):
         starts[1 + worker] = cycles()
+        reached[worker] = num_layers  # unless it stops short below
         claim(meet)
         if worker == 0:
             start = cycles()
@@ -238,4 +250,4 @@ def drive_in_one_region(tiles, ready, done, seq, n, x, ids, weights, out, table,
                 _experts(tiles, table, qtypes, limits, layer, x_later, later, w_later, carry,
                          False, carry, xq, dx, xqsum, xsum16, h, hq, hd, hqsum, hsum16,
                          claims[layer, 2:4], bar, worker, threads)
-    return reached.min()
+    return least(reached)

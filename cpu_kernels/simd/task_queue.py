@@ -12,15 +12,27 @@ experts, or AMX next to VNNI experts in one call), so a static split left the bu
             ... tasks c * CHUNK ... (c + 1) * CHUNK - 1 ...
             c = claim(counter)
 
-where `claim` is one atomic fetch-and-add on counter[0] (an int64 array of 1, zeroed per call).
-Each task's output is its own, so results do not depend on which thread ran it.
+where `claim` is one atomic fetch-and-add on counter[0] (an int64 array of 1, zeroed per call:
+`counters`). Each task's output is its own, so results do not depend on which thread ran it.
+
+Why `counters` and not np.zeros: in a parallel=True function numba turns np.zeros (np.ones,
+array expressions) outside the prange into a parallel loop of its own, one more start and join
+of the thread team (~100 us at 15 threads: the one-region driver's seven made a decode step's
+first MoE layer wait ~650 us); an njit function without `parallel` keeps it one serial loop.
 """
 
 from __future__ import annotations
 
+import numpy as np
 from llvmlite import ir
-from numba import types
+from numba import njit, types
 from numba.extending import intrinsic
+
+
+@njit(cache=True)
+def counters(shape) -> np.ndarray:
+    """int64 zeros of `shape` (an int or a tuple), allocated without a parallel loop."""
+    return np.zeros(shape, np.int64)
 
 
 @intrinsic
