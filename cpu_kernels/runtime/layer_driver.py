@@ -23,6 +23,8 @@ down_type, down) per layer.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from functools import partial
 from typing import NamedTuple
 
 import numba
@@ -134,13 +136,27 @@ def drive_layers(ready: np.ndarray, done: np.ndarray, seq: int, n: int, x: np.nd
                  one_region: bool | None = None, deferred: np.ndarray | None = None,
                  rows: int = 0, starts: np.ndarray | None = None) -> int:
     """Run every layer of `layers` (packed_layers) as the protocol above, on numba's current
-    thread count. ready/done: [L] int64 flags  x: [T, H] f32  ids: [T, K] int64
-    weights: [T, K] f32  out: [T, H] f32, rows :n used. stamps: [L, 2] int64 kernel cycle
-    stamps (optional). one_region: run region_driver.drive_in_one_region (default:
-    runs_one_region), else packed_moe_kernel a layer. deferred: [L] int64 experts a row of
-    rows :rows defers at each layer (deferral.py; its last entry must be 0), default none.
-    starts: [threads + 1] int64 the one region's start stamps (region_driver; optional).
-    -> layers completed: len(layers), or the layer whose inputs did not come within
+    thread count: bound_driver's call, made at once. -> see bound_driver."""
+    return bound_driver(ready, done, seq, n, x, ids, weights, out, layers, timeout_cycles,
+                        stamps, one_region, deferred, rows, starts)()
+
+
+def bound_driver(ready: np.ndarray, done: np.ndarray, seq: int, n: int, x: np.ndarray,
+                 ids: np.ndarray, weights: np.ndarray, out: np.ndarray, layers: PackedLayers,
+                 timeout_cycles: int, stamps: np.ndarray | None = None,
+                 one_region: bool | None = None, deferred: np.ndarray | None = None,
+                 rows: int = 0, starts: np.ndarray | None = None) -> Callable[[], int]:
+    """drive_layers' numba call with its arguments bound, on numba's thread count now: calling
+    it enters numba at once. Why: the Python before it (numba.get_num_threads is a ctypes call,
+    which lets go of the GIL) would let another Python thread started just before (the engine's
+    beside thread) take the GIL and hold the driver back.
+    ready/done: [L] int64 flags  x: [T, H] f32  ids: [T, K] int64  weights: [T, K] f32
+    out: [T, H] f32, rows :n used. stamps: [L, 2] int64 kernel cycle stamps (optional).
+    one_region: run region_driver.drive_in_one_region (default: runs_one_region), else
+    packed_moe_kernel a layer. deferred: [L] int64 experts a row of rows :rows defers at each
+    layer (deferral.py; its last entry must be 0), default none. starts: [threads + 1] int64
+    the one region's start stamps (region_driver; optional).
+    The call -> layers completed: len(layers), or the layer whose inputs did not come within
     timeout_cycles (its done flag and the later ones are not set), or NOT_TOGETHER: the one
     region's workers did not all run at once, no flag was touched (call again with
     one_region=False)."""
@@ -153,14 +169,14 @@ def drive_layers(ready: np.ndarray, done: np.ndarray, seq: int, n: int, x: np.nd
         raise ValueError("deferred: one count a layer, the last 0 (deferral.deferred_ks)")
     if one_region is None:
         one_region = runs_one_region(layers)
+    threads = numba.get_num_threads()
     if one_region:
         if layers.table is None:
             raise ValueError("one_region needs layers of one H and I (PackedLayers.table)")
-        threads = numba.get_num_threads()
         if starts is None or starts.shape[0] < threads + 1:
             starts = np.empty(threads + 1, np.int64)
-        return drive_in_one_region(layers.tiles, ready, done, seq, n, x, ids, weights, out,
-                                   *layers.table, deferred, rows, threads, timeout_cycles,
-                                   stamps, starts, _meet_cycles())
-    return _drive(layers.tiles, ready, done, seq, n, x, ids, weights, out, layers.per_layer,
-                  deferred, rows, numba.get_num_threads(), timeout_cycles, stamps)
+        return partial(drive_in_one_region, layers.tiles, ready, done, seq, n, x, ids, weights,
+                       out, *layers.table, deferred, rows, threads, timeout_cycles, stamps,
+                       starts, _meet_cycles())
+    return partial(_drive, layers.tiles, ready, done, seq, n, x, ids, weights, out,
+                   layers.per_layer, deferred, rows, threads, timeout_cycles, stamps)

@@ -94,6 +94,7 @@ class WholeStepGraphs:
         if beside is None:
             self.host.run(seq, state.num_real)
             return
+        self.host.prepare(seq, state.num_real)  # its GIL hand-offs before beside's thread runs
         launched = self._beside.submit(self._in_context, beside)
         try:
             self.host.run(seq, state.num_real)

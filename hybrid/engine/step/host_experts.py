@@ -17,6 +17,7 @@ remaining done flag before it propagates, so the graph runs out instead of spinn
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import numba
 import numpy as np
@@ -24,7 +25,7 @@ import numpy as np
 from cpu_kernels.runtime.deferral import deferred_ks
 from cpu_kernels.runtime.handshake import set_flag, wait_equal
 from cpu_kernels.runtime.layer_driver import (
-    drive_layers,
+    bound_driver,
     is_packed,
     packed_layers,
     runs_one_region,
@@ -56,6 +57,7 @@ class HostExperts:
         # the one region's start in the last step: its entry, then each worker's arrival
         self.starts = np.zeros(numba.config.NUMBA_NUM_THREADS + 1, np.int64)
         self._one_region: bool | None = None  # drive_layers' choice until it answers NOT_TOGETHER
+        self._bound: tuple | None = None  # prepare's (seq, n, the driver's bound call)
 
     def warm_up(self) -> None:
         """Compile the driver (numba; seconds for the one-call driver, which compiles the MoE
@@ -66,8 +68,9 @@ class HostExperts:
         set_flag(done, 0, 0)
         if self._packed is not None:
             self._pool.use_inline_threads()  # the thread count run() drives with
-            x, ids, w, out = (np.zeros_like(a[:1]) for a in self.bridge.host_arrays)
-            self._drive(ready, done, 0, 1, x, ids, w, out)
+            arrays = tuple(np.zeros_like(a[:1]) for a in self.bridge.host_arrays)
+            if self._bind(0, 1, ready, done, arrays)() == NOT_TOGETHER:
+                self._without_one_region(0, 1, ready, done, arrays)
 
     def describe(self) -> str:
         """How a step's CPU experts run (after warm_up, which may have fallen back), for the
@@ -95,13 +98,30 @@ class HostExperts:
         cpu_kernels/runtime/deferral.py); read every step."""
         return deferred_ks([op.defer_experts for op in self.layers])
 
+    def prepare(self, seq: int, n: int) -> None:
+        """Everything of run(seq, n) before its numba call (the thread count set, the deferral
+        read, the arguments bound), so that run enters the driver at once. For a caller that
+        starts another Python thread between the two (WholeStep's beside thread): numba's
+        thread count calls are ctypes calls, which let go of the GIL, and that thread would
+        take it and hold the driver back (~100 us a step)."""
+        if self._packed is None:
+            return
+        self._pool.use_inline_threads()
+        self._bound = (seq, n, self._bind(seq, n, self._ready, self._done,
+                                          self.bridge.host_arrays))
+
     def run(self, seq: int, n: int) -> None:
-        """Answer step `seq`'s flags for its first n rows, every layer; raises DeviceLost."""
+        """Answer step `seq`'s flags for its first n rows, every layer (prepared or not);
+        raises DeviceLost."""
         try:
             if self._packed is not None:
-                self._pool.use_inline_threads()
-                x, ids, w, out = self.bridge.host_arrays
-                reached = self._drive(self._ready, self._done, seq, n, x, ids, w, out)
+                if self._bound is None or self._bound[:2] != (seq, n):
+                    self.prepare(seq, n)
+                call, self._bound = self._bound[2], None
+                reached = call()
+                if reached == NOT_TOGETHER:
+                    reached = self._without_one_region(seq, n, self._ready, self._done,
+                                                       self.bridge.host_arrays)
             else:
                 reached = self._loop(seq, n)
         except BaseException:
@@ -123,21 +143,20 @@ class HostExperts:
         waited = np.concatenate([[0.0], s[1:, 0] - s[:-1, 1]])
         return list(zip(waited.tolist(), (s[:, 1] - s[:, 0]).tolist(), strict=True))
 
-    def _drive(self, ready, done, seq, n, x, ids, w, out) -> int:
-        """drive_layers over the packed layers; where its one parallel region's workers did
-        not all run at once (numba's layer gave fewer threads), the layer loop from then on."""
-        deferred = self.deferred
-        reached = drive_layers(ready, done, seq, n, x, ids, w, out, self._packed, self._timeout,
-                               self.stamps, one_region=self._one_region,
-                               deferred=deferred, rows=n, starts=self.starts)
-        if reached == NOT_TOGETHER:
-            log.warning("the CPU experts' workers did not all start together (OMP_DYNAMIC or a "
-                        "thread limit?): each MoE layer runs its own parallel kernel from now on")
-            self._one_region = False
-            reached = drive_layers(ready, done, seq, n, x, ids, w, out, self._packed,
-                                   self._timeout, self.stamps, one_region=False,
-                                   deferred=deferred, rows=n, starts=self.starts)
-        return reached
+    def _bind(self, seq: int, n: int, ready, done, arrays: tuple) -> Callable[[], int]:
+        """layer_driver.bound_driver over the packed layers, on these flags and (x, ids,
+        weights, out) arrays."""
+        return bound_driver(ready, done, seq, n, *arrays, self._packed, self._timeout,
+                            self.stamps, one_region=self._one_region, deferred=self.deferred,
+                            rows=n, starts=self.starts)
+
+    def _without_one_region(self, seq: int, n: int, ready, done, arrays: tuple) -> int:
+        """Where the one region's workers did not all run at once (numba's layer gave fewer
+        threads): the layer loop, now and from then on."""
+        log.warning("the CPU experts' workers did not all start together (OMP_DYNAMIC or a "
+                    "thread limit?): each MoE layer runs its own parallel kernel from now on")
+        self._one_region = False
+        return self._bind(seq, n, ready, done, arrays)()
 
     def _loop(self, seq: int, n: int) -> int:
         x, ids, w, out = self.bridge.host_arrays
