@@ -18,11 +18,18 @@ from hybrid.errors import DeviceLost
 
 
 class Driver:
-    """HostExperts.run's stand-in: answers a step only once `release` is set (as the real
-    driver waits for the GPU's flags; `beside` sets it), recording its thread."""
+    """HostExperts' stand-in: run answers a step only once `release` is set (as the real
+    driver waits for the GPU's flags; `beside` sets it); each call records its thread."""
 
     def __init__(self, fail: Exception | None = None) -> None:
         self.release, self.fail, self.calls = threading.Event(), fail, []
+        self.prepared, self.waited = [], []
+
+    def prepare(self, seq: int, n: int) -> None:
+        self.prepared.append((seq, n, threading.current_thread().name))
+
+    def wait_driving(self) -> None:
+        self.waited.append(threading.current_thread().name)
 
     def run(self, seq: int, n: int) -> None:
         self.calls.append((seq, n, threading.current_thread().name))
@@ -51,6 +58,9 @@ def test_beside_runs_while_the_experts_are_driven() -> None:
     g.replay(SimpleNamespace(replay=lambda: None), SimpleNamespace(num_real=3), beside)
     assert seen[0].startswith("hybrid-beside-step")
     assert driver.calls == [(7, 3, threading.current_thread().name)]
+    # bound before beside's thread starts; that thread waits for the driver's region first
+    assert driver.prepared == [(7, 3, threading.current_thread().name)]
+    assert driver.waited == seen
 
 
 def test_without_beside_the_caller_drives() -> None:
@@ -79,7 +89,8 @@ def test_failures_propagate_after_the_step_is_answered() -> None:
     def run_driver(seq, n):
         Driver.run(driver, seq, n)
         finished.append(True)
-    g.host = SimpleNamespace(run=run_driver)
+    g.host = SimpleNamespace(run=run_driver, prepare=driver.prepare,
+                             wait_driving=driver.wait_driving)
     with pytest.raises(RuntimeError, match="a launch failed"):
         g.replay(SimpleNamespace(replay=lambda: None), SimpleNamespace(num_real=1), failing)
     assert finished == [True]  # the driver answered the step before the error came up

@@ -88,6 +88,18 @@ def wait_equal(flags: np.ndarray, index: int, value: int, timeout_cycles: int) -
 
 
 @njit(nogil=True, cache=True)
+def wait_at_least(flags: np.ndarray, index: int, value: int, timeout_cycles: int) -> bool:
+    """Spin until flags[index] >= value (True) or `timeout_cycles` of the TSC passed (False):
+    for a word that only grows (a cycle stamp another thread writes)."""
+    start = cycles()
+    while load_acquire(flags, index) < value:
+        spin_pause()
+        if cycles() - start > timeout_cycles:
+            return False
+    return True
+
+
+@njit(nogil=True, cache=True)
 def set_flag(flags: np.ndarray, index: int, value: int) -> None:
     """flags[index] = value after every earlier store of this thread (release)."""
     store_release(flags, index, value)

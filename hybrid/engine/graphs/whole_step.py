@@ -108,7 +108,10 @@ class WholeStepGraphs:
         wait_for_flag(self._ready, 0, seq, "reach its first MoE layer")
 
     def _in_context(self, fn: Callable[[], None]) -> None:
-        """fn() on a thread of its own with the caller's per-thread torch state."""
+        """fn() on a thread of its own with the caller's per-thread torch state, once the
+        CPU experts' driver has started (HostExperts.wait_driving: first, before this thread
+        runs Python that would hold the driver back)."""
+        self.host.wait_driving()
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # the current device is per thread
         with torch.inference_mode():

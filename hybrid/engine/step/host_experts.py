@@ -23,7 +23,7 @@ import numba
 import numpy as np
 
 from cpu_kernels.runtime.deferral import deferred_ks
-from cpu_kernels.runtime.handshake import set_flag, wait_equal
+from cpu_kernels.runtime.handshake import set_flag, wait_at_least, wait_equal
 from cpu_kernels.runtime.layer_driver import (
     bound_driver,
     is_packed,
@@ -31,12 +31,13 @@ from cpu_kernels.runtime.layer_driver import (
     runs_one_region,
 )
 from cpu_kernels.runtime.region_driver import NOT_TOGETHER
-from cpu_kernels.simd.clock import cycles_per_us
+from cpu_kernels.simd.clock import cycles_per_us, now_cycles
 from hybrid.engine.step.experts_bridge import ExpertsBridge
 from hybrid.errors import DeviceLost
 from hybrid.ops.experts import ExpertsOp
 
 TIMEOUT_S = 60.0  # the GPU reaches the next layer's flag in microseconds; this is a lost GPU
+REGION_START_S = 0.1  # wait_driving's limit (a driver that failed before its region)
 log = logging.getLogger("hybrid.engine")
 
 
@@ -58,6 +59,9 @@ class HostExperts:
         self.starts = np.zeros(numba.config.NUMBA_NUM_THREADS + 1, np.int64)
         self._one_region: bool | None = None  # drive_layers' choice until it answers NOT_TOGETHER
         self._bound: tuple | None = None  # prepare's (seq, n, the driver's bound call)
+        self._prepared_at: int | None = None  # prepare's cycle stamp, where one region runs
+        # a region starts in microseconds: past this, wait_driving stops waiting for it
+        self._start_timeout = int(REGION_START_S * 1e6 * self._cycles_per_us)
 
     def warm_up(self) -> None:
         """Compile the driver (numba; seconds for the one-call driver, which compiles the MoE
@@ -109,6 +113,17 @@ class HostExperts:
         self._pool.use_inline_threads()
         self._bound = (seq, n, self._bind(seq, n, self._ready, self._done,
                                           self.bridge.host_arrays))
+        one_region = self._one_region is not False and runs_one_region(self._packed)
+        self._prepared_at = now_cycles() if one_region else None
+
+    def wait_driving(self) -> None:
+        """Return once the prepared run's one parallel region has started (its first worker
+        stamped `starts`), or at once where no single region runs it; without the GIL. For a
+        thread beside run (WholeStep's): numba takes the GIL to start a parallel region (and
+        to end it: the gufunc wrapper in numba/np/ufunc/parallel.py), so a thread running
+        Python meanwhile holds the region back, up to sys.getswitchinterval() (5 ms)."""
+        if self._prepared_at is not None:
+            wait_at_least(self.starts, 1, self._prepared_at, self._start_timeout)
 
     def run(self, seq: int, n: int) -> None:
         """Answer step `seq`'s flags for its first n rows, every layer (prepared or not);
