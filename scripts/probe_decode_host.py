@@ -183,7 +183,8 @@ def profiled(llm: LLM, request: Request) -> None:
 def probe(llm: LLM, stamps: Stamps, host, args, name: str, cprofile: int) -> dict:
     """One request of --gen-len tokens (plus `cprofile` under cProfile) stamped step by step
     -> {"medians_us", "accounted" (the sum of the phases that make up a step), "tokens",
-    "steps"}."""
+    "steps", "layers_us" (per MoE layer, the median of its waited and busy: HostExperts.timeline;
+    empty without a whole-step graph)}."""
     per_us = cycles_per_us()
     rows: list[dict[str, float]] = []
     prompt = [(7 * i + 3) % 1000 + 10 for i in range(args.prompt_len)]
@@ -194,6 +195,7 @@ def probe(llm: LLM, stamps: Stamps, host, args, name: str, cprofile: int) -> dic
                       lambda event: tokens.append(getattr(event, "token_id", -1)))
     llm.worker.submit(request)
     steps, last_begin = 0, None
+    timelines: list[list[tuple[float, float]]] = []  # a step's (waited, busy) a MoE layer
     while not request.is_finished and len(tokens) < args.gen_len:
         stamps.now = {}
         stamps.mark("step")
@@ -205,6 +207,8 @@ def probe(llm: LLM, stamps: Stamps, host, args, name: str, cprofile: int) -> dic
         last_begin = begin
         if steps > WARM_STEPS and "delivered" in stamps.now and not request.is_finished:
             rows.append(step_row(stamps.now, host, host.stamps if host else None, per_us))
+            if host is not None and "drive" in stamps.now:
+                timelines.append(host.timeline())
     rows = [r for r in rows if "period" in r]
     if cprofile:
         profiled(llm, request)
@@ -218,7 +222,13 @@ def probe(llm: LLM, stamps: Stamps, host, args, name: str, cprofile: int) -> dic
     parts = DRIVEN_STEP if "to_drive" in medians else \
         [k for k in medians if k not in ("step", "period")]
     accounted = sum(medians[k] for k in parts if k in medians)
-    return {"medians_us": medians, "accounted": accounted, "tokens": tokens, "steps": rows}
+    # per MoE layer over the steps: where a layer's experts or the GPU's work before it stand
+    # out (the first layers run beside the beside thread's work)
+    layers = [{"waited": statistics.median(t[i][0] for t in timelines),
+               "busy": statistics.median(t[i][1] for t in timelines)}
+              for i in range(len(timelines[0]))] if timelines else []
+    return {"medians_us": medians, "accounted": accounted, "tokens": tokens, "steps": rows,
+            "layers_us": layers}
 
 
 def main() -> int:
@@ -271,6 +281,11 @@ def main() -> int:
     rates = [f"{1e6 / run['medians_us']['period']:.1f}" for run in runs.values()]
     print(f"| (sum of the phases' medians) | {' | '.join(sums)} |")
     print(f"| tok/s from the median period | {' | '.join(rates)} |")
+    for label, run in runs.items():
+        if run["layers_us"]:
+            busy = " ".join(f"{x['busy']:.0f}" for x in run["layers_us"])
+            waited = " ".join(f"{x['waited']:.0f}" for x in run["layers_us"])
+            print(f"\n{label}, per MoE layer (median us), busy: {busy}; waited: {waited}")
     print(f"\nthis process's threads (OpenMP teams: one a thread that starts parallel kernels): "
           f"{thread_names()}")
     return 0
