@@ -96,13 +96,15 @@ def test_whole_step_equals_pieces(models, mode, one_call, short, defer, held, tm
     sends = []
     send = bridge.send
     monkeypatch.setattr(bridge, "send", lambda *a: (sends.append(1), send(*a)))
-    for _ in range(2):  # a second step: flags left from the first never pass for it
+    for step in range(2):  # a second step: flags left from the first never pass for it
         # as WholeStepGraphs replays it: the number staged on the host, loaded by the step
         seq = bridge.stage_seq()
         errors: list[BaseException] = []
 
-        def answer(seq=seq, errors=errors):
+        def answer(seq=seq, errors=errors, prepared=step == 0):
             try:
+                if prepared:  # as WholeStepGraphs.drive does before its beside thread
+                    host.prepare(seq, 2)
                 host.run(seq, 2)
             except BaseException as e:  # noqa: BLE001 - reported below
                 errors.append(e)
@@ -113,6 +115,9 @@ def test_whole_step_equals_pieces(models, mode, one_call, short, defer, held, tm
         thread.join()
         assert not errors and int(bridge.error[0]) == 0
         assert bridge.done.tolist() == [seq] * len(program.moe_layers)
+        host.wait_driving()  # the region (where one ran) started after prepare: at once
+        if one_call and host._one_region is not False and one_region_safe():
+            assert host.starts[1] >= host._prepared_at  # its first worker's stamp
         if one_call:  # each layer's experts after its flag, each layer after the last
             timeline = host.timeline()
             assert len(timeline) == len(program.moe_layers)
