@@ -36,7 +36,7 @@ def step_ms(llm, batch: int, steps: int, grammar: str | None = None) -> float:
 def answer_experts_at_once(llm) -> Callable[[], None]:
     """Make every CPU experts call of `llm`'s steps return at once: each ExpertsOp's `run_host`
     and, with whole-step decode graphs, the HostExperts' `run` (each layer's done flag raised as
-    soon as its ready flag is). The routed experts' output is then whatever its buffers held:
+    soon as its ready flag is; its `prepare` and `wait_driving` do nothing). The routed experts' output is then whatever its buffers held:
     wrong, for timing only. Set on the instances (every engine in the process keeps its own
     experts); -> undo, which puts back what the instances held before.
     NOTE: the whole-step graphs are looked up now; capture them before calling this."""
@@ -47,8 +47,9 @@ def answer_experts_at_once(llm) -> Callable[[], None]:
     graphs = getattr(runner, "graphs", None)
     host = graphs.form.host if graphs is not None and graphs.whole_step else None
     patched = [(op, "run_host", _skip) for op in ops]
-    if host is not None:
-        patched.append((host, "run", lambda seq, n: _answer_flags(host, seq)))
+    if host is not None:  # prepare and wait_driving too: no region starts for beside to await
+        patched += [(host, "run", lambda seq, n: _answer_flags(host, seq)),
+                    (host, "prepare", _skip), (host, "wait_driving", _skip)]
     missing = object()
     before = [(obj, name, vars(obj).get(name, missing)) for obj, name, _ in patched]
     for obj, name, fn in patched:
