@@ -347,10 +347,13 @@ def test_whole_step_graphs_get_each_layers_flag_answered_at_once() -> None:
         model=torch.nn.Module(), graphs=graphs)))
     flags.ready[:] = 7  # the GPU reached every MoE layer of step 7
     undo = answer_experts_at_once(llm)
+    host.prepare(7, 1)  # nothing bound, and no region for the beside thread to wait for
+    host.wait_driving()
     host.run(7, 1)  # the class's would run the (absent) experts
     assert flags.done.tolist() == [7, 7, 7]
     undo()
-    assert "run" not in vars(host) and host.run.__func__ is HostExperts.run
+    assert not {"run", "prepare", "wait_driving"} & set(vars(host))
+    assert host.run.__func__ is HostExperts.run
 
 
 def test_hot_experts_get_the_room_a_large_prefill_chunk_would_take() -> None:
