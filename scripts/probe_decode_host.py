@@ -33,8 +33,8 @@ next step's graph launched).
 `--defer K,..` runs the request once a k in the same engine (defer_experts k on every CPU experts
 layer): a deferred pass runs after its layer's done flag, so it shows in the layer's wait.
 Without a whole-step graph (a CPU run, or `decode_graph: layers`) the driver's rows are absent
-and the replay phase holds them. Prints medians in microseconds (and, with a whole-step graph, each MoE layer's median wait
-and busy time: layers_us); --json writes every step.
+and the replay phase holds them. Prints medians in microseconds (and, with a whole-step
+graph, each MoE layer's median wait and busy time: layers_us); --json writes every step.
 """
 
 from __future__ import annotations
