@@ -23,7 +23,6 @@ down_type, down) per layer.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from functools import partial
 from typing import NamedTuple
 
@@ -145,9 +144,10 @@ def bound_driver(ready: np.ndarray, done: np.ndarray, seq: int, n: int, x: np.nd
                  ids: np.ndarray, weights: np.ndarray, out: np.ndarray, layers: PackedLayers,
                  timeout_cycles: int, stamps: np.ndarray | None = None,
                  one_region: bool | None = None, deferred: np.ndarray | None = None,
-                 rows: int = 0, starts: np.ndarray | None = None) -> Callable[[], int]:
-    """drive_layers' numba call with its arguments bound, on numba's thread count now: calling
-    it enters numba at once. Why: the Python before it (numba.get_num_threads is a ctypes call,
+                 rows: int = 0, starts: np.ndarray | None = None) -> partial:
+    """drive_layers' numba call with its arguments bound, on numba's thread count now: a
+    functools.partial of region_driver.drive_in_one_region or of the layer loop (its `func`
+    says which) that enters numba at once when called. Why: the Python before it (numba.get_num_threads is a ctypes call,
     which lets go of the GIL) would let another Python thread started just before (the engine's
     beside thread) take the GIL and hold the driver back.
     ready/done: [L] int64 flags  x: [T, H] f32  ids: [T, K] int64  weights: [T, K] f32

@@ -17,8 +17,8 @@ where `claim` is one atomic fetch-and-add on counter[0] (an int64 array of 1, ze
 
 Why `counters` and not np.zeros: in a parallel=True function numba turns np.zeros (np.ones,
 array expressions) outside the prange into a parallel loop of its own, one more start and join
-of the thread team (~100 us at 15 threads: the one-region driver's seven made a decode step's
-first MoE layer wait ~650 us); an njit function without `parallel` keeps it one serial loop.
+of the thread team (docs/serving.md has what that cost); an njit function without `parallel`
+keeps it one serial loop.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Every parallel kernel's serial part (outside its prange loops) calls nothing that numba turns
 into a parallel loop of its own (simd/task_queue.py says why: each is one more start and join of
-the thread team, ~100 us at 15 threads). Read from the source: the compiled kernels come from
-numba's cache, which keeps no parallel diagnostics."""
+the thread team). Read from the source: the compiled kernels come from numba's cache, which
+keeps no parallel diagnostics."""
 
 from __future__ import annotations
 

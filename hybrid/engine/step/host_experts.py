@@ -17,7 +17,7 @@ remaining done flag before it propagates, so the graph runs out instead of spinn
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from functools import partial
 
 import numba
 import numpy as np
@@ -30,7 +30,7 @@ from cpu_kernels.runtime.layer_driver import (
     packed_layers,
     runs_one_region,
 )
-from cpu_kernels.runtime.region_driver import NOT_TOGETHER
+from cpu_kernels.runtime.region_driver import NOT_TOGETHER, drive_in_one_region
 from cpu_kernels.simd.clock import cycles_per_us, now_cycles
 from hybrid.engine.step.experts_bridge import ExpertsBridge
 from hybrid.errors import DeviceLost
@@ -107,14 +107,13 @@ class HostExperts:
         read, the arguments bound), so that run enters the driver at once. For a caller that
         starts another Python thread between the two (WholeStep's beside thread): numba's
         thread count calls are ctypes calls, which let go of the GIL, and that thread would
-        take it and hold the driver back (~100 us a step)."""
+        take it and hold the driver back."""
         if self._packed is None:
             return
         self._pool.use_inline_threads()
-        self._bound = (seq, n, self._bind(seq, n, self._ready, self._done,
-                                          self.bridge.host_arrays))
-        one_region = self._one_region is not False and runs_one_region(self._packed)
-        self._prepared_at = now_cycles() if one_region else None
+        call = self._bind(seq, n, self._ready, self._done, self.bridge.host_arrays)
+        self._bound = (seq, n, call)
+        self._prepared_at = now_cycles() if call.func is drive_in_one_region else None
 
     def wait_driving(self) -> None:
         """Return once the prepared run's one parallel region has started (its first worker
@@ -158,7 +157,7 @@ class HostExperts:
         waited = np.concatenate([[0.0], s[1:, 0] - s[:-1, 1]])
         return list(zip(waited.tolist(), (s[:, 1] - s[:, 0]).tolist(), strict=True))
 
-    def _bind(self, seq: int, n: int, ready, done, arrays: tuple) -> Callable[[], int]:
+    def _bind(self, seq: int, n: int, ready, done, arrays: tuple) -> partial:
         """layer_driver.bound_driver over the packed layers, on these flags and (x, ids,
         weights, out) arrays."""
         return bound_driver(ready, done, seq, n, *arrays, self._packed, self._timeout,
