@@ -14,6 +14,10 @@ microseconds, on the engine's thread (the one `hybrid serve` steps):
 - read_back: tokens read back: the step before's where they were left pending (launch-ahead,
   before the driver), else this step's (after it, inside `deliver`);
 - to_drive: from the step's start to the CPU experts' driver entered (all of the above);
+  inside it, where a whole-step graph drives: to_execute (the worker's step to engine.execute),
+  to_run (the engine's own, to ModelRunner.run), to_form_drive (the runner and DecodeGraphs,
+  to WholeStepGraphs.drive), to_prepared (before_experts: the picks taken or the tokens read
+  back; HostExperts.prepare), to_driver (the beside thread's job submitted);
 - gpu_to_first_layer: from there to the driver's first worker seeing the first MoE layer's
   rows (the GPU's embedding, dense layers, first attention and router, and the hand-over, or
   what is left of them); inside it, from the driver's entry: in_numba (the one-region driver's
@@ -24,12 +28,15 @@ microseconds, on the engine's thread (the one `hybrid serve` steps):
 - head_sampling: the picks launched after the driver (absent where the beside thread did it);
 - deliver: from the driver's return to the step's tokens delivered (completing the chunks,
   detokenizing, the sinks, retiring; head_sampling and a read back after the driver are in it);
+  inside it: to_runner_return (the beside thread's end awaited, DecodeGraphs and ModelRunner
+  returning), to_engine_return (the engine completing the step), worker_deliver (the sinks);
 - period: from one step's start to the next one's (the rate a stream sees).
 On the beside thread (`Ahead`, launch-ahead: this step's tokens decided and the next step
 launched while this one's CPU experts run), each from the driver's entry: ahead_saw_first_layer
 (its wait for the first MoE layer's hand-over returning: against gpu_to_first_layer, how late
-the driver's workers saw the same flag), ahead_sampled, ahead_scheduled, ahead_launched (the
-next step's graph launched).
+the driver's workers saw the same flag), ahead_read_back (the step before's outputs made, where
+the beside thread makes them), ahead_sampled, ahead_scheduled, ahead_launched (the next step's
+graph launched).
 `--defer K,..` runs the request once a k in the same engine (defer_experts k on every CPU experts
 layer): a deferred pass runs after its layer's done flag, so it shows in the layer's wait.
 Without a whole-step graph (a CPU run, or `decode_graph: layers`) the driver's rows are absent
@@ -115,7 +122,11 @@ def instrument(llm: LLM, stamps: Stamps):
         return None
     stamps.wrap(graphs.form, "launch", None, "launched")
     stamps.wrap(graphs.form, "started", None, "started")
+    stamps.wrap(engine, "execute", "execute", "executed")
+    stamps.wrap(runner, "run", "run", "ran")
+    stamps.wrap(graphs.form, "drive", "form_drive", None)
     host = graphs.form.host
+    stamps.wrap(host, "prepare", None, "prepared")
     stamps.wrap(host, "run", "drive", "driven")
     return host
 
@@ -146,10 +157,16 @@ def step_row(s: dict[str, int], host, layer_stamps, per_us: float) -> dict[str, 
                "gpu_to_first_layer": (first_ready - s["drive"]) / per_us,
                "cpu_experts": busy, "cpu_waits_between_layers": waited,
                "after_last_layer": (s["driven"] - last_done) / per_us,
-               "head_sampling": us("outputs", "sampled"), "deliver": us("driven", "delivered")}
+               "head_sampling": us("outputs", "sampled"), "deliver": us("driven", "delivered"),
+               "to_execute": us("step", "execute"), "to_run": us("execute", "run"),
+               "to_form_drive": us("run", "form_drive"),
+               "to_prepared": us("form_drive", "prepared"), "to_driver": us("prepared", "drive"),
+               "to_runner_return": us("driven", "ran"), "to_engine_return": us("ran", "executed"),
+               "worker_deliver": us("executed", "delivered")}
         row |= region_start(host.starts, s["drive"], per_us)
         row |= {name: us("drive", "ahead_" + stamp) for name, stamp in (
-            ("ahead_saw_first_layer", "started"), ("ahead_sampled", "sampled"),
+            ("ahead_saw_first_layer", "started"), ("ahead_read_back", "read_back"),
+            ("ahead_sampled", "sampled"),
             ("ahead_scheduled", "scheduled"), ("ahead_launched", "launched"))}
     else:  # layer graphs or eager steps: the stretches between the stamps this step has
         stops = REPLAYED_STEP if "replay" in s else EAGER_STEP

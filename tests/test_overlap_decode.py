@@ -13,6 +13,7 @@ import torch
 
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.llm import LLM
+from hybrid.engine.outputs import LaunchedOutputs, PendingRead
 from hybrid.engine.sampling.sampling_params import SamplingParams
 from hybrid.engine.scheduling.request import RequestStatus
 from hybrid.engine.scheduling.scheduler import PENDING
@@ -130,6 +131,55 @@ def test_every_way_a_request_ends_and_samples_matches_steps_read_back_one_by_one
     assert all(r.num_pending == 0 for r in requests)
     stats = on.worker.stats()
     assert stats.kv_pages_used == 0 and stats.num_running == 0
+
+
+def test_launched_ahead_only_the_picks_are_taken_before_the_cpu_experts(engines):
+    """Where the step launches the next ahead, the engine's thread takes the pending step's
+    picks before it drives the CPU experts (the next graph rewrites their buffers after its
+    last MoE layer) and Ahead makes their outputs; other steps read them back whole there."""
+    on = engines["on"]
+    calls: list[tuple[str | None, bool]] = []
+
+    def run(batch, before_experts=None, ahead=None, launched=None, run=on.engine.runner.run):
+        calls.append((getattr(before_experts, "__name__", None), ahead is not None))
+        return run(batch, before_experts, ahead, launched)
+
+    on.engine.runner.run = run
+    try:
+        cases = [(_prompt(i, 6), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+                 for i in range(3)]
+        _, requests = _run(on, cases)
+    finally:
+        del on.engine.runner.run
+    assert ("take", True) in calls
+    assert all(name == ("take" if ahead else "finish") for name, ahead in calls)
+    assert all(r.num_pending == 0 and r.num_output_tokens == 8 for r in requests)
+
+
+def test_a_pending_read_takes_its_picks_once_and_finishes_once(engines):
+    """outputs.PendingRead: `take` reads the picks off the device once; `finish` (after or
+    without `take`) makes the outputs once; with nothing pending both do nothing."""
+
+    class Picks:
+        reads = 0
+
+        def result(self):
+            Picks.reads += 1
+            return []
+
+    outputs = engines["on"].engine.outputs
+    into: list = []
+    read = PendingRead(outputs, LaunchedOutputs([], [], Picks()), into)
+    read.take()
+    read.take()
+    read.finish()
+    read.finish()
+    assert Picks.reads == 1 and read.pending is None and into == []
+    read = PendingRead(outputs, LaunchedOutputs([], [], Picks()), into)
+    read.finish()
+    assert Picks.reads == 2
+    PendingRead(outputs, None, into).finish()
+    assert into == []
 
 
 def test_a_request_arriving_mid_decode_and_one_cancelled_mid_decode(engines):

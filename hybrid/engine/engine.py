@@ -12,8 +12,10 @@ scheduled and launched beside this step's CPU experts (launch_ahead.py, on the w
 graph's beside thread), its inputs this step's tokens as they are decided on the device (the
 graph's greedy picks, or the draw queued after it, into the runner's carried ids). This
 step's tokens stay pending (`_pending`) and are read back, detokenized and checked for stops by
-the next call, while its step runs up to its first MoE layer (a grammar's matcher takes the
-token there, before the step launched ahead masks its row). `execute` returns the outputs known
+the next call (outputs.PendingRead): the picks taken while its step runs up to its first MoE
+layer, the rest there too, or, where that step launches the next ahead, first on the beside
+thread (a grammar's matcher takes the token before the step launched ahead masks its row, and
+the engine's thread goes on to drive the CPU experts sooner). `execute` returns the outputs known
 by its end: the step before's where one was pending, else its own. A request that stopped at the
 pending step has its next row computed and dropped. Any other step (a prompt, a request
 waiting) reads its tokens back at once.
@@ -32,7 +34,7 @@ import torch
 
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.launch_ahead import Ahead, LaunchedAhead, live_rows, rows_of, with_carried
-from hybrid.engine.outputs import LaunchedOutputs, RequestOutputs, StepOutput
+from hybrid.engine.outputs import LaunchedOutputs, PendingRead, RequestOutputs, StepOutput
 from hybrid.engine.runner.model_runner import ModelRunner
 from hybrid.engine.runner.transformers_runner import TransformersRunner
 from hybrid.engine.scheduling.request import Request, RequestStatus
@@ -141,22 +143,24 @@ class Engine:
     def _execute(self, batch: ScheduledBatch, schedule_ahead) -> list[StepOutput]:
         """The step: its inputs resolved where the step before's tokens are pending (those read
         back once it is launched), run, then its tokens read back or left pending."""
-        batch, launched, earlier, read_back = self._resume(batch)
+        batch, launched, earlier, read = self._resume(batch)
         ahead = Ahead(self.scheduler, self.runner, batch, schedule_ahead,
                       partial(self._launch_picks, [c.request for c in batch.chunks if c.samples],
-                              earlier, carry=True)) \
+                              earlier, carry=True), read.finish) \
             if schedule_ahead is not None and self._may_launch_ahead(batch) else None
-        try:
-            step = self.runner.run(batch, read_back, ahead, launched)
+        try:  # with a step launched ahead, the read back's rest runs beside the CPU experts
+            step = self.runner.run(batch, read.take if ahead else read.finish, ahead, launched)
         finally:  # known even if the step failed: abandon_in_flight drives it to its end
             self._launched = ahead.launched if ahead is not None else None
+        read.finish()  # where Ahead did not run (a prompt came in: it returned first)
         self._complete(step)
         return earlier + self._sample(step, earlier, ahead if ahead and ahead.scheduled else None)
 
     def _resume(self, batch: ScheduledBatch) -> tuple:
         """-> (the batch to run: the one launched ahead, or `batch` with its pending inputs
         naming their carried rows; its launched graph or None; the list the read-back fills;
-        the read-back of the pending step's tokens, or None)."""
+        the read-back of the pending step's tokens, if any: taken once the step is launched,
+        beside the GPU's first piece)."""
         pending, self._pending = self._pending, None
         launched, self._launched = self._launched, None
         earlier: list[StepOutput] = []
@@ -164,9 +168,8 @@ class Engine:
             batch = launched.batch
         elif pending is not None:
             batch = with_carried(batch, rows_of(pending))
-        read_back = None if pending is None else \
-            (lambda: earlier.extend(self.outputs.finish(pending)))  # beside the GPU's first piece
-        return batch, launched.graph if launched else None, earlier, read_back
+        read = PendingRead(self.outputs, pending, earlier)
+        return batch, launched.graph if launched else None, earlier, read
 
     def _complete(self, step: StepResult) -> None:
         """The scheduler told which chunks ran (a chunk may pass the layers over several steps,

@@ -1,10 +1,11 @@
 """Launching the next decode step beside this one's CPU experts (engine.py's overlapped decode).
 
 While every running request decodes, `Ahead` runs on the whole-step graph's beside thread once
-the step's graph read its staged rows (and the engine's thread read the step before's tokens
-back, its grammars' matchers taking them): it decides the step's tokens on the device (a greedy
-step's graph picked them; other rows are masked by their grammar and sampled, queued after the
-graph), each into its row of the runner's carried ids, completes the step's chunks, counts
+the step's graph read its staged rows (and the engine's thread took the step before's picks):
+it makes the step before's outputs (its grammars' matchers taking their tokens), decides the
+step's tokens on the device (a greedy step's graph picked them; other rows are masked by their
+grammar and sampled, queued after the graph), each into its row of the runner's carried ids,
+completes the step's chunks, counts
 their tokens pending, schedules the next batch (its decodes' inputs `PENDING`) and launches it,
 each pending input naming its carried row (`with_carried`: -(row + 1)). The engine drives that
 launched step in its next call, after reading this step's tokens back.
@@ -46,12 +47,16 @@ class Ahead:
 
     def __init__(self, scheduler: Scheduler, runner, batch: ScheduledBatch,
                  schedule: Callable[[], ScheduledBatch],
-                 sample: Callable[[torch.Tensor, object], LaunchedOutputs]) -> None:
+                 sample: Callable[[torch.Tensor, object], LaunchedOutputs],
+                 read_back: Callable[[], None] = lambda: None) -> None:
         """runner: the ModelRunner (its `launch`, on its stream); schedule(): the next batch;
         sample(logits, picks): the step's tokens decided on the device, graph row i's into
-        carried row i, not waited for (picks: the graph's greedy picks, or None)."""
+        carried row i, not waited for (picks: the graph's greedy picks, or None);
+        read_back(): the step before's tokens made outputs (outputs.PendingRead.finish), first:
+        which of its requests ended, and their grammars' tokens, before this step's are
+        decided."""
         self.scheduler, self.runner, self.batch, self.schedule = scheduler, runner, batch, schedule
-        self.sample = sample
+        self.sample, self.read_back = sample, read_back
         self.sampled: LaunchedOutputs | None = None
         self.launched: LaunchedAhead | None = None
 
@@ -63,6 +68,7 @@ class Ahead:
 
     def __call__(self, logits: torch.Tensor, picks) -> None:
         """logits: the step's [B, V] (a graph's: written by the time the queued work runs)."""
+        self.read_back()
         chunks = self.batch.chunks
         if self.scheduler.waiting:  # a prompt comes next: these tokens are read back first
             return

@@ -13,7 +13,7 @@ request alone, with the cause: the others of the step go on. A lost device is ne
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -67,6 +67,30 @@ class LaunchedOutputs:
     def carried(self) -> bool:
         """Whether the picks went to the device's carried ids (rows says where)."""
         return self.rows is not None
+
+
+class PendingRead:
+    """A pending step's tokens read back in two parts. `take` copies its picks off the device's
+    buffers: before the step after it drives its CPU experts, since that step's graph
+    rewrites them after its last MoE layer (graphs/device_picks.py). `finish` makes their
+    StepOutputs (detokenizing, stop strings, a grammar's matcher) into `into`, once: it may
+    run on the thread beside the CPU experts, off the step's critical path."""
+
+    def __init__(self, outputs: RequestOutputs, pending: LaunchedOutputs | None,
+                 into: list[StepOutput]) -> None:
+        self.outputs, self.pending, self.into = outputs, pending, into
+
+    def take(self) -> None:
+        p = self.pending
+        if p is not None and not isinstance(p.picks, list):
+            self.pending = replace(p, picks=p.picks.result())
+
+    def finish(self) -> None:
+        """Both parts (`take` first where it has not run); later calls do nothing."""
+        self.take()
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            self.into.extend(self.outputs.finish(pending))
 
 
 class RequestOutputs:

@@ -79,9 +79,10 @@ class DecodeGraphs:
         token -(j + 1) is the carried id j -> (logits [B, V], the rows' greedy picks where the
         form makes them). beside: host work run during the step (the form says when);
         before_experts: host work once the step is launched, before the host drives its CPU
-        experts (the step before's tokens read back); ahead(logits, picks): host work beside the
-        CPU experts of a whole-step graph once it is past its first MoE layer (this step's
-        tokens decided on the device, the next step launched), instead of `beside`."""
+        experts (the step before's tokens read back, or their picks taken); ahead(logits,
+        picks): host work beside the CPU experts of a whole-step graph once it is past its
+        first MoE layer (this step's tokens decided on the device, the next step launched),
+        instead of `beside`."""
         if self.whole_step:
             return self.drive(self.launch(chunks), beside, before_experts, ahead)
         static, graphs = self._bucket(len(chunks))
