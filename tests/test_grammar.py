@@ -159,17 +159,18 @@ def test_a_matcher_made_on_one_thread_masks_on_another(llm: LLM) -> None:
 def test_bench_grammar_times_both_batches(models) -> None:
     """scripts/bench_grammar.py at a CPU size prints its row: the free and the constrained
     decode step and the masks alone, at the overlap it was given."""
-    import os
     import subprocess
     import sys
     from pathlib import Path
+
+    from .subprocess_env import with_checkout
 
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run(
         [sys.executable, "scripts/bench_grammar.py", "--gguf-path",
          str(models.path("tiny-v3", "q4_k_m", vocab="deepseek")), "--optimize-rules", "cpu",
          "--batch", "2", "--steps", "3", "--overlap-decode", "on"],
-        cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, check=True, capture_output=True,
+        cwd=root, env=with_checkout(root), check=True, capture_output=True,
         text=True, timeout=600).stdout
     assert "overlap_decode=on" in out
     row = out.strip().splitlines()[-1].split("|")[1:-1]  # tokens, free, constrained, +%, masks

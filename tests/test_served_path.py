@@ -4,7 +4,6 @@ the served-vs-engine benchmark at a CPU size, and the prefill chunk chosen at st
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -22,6 +21,8 @@ from hybrid.model.activations import (
     activation_bytes_per_token,
     choose_chunk_size,
 )
+
+from .subprocess_env import with_checkout
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -139,7 +140,7 @@ def test_sigterm_cancels_what_outlasts_the_shutdown_timeout(models) -> None:
 def test_bench_served_decode_reports_every_row(tmp_path, models) -> None:
     """The CPU-sized served-vs-engine ratio: offline, engine, HTTP and chat rows, one run."""
     out = tmp_path / "rows.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = with_checkout(ROOT)
     subprocess.run([sys.executable, "scripts/bench_served_decode.py", "--gguf-path",
                     str(models.path("tiny-v3", "q4_k_m")), "--optimize-rules", "cpu",
                     "--gen-len", "6", "--repeats", "1", "--ttft", "40", "--mixed", "40",
@@ -231,7 +232,7 @@ def test_bench_serve_peer_measures_hybrid_as_users_start_it(tmp_path, models) ->
     """The peer benchmark's client half (the official openai client) on `hybrid serve` started
     with its defaults: every row is there (the peer's rows need llama-server: GPU machine)."""
     out = tmp_path / "peer.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = with_checkout(ROOT)
     subprocess.run([sys.executable, "scripts/bench_serve_peer.py", "--gguf-path",
                     str(models.path("tiny-v3", "q4_k_m")), "--ttft", "40", "--streams", "2",
                     "--gen-len", "4", "--rates", "4", "--requests", "3", "--json", str(out),
@@ -256,7 +257,7 @@ def test_probe_decode_host_accounts_for_every_step(tmp_path, models) -> None:
     from hybrid.engine.sampling.sampling_params import SamplingParams
 
     out, path = tmp_path / "probe.json", str(models.path("tiny-v3", "q4_k_m"))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = with_checkout(ROOT)
     subprocess.run([sys.executable, "scripts/probe_decode_host.py", "--gguf-path", path,
                     "--optimize-rules", "cpu", "--gen-len", "14", "--prompt-len", "5",
                     "--json", str(out)], cwd=ROOT, env=env, check=True, capture_output=True,
