@@ -12,7 +12,8 @@ microseconds, on the engine's thread (the one `hybrid serve` steps):
 - load, launch: the step's rows staged (StaticStep.load) and its graph launched (absent where
   the step was launched ahead, during the step before);
 - read_back: tokens read back: the step before's where they were left pending (launch-ahead,
-  before the driver), else this step's (after it, inside `deliver`);
+  before the driver; where this step launches the next ahead, the beside thread makes them:
+  ahead_read_back), else this step's (after it, inside `deliver`);
 - to_drive: from the step's start to the CPU experts' driver entered (all of the above);
   inside it, where a whole-step graph drives: to_execute (the worker's step to engine.execute),
   to_run (the engine's own, to ModelRunner.run), to_form_drive (the runner and DecodeGraphs,
