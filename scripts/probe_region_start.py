@@ -102,7 +102,8 @@ def main() -> int:
     except ImportError:
         pass
     print(f"numba {numba.__version__}, threading layer {numba.threading_layer()}; medians, us")
-    print("| row | serial part | first worker | last worker | last worker p90 |\n|---|---|---|---|---|")
+    print("| row | serial part | first worker | last worker | last worker p90 |\n"
+          "|---|---|---|---|---|")
     for name, r in rows:
         print(f"| {name} | {r['serial']:.1f} | {r['first_worker']:.1f} | {r['last_worker']:.1f} "
               f"| {r['last_worker_p90']:.1f} |")

@@ -147,9 +147,10 @@ def bound_driver(ready: np.ndarray, done: np.ndarray, seq: int, n: int, x: np.nd
                  rows: int = 0, starts: np.ndarray | None = None) -> partial:
     """drive_layers' numba call with its arguments bound, on numba's thread count now: a
     functools.partial of region_driver.drive_in_one_region or of the layer loop (its `func`
-    says which) that enters numba at once when called. Why: the Python before it (numba.get_num_threads is a ctypes call,
-    which lets go of the GIL) would let another Python thread started just before (the engine's
-    beside thread) take the GIL and hold the driver back.
+    says which) that enters numba at once when called. Why: the Python before it
+    (numba.get_num_threads is a ctypes call, which lets go of the GIL) would let another Python
+    thread started just before (the engine's beside thread) take the GIL and hold the driver
+    back.
     ready/done: [L] int64 flags  x: [T, H] f32  ids: [T, K] int64  weights: [T, K] f32
     out: [T, H] f32, rows :n used. stamps: [L, 2] int64 kernel cycle stamps (optional).
     one_region: run region_driver.drive_in_one_region (default: runs_one_region), else

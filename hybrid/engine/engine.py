@@ -143,7 +143,8 @@ class Engine:
     def _execute(self, batch: ScheduledBatch, schedule_ahead) -> list[StepOutput]:
         """The step: its inputs resolved where the step before's tokens are pending (those read
         back once it is launched), run, then its tokens read back or left pending."""
-        batch, launched, earlier, read = self._resume(batch)
+        batch, launched, read = self._resume(batch)
+        earlier = read.into  # the pending step's outputs, once read back
         ahead = Ahead(self.scheduler, self.runner, batch, schedule_ahead,
                       partial(self._launch_picks, [c.request for c in batch.chunks if c.samples],
                               earlier, carry=True), read.finish) \
@@ -158,18 +159,17 @@ class Engine:
 
     def _resume(self, batch: ScheduledBatch) -> tuple:
         """-> (the batch to run: the one launched ahead, or `batch` with its pending inputs
-        naming their carried rows; its launched graph or None; the list the read-back fills;
-        the read-back of the pending step's tokens, if any: taken once the step is launched,
-        beside the GPU's first piece)."""
+        naming their carried rows; its launched graph or None; the read-back of the pending
+        step's tokens, if any, into a list of its own: taken once the step is launched, beside
+        the GPU's first piece)."""
         pending, self._pending = self._pending, None
         launched, self._launched = self._launched, None
-        earlier: list[StepOutput] = []
         if launched is not None:  # its rows were resolved when it was launched
             batch = launched.batch
         elif pending is not None:
             batch = with_carried(batch, rows_of(pending))
-        read = PendingRead(self.outputs, pending, earlier)
-        return batch, launched.graph if launched else None, earlier, read
+        read = PendingRead(self.outputs, pending, [])
+        return batch, launched.graph if launched else None, read
 
     def _complete(self, step: StepResult) -> None:
         """The scheduler told which chunks ran (a chunk may pass the layers over several steps,

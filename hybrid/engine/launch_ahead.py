@@ -48,7 +48,7 @@ class Ahead:
     def __init__(self, scheduler: Scheduler, runner, batch: ScheduledBatch,
                  schedule: Callable[[], ScheduledBatch],
                  sample: Callable[[torch.Tensor, object], LaunchedOutputs],
-                 read_back: Callable[[], None] = lambda: None) -> None:
+                 read_back: Callable[[], None]) -> None:
         """runner: the ModelRunner (its `launch`, on its stream); schedule(): the next batch;
         sample(logits, picks): the step's tokens decided on the device, graph row i's into
         carried row i, not waited for (picks: the graph's greedy picks, or None);

@@ -37,8 +37,9 @@ def answer_experts_at_once(llm) -> Callable[[], None]:
     """Make every CPU experts call of `llm`'s steps return at once: each ExpertsOp's `run_host`
     and, with whole-step decode graphs, the HostExperts' `run` (each layer's done flag raised as
     soon as its ready flag is; its `prepare` and `wait_driving` do nothing). The routed
-    experts' output is then whatever its buffers held: wrong, for timing only. Set on the instances (every engine in the process keeps its own
-    experts); -> undo, which puts back what the instances held before.
+    experts' output is then whatever its buffers held: wrong, for timing only. Set on the
+    instances (every engine in the process keeps its own experts); -> undo, which puts back
+    what the instances held before.
     NOTE: the whole-step graphs are looked up now; capture them before calling this."""
     from hybrid.ops.experts import ExpertsOp
 
