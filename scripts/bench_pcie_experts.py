@@ -49,12 +49,18 @@ def one(args) -> dict:
     from hybrid.engine.config import EngineConfig
     from hybrid.model.loader import open_model
     from hybrid.rules.plan import pcie_expert_ids
-    from hybrid.rules.planner import with_gpu_experts
+    from hybrid.rules.planner import with_gpu_experts, with_pcie_experts
 
     spec = open_model(args.gguf_path)[1]
     ids = pcie_expert_ids(spec.num_experts, args.share) if args.share else []
-    rules = str(with_gpu_experts(args.optimize_rules, ids, args.memory, Path(tempfile.mkdtemp()),
-                                 args.gpu_device)) if ids else args.optimize_rules
+    folder = Path(tempfile.mkdtemp())
+    # share 0 strips the rules' own pcie_experts (the bundled V2-Lite rules hold 0.3); host
+    # memory on the GPU machine is the rules' own option, device memory names the same ids
+    if args.memory == "host" and args.gpu_device.startswith("cuda"):
+        rules = str(with_pcie_experts(args.optimize_rules, args.share, folder))
+    else:
+        rules = str(with_gpu_experts(args.optimize_rules, ids, args.memory, folder,
+                                     args.gpu_device))
     streams = [int(v) for v in args.streams.split(",") if v]
     batch = max(streams + [8])
     config = EngineConfig(max_batch_size=batch, prefix_cache=False,

@@ -104,6 +104,23 @@ def test_pcie_experts_hold_a_spread_share_in_host_memory(models, tmp_path) -> No
     assert len(pcie_expert_ids(64, 0.3)) == 19 and len(pcie_expert_ids(8, 0.01)) == 1
 
 
+def test_rule_editors_set_or_strip_the_bundled_share(tmp_path) -> None:
+    """The bundled V2-Lite rules hold pcie_experts; a share of 0 strips it, another replaces
+    it, and explicit gpu_experts replace it too (the plan refuses both on one rule)."""
+    from hybrid.rules.planner import with_pcie_experts
+
+    def experts(path):
+        return [r["replace"]["kwargs"] for r in yaml.safe_load(path.read_text())
+                if r["replace"].get("class") == "experts"]
+
+    assert [k.get("pcie_experts") for k in experts(
+        with_pcie_experts("DeepSeek-V2-Lite", 0, tmp_path))] == [None]
+    assert [k.get("pcie_experts") for k in experts(
+        with_pcie_experts("DeepSeek-V2-Lite", 0.15, tmp_path))] == [0.15]
+    held = experts(with_gpu_experts("DeepSeek-V2-Lite", [1, 2], "host", tmp_path))
+    assert held == [{**held[0], "gpu_experts": [1, 2]}] and "pcie_experts" not in held[0]
+
+
 @pytest.mark.parametrize("kwargs,error", [
     ({"pcie_experts": 1.0}, "share in"), ({"pcie_experts": -0.2}, "share in"),
     ({"pcie_experts": 0.2, "gpu_experts": [1]}, "one of pcie_experts and gpu_experts"),

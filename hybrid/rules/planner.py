@@ -95,15 +95,27 @@ def with_gpu_experts(rules: str, ids: list[int], memory: str, folder: Path,
                      device: str = "cuda:0") -> Path:
     """A copy of rule file `rules` whose CPU experts rules hand experts `ids` of every layer
     to `device` (`gpu_experts`, `gpu_device`), their blocks in `memory` (`gpu_experts_memory`:
-    device or host); no ids removes the three."""
+    device or host); no ids removes the three. The explicit ids replace a `pcie_experts` share
+    (the plan refuses both on one rule)."""
     def edit(cls: str, kwargs: dict) -> None:
         if cls == "experts" and kwargs.get("backend", "cpu") == "cpu":
-            for key in ("gpu_experts", "gpu_device", "gpu_experts_memory"):
+            for key in ("gpu_experts", "gpu_device", "gpu_experts_memory", "pcie_experts"):
                 kwargs.pop(key, None)
             if ids:
                 kwargs.update(gpu_experts=sorted(set(ids)), gpu_device=device,
                               gpu_experts_memory=memory)
     return _rewritten(rules, folder, f"held{len(ids)}-{memory}", edit)
+
+
+def with_pcie_experts(rules: str, share: float, folder: Path) -> Path:
+    """A copy of rule file `rules` whose CPU experts rules keep `share` of each layer's experts
+    in page-locked host memory for the GPU (`pcie_experts`; 0 removes it)."""
+    def edit(cls: str, kwargs: dict) -> None:
+        if cls == "experts" and kwargs.get("backend", "cpu") == "cpu":
+            kwargs.pop("pcie_experts", None)
+            if share:
+                kwargs["pcie_experts"] = share
+    return _rewritten(rules, folder, f"pcie{share:g}", edit)
 
 
 def with_kv_cache_dtype(rules: str, dtype: str, folder: Path) -> Path:
