@@ -316,6 +316,28 @@ def test_loading_refuses_a_plan_over_budget(v3_sparse: Path) -> None:
     refuse_if_over_budget(cpu.plan, cpu.spec, 32768, gpu_memory=1)  # no GPU in the plan
 
 
+def test_a_gpu_holding_only_a_staging_buffer_reads_its_own_budget(models, tmp_path,
+                                                                   monkeypatch) -> None:
+    """CPU rules with experts held in host memory for cuda:0: no weight lies on the GPU, yet
+    its staging buffer and reserve do, so its budget is read from the device (not taken as
+    0, which refused every such start on the GPU machine)."""
+    import types
+
+    import torch
+
+    from hybrid.rules.explain import refuse_if_over_budget
+    from hybrid.rules.planner import with_gpu_experts
+
+    rules = with_gpu_experts("cpu", [1, 5, 9], "host", tmp_path, device="cuda:0")
+    planned = plan_model(str(models.path("tiny-v3", "q4_k_m", "legacy")), str(rules),
+                         check_devices=False, announce=False)
+    asked = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: asked.append(i) or
+                        types.SimpleNamespace(total_memory=80 * GIB))
+    refuse_if_over_budget(planned.plan, planned.spec, 4096)
+    assert asked == [0]
+
+
 def test_explain_defaults_to_the_demo_model_and_any_case_of_a_bundled_name(capsys) -> None:
     assert main(["rules", "explain", "--optimize-rules", "CPU", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

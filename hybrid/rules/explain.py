@@ -386,7 +386,9 @@ def refuse_if_over_budget(plan: Plan, spec: ModelSpec, cache_lens: int,
 
     import psutil
 
-    gpus = {w.device for w in plan.weights if w.device != "cpu"}
+    # a GPU may hold no weight yet a staging buffer (experts in host memory, CPU rules)
+    gpus = {w.device for w in plan.weights if w.device != "cpu"} | \
+        {d for d in _host_experts_staging(plan) if d != "cpu"}
     if gpus and gpu_memory is None:
         import torch
 
