@@ -136,7 +136,8 @@ def test_pcie_experts_refuse_what_cannot_hold(models, tmp_path, kwargs, error) -
 
 def test_small_steps_leave_host_memory_experts_to_the_cpu(models, tmp_path) -> None:
     """A step handing host-memory experts fewer than MIN_HOST_PAIRS pairs on average keeps
-    them on the CPU (which holds every expert); larger steps hand them over. The tokens are
+    them on the CPU (which holds every expert; `splits` says so, and a whole step's router
+    then sends the rows itself); larger steps hand them over. The tokens are
     those of the CPU alone either way (greedy, within the products' roundings)."""
     from hybrid.engine.llm import LLM
     from hybrid.ops.experts import MIN_HOST_PAIRS, ExpertsOp
@@ -150,7 +151,7 @@ def test_small_steps_leave_host_memory_experts_to_the_cpu(models, tmp_path) -> N
     for rows, handed in ((small, False), (small + 1, True), (64, True)):
         ids = torch.arange(rows * k).reshape(rows, k) % op.num_experts
         host_ids, held_w = op.hand_off(ids, torch.ones(rows, k))
-        assert (held_w is not None) == handed, rows
+        assert (held_w is not None) == handed == op.splits(rows), rows
         assert torch.equal(host_ids == -1, op.gpu_held[ids] if handed else
                            torch.zeros_like(ids, dtype=torch.bool))
     cpu = LLM(path, "cpu", engine_config=EngineConfig(max_batch_size=8))

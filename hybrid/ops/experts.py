@@ -114,6 +114,11 @@ class ExpertsOp(nn.Module):
         round trip and no data-dependent shape: a CUDA graph can hold it)."""
         return self.on_device is not None and self.gpu_experts is None
 
+    def splits(self, rows: int) -> bool:
+        """Whether hand_off splits a step of `rows` rows (held experts that take their pairs);
+        where it does not, the host gets the router's ids as they are."""
+        return self.gpu_experts is not None and rows >= self.host_min_rows
+
     def hand_off(self, ids: torch.Tensor, weights: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Split a step's choices [N, K]: (ids for the host, the held experts' slots -1 so the
@@ -121,10 +126,8 @@ class ExpertsOp(nn.Module):
         expert is held, or they lie in host memory and N * K pairs would hand them fewer than
         MIN_HOST_PAIRS on average: the CPU, which keeps every expert, computes them). Device
         ops only: no sync, capturable (N is the step's static row count)."""
-        if self.gpu_experts is None:
-            return ids, None
-        if ids.shape[0] < self.host_min_rows:
-            return ids, None  # too few pairs to pay for their copy: the CPU computes all
+        if not self.splits(ids.shape[0]):  # none held, or too few pairs to pay for their
+            return ids, None  # copy: the CPU computes all
         if ids.device not in self._held:
             self._held[ids.device] = self.gpu_held.to(ids.device)
         held = self._held[ids.device][ids]  # [N, K] bool

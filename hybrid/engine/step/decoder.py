@@ -208,9 +208,10 @@ class DecoderProgram:
         st.signaled = False
         if gate.device == st.normed.device:
             # a whole step's router sends the rows and raises the flag from its own launch
-            # (no GPU-held experts: those change the ids the host gets)
+            # (unless GPU-held experts take pairs: those change the ids the host gets)
             send = self.bridge.handover(i) if st.handshake and st.on_host(i) \
-                and experts.gpu_experts is None and gate.kernels.sends_from_router else None
+                and not experts.splits(st.normed.shape[0]) \
+                and gate.kernels.sends_from_router else None
             _, weights, ids = gate.route(st.normed, send)
             st.signaled = send is not None
         else:  # a router on another device (an eager step's): its kernels launch there
