@@ -83,12 +83,7 @@ def with_experts_mode(rules: str, mode: str, folder: Path) -> Path:
 def with_deferral(rules: str, k: int, folder: Path) -> Path:
     """A copy of rule file `rules` whose CPU experts rules defer `k` experts of a decoding
     token (the experts' `defer_experts`; 0 removes it)."""
-    def edit(cls: str, kwargs: dict) -> None:
-        if cls == "experts" and kwargs.get("backend", "cpu") == "cpu":
-            kwargs.pop("defer_experts", None)
-            if k:
-                kwargs["defer_experts"] = k
-    return _rewritten(rules, folder, f"defer{k}", edit)
+    return _with_cpu_experts_option(rules, "defer_experts", k, folder, f"defer{k}")
 
 
 def with_gpu_experts(rules: str, ids: list[int], memory: str, folder: Path,
@@ -110,12 +105,18 @@ def with_gpu_experts(rules: str, ids: list[int], memory: str, folder: Path,
 def with_pcie_experts(rules: str, share: float, folder: Path) -> Path:
     """A copy of rule file `rules` whose CPU experts rules keep `share` of each layer's experts
     in page-locked host memory for the GPU (`pcie_experts`; 0 removes it)."""
+    return _with_cpu_experts_option(rules, "pcie_experts", share, folder, f"pcie{share:g}")
+
+
+def _with_cpu_experts_option(rules: str, key: str, value, folder: Path, suffix: str) -> Path:
+    """A copy of `rules` whose CPU experts rules set option `key` to `value` (falsy removes
+    it, leaving the operator's default)."""
     def edit(cls: str, kwargs: dict) -> None:
         if cls == "experts" and kwargs.get("backend", "cpu") == "cpu":
-            kwargs.pop("pcie_experts", None)
-            if share:
-                kwargs["pcie_experts"] = share
-    return _rewritten(rules, folder, f"pcie{share:g}", edit)
+            kwargs.pop(key, None)
+            if value:
+                kwargs[key] = value
+    return _rewritten(rules, folder, suffix, edit)
 
 
 def with_kv_cache_dtype(rules: str, dtype: str, folder: Path) -> Path:
