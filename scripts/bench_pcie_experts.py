@@ -9,12 +9,14 @@ device and a whole-step CUDA graph holds the step as with experts held in GPU me
 
     python scripts/bench_pcie_experts.py --gguf-path v2-lite-q4_k_m.gguf \\
         --optimize-rules DeepSeek-V2-Lite --shares 0,0.2,0.3 [--memory host] \\
-        [--streams 1,16] [--ttft 512,2048] [--tokens 64] [--repeats 3] [--json out.json]
+        [--streams 1,16] [--ttft 512,2048] [--tokens 64] [--repeats 3] [--rounds 2] \\
+        [--json out.json]
 
 Rows per share: decode tok/s of one sampled stream and of each --streams count at once
-(median of --repeats), TTFT of each --ttft prompt length (median of 3), the
-greedy tokens' agreement with share 0's (the GPU's products round differently from the CPU's),
-and the engine's start-up seconds. Prints a markdown table last.
+(the median of --repeats in each of --rounds processes, which alternate with the other shares'
+since the host drifts over minutes), TTFT of each --ttft prompt length (median of 3), the
+greedy tokens' agreement with the first share's (the GPU's products round differently from the
+CPU's), and the engine's start-up seconds. Prints a markdown table last.
 """
 
 from __future__ import annotations
@@ -83,6 +85,20 @@ def one(args) -> dict:
     return row
 
 
+def merged(runs: list[dict]) -> dict:
+    """One share's row from its runs (one per round): each rate the median of every sample,
+    each TTFT and start-up the median of the runs', greedy agreement the lowest."""
+    row = dict(runs[0])
+    for key in [k for k in row if k.startswith("decode_x") and not k.endswith("_samples")]:
+        row[f"{key}_samples"] = [v for r in runs for v in r[f"{key}_samples"]]
+        row[key] = statistics.median(row[f"{key}_samples"])
+    for key in [k for k in row if k.startswith("ttft_")] + ["start_s"]:
+        row[key] = statistics.median(r[key] for r in runs)
+    row["greedy_agreement"] = min(r["greedy_agreement"] for r in runs)
+    row["rounds"] = len(runs)
+    return row
+
+
 def _ints(text: str) -> list[int]:
     return [int(v) for v in text.split(",") if v]
 
@@ -98,6 +114,7 @@ def main() -> int:
     ap.add_argument("--ttft", default="512,2048")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=1, help="runs of every share, alternating")
     ap.add_argument("--json", default=None)
     ap.add_argument("--share", type=float, default=None, help=argparse.SUPPRESS)  # one engine
     args = ap.parse_args()
@@ -105,7 +122,9 @@ def main() -> int:
         print("ROW " + json.dumps(one(args)), flush=True)
         return 0
     rows = []
-    for share in (float(v) for v in args.shares.split(",") if v):
+    shares = [float(v) for v in args.shares.split(",") if v]
+    # the host drifts over minutes: the shares alternate, each round one process per share
+    for share in shares * args.rounds:
         cmd = [sys.executable, __file__, "--gguf-path", args.gguf_path, "--optimize-rules",
                args.optimize_rules, "--memory", args.memory, "--gpu-device", args.gpu_device,
                "--streams", args.streams,
@@ -120,14 +139,17 @@ def main() -> int:
         print({k: v for k, v in rows[-1].items() if k != "greedy"}, flush=True)
     if not rows:
         return 1
-    base = rows[0]
     for r in rows:
-        same = [a == b for x, y in zip(base["greedy"], r["greedy"]) for a, b in zip(x, y)]
+        same = [a == b for x, y in zip(rows[0]["greedy"], r["greedy"]) for a, b in zip(x, y)]
         r["greedy_agreement"] = float(np.mean(same))
+    runs = rows
+    rows = [merged([r for r in runs if r["share"] == share]) for share in shares
+            if any(r["share"] == share for r in runs)]
+    base = rows[0]
     if args.json:
         Path(args.json).write_text(json.dumps({"model": Path(args.gguf_path).name,
-                                               "rules": args.optimize_rules, "rows": rows},
-                                              indent=1))
+                                               "rules": args.optimize_rules, "rows": rows,
+                                               "runs": runs}, indent=1))
     streams, ttfts = _ints(args.streams), _ints(args.ttft)
     print(f"\n{Path(args.gguf_path).name}, rules {args.optimize_rules}, experts in "
           f"{args.memory} memory")
