@@ -12,7 +12,7 @@ echo "expert_gather tests: rc $?"; tail -3 "$OUT/gather_test.log"
 v2_lite_model
 timeout ${BENCH_TIMEOUT:-500} python3 scripts/bench_pcie_experts.py --gguf-path $M \
   --optimize-rules DeepSeek-V2-Lite --shares ${SHARES:-0,0.15,0.3} --streams ${STREAMS:-1,16} \
-  --ttft ${TTFT:-512,2048} --repeats ${REPEATS:-3} --rounds ${ROUNDS:-2} --json "$OUT/pcie-experts.json" \
-  > "$OUT/pcie-experts.log" 2>&1
+  --ttft ${TTFT:-512,2048} --repeats ${REPEATS:-3} --rounds ${ROUNDS:-2} \
+  --json "$OUT/pcie-experts.json" > "$OUT/pcie-experts.log" 2>&1
 echo "bench: rc $?"
 tail -30 "$OUT/pcie-experts.log"
