@@ -168,18 +168,18 @@ def test_a_pending_read_takes_its_picks_once_and_finishes_once(engines):
             return []
 
     outputs = engines["on"].engine.outputs
-    into: list = []
-    read = PendingRead(outputs, LaunchedOutputs([], [], Picks()), into)
+    read = PendingRead(outputs, LaunchedOutputs([], [], Picks()))
     read.take()
     read.take()
     read.finish()
     read.finish()
-    assert Picks.reads == 1 and read.pending is None and into == []
-    read = PendingRead(outputs, LaunchedOutputs([], [], Picks()), into)
+    assert Picks.reads == 1 and read.pending is None and read.into == []
+    read = PendingRead(outputs, LaunchedOutputs([], [], Picks()))
     read.finish()
     assert Picks.reads == 2
-    PendingRead(outputs, None, into).finish()
-    assert into == []
+    read = PendingRead(outputs, None)
+    read.finish()
+    assert read.into == []
 
 
 def test_a_request_arriving_mid_decode_and_one_cancelled_mid_decode(engines):

@@ -160,7 +160,7 @@ class Engine:
     def _resume(self, batch: ScheduledBatch) -> tuple:
         """-> (the batch to run: the one launched ahead, or `batch` with its pending inputs
         naming their carried rows; its launched graph or None; the read-back of the pending
-        step's tokens, if any, into a list of its own: taken once the step is launched, beside
+X
         the GPU's first piece)."""
         pending, self._pending = self._pending, None
         launched, self._launched = self._launched, None
@@ -168,8 +168,7 @@ class Engine:
             batch = launched.batch
         elif pending is not None:
             batch = with_carried(batch, rows_of(pending))
-        read = PendingRead(self.outputs, pending, [])
-        return batch, launched.graph if launched else None, read
+        return batch, launched.graph if launched else None, PendingRead(self.outputs, pending)
 
     def _complete(self, step: StepResult) -> None:
         """The scheduler told which chunks ran (a chunk may pass the layers over several steps,

@@ -76,9 +76,9 @@ class PendingRead:
     StepOutputs (detokenizing, stop strings, a grammar's matcher) into `into`, once: it may
     run on the thread beside the CPU experts, off the step's critical path."""
 
-    def __init__(self, outputs: RequestOutputs, pending: LaunchedOutputs | None,
-                 into: list[StepOutput]) -> None:
-        self.outputs, self.pending, self.into = outputs, pending, into
+    def __init__(self, outputs: RequestOutputs, pending: LaunchedOutputs | None) -> None:
+        self.outputs, self.pending = outputs, pending
+        self.into: list[StepOutput] = []  # the pending step's outputs, once finished
 
     def take(self) -> None:
         p = self.pending
