@@ -8,7 +8,7 @@ the GPU takes is fixed per layer (rules.plan.pcie_expert_ids), so nothing is cho
 device and a whole-step CUDA graph holds the step as with experts held in GPU memory.
 
     python scripts/bench_pcie_experts.py --gguf-path v2-lite-q4_k_m.gguf \\
-        --optimize-rules DeepSeek-V2-Lite --shares 0,0.2,0.3 [--memory host] \\
+        --optimize-rules DeepSeek-V2-Lite --shares 0,0.15,0.3 [--memory host] \\
         [--streams 1,16] [--ttft 512,2048] [--tokens 64] [--repeats 3] [--rounds 2] \\
         [--json out.json]
 
@@ -56,7 +56,7 @@ def one(args) -> dict:
     spec = open_model(args.gguf_path)[1]
     ids = pcie_expert_ids(spec.num_experts, args.share) if args.share else []
     folder = Path(tempfile.mkdtemp())
-    # share 0 strips the rules' own pcie_experts (the bundled V2-Lite rules hold 0.3); host
+    # share 0 strips the rules' own pcie_experts (the bundled V2-Lite rules hold one); host
     # memory on the GPU machine is the rules' own option, device memory names the same ids
     if args.memory == "host" and args.gpu_device.startswith("cuda"):
         rules = str(with_pcie_experts(args.optimize_rules, args.share, folder))
@@ -107,7 +107,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gguf-path", required=True)
     ap.add_argument("--optimize-rules", default="DeepSeek-V2-Lite")
-    ap.add_argument("--shares", default="0,0.2,0.3")
+    ap.add_argument("--shares", default="0,0.15,0.3")
     ap.add_argument("--memory", choices=["host", "device"], default="host")
     ap.add_argument("--gpu-device", default="cuda:0", help="cpu: a check without a GPU")
     ap.add_argument("--streams", default="1,16")
