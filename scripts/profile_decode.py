@@ -21,6 +21,10 @@ in one process. Columns: the two kinds. Rows, per decode step of --batch streams
 --defer adds whole steps with expert deferral (ops.experts.set_deferral, k per run, on the
 same graphs): the step against the undeferred step's CPU experts, which is the CPU's whole work
 either way (a deferred expert is read once, one layer late), and the timeline.
+The floor: the CPU experts plus the GPU work no MoE layer's experts can run beside (every layer
+before the first MoE layer, that layer's attention, the head), timed as the bytes those weights
+hold read at the GPU's measured read bandwidth: no kernel or overlap beats it without changing
+the math.
 """
 
 from __future__ import annotations
@@ -148,6 +152,52 @@ def profile(llm: LLM, graphs, batch: int, steps: int) -> dict:
     return r
 
 
+def unhidden_bytes(path: str) -> tuple[int, int]:
+    """(first piece, head): bytes of the weights a step reads on the GPU before its first MoE
+    layer's CPU experts can start (every layer before it and its attention; the embedding's
+    one row is left out), and after its last one's are back (the output norm and head)."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    first_moe = int(reader.fields[f"{arch}.leading_dense_block_count"].parts[-1][0])
+    first = head = 0
+    for t in reader.tensors:
+        parts = t.name.split(".")
+        if parts[0] == "blk" and (int(parts[1]) < first_moe
+                                  or (int(parts[1]) == first_moe and parts[2].startswith("attn"))):
+            first += int(t.n_bytes)
+        elif t.name in ("output.weight", "output_norm.weight"):
+            head += int(t.n_bytes)
+    return first, head
+
+
+def read_bandwidth(gib: int = 2, repeats: int = 9) -> float:
+    """The GPU's read bandwidth in bytes/s: the median of summing `gib` GiB, GPU-timed."""
+    x = torch.ones(gib << 29, dtype=torch.bfloat16, device="cuda")  # [gib GiB / 2]
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        x.sum()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e-3)
+    del x
+    return (gib << 30) / statistics.median(times[1:])
+
+
+def floor_row(path: str, r: dict) -> dict:
+    """The step's floor against the whole-step experts' time (see the module's docstring)."""
+    first, head = unhidden_bytes(path)
+    bw = read_bandwidth()
+    experts = r["step"]["experts_us"]
+    floor = experts + (first + head) / bw * 1e6
+    return {"first_bytes": first, "head_bytes": head, "read_gbps": bw / 1e9,
+            "first_floor_us": first / bw * 1e6, "head_floor_us": head / bw * 1e6,
+            "experts_us": experts, "floor_us": floor, "floor_ratio": floor / experts}
+
+
 def deferral_rows(llm: LLM, ks: list[int], steps: int) -> list[dict]:
     """Whole-step graphs with each k of `ks` (0 first, for the rows' common reference), on
     one capture: the step, and the per-layer timeline (its `busy` leaves out the deferred
@@ -207,6 +257,7 @@ def main() -> int:
     if ks and "timeline_us" in r["step"]:  # whole steps driven in one call
         r["deferral"] = deferral_rows(llm, [0] + [k for k in ks if k], args.steps)
     r["kernels"] = kernel_table(llm, 8)
+    r["floor"] = floor_row(path, r)
     print(json.dumps({k: v for k, v in r.items() if k != "kernels"}, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(r, indent=1))
@@ -250,6 +301,13 @@ def print_table(r: dict) -> None:
         print(f"| all | {sum(w for w, _ in tl):.0f} | {sum(b for _, b in tl):.0f} |")
     if r.get("deferral"):
         print_deferral(r["deferral"], moe)
+    f = r["floor"]
+    print(f"\nfloor: CPU experts {f['experts_us']:.0f} us + the first piece's "
+          f"{f['first_bytes'] / 1e6:.0f} MB ({f['first_floor_us']:.0f} us; measured "
+          f"{lay['first_piece_us']:.0f}) + the head's {f['head_bytes'] / 1e6:.0f} MB "
+          f"({f['head_floor_us']:.0f} us; measured {lay['head_piece_us']:.0f}) at the GPU's "
+          f"{f['read_gbps']:.0f} GB/s read = {f['floor_us']:.0f} us, {f['floor_ratio']:.3f}x "
+          "the experts")
     print("\n| kernel (eager steps) | us per step | launches |")
     print("|---|---|---|")
     for name, us, n in r["kernels"][:18]:
