@@ -6,7 +6,10 @@
 # /tmp/soak, and each call waits for it up to WAIT seconds and brings back what it wrote:
 #   STAGE=start  launches it (once per machine) and waits;
 #   STAGE=wait   waits again (issue it at once after the last call returned, while it is warm).
-# Then a second start of the same file, timed to /health (serve2.log).
+# Then a second start of the same file, timed to /health (serve2.log). SHARE=F serves the
+# bundled V2-Lite rules with `pcie_experts: F` instead (0 strips it: every routed expert on the
+# CPU, so a request's numerics no longer depend on its batch reaching host_min_rows);
+# SERVE_ARGS adds serve flags to both starts.
 # Carry .whl as for device_serve_peer.sh (the openai client's wheels included).
 set -uo pipefail
 STAGE=${STAGE:-start}
@@ -20,7 +23,15 @@ if [ "$STAGE" = run ]; then  # the detached part
   say() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
   v2_lite_model
   say "model ready"
-  python3 -m cli serve --gguf-path "$M" --port 8000 --trace-steps $S/steps.jsonl > $S/serve.log 2>&1 &
+  SERVE=(--gguf-path "$M" --port 8000)
+  if [ -n "${SHARE:-}" ]; then
+    RULES=$(python3 -c "from pathlib import Path; from hybrid.rules.planner import with_pcie_experts
+print(with_pcie_experts('DeepSeek-V2-Lite', $SHARE, Path('$S')))")
+    SERVE+=(--optimize-rules "$RULES")
+    say "rules: $RULES"
+  fi
+  # shellcheck disable=SC2086
+  python3 -m cli serve "${SERVE[@]}" ${SERVE_ARGS:-} --trace-steps $S/steps.jsonl > $S/serve.log 2>&1 &
   SERVER=$!
   health() { python3 -c "import urllib.request as u; print(u.urlopen('$1').read().decode())"; }
   until health http://127.0.0.1:8000/health > /dev/null 2>&1; do
@@ -41,7 +52,8 @@ if [ "$STAGE" = run ]; then  # the detached part
   say "server exit $rc, $(python3 -c "print(round($(date +%s.%N) - $ts, 2))") s after SIGTERM"
   # the second start of the same file (numba's, Triton's and the packed experts' caches warm)
   ts=$(date +%s.%N)
-  python3 -m cli serve --gguf-path "$M" --port 8000 > $S/serve2.log 2>&1 &
+  # shellcheck disable=SC2086
+  python3 -m cli serve "${SERVE[@]}" ${SERVE_ARGS:-} > $S/serve2.log 2>&1 &
   SERVER=$!
   until health http://127.0.0.1:8000/health > /dev/null 2>&1; do
     kill -0 $SERVER 2> /dev/null || { say "second start: server exited"; break; }
