@@ -8,7 +8,7 @@
 #   STAGE=wait   waits again (issue it at once after the last call returned, while it is warm).
 # Then a second start of the same file, timed to /health (serve2.log). SHARE=F serves the
 # bundled V2-Lite rules with `pcie_experts: F` instead (0 strips it: every routed expert on the
-# CPU, so a request's numerics no longer depend on its batch reaching host_min_rows);
+# CPU, none on the GPU in steps of host_min_rows or more);
 # SERVE_ARGS adds serve flags to both starts.
 # Carry .whl as for device_serve_peer.sh (the openai client's wheels included).
 set -uo pipefail
