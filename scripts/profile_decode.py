@@ -188,10 +188,13 @@ def read_bandwidth(gib: int = 2, repeats: int = 9) -> float:
 
 
 def floor_row(path: str, r: dict) -> dict:
-    """The step's floor against the whole-step experts' time (see the module's docstring)."""
+    """The step's floor against its CPU experts' own time (see the module's docstring): the
+    whole steps' timeline's busy sum where there is one (the experts' call also holds the
+    CPU's waits for each layer's rows), else the call."""
     first, head = unhidden_bytes(path)
     bw = read_bandwidth()
-    experts = r["step"]["experts_us"]
+    line = r["step"].get("timeline_us")
+    experts = sum(busy for _, busy in line) if line else r["step"]["experts_us"]
     floor = experts + (first + head) / bw * 1e6
     return {"first_bytes": first, "head_bytes": head, "read_gbps": bw / 1e9,
             "first_floor_us": first / bw * 1e6, "head_floor_us": head / bw * 1e6,
