@@ -155,7 +155,9 @@ def profile(llm: LLM, graphs, batch: int, steps: int) -> dict:
 def unhidden_bytes(path: str) -> tuple[int, int]:
     """(first piece, head): bytes of the weights a step reads on the GPU before its first MoE
     layer's CPU experts can start (every layer before it and its attention; the embedding's
-    one row is left out), and after its last one's are back (the output norm and head)."""
+    one row is left out), and after its last one's are back (the output norm and head). A
+    lower bound: the first MoE layer's router is left out too. `path`: one whole file (the
+    tensors of a split set's other files are not read)."""
     import gguf
 
     reader = gguf.GGUFReader(path)
