@@ -112,11 +112,13 @@ def _rotate(v_ptr, pos, inv_ptr, rope_scale, R: tl.constexpr):
 def _rope_cache_kernel(q_ptr, kv_ptr, pos_ptr, slot_ptr, nw_ptr, inv_ptr, cache_ptr,
                        NH, q_stride, NOPE, eps, rope_scale, sq, skv,
                        C: tl.constexpr, R: tl.constexpr, BHEADS: tl.constexpr):
+    # programs (token, block of BHEADS heads), and one more per token for its cache row: at
+    # one token a chain of blocks in one program would run serially
     t = tl.program_id(0).to(tl.int64)
+    hb = tl.program_id(1)
     pos = tl.load(pos_ptr + t).to(tl.float32)
-    # queries: heads of this token, their rope dims in place
-    for h0 in range(0, NH, BHEADS):
-        hh = h0 + tl.arange(0, BHEADS)
+    if hb * BHEADS < NH:  # queries: this block's heads, their rope dims in place
+        hh = hb * BHEADS + tl.arange(0, BHEADS)
         hm = hh < NH
         base = q_ptr + t * sq + hh[:, None] * q_stride + NOPE  # [BHEADS, 1]
         j = tl.arange(0, R // 2)[None, :]
@@ -127,17 +129,17 @@ def _rope_cache_kernel(q_ptr, kv_ptr, pos_ptr, slot_ptr, nw_ptr, inv_ptr, cache_
         x1 = tl.load(base + 2 * j + 1, mask=hm[:, None], other=0.0)
         tl.store(base + 2 * j, x0 * cos - x1 * sin, mask=hm[:, None])
         tl.store(base + 2 * j + 1, x1 * cos + x0 * sin, mask=hm[:, None])
-    # the latent, RMS-normed, and the shared rope key, into the cache row of this token
-    slot = tl.load(slot_ptr + t).to(tl.int64)
-    row = cache_ptr + slot * (C + R)
-    c = tl.arange(0, C)
-    lat = tl.load(kv_ptr + t * skv + c)
-    inv = 1.0 / tl.sqrt(tl.sum(lat * lat, axis=0) / C + eps)
-    lat = tl.load(nw_ptr + c) * (lat * inv)
-    tl.store(row + c, lat.to(cache_ptr.dtype.element_ty))
-    k0, k1, jj = _rotate(kv_ptr + t * skv + C, pos, inv_ptr, rope_scale, R)
-    tl.store(row + C + 2 * jj, k0.to(cache_ptr.dtype.element_ty))
-    tl.store(row + C + 2 * jj + 1, k1.to(cache_ptr.dtype.element_ty))
+    else:  # the latent, RMS-normed, and the shared rope key, into the token's cache row
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        row = cache_ptr + slot * (C + R)
+        c = tl.arange(0, C)
+        lat = tl.load(kv_ptr + t * skv + c)
+        inv = 1.0 / tl.sqrt(tl.sum(lat * lat, axis=0) / C + eps)
+        lat = tl.load(nw_ptr + c) * (lat * inv)
+        tl.store(row + c, lat.to(cache_ptr.dtype.element_ty))
+        k0, k1, jj = _rotate(kv_ptr + t * skv + C, pos, inv_ptr, rope_scale, R)
+        tl.store(row + C + 2 * jj, k0.to(cache_ptr.dtype.element_ty))
+        tl.store(row + C + 2 * jj + 1, k1.to(cache_ptr.dtype.element_ty))
 
 
 def rope_cache(q: torch.Tensor, kv: torch.Tensor, positions: torch.Tensor,
@@ -151,9 +153,10 @@ def rope_cache(q: torch.Tensor, kv: torch.Tensor, positions: torch.Tensor,
     r = kv.shape[1] - c
     if q.stride(2) != 1 or q.stride(1) != qd or kv.stride(1) != 1:
         raise ValueError("rope_cache needs each token's q heads and kv row dense")
-    _rope_cache_kernel[(t,)](q, kv, positions, slots, norm_weight, inv_freq, cache, nh, qd,
-                             nope, eps, rope_scale, q.stride(0), kv.stride(0), C=c, R=r,
-                             BHEADS=16, num_warps=4)
+    bheads = 16
+    _rope_cache_kernel[(t, triton.cdiv(nh, bheads) + 1)](
+        q, kv, positions, slots, norm_weight, inv_freq, cache, nh, qd, nope, eps, rope_scale,
+        q.stride(0), kv.stride(0), C=c, R=r, BHEADS=bheads, num_warps=4)
 
 
 @triton.jit

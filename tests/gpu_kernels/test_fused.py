@@ -103,7 +103,8 @@ def test_silu_mul_writes_quantized_rows(i: int, device) -> None:
     _same_codes(xq, silu_mul(gu, xq=xq), 16)
 
 
-@pytest.mark.parametrize("heads,nope,r,c", [(5, 16, 8, 32), (16, 128, 64, 512)])
+@pytest.mark.parametrize("heads,nope,r,c", [(5, 16, 8, 32), (16, 128, 64, 512),
+                                           (40, 16, 8, 32), (128, 128, 64, 512)])
 def test_rope_cache(heads, nope, r, c, device) -> None:
     g = torch.Generator().manual_seed(heads)
     t = 4
