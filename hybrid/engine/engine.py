@@ -160,7 +160,7 @@ class Engine:
     def _resume(self, batch: ScheduledBatch) -> tuple:
         """-> (the batch to run: the one launched ahead, or `batch` with its pending inputs
         naming their carried rows; its launched graph or None; the read-back of the pending
-X
+        step's tokens, if any, into a list of its own: taken once the step is launched, beside
         the GPU's first piece)."""
         pending, self._pending = self._pending, None
         launched, self._launched = self._launched, None
