@@ -156,21 +156,18 @@ def unhidden_bytes(path: str) -> tuple[int, int]:
     """(first piece, head): bytes of the weights a step reads on the GPU before its first MoE
     layer's CPU experts can start (every layer before it and its attention; the embedding's
     one row is left out), and after its last one's are back (the output norm and head). A
-    lower bound: the first MoE layer's router is left out too. `path`: one whole file (the
-    tensors of a split set's other files are not read)."""
-    import gguf
+    lower bound: the first MoE layer's router is left out too."""
+    from hybrid.model.loader import open_model
 
-    reader = gguf.GGUFReader(path)
-    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
-    first_moe = int(reader.fields[f"{arch}.leading_dense_block_count"].parts[-1][0])
+    gguf, spec = open_model(path)  # headers only; a split set's every file
     first = head = 0
-    for t in reader.tensors:
-        parts = t.name.split(".")
-        if parts[0] == "blk" and (int(parts[1]) < first_moe
-                                  or (int(parts[1]) == first_moe and parts[2].startswith("attn"))):
-            first += int(t.n_bytes)
-        elif t.name in ("output.weight", "output_norm.weight"):
-            head += int(t.n_bytes)
+    for name, (info, _) in gguf.tensor_infos.items():
+        parts = name.split(".")
+        if parts[0] == "blk" and (int(parts[1]) < spec.first_k_dense or (
+                int(parts[1]) == spec.first_k_dense and parts[2].startswith("attn"))):
+            first += info.nbytes
+        elif name in ("output.weight", "output_norm.weight"):
+            head += info.nbytes
     return first, head
 
 
