@@ -10,8 +10,8 @@ block of heads and reads each cache row once for all of them. Long sequences are
 log-sum-exp. The split count is fixed at launch while the lengths are read on the device, so
 one launch (or one captured CUDA graph) serves sequences of any length. A sequence uses only
 the splits its length fills (`_used_splits`, whole blocks each): a graph's count is sized for
-the longest sequence the cache holds, and a short one's empty splits neither store nor get
-merged (docs/serving.md has what they cost). A sequence of length 0
+the longest sequence the cache holds, and a short one's empty splits return at once, before
+reading the queries, and are not merged. A sequence of length 0
 (a padding row) gets zeros. Products run on tensor cores in bf16x2 for a bf16 cache: its rows
 as they are, each fp32 query and probability as the sum of two bf16 (two products), so the
 output is within ~3e-6 of the float64 reference (tf32 products: ~4e-4) at the same speed
@@ -89,6 +89,10 @@ def _split_kernel(q_ptr, qr_ptr, cache_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr,
     b = tl.program_id(0)
     hb = tl.program_id(1)
     sp = tl.program_id(2)
+    length = tl.load(lens_ptr + b)
+    chunk, used = _used_splits(length, NSPLIT, BS)
+    if sp >= used:  # past the splits the length fills: never merged, nothing to read or store
+        return
     h = hb * BH + tl.arange(0, BH)
     hmask = h < H
     c = tl.arange(0, C)
@@ -99,8 +103,6 @@ def _split_kernel(q_ptr, qr_ptr, cache_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr,
     if PREC == "bf16x2":  # the cache is bf16: its rows stay so, the queries split in two
         q_hi, q_lo = split_bf16(q)
         qr_hi, qr_lo = split_bf16(qr)
-    length = tl.load(lens_ptr + b)
-    chunk, used = _used_splits(length, NSPLIT, BS)
     start = sp * chunk
     end = tl.minimum(length, start + chunk)
     m_i = tl.full((BH,), float("-inf"), tl.float32)
@@ -124,10 +126,9 @@ def _split_kernel(q_ptr, qr_ptr, cache_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr,
     row = (b * H + h) * NSPLIT + sp  # [BH]
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
-    keep = hmask & (sp < used)  # a split past the used ones is never merged: nothing stored
-    tl.store(o_ptr + row[:, None].to(tl.int64) * C + c[None, :], out, mask=keep[:, None])
+    tl.store(o_ptr + row[:, None].to(tl.int64) * C + c[None, :], out, mask=hmask[:, None])
     lse = m_i + tl.log(tl.where(has, l_i, 1.0))
-    tl.store(lse_ptr + row, tl.where(has, lse, float("-inf")), mask=keep)
+    tl.store(lse_ptr + row, tl.where(has, lse, float("-inf")), mask=hmask)
 
 
 @triton.jit(do_not_specialize=["NSPLIT"])
