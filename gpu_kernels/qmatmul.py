@@ -15,8 +15,9 @@ How a tile is multiplied depends on the token count M:
 - M >= dequant_rows.SCRATCH_MIN_TOKENS (long prompts): the rows dequantized once into an fp32
   scratch and multiplied by cuBLAS in fp32 (dequant_rows.py).
 The weights are read once per program and M-block: decode reads each weight once.
-qmatmul's per-type bodies are qdot.py's (wide loads of the packed codes); qmatmul_t reads
-dequant_tile.py's gathered tiles (only MLA's legacy kv_b absorption uses it).
+qmatmul's per-type bodies are qdot.py's (wide loads of the packed codes); qmatmul_t (only MLA's
+legacy kv_b absorption uses it) reads dequant_tile.py's gathered tiles, and at decode on Q4_K
+rows the codes as they lie (qmatmul_t_q4k.py).
 `qmatmul_ref` and `qmatmul_t_ref` (torch on the reference dequantization) define the result.
 """
 
@@ -35,6 +36,7 @@ from gpu_kernels.qdot import CHUNK, PART, chunks_per_step, qdot_step
 from gpu_kernels.qdot_i8 import XQ, qmatmul_i8, quantize_x
 from gpu_kernels.qdot_i8_q6k import qmatmul_i8_q6k
 from gpu_kernels.qformat import GpuQuant
+from gpu_kernels.qmatmul_t_q4k import qmatmul_t_q4k
 
 DOT_MIN_TOKENS = 9  # from this many tokens on, tiles go through tensor cores
 # one-token products on integer activations, by weight type (each beside its float64 reference)
@@ -218,6 +220,9 @@ def qmatmul_t(x: torch.Tensor, w: GpuQuant, in_rows: int, row0: int = 0, gstride
                                                  device=x.device)
     y3 = y.reshape(m, g, w.cols)
     bm, dot = _tiles(m)
+    if tiles is None and not dot and w.qtype == qt.Q4_K and w.cols % 256 == 0:
+        qmatmul_t_q4k(x3, w, in_rows, row0, gstride, y3)  # the codes as they lie
+        return y
     # decode: the rows (a head's nope dims, 128) in 4 steps, not 8: the grid is only
     # cols / BK x heads programs, each a chain of dependent steps; with fewer than FEW_GROUPS
     # heads (V2-Lite's 16) in one step over twice the programs
