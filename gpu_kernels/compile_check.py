@@ -65,7 +65,7 @@ def variants() -> Iterator[Variant]:
         qdot_i8,
         qdot_i8_q6k,
         qmatmul,
-        qmatmul_t_q4k,
+        qmatmul_t_kquant,
         router,
     )
 
@@ -102,11 +102,14 @@ def variants() -> Iterator[Variant]:
         yield Variant(f"embedding {qt.name(qtype)}", embedding._embedding_kernel,
                       {**esig, "QT": "constexpr", "BT": "constexpr", "BK": "constexpr"},
                       {"QT": qtype, "BT": 4, "BK": 64})
-    tsig = _sig("x_ptr y_ptr qs_ptr sc_ptr mn_ptr d_ptr dm_ptr M N row0 gstride KB KS KD sxm "
-                "sxg sym syg", "*fp32 *fp32 *u8 *u8 *u8 *fp16 *fp16" + " i32" * 11)
-    for bm, (bn, cb, warps) in qmatmul_t_q4k.TILES.items():
-        yield Variant(f"qmatmul_t_q4k M={bm}", qmatmul_t_q4k._q4k_t_kernel,
-                      {**tsig, **dict.fromkeys(["BM", "BN", "CB"], "constexpr")},
+    tsig = {qt.Q4_K: _sig("x_ptr y_ptr qs_ptr sc_ptr mn_ptr d_ptr dm_ptr M N row0 gstride KB KS "
+                          "KD sxm sxg sym syg", "*fp32 *fp32 *u8 *u8 *u8 *fp16 *fp16" + " i32" * 11),
+            qt.Q6_K: _sig("x_ptr y_ptr ql_ptr qh_ptr sc_ptr d_ptr M N row0 gstride KL KH KS KD "
+                          "sxm sxg sym syg", "*fp32 *fp32 *u8 *u8 *i8 *fp16" + " i32" * 12)}
+    kernel_t = {qt.Q4_K: qmatmul_t_kquant._q4k_t_kernel, qt.Q6_K: qmatmul_t_kquant._q6k_t_kernel}
+    for (qtype, bm), (bn, cb, warps) in qmatmul_t_kquant.TILES.items():
+        yield Variant(f"qmatmul_t_kquant {qt.name(qtype)} M={bm}", kernel_t[qtype],
+                      {**tsig[qtype], **dict.fromkeys(["BM", "BN", "CB"], "constexpr")},
                       {"BM": bm, "BN": bn, "CB": cb}, warps)
     i8sig = _sig("xq_p xd_p xs_p y_p qs_p sc_p mn_p d_p dm_p M N G row0 gstride KW KX KS KD "
                  "sym syg", "*i32 *fp32 *fp32 *fp32 *i32 *u8 *u8 *fp16 *fp16" + " i32" * 11)

@@ -17,7 +17,7 @@ How a tile is multiplied depends on the token count M:
 The weights are read once per program and M-block: decode reads each weight once.
 qmatmul's per-type bodies are qdot.py's (wide loads of the packed codes); qmatmul_t (only MLA's
 legacy kv_b absorption uses it) reads dequant_tile.py's gathered tiles, and at decode on Q4_K
-rows the codes as they lie (qmatmul_t_q4k.py).
+and Q6_K rows the codes as they lie (qmatmul_t_kquant.py).
 `qmatmul_ref` and `qmatmul_t_ref` (torch on the reference dequantization) define the result.
 """
 
@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gpu_kernels import qmatmul_t_kquant as kquant_t
 from gpu_kernels import qtypes as qt
 from gpu_kernels.dequant_ref import dequantize
 from gpu_kernels.dequant_rows import SCRATCH_MIN_TOKENS, scratch_matmul
@@ -36,7 +37,6 @@ from gpu_kernels.qdot import CHUNK, PART, chunks_per_step, qdot_step
 from gpu_kernels.qdot_i8 import XQ, qmatmul_i8, quantize_x
 from gpu_kernels.qdot_i8_q6k import qmatmul_i8_q6k
 from gpu_kernels.qformat import GpuQuant
-from gpu_kernels.qmatmul_t_q4k import qmatmul_t_q4k
 
 DOT_MIN_TOKENS = 9  # from this many tokens on, tiles go through tensor cores
 # one-token products on integer activations, by weight type (each beside its float64 reference)
@@ -220,8 +220,8 @@ def qmatmul_t(x: torch.Tensor, w: GpuQuant, in_rows: int, row0: int = 0, gstride
                                                  device=x.device)
     y3 = y.reshape(m, g, w.cols)
     bm, dot = _tiles(m)
-    if tiles is None and not dot and w.qtype == qt.Q4_K and w.cols % 256 == 0:
-        qmatmul_t_q4k(x3, w, in_rows, row0, gstride, y3)  # the codes as they lie
+    if tiles is None and not dot and kquant_t.takes(w, m):
+        kquant_t.qmatmul_t_kquant(x3, w, in_rows, row0, gstride, y3)  # the codes as they lie
         return y
     # decode: the rows (a head's nope dims, 128) in 4 steps, not 8: the grid is only
     # cols / BK x heads programs, each a chain of dependent steps; with fewer than FEW_GROUPS
