@@ -127,7 +127,7 @@ def _run_scale(s, t: tl.constexpr, upper):
 
 # (rows per step, chunks per program, warps) by type and token block; V3's 128 heads of 128
 # rows over 512 columns: 8 Q4_K chunks or 4 Q6_K chunks a head
-TILES = {(qt.Q4_K, 1): (32, 1, 4), (qt.Q4_K, 2): (16, 1, 4), (qt.Q4_K, 4): (8, 1, 4),
+TILES = {(qt.Q4_K, 1): (64, 1, 4), (qt.Q4_K, 2): (16, 1, 4), (qt.Q4_K, 4): (8, 1, 4),
          (qt.Q4_K, 8): (4, 1, 4), (qt.Q6_K, 1): (16, 1, 4), (qt.Q6_K, 2): (8, 1, 4),
          (qt.Q6_K, 4): (4, 1, 4), (qt.Q6_K, 8): (2, 1, 4)}
 
