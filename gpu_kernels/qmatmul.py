@@ -220,8 +220,8 @@ def qmatmul_t(x: torch.Tensor, w: GpuQuant, in_rows: int, row0: int = 0, gstride
                                                  device=x.device)
     y3 = y.reshape(m, g, w.cols)
     bm, dot = _tiles(m)
-    # many heads (V3's 128): the codes as they lie, 1.7-1.8x the gathered tiles at one token;
-    # with few (V2-Lite's 16) the gathered tiles' 2x wider grid is as fast or faster
+    # many heads (V3's 128): the codes as they lie; with few (V2-Lite's 16) a head's chunks
+    # make too small a grid and the gathered tiles are faster (docs/kernel-tuning.md)
     if tiles is None and not dot and g >= FEW_GROUPS and kquant_t.takes(w, m):
         kquant_t.qmatmul_t_kquant(x3, w, in_rows, row0, gstride, y3)
         return y

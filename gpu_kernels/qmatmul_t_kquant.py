@@ -7,7 +7,7 @@ queries.
 qmatmul_t's general body dequantizes a [rows, columns] tile element by element, each weight
 gathering its code, its sub-block's scale and min and its super-block's d and dmin: at one
 token that costs far more instructions than the 4.5 bits a weight it reads. Here a program
-takes CB chunks of 64 columns of one group and walks the group's rows BN at a time:
+takes CB chunks of columns of one group and walks the group's rows BN at a time:
 - Q4_K: a row's chunk is 32 bytes of codes, read as they lie: byte b holds column 64j + b (low
   nibble) and 64j + 32 + b (high nibble). Its scales apply once per row and 32 columns: with
   w = (d * sc) * c - dmin * mn,
