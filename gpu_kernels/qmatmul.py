@@ -225,19 +225,26 @@ def qmatmul_t(x: torch.Tensor, w: GpuQuant, in_rows: int, row0: int = 0, gstride
     if tiles is None and not dot and g >= FEW_GROUPS and kquant_t.takes(w, m):
         kquant_t.qmatmul_t_kquant(x3, w, in_rows, row0, gstride, y3)
         return y
-    # decode: the rows (a head's nope dims, 128) in 4 steps, not 8: the grid is only
-    # cols / BK x heads programs, each a chain of dependent steps; with fewer than FEW_GROUPS
-    # heads (V2-Lite's 16) in one step over twice the programs
-    if tiles is None and not dot and g < FEW_GROUPS and in_rows <= FEW_GROUPS_TILES[0] \
-            and w.cols % FEW_GROUPS_TILES[1] == 0:
-        tiles = FEW_GROUPS_TILES
-    bn, bk, warps = tiles if tiles is not None else (32 if dot else T_ROWS, _bk(w),
-                                                      8 if dot else 4)
+    bn, bk, warps = tiles if tiles is not None else gathered_tiles(w, g, in_rows, m)
     grid = (w.cols // bk, triton.cdiv(m, bm), g)
     _qmm_t_kernel[grid](x3, y3, *plane_args(w.planes), m, in_rows, w.cols, row0, gstride,
                         x3.stride(0), x3.stride(1), y3.stride(0), y3.stride(1),
                         QT=w.qtype, BM=bm, BN=bn, BK=bk, DOT=dot, num_warps=warps)
     return y
+
+
+def gathered_tiles(w: GpuQuant, groups: int, in_rows: int, tokens: int) -> tuple[int, int, int]:
+    """qmatmul_t's default (rows per step, columns per program, warps) for its gathered-tile
+    body."""
+    if tokens >= DOT_MIN_TOKENS:
+        return 32, _bk(w), 8
+    # decode: the rows (a head's nope dims, 128) in 4 steps, not 8: the grid is only
+    # cols / BK x heads programs, each a chain of dependent steps; with fewer than FEW_GROUPS
+    # heads (V2-Lite's 16) in one step over twice the programs
+    if groups < FEW_GROUPS and in_rows <= FEW_GROUPS_TILES[0] \
+            and w.cols % FEW_GROUPS_TILES[1] == 0:
+        return FEW_GROUPS_TILES
+    return T_ROWS, _bk(w), 4
 
 
 def _group_rows(w: GpuQuant, n: int, g: int, row0: int, gstride: int) -> torch.Tensor:

@@ -28,9 +28,10 @@ import triton.language as tl
 
 from gpu_kernels import qtypes as qt
 from gpu_kernels.device_function import device_function
+from gpu_kernels.qdot import CHUNK
 from gpu_kernels.qformat import GpuQuant
 
-CHUNK = {qt.Q4_K: 64, qt.Q6_K: 128}  # columns a chunk of codes covers
+TYPES = (qt.Q4_K, qt.Q6_K)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -134,7 +135,7 @@ TILES = {(qt.Q4_K, 1): (64, 1, 4), (qt.Q4_K, 2): (16, 1, 4), (qt.Q4_K, 4): (8, 1
 
 def takes(w: GpuQuant, tokens: int) -> bool:
     """Whether qmatmul_t_kquant serves a product of `tokens` rows of x with w."""
-    return w.qtype in CHUNK and w.cols % 256 == 0 and tokens <= 8
+    return w.qtype in TYPES and w.cols % 256 == 0 and tokens <= 8
 
 
 def qmatmul_t_kquant(x3: torch.Tensor, w: GpuQuant, in_rows: int, row0: int, gstride: int,

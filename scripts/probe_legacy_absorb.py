@@ -23,16 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench_gpu_kernels import graph_ms, rotating_weights
 
 from gpu_kernels import qtypes as qt
-from gpu_kernels.qmatmul import FEW_GROUPS, FEW_GROUPS_TILES, T_ROWS, qmatmul_t, qmatmul_t_ref
+from gpu_kernels.qmatmul import gathered_tiles, qmatmul_t, qmatmul_t_ref
 
 NOPE, V, C = 128, 128, 512
 SWEEP = [(32, 1, 4), (16, 1, 4), (8, 1, 4), (64, 1, 4), (32, 2, 4), (16, 2, 2), (32, 1, 2),
          (8, 1, 1), (16, 1, 1), (128, 1, 8), (32, 4, 8)]
-
-
-def gathered_tiles(heads: int) -> tuple[int, int, int]:
-    """The tiles qmatmul_t's gathered body takes at decode for this many heads."""
-    return FEW_GROUPS_TILES if heads < FEW_GROUPS else (T_ROWS, 64, 4)
 
 
 def time_absorb(ws: list, heads: int, m: int, tiles=None, fast: bool = True) -> float:
@@ -50,7 +45,7 @@ def time_absorb(ws: list, heads: int, m: int, tiles=None, fast: bool = True) -> 
             qmatmul_t_kquant(x, ws[i[0]], NOPE, 0, NOPE + V, y, tiles=tiles)
         else:
             qmatmul_t(x, ws[i[0]], in_rows=NOPE, gstride=NOPE + V, out=y,
-                      tiles=None if fast else gathered_tiles(heads))
+                      tiles=None if fast else gathered_tiles(ws[0], heads, NOPE, m))
     return graph_ms(call) * 1e3
 
 
