@@ -4,7 +4,7 @@ All N tokens of the step go through the model as rows [N, H] (decodes first) in 
 `ForwardBatch` built on the host and copied to the device once; only the rows that sample go
 through the final norm and lm_head. Decode-only steps replay CUDA graphs (graphs/) where
 start-up captured them, others run the same DecoderProgram eagerly (eager_step.py), a prompt
-chunk may pass the layers over several steps (layered_passes.py), and a greedy decode step may
+chunk may pass the layers over several steps (layered_prefill.py), and a greedy decode step may
 be launched while the step before runs (`launch`). Start-up (runner_start_up.py) runs every
 shape a step can take once, so no request pays for compiling a kernel.
 """
@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from hybrid.engine.config import EngineConfig
-from hybrid.engine.prefill.layered_passes import LayeredPasses
+from hybrid.engine.prefill.layered_prefill import LayeredPasses
 from hybrid.engine.runner import eager_step, runner_start_up
 from hybrid.engine.runner.eager_step import EagerLaunch
 from hybrid.engine.scheduling.scheduler import ScheduledBatch
