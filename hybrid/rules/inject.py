@@ -24,9 +24,8 @@ if TYPE_CHECKING:
 
 def _builders() -> dict[str, Callable[[BuildContext], nn.Module]]:
     from hybrid.ops.experts import ExpertsOp
-    from hybrid.ops.gate import GateOp
     from hybrid.ops.hyper_connection import HyperConnectionOp
-    from hybrid.ops.layers import EmbeddingOp, GroupedLinearOp, LinearOp, MLPOp, RMSNormOp
+    from hybrid.ops.layers import EmbeddingOp, GateOp, GroupedLinearOp, LinearOp, MLPOp, RMSNormOp
     from hybrid.ops.mla_attention import MLAAttentionOp
     from hybrid.ops.rotary import RotaryOp
 

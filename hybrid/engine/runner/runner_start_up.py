@@ -141,7 +141,7 @@ def start_up(runner, config: EngineConfig, attention: list[MLAAttentionOp],
 def install_recorder(model: nn.Module, program: DecoderProgram) -> RoutingRecorder:
     """A RoutingRecorder on every MoE layer's router: the program records the routers it runs
     itself, each gate the ones a MoE block run in place makes."""
-    from hybrid.ops.gate import GateOp
+    from hybrid.ops.layers import GateOp
 
     gates = [layer.mlp.gate for layer in model.model.layers if hasattr(layer.mlp, "experts")]
     if not all(isinstance(g, GateOp) for g in gates):
