@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hybrid.gguf.reader import GGUFModelFile
-from hybrid.tokenizer.detokenizer import IncrementalDetokenizer
-from hybrid.tokenizer.gguf_tokenizer import GGUFTokenizer
+from hybrid.tokenizer.gguf_tokenizer import GGUFTokenizer, IncrementalDetokenizer
 
 TEXTS = [
     "Hello world",

@@ -25,10 +25,10 @@ from hybrid.engine.sampling.sampler import (
     launch_samples,
     make_generator,
 )
-from hybrid.engine.sampling.stop_checker import StopChecker
+from hybrid.engine.sampling.sampling_params import StopChecker
 from hybrid.engine.scheduling.request import Request, RequestFailed, RequestStatus, TokenOutput
 from hybrid.errors import is_device_lost
-from hybrid.tokenizer.detokenizer import IncrementalDetokenizer
+from hybrid.tokenizer.gguf_tokenizer import IncrementalDetokenizer
 
 log = logging.getLogger("hybrid.engine")
 

@@ -5,10 +5,12 @@ types and a named pre-tokenizer (`tokenizer.ggml.pre`). llama.cpp splits text wi
 of regexes per pre-tokenizer name (pre_tokenizers.py) and treats CONTROL tokens as special (matched in text only
 when special parsing is on) and USER_DEFINED tokens as always matched. We reproduce that here;
 `tests/test_tokenizer.py` checks our ids against llama.cpp's on the same file.
+`IncrementalDetokenizer` turns a request's growing token ids back into text deltas.
 """
 
 from __future__ import annotations
 
+import codecs
 from functools import cached_property
 from typing import Any
 
@@ -183,3 +185,31 @@ def _family_template(metadata) -> str | None:
     from hybrid.tokenizer.bundled_templates import bundled_template
 
     return bundled_template(name)
+
+
+class IncrementalDetokenizer:
+    """Turn a growing list of token ids into text deltas, never splitting a UTF-8 character."""
+
+    def __init__(self, tokenizer: GGUFTokenizer, skip_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.text = ""
+
+    def push(self, token_id: int) -> str:
+        """Add one token; return the text it completes (may be "" mid-character)."""
+        if self.skip_special_tokens and token_id in self.tokenizer.special_ids:
+            # a character cut short by a special token ends here, as "\ufffd", so the text
+            # keeps the tokens' order (a reader putting the token's text back sees it after)
+            delta = self._decoder.decode(b"", final=True)
+            self._decoder.reset()
+            self.text += delta
+            return delta
+        delta = self._decoder.decode(self.tokenizer.decode_bytes([token_id]))
+        self.text += delta
+        return delta
+
+    def flush(self) -> str:
+        delta = self._decoder.decode(b"", final=True)
+        self.text += delta
+        return delta
