@@ -242,7 +242,7 @@ def chat_turns(llm: LLM, history: int) -> dict:
     scheduler's prefix cache off, then on (a cache of its own, made here)."""
     from bench_prefix_cache import turns
 
-    from hybrid.engine.scheduling.prefix_cache import PrefixCache
+    from hybrid.engine.scheduling.kv_pages import PrefixCache
 
     scheduler = llm.engine.scheduler
     first, message, answer = history - 140, 64, 16

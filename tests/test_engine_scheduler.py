@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hybrid.engine.config import EngineConfig
-from hybrid.engine.scheduling.page_allocator import PageAllocator
+from hybrid.engine.scheduling.kv_pages import PageAllocator
 from hybrid.engine.scheduling.request import RequestStatus
 from hybrid.engine.scheduling.scheduler import Scheduler
 from hybrid.errors import HybridError, RequestRejected

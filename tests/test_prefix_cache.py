@@ -10,7 +10,7 @@ import pytest
 from hybrid.engine.config import EngineConfig
 from hybrid.engine.llm import LLM
 from hybrid.engine.sampling.sampling_params import SamplingParams
-from hybrid.engine.scheduling.prefix_cache import PrefixCache
+from hybrid.engine.scheduling.kv_pages import PrefixCache
 from hybrid.engine.scheduling.scheduler import Scheduler
 from tests.engine_fakes import make
 

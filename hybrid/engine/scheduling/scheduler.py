@@ -18,7 +18,7 @@ nothing is ever preempted; admission is strictly FCFS (a large request at the he
 pages rather than being overtaken forever). A request that could never fit is rejected at
 `add()`. The caller (the engine worker) holds the lock around every call.
 
-With the prefix cache (prefix_cache.py, `EngineConfig.prefix_cache`) a request is admitted
+With the prefix cache (kv_pages.py, `EngineConfig.prefix_cache`) a request is admitted
 holding the cached pages of its prompt's longest published prefix and starts computing after
 them; its own full pages are published as their KV completes; pages no request holds are
 evicted only when an admission needs them.
@@ -30,8 +30,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from hybrid.engine.config import EngineConfig
-from hybrid.engine.scheduling.page_allocator import PageAllocator
-from hybrid.engine.scheduling.prefix_cache import PrefixCache
+from hybrid.engine.scheduling.kv_pages import PageAllocator, PrefixCache
 from hybrid.engine.scheduling.request import Request, RequestStatus
 from hybrid.errors import RequestRejected
 from hybrid.model.activations import CPU_CHUNK

@@ -1,23 +1,65 @@
-"""Prefix caching over the paged latent KV cache: full pages shared by every request whose
-tokens start the same way (no torch; the scheduler's bookkeeping).
+"""The pages of the shared latent KV cache (no torch; the scheduler's bookkeeping): who holds
+each (`PageAllocator`) and which full pages requests share by prefix (`PrefixCache`).
 
-A radix tree of pages: a node is one full page of `page_size` tokens, keyed by those tokens
-under its parent (the page before it), so a path from the root is a token prefix and its pages
-hold that prefix's KV (positions are absolute, so equal prefixes have equal KV). A request's
-full pages are published into the tree as soon as their KV is computed (prompt and generated
-tokens alike); a new request is admitted with the longest published prefix of its prompt
-(never its whole prompt: the last token must run to give logits) and computes only the rest.
+The cache is one pool of `num_pages` pages of `page_size` token slots, shared by every layer's
+cache tensor (slot s of a page lives at row page * page_size + s in each layer). A request
+holds the pages it was admitted with until it ends, so a page never moves.
+
+The prefix cache is a radix tree of pages: a node is one full page of `page_size` tokens, keyed
+by those tokens under its parent (the page before it), so a path from the root is a token
+prefix and its pages hold that prefix's KV (positions are absolute, so equal prefixes have
+equal KV). A request's full pages are published into the tree as soon as their KV is computed
+(prompt and generated tokens alike); a new request is admitted with the longest published
+prefix of its prompt (never its whole prompt: the last token must run to give logits) and
+computes only the rest.
 
 Reference counts: every request holding a page counts once (its publisher included), so a page
 is never freed or reused while a request holds it. A page no request holds stays cached, idle,
 until the allocator needs it: idle leaves are evicted least recently used first (a parent only
-after its children), all within the same page pool (`--cache-lens`). Invariant: every page id
-is free, or held by exactly one request and unpublished, or a node of this tree.
+after its children), all within the same page pool (`--cache-lens`).
+
+Invariant: every page id is free, or held by exactly one request and unpublished, or a node of
+the tree (without the prefix cache: free or held by exactly one request).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from hybrid.errors import HybridError
+
+
+class PageAllocator:
+    def __init__(self, num_pages: int, page_size: int) -> None:
+        if num_pages < 1 or page_size < 1:
+            raise HybridError(f"a KV cache needs pages: got {num_pages} of {page_size} tokens")
+        self.num_pages, self.page_size = num_pages, page_size
+        # LIFO: a just-freed page (warm in caches) is handed out first.
+        self._free = list(range(num_pages - 1, -1, -1))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_pages - len(self._free)
+
+    def pages_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.page_size)
+
+    def allocate(self, num_tokens: int) -> list[int] | None:
+        """Pages for `num_tokens` slots, or None (and nothing taken) when too few are free."""
+        n = self.pages_for(num_tokens)
+        if n > len(self._free):
+            return None
+        taken = self._free[len(self._free) - n:]
+        del self._free[len(self._free) - n:]
+        return taken[::-1]
+
+    def free(self, pages: list[int]) -> None:
+        self._free.extend(reversed(pages))
+        assert len(self._free) <= self.num_pages, "a page was freed twice"
 
 
 @dataclass(eq=False)
