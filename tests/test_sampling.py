@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from hybrid.engine.sampling.sampler import apply_penalties, make_generator, sample, sampling_probs
-from hybrid.engine.sampling.sampling_params import SamplingParams
-from hybrid.engine.sampling.stop_checker import StopChecker
+from hybrid.engine.sampling.sampling_params import SamplingParams, StopChecker
 from hybrid.errors import HybridError
 
 
