@@ -5,9 +5,9 @@ new output, and a plain torch reference beside it (tests/gpu_kernels compare the
 shapes; without a GPU they run in Triton's interpreter, TRITON_INTERPRET=1):
 
 - qformat.py, dequant_ref.py, dequant_tile.py: GGUF blocks as planes, their reference and Triton
-  dequantization (F32/F16/BF16, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, Q2_K..Q6_K).
+  dequantization (F32/F16/BF16, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, Q2_K..Q6_K); dequant_tile.py's
+  `embedding` reads rows of a quantized table.
 - qmatmul.py: products with quantized weights (decode GEMV to prefill GEMM; per-head groups).
-- embedding.py: rows of a quantized table.
 - mla_decode.py: MLA attention of a batch of decodes over the paged latent cache.
 - fused.py: RMSNorm with the residual add, RoPE with the latent cache write, SiLU times up.
 - router.py: the MoE router's top-k (V2 softmax, V3 sigmoid + bias + groups).

@@ -55,7 +55,7 @@ def _sig(names: str, types: list[str] | str) -> dict[str, str]:
 def variants() -> Iterator[Variant]:
     """Every kernel variant the engine launches (each type; decode and tensor-core tiles)."""
     from gpu_kernels import (
-        embedding,
+        dequant_tile,
         fused,
         handshake,
         mla_decode,
@@ -99,7 +99,7 @@ def variants() -> Iterator[Variant]:
                                   {"QT": qtype, "BM": bm, "BN": bn, "BK": bk, "DOT": dot},
                                   warps)
         esig = _sig("ids_ptr y_ptr p0 p1 p2 p3 p4 p5 T K", ["*i64", "*fp32", *planes, "i32", "i32"])
-        yield Variant(f"embedding {qt.name(qtype)}", embedding._embedding_kernel,
+        yield Variant(f"embedding {qt.name(qtype)}", dequant_tile._embedding_kernel,
                       {**esig, "QT": "constexpr", "BT": "constexpr", "BK": "constexpr"},
                       {"QT": qtype, "BT": 4, "BK": 64})
     tsig = {qt.Q4_K: _sig("x_ptr y_ptr qs_ptr sc_ptr mn_ptr d_ptr dm_ptr M N row0 gstride KB KS "

@@ -7,14 +7,22 @@ whose planes are p0.. (qformat.py). The per-element formulas, and their fp32 ope
 are dequant_ref.element_values' (ggml's reference dequantizers): the tile equals the reference
 element for element. Loads are gathers; neighbouring columns read neighbouring bytes, so a
 tile's loads hit the same cache lines.
+
+`embedding(ids, w)` is the simplest reader: out[t] = dequantized row ids[t] of W [V, H], only the
+looked-up rows read (a 129K x 7168 table stays in its blocks); `embedding_ref` is its torch
+reference.
 """
 
 from __future__ import annotations
 
+import torch
+import triton
 import triton.language as tl
 
 from gpu_kernels import qtypes as qt
+from gpu_kernels.dequant_ref import element_values
 from gpu_kernels.device_function import device_function
+from gpu_kernels.qformat import GpuQuant
 
 # constexpr globals: triton folds the comparisons against a constexpr type id
 _F32, _F16, _BF16 = tl.constexpr(qt.F32), tl.constexpr(qt.F16), tl.constexpr(qt.BF16)
@@ -163,3 +171,30 @@ def dequant_tile(QT: tl.constexpr, p0, p1, p2, p3, p4, p5, r, e, K, rmask):
 def plane_args(planes) -> list:
     """The six plane pointers a kernel takes: the planes, then repeats of the first."""
     return list(planes) + [planes[0]] * (6 - len(planes))
+
+
+@triton.jit(do_not_specialize=["T"])
+def _embedding_kernel(ids_ptr, y_ptr, p0, p1, p2, p3, p4, p5, T, K,
+                      QT: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
+    t = tl.program_id(0) * BT + tl.arange(0, BT)
+    tmask = t < T
+    e = (tl.program_id(1) * BK + tl.arange(0, BK))[None, :]
+    r = tl.load(ids_ptr + t, mask=tmask, other=0).to(tl.int64)[:, None]
+    w = dequant_tile(QT, p0, p1, p2, p3, p4, p5, r, e, K, tmask[:, None])
+    tl.store(y_ptr + t.to(tl.int64)[:, None] * K + e, w, mask=tmask[:, None])
+
+
+def embedding(ids: torch.Tensor, w: GpuQuant, out: torch.Tensor | None = None) -> torch.Tensor:
+    """ids: [T] int (on w's device) -> [T, H] f32."""
+    t = ids.numel()
+    out = out if out is not None else torch.empty(t, w.cols, dtype=torch.float32,
+                                                  device=ids.device)
+    bk = 64 if w.cols % 64 == 0 else 32
+    if t:
+        _embedding_kernel[(triton.cdiv(t, 4), w.cols // bk)](
+            ids, out, *plane_args(w.planes), t, w.cols, QT=w.qtype, BT=4, BK=bk, num_warps=4)
+    return out
+
+
+def embedding_ref(ids: torch.Tensor, w: GpuQuant) -> torch.Tensor:
+    return element_values(w, ids.reshape(-1).long(), torch.arange(w.cols))

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpu_kernels.dequant_ref import dequantize
 from gpu_kernels.dequant_rows import dequant_rows
-from gpu_kernels.embedding import embedding, embedding_ref
+from gpu_kernels.dequant_tile import embedding, embedding_ref
 from gpu_kernels.moe_grouped import moe_experts, moe_experts_ref
 from gpu_kernels.qformat import to_planes
 from gpu_kernels.qmatmul import qmatmul, qmatmul_ref, qmatmul_t, qmatmul_t_ref

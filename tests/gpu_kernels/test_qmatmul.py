@@ -9,7 +9,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from cpu_kernels.formats.random_blocks import random_rows
-from gpu_kernels.embedding import embedding, embedding_ref
+from gpu_kernels.dequant_tile import embedding, embedding_ref
 from gpu_kernels.qformat import to_planes
 from gpu_kernels.qmatmul import DOT_MIN_TOKENS, qmatmul, qmatmul_ref, qmatmul_t, qmatmul_t_ref
 from tests.gpu_kernels.conftest import rel_err

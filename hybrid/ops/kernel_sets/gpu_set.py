@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from gpu_kernels.embedding import embedding
+from gpu_kernels.dequant_tile import embedding
 from gpu_kernels.fused import add_rmsnorm, rope_cache, silu_mul
 from gpu_kernels.handshake import Awaited
 from gpu_kernels.hyper_connection import hc_weights
